@@ -1,0 +1,1 @@
+"""Pure numpy differential-privacy math and accounting (no Beam, no TF)."""

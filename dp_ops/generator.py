@@ -1,0 +1,153 @@
+"""The per-class steps of the DP mixture generator, as pure functions.
+
+Each step takes *exact* aggregates of one class (computed by whoever holds
+the data: the Beam transforms or the in-memory reference), adds the noise of
+its ledger mechanisms, and returns only noisy or post-processed values. The
+exact aggregates never leave these functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from dp_ops import kmeans, lsh_tree, moments, plan, sampling, vote
+from dp_ops.config import GeneratorConfig
+from dp_ops.ledger import PrivacyLedger
+from dp_ops.noise import NoiseSource
+
+
+def projection(dim: int, cfg: GeneratorConfig) -> np.ndarray:
+    """Public orthonormal projection [p, dim] into the clustering space.
+
+    Rows are orthonormal, so ||P x|| <= ||x|| <= R: sensitivities carry over.
+    """
+    if dim <= cfg.cluster_dim:
+        return np.eye(dim)
+    rng = np.random.default_rng([cfg.seed, 0xC1])
+    q, _ = np.linalg.qr(rng.normal(size=(dim, cfg.cluster_dim)))
+    return q.T
+
+
+def planes(cfg: GeneratorConfig, dim: int) -> np.ndarray:
+    return lsh_tree.hyperplanes(min(dim, cfg.cluster_dim), cfg.tree_depth,
+                                cfg.seed)
+
+
+def branch_threshold(cfg: GeneratorConfig, ledger: PrivacyLedger,
+                     label: int) -> float:
+    """Public: from the config or 3 sigma of the level counts."""
+    if cfg.branch_threshold is not None:
+        return cfg.branch_threshold
+    sigma = ledger.get(plan.name(label, "tree", "level-1", "count")).sigma
+    return max(3.0 * sigma, 2.0)
+
+
+def _noise(ledger: PrivacyLedger, noise: NoiseSource, name: str,
+           shape) -> np.ndarray:
+    return noise.gaussian(ledger.get(name).sigma, shape, name)
+
+
+def grow_tree(exact_levels: list[dict[int, int]], label: int,
+              cfg: GeneratorConfig, ledger: PrivacyLedger,
+              noise: NoiseSource) -> lsh_tree.Tree:
+    def level_noise(level: int, size: int) -> np.ndarray:
+        return _noise(ledger, noise,
+                      plan.name(label, "tree", f"level-{level}", "count"), size)
+    return lsh_tree.build_tree(exact_levels, cfg.tree_depth,
+                               branch_threshold(cfg, ledger, label),
+                               level_noise)
+
+
+def coreset_centres(tree: lsh_tree.Tree, exact_leaf_sums: np.ndarray,
+                    label: int, cfg: GeneratorConfig, ledger: PrivacyLedger,
+                    noise: NoiseSource) -> np.ndarray:
+    """k initial centres: weighted k-means on noisy leaf means."""
+    name = plan.name(label, "tree", "leaf-sum")
+    sums = exact_leaf_sums + _noise(ledger, noise, name, exact_leaf_sums.shape)
+    counts = tree.leaf_counts()
+    floor = max(branch_threshold(cfg, ledger, label) / 2, 1.0)
+    keep = counts >= floor
+    points = sums[keep] / counts[keep, None]
+    norms = np.linalg.norm(points, axis=1, keepdims=True)
+    points *= np.minimum(1.0, cfg.clip_norm / np.maximum(norms, 1e-300))
+    rng = np.random.default_rng([cfg.seed, label, 2])
+    dim = exact_leaf_sums.shape[1]
+    if points.shape[0] == 0:
+        return kmeans.random_centres(cfg.clusters, dim, rng, cfg.clip_norm / 2)
+    return kmeans.weighted_kmeans(points, counts[keep], cfg.clusters, rng)
+
+
+def lloyd_update(exact_counts: np.ndarray, exact_sums: np.ndarray,
+                 centres: np.ndarray, rnd: int, label: int,
+                 cfg: GeneratorConfig, ledger: PrivacyLedger,
+                 noise: NoiseSource) -> np.ndarray:
+    base = plan.name(label, "lloyd", f"round-{rnd}")
+    counts = exact_counts + _noise(ledger, noise, base + "/count",
+                                   exact_counts.shape)
+    sums = exact_sums + _noise(ledger, noise, base + "/sum", exact_sums.shape)
+    min_count = 3.0 * ledger.get(base + "/count").sigma
+    return kmeans.update_centres(counts, sums, centres, min_count)
+
+
+def add_moment_noise(exact: moments.Moments, label: int,
+                     ledger: PrivacyLedger,
+                     noise: NoiseSource) -> moments.Moments:
+    def noisy(field: str, value: np.ndarray) -> np.ndarray:
+        return value + _noise(ledger, noise,
+                              plan.name(label, "moments", field), value.shape)
+    return moments.Moments(noisy("count", exact.count),
+                           noisy("sum", exact.sum),
+                           noisy("sumsq", exact.sumsq))
+
+
+@dataclasses.dataclass
+class ClassMixture:
+    """The DP mixture of one class (all fields are DP outputs)."""
+
+    label: int
+    weights: np.ndarray
+    means: np.ndarray
+    variances: np.ndarray
+    noisy_count: float
+
+
+def mixture(noisy: moments.Moments, label: int,
+            cfg: GeneratorConfig) -> ClassMixture:
+    w, mu, var = moments.mixture_from_moments(noisy, cfg.clip_norm,
+                                              cfg.variance_floor)
+    return ClassMixture(label, w, mu, var, float(np.clip(noisy.count, 0, None).sum()))
+
+
+def num_samples(mix: ClassMixture, cfg: GeneratorConfig) -> int:
+    if cfg.samples_per_class is not None:
+        return cfg.samples_per_class
+    return int(round(mix.noisy_count))
+
+
+def sample(mix: ClassMixture, cfg: GeneratorConfig,
+           oversample: float = 1.0) -> np.ndarray:
+    m = int(round(num_samples(mix, cfg) * oversample))
+    rng = np.random.default_rng([cfg.seed, mix.label, 1])
+    out = sampling.sample_mixture(mix.weights, mix.means, mix.variances, m, rng)
+    if cfg.normalize == "unit":
+        out = sampling.project_to_sphere(out, min(1.0, cfg.clip_norm))
+    return out
+
+
+def candidates(mix: ClassMixture, cfg: GeneratorConfig) -> np.ndarray:
+    return sample(mix, cfg, cfg.vote_oversample if cfg.vote_filter else 1.0)
+
+
+def filter_by_votes(cands: np.ndarray, exact_votes: np.ndarray, label: int,
+                    cfg: GeneratorConfig, ledger: PrivacyLedger,
+                    noise: NoiseSource) -> np.ndarray:
+    name = plan.name(label, "vote", "histogram")
+    noisy = exact_votes + _noise(ledger, noise, name, exact_votes.shape)
+    return cands[vote.keep_mask(noisy, cfg.vote_threshold)]
+
+
+def labels_of(cfg: GeneratorConfig) -> Sequence[int]:
+    return cfg.labels

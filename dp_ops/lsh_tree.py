@@ -1,0 +1,108 @@
+"""LSH prefix tree: the coreset of practical DP k-means (linear in n).
+
+Records are hashed with public random hyperplanes (SimHash); the first l sign
+bits are a record's node at level l. Noisy counts decide, level by level,
+which nodes branch; every released level holds *both* children of every
+branching node (zero counts included), so which keys are released depends
+only on earlier noisy outputs. A record sits in one node per level, so each
+level's count vector has L2 sensitivity 1 (add/remove one record). The
+unbranched nodes partition the space; their noisy sums (sensitivity R) over
+noisy counts are the coreset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping
+
+import numpy as np
+
+
+def hyperplanes(dim: int, depth: int, seed: int) -> np.ndarray:
+    """Public random hyperplanes [depth, dim], from the public seed only."""
+    rng = np.random.default_rng([seed, 0x75E])
+    return rng.normal(size=(depth, dim))
+
+
+def leaf_codes(x: np.ndarray, planes: np.ndarray) -> np.ndarray:
+    """Full-depth code per row: bit i (MSB first) = sign of plane i."""
+    bits = (x @ planes.T) > 0
+    weights = 1 << np.arange(planes.shape[0] - 1, -1, -1, dtype=np.int64)
+    return bits.astype(np.int64) @ weights
+
+
+def level_code(codes: np.ndarray, level: int, depth: int) -> np.ndarray:
+    return codes >> (depth - level)
+
+
+def level_counts(codes: np.ndarray, depth: int) -> list[dict[int, int]]:
+    """Exact node counts at levels 1..depth (index 0 is level 1)."""
+    out = []
+    for level in range(1, depth + 1):
+        keys, counts = np.unique(level_code(codes, level, depth),
+                                 return_counts=True)
+        out.append(dict(zip(keys.tolist(), counts.tolist())))
+    return out
+
+
+def merge_level_counts(a: list[dict[int, int]],
+                       b: list[dict[int, int]]) -> list[dict[int, int]]:
+    out = []
+    for da, db in zip(a, b):
+        merged = dict(da)
+        for key, value in db.items():
+            merged[key] = merged.get(key, 0) + value
+        out.append(merged)
+    return out
+
+
+@dataclasses.dataclass
+class Tree:
+    """Released structure: noisy counts of released nodes and the leaves."""
+
+    depth: int
+    noisy_counts: list[dict[int, float]]  # per level 1..depth
+    leaves: list[tuple[int, int]]  # (level, code), a partition of the space
+
+    def leaf_index(self, codes: np.ndarray) -> np.ndarray:
+        """Index into ``leaves`` of each full-depth code (-1 if none)."""
+        out = np.full(codes.shape, -1, dtype=np.int64)
+        leaves = np.array(self.leaves, dtype=np.int64).reshape(-1, 2)
+        for level in range(1, self.depth + 1):
+            idx = np.flatnonzero(leaves[:, 0] == level)
+            if idx.size == 0:
+                continue
+            order = np.argsort(leaves[idx, 1])
+            keys, idx = leaves[idx[order], 1], idx[order]
+            prefix = level_code(codes, level, self.depth)
+            pos = np.minimum(np.searchsorted(keys, prefix), keys.size - 1)
+            hit = (keys[pos] == prefix) & (out < 0)
+            out[hit] = idx[pos[hit]]
+        return out
+
+    def leaf_counts(self) -> np.ndarray:
+        return np.array([self.noisy_counts[lvl - 1][code]
+                         for lvl, code in self.leaves])
+
+
+def build_tree(exact: list[Mapping[int, int]], depth: int, threshold: float,
+               noise: Callable[[int, int], np.ndarray]) -> Tree:
+    """Grows the tree from exact level counts, releasing only noisy ones.
+
+    ``noise(level, size)`` returns the Gaussian noise for one level's
+    released count vector (the level mechanism of the ledger).
+    """
+    branching = [0]
+    noisy: list[dict[int, float]] = []
+    leaves: list[tuple[int, int]] = []
+    for level in range(1, depth + 1):
+        keys = sorted(2 * c + b for c in branching for b in (0, 1))
+        values = np.array([exact[level - 1].get(k, 0) for k in keys], float)
+        released = values + noise(level, len(keys))
+        noisy.append(dict(zip(keys, released.tolist())))
+        if level == depth:
+            leaves += [(level, k) for k in keys]
+            break
+        branching = [k for k, v in zip(keys, released) if v >= threshold]
+        leaves += [(level, k) for k, v in zip(keys, released) if v < threshold]
+    return Tree(depth, noisy, leaves)

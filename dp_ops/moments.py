@@ -1,0 +1,74 @@
+"""Per-cluster clipped moments and the diagonal Gaussian mixture they define.
+
+Sums are taken over values truncated (towards zero) onto a fixed grid of
+2^-24 of their bound. Truncation never increases a magnitude, so the
+sensitivities stay R (sum of x) and R^2 (sum of x*x); and float64 addition of
+grid values is exact up to 2^29 rows per cluster, so the sums are identical
+whatever the bundle order or worker count (byte-identical releases).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from dp_ops.kmeans import one_hot
+
+GRID_BITS = 24
+
+
+def quantize(x: np.ndarray, bound: float) -> np.ndarray:
+    q = bound * 2.0 ** -GRID_BITS
+    return np.trunc(np.asarray(x, np.float64) / q) * q
+
+
+@dataclasses.dataclass
+class Moments:
+    """count [k], sum [k, d], sumsq [k, d] (exact until noised)."""
+
+    count: np.ndarray
+    sum: np.ndarray
+    sumsq: np.ndarray
+
+    def __add__(self, other: "Moments") -> "Moments":
+        return Moments(self.count + other.count, self.sum + other.sum,
+                       self.sumsq + other.sumsq)
+
+    @classmethod
+    def zeros(cls, k: int, d: int) -> "Moments":
+        return cls(np.zeros(k), np.zeros((k, d)), np.zeros((k, d)))
+
+
+def block_moments(x: np.ndarray, assign: np.ndarray, k: int,
+                  clip_norm: float) -> Moments:
+    hot = one_hot(assign, k)
+    return Moments(hot.sum(axis=1), hot @ quantize(x, clip_norm),
+                   hot @ quantize(x * x, clip_norm ** 2))
+
+
+def block_sums(x: np.ndarray, assign: np.ndarray, k: int,
+               bound: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-cluster exact count and grid-quantised sum of x."""
+    hot = one_hot(assign, k)
+    return hot.sum(axis=1), hot @ quantize(x, bound)
+
+
+def mixture_from_moments(noisy: Moments, clip_norm: float,
+                         variance_floor: float) -> tuple[np.ndarray, ...]:
+    """Mixture weights, means and diagonal variances from noisy moments.
+
+    Components whose noisy count is below 1 get weight 0. Means are projected
+    back into the clip ball; variances are floored at
+    ``variance_floor * clip_norm^2 / d`` (a public constant) because noise can
+    drive E[x^2] - E[x]^2 negative.
+    """
+    d = noisy.sum.shape[1]
+    n = np.maximum(noisy.count, 1.0)
+    means = noisy.sum / n[:, None]
+    norms = np.linalg.norm(means, axis=1, keepdims=True)
+    means = means * np.minimum(1.0, clip_norm / np.maximum(norms, 1e-300))
+    var = noisy.sumsq / n[:, None] - means ** 2
+    var = np.maximum(var, variance_floor * clip_norm ** 2 / d)
+    weights = np.where(noisy.count >= 1.0, noisy.count, 0.0)
+    return weights, means, var
