@@ -1,0 +1,91 @@
+"""The `dpsynth` command line: generate, encode, evaluate."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+# TensorFlow's C++ start-up chatter drowns our progress lines.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from typing import Optional, Sequence
+
+from pipelines import generate
+
+# Sub-commands living in their own modules: (module, description).
+_EXTRA_COMMANDS = ("pipelines.encode", "pipelines.evaluate")
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="dpsynth: %(message)s",
+                        stream=sys.stderr)
+    for noisy in ("apache_beam", "absl", "tensorflow", "root"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _fail(message: str) -> int:
+    print(f"dpsynth: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run_generate(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
+    _setup_logging()
+    from pipelines import demo, release
+    from transforms.io import InputError
+    try:
+        job_output = generate.run(args, beam_argv)
+    except (ValueError, InputError, release.ReleaseError) as err:
+        return _fail(str(err))
+    except Exception as err:  # errors raised inside Beam workers
+        inner = _inner_error(err)
+        if inner is not None:
+            return _fail(inner)
+        raise
+    print(f"release written to {job_output}")
+    if getattr(args, "_demo", False) or args.input and "dpsynth-demo" in args.input:
+        train, test = demo.demo_files()
+        print(demo.utility_line(job_output, test, train))
+    return 0
+
+
+def _inner_error(err: BaseException) -> Optional[str]:
+    """Beam wraps worker exceptions; surface our own clear messages."""
+    text = str(err)
+    for marker in ("InputError: ", "ValueError: "):
+        if marker in text:
+            return text.split(marker, 1)[1].splitlines()[0].strip()
+    return None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dpsynth",
+        description="Differentially private synthetic embedding datasets.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="private embeddings -> DP synthetic "
+                         "release (no flags: embedded demo)",
+                         description=generate.parser().description)
+    generate.add_arguments(gen)
+    gen.set_defaults(handler=run_generate)
+    for name in _EXTRA_COMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command != "generate" and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args.handler(args, rest) if args.command == "generate" else \
+        args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""`dpsynth generate`: labelled embeddings -> DP synthetic embedding release.
+
+Run as ``dpsynth generate ...`` or ``python -m pipelines.generate ...``; any
+flag this parser does not know is passed to Beam as a pipeline option
+(``--runner``, ``--project``, ``--flink_master``...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import logging
+import math
+import sys
+import time
+import uuid
+from typing import Optional, Sequence
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from dp_ops import plan
+from dp_ops.clipping import NORMALIZATIONS
+from dp_ops.config import GeneratorConfig, labels_from, parse_weights
+from dp_ops.ledger import ACCOUNTANTS, PrivacyLedger
+from pipelines import demo, release
+from transforms import io
+from transforms.aggregate import PrepareBlocks
+from transforms.dp_kmeans import DPKMeans
+from transforms.mixture import DPMixture, SampleSynthetic
+from transforms.write import SUMMARY_FILE, WriteRelease
+
+log = logging.getLogger("dpsynth")
+
+
+def _epsilon(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if math.isnan(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 or 'inf', got {text}")
+    return value
+
+
+def _labels(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    data = parser.add_argument_group("input and output")
+    data.add_argument("--input", help="glob of .npz / TFRecord / Parquet files "
+                      "(local or gs://); default: the embedded digits demo")
+    data.add_argument("--input-format", choices=io.FORMATS,
+                      help="default: from the file extension")
+    data.add_argument("--embedding-feature", default="embedding",
+                      help="TFRecord feature / Parquet column of the vector")
+    data.add_argument("--label-feature", default="label",
+                      help="TFRecord feature / Parquet column of the label")
+    data.add_argument("--non-finite", choices=io.NON_FINITE_POLICIES,
+                      default="reject", help="rows with NaN/inf: fail the run "
+                      "(default) or drop them (a per-record rule, DP-safe)")
+    data.add_argument("--output", help="release directory (local or gs://); "
+                      "default: ./dpsynth-releases/<timestamp>")
+    data.add_argument("--overwrite", action="store_true",
+                      help="replace an existing release at --output")
+    data.add_argument("--run-id", help="names this run in the manifest "
+                      "(default: random)")
+    data.add_argument("--block-size", type=int, default=4096,
+                      help="rows per numpy block moved between stages")
+    data.add_argument("--rows-per-shard", type=int, default=50_000)
+
+    cls = parser.add_argument_group("classes (public configuration)")
+    cls.add_argument("--num-classes", type=int, help="labels are 0..N-1")
+    cls.add_argument("--labels", type=_labels, help="explicit label list, "
+                     "e.g. 0,1,7")
+
+    dp = parser.add_argument_group("privacy")
+    dp.add_argument("--epsilon", type=_epsilon, default=4.0,
+                    help="total epsilon of the release ('inf': no noise, "
+                    "NOT private, for debugging)")
+    dp.add_argument("--delta", type=float, default=1e-5)
+    dp.add_argument("--accountant", choices=ACCOUNTANTS, default="pld")
+    dp.add_argument("--budget-weights", type=parse_weights,
+                    help="share of the budget per stage, summing to 1, e.g. "
+                    "tree=0.15,lloyd=0.25,moments=0.5,vote=0.1")
+    dp.add_argument("--noise-seed", type=int, help="SECRET seed for "
+                    "reproducible noise (testing/audits); never recorded. "
+                    "Default: secure non-reproducible noise")
+
+    gen = parser.add_argument_group("generator")
+    gen.add_argument("--clusters", type=int, default=8, help="k per class")
+    gen.add_argument("--clip-norm", type=float, default=1.0,
+                     help="L2 clip radius R applied to every record")
+    gen.add_argument("--normalize", choices=NORMALIZATIONS, default="unit",
+                     help="public per-record normalisation before clipping")
+    gen.add_argument("--cluster-dim", type=int, default=32, help="dimension "
+                     "of the public random projection used for clustering")
+    gen.add_argument("--tree-depth", type=int, default=8)
+    gen.add_argument("--branch-threshold", type=float,
+                     help="noisy count a tree node needs to branch "
+                     "(default: 3 x its noise sigma)")
+    gen.add_argument("--lloyd-rounds", type=int, default=2)
+    gen.add_argument("--variance-floor", type=float, default=1e-6)
+    gen.add_argument("--samples-per-class", type=int,
+                     help="default: the noisy class count")
+    gen.add_argument("--seed", type=int, default=0,
+                     help="public seed: hyperplanes, projections, sampling")
+    gen.add_argument("--vote-filter", action="store_true",
+                     help="keep samples with a noisy nearest-neighbour vote "
+                     ">= --vote-threshold")
+    gen.add_argument("--vote-threshold", type=float, default=6.0)
+    gen.add_argument("--vote-oversample", type=float, default=6.0,
+                     help="candidates generated per wanted sample")
+
+
+def config_from(args: argparse.Namespace, labels: Sequence[int]) -> GeneratorConfig:
+    return GeneratorConfig(
+        labels=tuple(labels), epsilon=args.epsilon, delta=args.delta,
+        clusters=args.clusters, clip_norm=args.clip_norm,
+        normalize=args.normalize, cluster_dim=args.cluster_dim,
+        tree_depth=args.tree_depth, branch_threshold=args.branch_threshold,
+        lloyd_rounds=args.lloyd_rounds, samples_per_class=args.samples_per_class,
+        variance_floor=args.variance_floor, vote_filter=args.vote_filter,
+        vote_threshold=args.vote_threshold,
+        vote_oversample=args.vote_oversample,
+        budget_weights=args.budget_weights, accountant=args.accountant,
+        seed=args.seed)
+
+
+def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
+    """Pipeline options with safe DirectRunner defaults.
+
+    DirectRunner's ``multi_threading`` mode corrupted data in our tests, so
+    it is refused; several workers default to ``multi_processing``.
+    """
+    argv = list(beam_argv)
+    joined = " ".join(argv)
+    if "multi_threading" in joined:
+        raise ValueError("--direct_running_mode=multi_threading is not "
+                         "supported (it corrupts data); use multi_processing")
+    if "--runner" not in joined:
+        argv.append("--runner=DirectRunner")
+    options = PipelineOptions(argv)
+    all_opts = options.get_all_options()
+    runner = (all_opts.get("runner") or "").lower()
+    if runner in ("directrunner", "direct") and "direct_running_mode" not in joined:
+        workers = all_opts.get("direct_num_workers") or 1
+        mode = "multi_processing" if workers > 1 else "in_memory"
+        options = PipelineOptions(argv + [f"--direct_running_mode={mode}"])
+    return options
+
+
+@dataclasses.dataclass
+class Job:
+    """Everything decided before any private data is read."""
+
+    cfg: GeneratorConfig
+    ledger: PrivacyLedger
+    spec: io.InputSpec
+    output: str
+    staging: str
+    run_id: str
+    demo_test: Optional[str]
+    demo_train: Optional[str]
+
+
+def prepare(args: argparse.Namespace) -> Job:
+    """Validates flags, calibrates the noise, checks the output: no data read."""
+    demo_test = demo_train = None
+    if args.input is None:
+        demo_train, demo_test = demo.demo_files()
+        args.input = demo_train
+        if args.num_classes is None and not args.labels:
+            args.labels = list(demo.DEMO_LABELS)
+    labels = labels_from(args.num_classes, args.labels)
+    cfg = config_from(args, labels)
+    ledger = plan.make_ledger(cfg)  # refuses impossible targets
+    if args.block_size < 1 or args.rows_per_shard < 1:
+        raise ValueError("--block-size and --rows-per-shard must be >= 1")
+    output = args.output or f"dpsynth-releases/{_timestamp()}"
+    release.check_output(output, args.overwrite)
+    run_id = args.run_id or uuid.uuid4().hex[:12]
+    spec = io.InputSpec(args.input, args.input_format, args.embedding_feature,
+                        args.label_feature, tuple(labels), args.non_finite,
+                        args.block_size)
+    return Job(cfg, ledger, spec, output, release.staging_dir(output, run_id),
+               run_id, demo_test, demo_train)
+
+
+def _timestamp() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def build(p: beam.Pipeline, job: Job, reader: io.ReadEmbeddingBlocks,
+          noise_seed: Optional[int], args: argparse.Namespace) -> None:
+    """The whole DP generation graph, from the blocks to the staged files."""
+    cfg, ledger, dim = job.cfg, job.ledger, reader.dim
+    blocks = (p | "Read" >> reader
+              | "Prepare" >> PrepareBlocks(cfg, dim)
+              # Materialise the blocks once: every pass below re-reads them,
+              # and later passes need side inputs computed from earlier ones.
+              | "Materialise" >> beam.Reshuffle())
+    centres = blocks | "DPKMeans" >> DPKMeans(cfg, ledger, dim, noise_seed)
+    mixtures = blocks | "DPMixture" >> DPMixture(cfg, ledger, dim, centres,
+                                                 noise_seed)
+    synthetic = mixtures | "Sample" >> SampleSynthetic(cfg, ledger, blocks,
+                                                       noise_seed)
+    _ = synthetic | "Write" >> WriteRelease(
+        job.staging, mixtures, args.rows_per_shard, args.embedding_feature,
+        args.label_feature)
+
+
+def manifest(job: Job, reader: io.ReadEmbeddingBlocks, summary: list,
+             timings: dict, noise_seed: Optional[int]) -> dict:
+    cfg = job.cfg
+    noisy_n = sum(max(c["noisy_count"], 0.0) for c in summary)
+    warnings = []
+    if cfg.noiseless:
+        warnings.append("epsilon=inf: NO NOISE WAS ADDED. This release is NOT "
+                        "differentially private. Never share it.")
+    elif noisy_n > 0 and cfg.delta > 1.0 / noisy_n:
+        warnings.append(f"delta={cfg.delta:g} is larger than 1/n for the noisy "
+                        f"record count n~{noisy_n:.0f}; choose delta << 1/n")
+    config = dataclasses.asdict(cfg)
+    config["labels"] = list(cfg.labels)
+    return {
+        "format": "dpsynth-release/1",
+        "run_id": job.run_id,
+        "created_utc": _timestamp(),
+        "privacy": job.ledger.to_manifest(),
+        "noise": ("none (epsilon=inf)" if cfg.noiseless else
+                  "seeded (secret seed, not recorded)" if noise_seed is not None
+                  else "secure (PyDP Gaussian; PipelineDP for moments)"),
+        "config": config,
+        "input": {"pattern": job.spec.pattern, "files": reader.paths,
+                  "format": job.spec.fmt, "non_finite": job.spec.non_finite},
+        "embedding_dim": reader.dim,
+        "classes": summary,
+        "samples_total": sum(c["samples"] for c in summary),
+        "outputs": {"data": "data/", "gmm": "gmm.npz"},
+        "versions": release.versions(),
+        "timings_s": timings,
+        "warnings": warnings,
+    }
+
+
+def run(args: argparse.Namespace, beam_argv: Sequence[str]) -> str:
+    """Runs the job; returns the published release path."""
+    t0 = time.time()
+    job = prepare(args)
+    options = beam_options(beam_argv)
+    if job.cfg.noiseless:
+        log.warning("!!! --epsilon inf: running WITHOUT NOISE. The output is "
+                    "NOT differentially private. Debugging only. !!!")
+    reader = io.ReadEmbeddingBlocks(job.spec)
+    log.info("plan: %d mechanisms, target (eps=%g, delta=%g), accountant %s; "
+             "input %d file(s), dim %d", len(job.ledger.mechanisms),
+             job.cfg.epsilon, job.cfg.delta, job.cfg.accountant,
+             len(reader.paths), reader.dim)
+    timings = {"plan": round(time.time() - t0, 3)}
+    try:
+        t1 = time.time()
+        p = beam.Pipeline(options=options)
+        build(p, job, reader, args.noise_seed, args)
+        p.run().wait_until_finish()
+        timings["pipeline"] = round(time.time() - t1, 3)
+        log.info("pipeline finished in %.1f s", timings["pipeline"])
+        summary = _read_summary(job.staging)
+        timings["total"] = round(time.time() - t0, 3)
+        doc = manifest(job, reader, summary, timings, args.noise_seed)
+        release.write_manifest(job.staging, doc)
+        release.publish(job.staging, job.output, args.overwrite)
+    except BaseException:
+        release.discard(job.staging)
+        raise
+    for warning in doc["warnings"]:
+        log.warning(warning)
+    log.info("release: %d synthetic rows, epsilon spent %.4g (target %g), "
+             "delta %g", doc["samples_total"], doc["privacy"]["spent"]["epsilon"],
+             job.cfg.epsilon, job.cfg.delta)
+    return job.output
+
+
+def _read_summary(staging: str) -> list:
+    from apache_beam.io.filesystems import FileSystems
+    with FileSystems.open(io.join(staging, SUMMARY_FILE)) as f:
+        return json.loads(f.read().decode())
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dpsynth generate",
+        description="Generate a differentially private synthetic embedding "
+                    "release. Unknown flags are Beam pipeline options.")
+    add_arguments(p)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from pipelines.cli import run_generate
+    args, beam_argv = parser().parse_known_args(argv)
+    return run_generate(args, beam_argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
