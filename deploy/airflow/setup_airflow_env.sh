@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Creates (or reuses) the separate Airflow virtualenv used by the nightly DAG
+# and its tests. Airflow pins many libraries (SQLAlchemy, protobuf, grpc,
+# numpy ranges...) that clash with dpsynth's own stack (TensorFlow, Beam), so
+# Airflow never goes into the project's environment: the DAG's Beam task runs
+# dpsynth with *another* interpreter (Variable `dpsynth_python`).
+#
+# Usage: deploy/airflow/setup_airflow_env.sh [VENV_DIR]
+#   VENV_DIR defaults to <repo>/.venv-airflow (git-ignored).
+#   AIRFLOW_VERSION / BEAM_PROVIDER_VERSION override the pins below.
+# Exit status 0 once `VENV_DIR/bin/airflow version` works; the venv is reused
+# (a stamp file records the pins) so later runs take a second.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+venv="${1:-$repo/.venv-airflow}"
+airflow_version="${AIRFLOW_VERSION:-3.1.8}"
+provider_version="${BEAM_PROVIDER_VERSION:-6.3.1}"
+python_bin="${PYTHON:-python3}"
+stamp="$venv/.dpsynth-airflow-$airflow_version-beam-$provider_version"
+
+if [[ -f "$stamp" && -x "$venv/bin/airflow" ]]; then
+  echo "reusing $venv (Airflow $airflow_version)"
+  exit 0
+fi
+
+echo "creating $venv with Airflow $airflow_version," \
+     "apache-airflow-providers-apache-beam $provider_version"
+rm -rf "$venv"
+"$python_bin" -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --upgrade pip
+"$venv/bin/python" -m pip install --quiet \
+  "apache-airflow==$airflow_version" \
+  "apache-airflow-providers-apache-beam==$provider_version"
+"$venv/bin/airflow" version
+touch "$stamp"
