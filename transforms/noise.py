@@ -38,7 +38,7 @@ class LedgerNoiseAccountant(budget_accounting.BudgetAccountant):
                        weight: float = 1, count: int = 1,
                        noise_standard_deviation: Optional[float] = None,
                        name: str = ""):
-        if mechanism_type != pipeline_dp.MechanismType.GAUSSIAN:
+        if mechanism_type != pipeline_dp.aggregate_params.MechanismType.GAUSSIAN:
             raise ValueError("dpsynth only uses Gaussian noise")
         spec = budget_accounting.MechanismSpec(mechanism_type, name=name)
         spec.set_noise_standard_deviation(self._mechanism.noise_multiplier)

@@ -1,0 +1,44 @@
+"""Shared fixtures: repo on sys.path, ../shared data, small labelled data."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+SHARED = os.path.join(os.path.dirname(ROOT), "shared")
+
+
+def shared_path(*parts: str) -> str:
+    """Path under ../shared, or skip the test with the reason."""
+    path = os.path.join(SHARED, *parts)
+    if not os.path.exists(path):
+        pytest.skip(f"shared data not available: {path} is absent "
+                    f"(see ../shared/README.md)")
+    return path
+
+
+def gmm_data(n: int, d: int = 16, classes: int = 3, comps: int = 2,
+             seed: int = 0, spread: float = 0.3):
+    """Well-separated labelled Gaussian mixture (class centres fixed by d)."""
+    centres = np.random.default_rng(1234 + d).normal(size=(classes, comps, d))
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, n)
+    c = rng.integers(0, comps, n)
+    x = centres[y, c] + spread * rng.normal(size=(n, d))
+    return x, y.astype(np.int64)
+
+
+@pytest.fixture
+def small_npz(tmp_path):
+    x, y = gmm_data(1200)
+    path = tmp_path / "train.npz"
+    np.savez(path, embeddings=x, labels=y)
+    return str(path)

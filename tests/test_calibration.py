@@ -1,0 +1,75 @@
+import math
+
+import dp_accounting
+import pytest
+
+from dp_ops import calibration, plan
+from dp_ops.calibration import Slot, calibrate, gdp_delta, gdp_mu
+from dp_ops.config import GeneratorConfig
+from dp_ops.ledger import compose_epsilon
+
+
+@pytest.mark.parametrize("eps", [0.5, 1, 4, 8])
+def test_gdp_curve_matches_dp_accounting_for_one_gaussian(eps):
+    mu = gdp_mu(eps, 1e-5)
+    sigma = dp_accounting.get_sigma_gaussian(eps, 1e-5)
+    # dp_accounting calibrates a sensitivity-1 Gaussian to the same target.
+    assert 1 / mu == pytest.approx(sigma, rel=1e-3)
+    assert gdp_delta(mu, eps) == pytest.approx(1e-5, rel=1e-3)
+
+
+@pytest.mark.parametrize("eps,accountant", [(1, "pld"), (4, "pld"), (8, "pld"),
+                                            (2, "rdp")])
+def test_calibrated_plan_spends_at_most_and_close_to_target(eps, accountant):
+    cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=eps, vote_filter=True,
+                          accountant=accountant)
+    ledger = plan.make_ledger(cfg)
+    spent = ledger.spent_epsilon()
+    assert spent <= eps
+    # RDP is looser than PLD, so its calibration wastes more of the budget.
+    assert spent >= (0.97 if accountant == "pld" else 0.8) * eps
+    independent = compose_epsilon(ledger.mechanisms_affecting("class=1"),
+                                  1e-5, accountant)
+    assert independent == pytest.approx(spent)
+
+
+def test_budget_weights_split_mu_squared():
+    slots = [Slot("a", "x", "class=0", 1.0), Slot("b", "y", "class=0", 1.0)]
+    ledger = calibrate(slots, {"x": 0.8, "y": 0.2}, 4, 1e-5)
+    za, zb = (ledger.get(n).noise_multiplier for n in "ab")
+    assert (1 / za ** 2) / (1 / zb ** 2) == pytest.approx(4.0)
+
+
+def test_sigma_scales_with_sensitivity():
+    slots = [Slot("a", "x", "class=0", 1.0), Slot("b", "x", "class=0", 5.0)]
+    ledger = calibrate(slots, {"x": 1.0}, 2, 1e-5)
+    assert ledger.get("b").sigma == pytest.approx(5 * ledger.get("a").sigma)
+
+
+@pytest.mark.parametrize("weights,msg", [
+    ({"x": 0.5}, "sum to 1"),
+    ({"x": 0.5, "y": 0.5}, "exactly the enabled stages"),
+    ({"x": -1.0, "z": 2.0}, "exactly"),
+])
+def test_bad_weights_refused(weights, msg):
+    with pytest.raises(ValueError, match=msg):
+        calibrate([Slot("a", "x", "class=0", 1.0)], weights, 1, 1e-5)
+
+
+@pytest.mark.parametrize("eps,delta", [(0, 1e-5), (-1, 1e-5), (1, 0), (1, 1)])
+def test_bad_targets_refused(eps, delta):
+    with pytest.raises(ValueError):
+        calibrate([Slot("a", "x", "class=0", 1.0)], {"x": 1.0}, eps, delta)
+
+
+def test_infinite_epsilon_means_no_noise():
+    ledger = calibrate([Slot("a", "x", "class=0", 1.0)], {"x": 1.0},
+                       math.inf, 1e-5)
+    assert ledger.get("a").sigma == 0
+    assert math.isinf(ledger.spent_epsilon())
+
+
+def test_default_weights_follow_enabled_stages():
+    cfg = GeneratorConfig(labels=(0,), lloyd_rounds=0)
+    assert set(cfg.weights()) == {"tree", "moments"}
+    assert sum(cfg.weights().values()) == pytest.approx(1)

@@ -1,0 +1,39 @@
+import numpy as np
+import pytest
+
+from dp_ops.clipping import clip_rows, normalize_rows, preprocess
+
+
+def test_clip_bounds_every_row_and_counts_clipped():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(500, 20)) * rng.uniform(0, 3, size=(500, 1))
+    out, n = clip_rows(x, 2.0)
+    norms = np.linalg.norm(out, axis=1)
+    assert norms.max() <= 2.0
+    assert n == int((np.linalg.norm(x, axis=1) > 2.0).sum())
+    small = np.linalg.norm(x, axis=1) <= 2.0
+    np.testing.assert_allclose(out[small], x[small], rtol=1e-9)
+
+
+def test_clip_keeps_direction():
+    out, _ = clip_rows(np.array([[30.0, 40.0]]), 1.0)
+    np.testing.assert_allclose(out, [[0.6, 0.8]], rtol=1e-9)
+
+
+def test_unit_normalisation_and_zero_rows():
+    x = np.array([[3.0, 4.0], [0.0, 0.0]])
+    out = normalize_rows(x, "unit")
+    np.testing.assert_allclose(out, [[0.6, 0.8], [0, 0]])
+
+
+@pytest.mark.parametrize("r", [0, -1])
+def test_bad_clip_norm(r):
+    with pytest.raises(ValueError, match="--clip-norm"):
+        clip_rows(np.ones((2, 2)), r)
+
+
+def test_preprocess_is_per_record():
+    x = np.random.default_rng(1).normal(size=(10, 4))
+    full, _ = preprocess(x, "unit", 0.5)
+    one, _ = preprocess(x[3:4], "unit", 0.5)
+    np.testing.assert_array_equal(full[3:4], one)

@@ -1,0 +1,118 @@
+"""End-to-end runs of `dpsynth generate` (DirectRunner, in process)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from dp_ops import plan, reference
+from dp_ops.config import GeneratorConfig
+from dp_ops.noise import SeededNoise
+from pipelines import cli
+from pipelines.release import load_gmm, load_release
+from tests.conftest import gmm_data
+
+
+def _run(*argv):
+    return cli.main(["generate", *map(str, argv)])
+
+
+def test_demo_runs_with_no_input_and_prints_utility(tmp_path, capsys):
+    out = tmp_path / "release"
+    assert _run("--output", out) == 0
+    printed = capsys.readouterr().out
+    assert f"release written to {out}" in printed
+    assert "trained on real" in printed and "trained on synthetic" in printed
+    manifest = json.loads((out / "manifest.json").read_text())
+    spent = manifest["privacy"]["spent"]["epsilon"]
+    assert 0.9 * 4.0 <= spent <= 4.0
+    assert manifest["noise"].startswith("secure")
+    assert len(manifest["privacy"]["mechanisms"]) == 10 * 16
+    for m in manifest["privacy"]["mechanisms"]:
+        assert m["sigma"] > 0 and m["sensitivity"] > 0
+    assert not [p for p in os.listdir(tmp_path) if "staging" in p]
+
+
+def test_release_reads_back_with_tf_data(tmp_path):
+    import tensorflow as tf
+    x, y = gmm_data(900, d=12, classes=3)
+    np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
+    out = tmp_path / "rel"
+    assert _run("--input", tmp_path / "in.npz", "--output", out,
+                "--num-classes", 3, "--epsilon", 2, "--clusters", 3,
+                "--noise-seed", 1, "--rows-per-shard", 100) == 0
+    files = sorted(str(p) for p in (out / "data").glob("*.tfrecord"))
+    feats = {"embedding": tf.io.FixedLenFeature([12], tf.float32),
+             "label": tf.io.FixedLenFeature([], tf.int64)}
+    ds = tf.data.TFRecordDataset(files).map(
+        lambda r: tf.io.parse_single_example(r, feats))
+    rows = list(ds.as_numpy_iterator())
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(rows) == manifest["samples_total"] > 0
+    assert {int(r["label"]) for r in rows} == {0, 1, 2}
+    assert all(np.linalg.norm(r["embedding"]) <= 1.0 + 1e-5 for r in rows)
+
+
+def test_beam_pipeline_matches_in_memory_reference(tmp_path):
+    x, y = gmm_data(1500, d=10, classes=3, comps=2)
+    np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
+    out = tmp_path / "rel"
+    assert _run("--input", tmp_path / "in.npz", "--output", out,
+                "--num-classes", 3, "--epsilon", 3, "--clusters", 4,
+                "--noise-seed", 5, "--block-size", 128, "--vote-filter") == 0
+    cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=3, clusters=4,
+                          vote_filter=True)
+    mixes, xs, ys = reference.generate(x, y, cfg, plan.make_ledger(cfg),
+                                       SeededNoise(5))
+    gmm = load_gmm(str(out))
+    for label in (0, 1, 2):
+        np.testing.assert_allclose(gmm.mixtures[label].means,
+                                   mixes[label].means, atol=1e-6)
+        np.testing.assert_allclose(gmm.mixtures[label].weights,
+                                   mixes[label].weights, atol=1e-6)
+    xr, yr, _ = load_release(str(out))
+    assert len(yr) == len(ys)
+
+
+def test_epsilon_inf_warns_loudly(tmp_path, caplog):
+    x, y = gmm_data(300, d=4, classes=2)
+    np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
+    assert _run("--input", tmp_path / "in.npz", "--output", tmp_path / "r",
+                "--num-classes", 2, "--epsilon", "inf") == 0
+    manifest = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    assert "NOT differentially private" in manifest["warnings"][0]
+    assert manifest["noise"].startswith("none")
+    assert "WITHOUT NOISE" in caplog.text
+
+
+def test_existing_release_is_not_overwritten(tmp_path, capsys):
+    x, y = gmm_data(300, d=4, classes=2)
+    np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
+    args = ("--input", tmp_path / "in.npz", "--output", tmp_path / "r",
+            "--num-classes", 2)
+    assert _run(*args) == 0
+    before = (tmp_path / "r" / "manifest.json").read_text()
+    assert _run(*args) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert (tmp_path / "r" / "manifest.json").read_text() == before
+    assert _run(*args, "--overwrite") == 0
+    assert (tmp_path / "r" / "manifest.json").read_text() != before
+
+
+def test_bad_row_fails_cleanly_and_writes_nothing(tmp_path, capsys):
+    x, y = gmm_data(300, d=4, classes=2)
+    x[17, 2] = np.nan
+    np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
+    assert _run("--input", tmp_path / "in.npz", "--output", tmp_path / "r",
+                "--num-classes", 2) == 2
+    err = capsys.readouterr().err
+    assert "in.npz" in err and "row 17" in err
+    assert sorted(os.listdir(tmp_path)) == ["in.npz"]
+
+
+def test_impossible_config_refused_before_reading(tmp_path, capsys):
+    assert _run("--input", tmp_path / "missing-*.npz", "--output",
+                tmp_path / "r", "--num-classes", 2,
+                "--budget-weights", "tree=0.5,moments=0.2,lloyd=0.1") == 2
+    assert "sum to 1" in capsys.readouterr().err

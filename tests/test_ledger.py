@@ -1,0 +1,83 @@
+import math
+
+import dp_accounting
+import pytest
+from dp_accounting.pld import pld_privacy_accountant
+
+from dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger, compose_epsilon
+
+
+def _pld_eps(events, delta):
+    acc = pld_privacy_accountant.PLDAccountant()
+    acc.compose(dp_accounting.ComposedDpEvent(events))
+    return acc.get_epsilon(delta)
+
+
+def test_compose_matches_direct_dp_accounting():
+    mechs = [Mechanism("a", "s", "class=0", 1.0, 3.0),
+             Mechanism("b", "s", "class=0", 2.0, 10.0, count=3)]
+    direct = _pld_eps([dp_accounting.GaussianDpEvent(3.0),
+                       dp_accounting.SelfComposedDpEvent(
+                           dp_accounting.GaussianDpEvent(5.0), 3)], 1e-5)
+    assert compose_epsilon(mechs, 1e-5) == pytest.approx(direct, rel=1e-9)
+
+
+def test_classes_compose_in_parallel_globals_sequentially():
+    ledger = PrivacyLedger(10, 1e-5)
+    for label in range(5):
+        ledger.register(Mechanism(f"c{label}", "s", f"class={label}", 1, 2.0))
+    one_class = compose_epsilon([Mechanism("x", "s", "class=0", 1, 2.0)], 1e-5)
+    assert ledger.spent_epsilon() == pytest.approx(one_class)
+    ledger.register(Mechanism("g", "s", GLOBAL, 1, 2.0))
+    two = compose_epsilon([Mechanism("x", "s", "class=0", 1, 2.0),
+                           Mechanism("y", "s", GLOBAL, 1, 2.0)], 1e-5)
+    assert ledger.spent_epsilon() == pytest.approx(two)
+
+
+def test_worst_class_sets_epsilon():
+    ledger = PrivacyLedger(10, 1e-5)
+    ledger.register(Mechanism("a", "s", "class=0", 1, 5.0))
+    ledger.register(Mechanism("b", "s", "class=1", 1, 1.0))
+    assert ledger.spent_epsilon() == pytest.approx(
+        compose_epsilon([ledger.get("b")], 1e-5))
+
+
+def test_subsampled_mechanism_uses_poisson_event():
+    m = Mechanism("sgd", "train", GLOBAL, 1.0, 1.1, count=100,
+                  sampling_probability=0.01)
+    direct = _pld_eps([dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(
+            0.01, dp_accounting.GaussianDpEvent(1.1)), 100)], 1e-5)
+    assert compose_epsilon([m], 1e-5) == pytest.approx(direct, rel=1e-6)
+
+
+def test_zero_sigma_is_infinite_epsilon():
+    assert math.isinf(compose_epsilon([Mechanism("a", "s", GLOBAL, 1, 0.0)],
+                                      1e-5))
+
+
+@pytest.mark.parametrize("kwargs", [dict(sensitivity=0), dict(sigma=-1),
+                                    dict(count=0),
+                                    dict(sampling_probability=0),
+                                    dict(neighbouring="replace one")])
+def test_bad_mechanisms_rejected(kwargs):
+    base = dict(name="a", stage="s", partition=GLOBAL, sensitivity=1, sigma=1)
+    with pytest.raises(ValueError):
+        Mechanism(**{**base, **kwargs})
+
+
+def test_duplicate_registration_rejected():
+    ledger = PrivacyLedger(1, 1e-5)
+    ledger.register(Mechanism("a", "s", GLOBAL, 1, 1))
+    with pytest.raises(ValueError, match="twice"):
+        ledger.register(Mechanism("a", "s", GLOBAL, 1, 1))
+
+
+def test_manifest_lists_every_mechanism():
+    ledger = PrivacyLedger(2, 1e-5, "rdp")
+    ledger.register(Mechanism("a", "s", "class=0", 2.0, 4.0))
+    doc = ledger.to_manifest()
+    assert doc["accountant"] == "rdp"
+    assert doc["mechanisms"][0]["noise_multiplier"] == 2.0
+    assert doc["mechanisms"][0]["neighbouring"] == "add/remove one record"
+    assert doc["spent"]["epsilon"] <= 2.0 or doc["spent"]["epsilon"] > 0

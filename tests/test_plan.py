@@ -1,0 +1,47 @@
+import pytest
+
+from dp_ops import plan
+from dp_ops.config import GeneratorConfig
+
+
+def test_sensitivities_follow_the_clip_norm():
+    cfg = GeneratorConfig(labels=(0, 1), clip_norm=3.0, vote_filter=True,
+                          lloyd_rounds=1)
+    ledger = plan.make_ledger(cfg)
+    sens = {m.name.split("/", 1)[1]: m.sensitivity
+            for m in ledger.mechanisms if m.partition == "class=0"}
+    assert sens["tree/level-1/count"] == 1
+    assert sens["tree/leaf-sum"] == 3.0
+    assert sens["lloyd/round-1/sum"] == 3.0
+    assert sens["moments/count"] == 1
+    assert sens["moments/sum"] == 3.0
+    assert sens["moments/sumsq"] == 9.0
+    assert sens["vote/histogram"] == 1
+    assert all(m.neighbouring == "add/remove one record"
+               for m in ledger.mechanisms)
+
+
+def test_every_class_gets_identical_noise():
+    cfg = GeneratorConfig(labels=(3, 7, 9))
+    ledger = plan.make_ledger(cfg)
+    by_class = {}
+    for m in ledger.mechanisms:
+        by_class.setdefault(m.partition, []).append(
+            (m.name.split("/", 1)[1], m.sigma))
+    assert len({tuple(v) for v in by_class.values()}) == 1
+
+
+def test_tree_has_one_count_mechanism_per_level():
+    cfg = GeneratorConfig(labels=(0,), tree_depth=5)
+    names = [m.name for m in plan.make_ledger(cfg).mechanisms]
+    assert sum("/count" in n and "tree" in n for n in names) == 5
+
+
+@pytest.mark.parametrize("kwargs", [dict(labels=()), dict(labels=(1, 1)),
+                                    dict(clusters=0), dict(clip_norm=0),
+                                    dict(clip_norm=-2), dict(tree_depth=0),
+                                    dict(epsilon=0), dict(delta=1.5),
+                                    dict(normalize="zscore")])
+def test_bad_config_refused(kwargs):
+    with pytest.raises(ValueError):
+        GeneratorConfig(**{"labels": (0,), **kwargs})
