@@ -1,0 +1,354 @@
+"""`dpsynth encode`: labelled images → embeddings + labels, encoded in Beam workers with RunInference.
+
+    dpsynth encode --images ROOT_OR_PATTERN --encoder NAME --output OUT.npz|OUT.tfrecord [beam options]
+    python -m pipelines.encode ...   (same flags; any flag not listed here goes to Beam: --runner,
+                                      --direct_num_workers, --project, ...)
+
+Output by extension: `.npz` (arrays `embeddings` float32 [n, d], `labels` int64 [n], `classes` when known; rows
+sorted by source file so the result does not depend on the number of workers) or `.tfrecord` (tf.train.Example
+with float list `embedding` and int64 `label`). A small `<output stem>.labels.json` next to it records the label
+mapping (sorted class folder names → 0..C-1) and the encoder recipe — schema only, no data-derived numbers.
+
+The embeddings are as private as the images: this command is data preparation inside the trust boundary, not
+a release. `encoded_blocks` gives the same stage to `dpsynth generate --images` as (x, y) blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import os
+import re
+import sys
+import zlib
+from typing import Optional, Sequence
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+
+from models.encoders import EncoderError, EncoderUnavailableError, get_encoder, list_encoders
+from transforms.encode import EncodeImages, ToBlocks
+from transforms.images import (BAD_IMAGES_MARKER, LAYOUTS, CheckBadImages, ImageInputError, ReadImages,
+                               gate_on)
+
+log = logging.getLogger("dpsynth")
+
+OUTPUT_FORMATS = {".npz": "npz", ".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfr": "tfrecord"}
+
+
+# ------------------------------------------------------------------ flags
+
+def _size(text: str) -> tuple[int, int]:
+    parts = text.replace("x", ",").split(",")
+    try:
+        size = tuple(int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--image-size must be H,W or S, got {text!r}") from None
+    size = size * 2 if len(size) == 1 else size
+    if len(size) != 2 or min(size) < 1:
+        raise argparse.ArgumentTypeError(f"--image-size must be H,W or S, got {text!r}")
+    return size
+
+
+def add_image_arguments(parser: argparse.ArgumentParser, images_required: bool = True) -> None:
+    """Flags for reading and encoding images; shared by `encode` and `generate --images`."""
+    g = parser.add_argument_group("images and encoder")
+    g.add_argument("--images", required=images_required,
+                   help="ROOT of a folder-per-class layout (ROOT/<class>/*.jpg|png), or a glob of .tfrecord "
+                        "files (tf.train.Example: encoded image + int64 label) or .npz files (images uint8, "
+                        "labels); local or gs://")
+    g.add_argument("--image-layout", choices=LAYOUTS, default=None, help="override layout detection")
+    g.add_argument("--encoder", default="efficientnet-lite0",
+                   help="encoder name: " + ", ".join(list_encoders()) + " (default efficientnet-lite0)")
+    g.add_argument("--encoder-weights", default=None,
+                   help="local or gs:// copy of a named encoder's weights (CLIP: a keras-hub preset folder)")
+    g.add_argument("--image-size", type=_size, default=None, help="H,W input size for keras:/onnx: models")
+    g.add_argument("--pixel-scale", default=None,
+                   help="pixel scaling for keras:/onnx: models: raw, unit (default), symmetric, effnet, "
+                        "imagenet, clip")
+    g.add_argument("--resize-mode", choices=("resize", "resize_crop"), default=None,
+                   help="keras:/onnx: models: plain resize (default) or shorter side + centre crop")
+    g.add_argument("--encoder-output-key", default=None, help="output name of a multi-output SavedModel")
+    g.add_argument("--encoder-threads", type=int, default=None,
+                   help="framework threads per worker (default: CPU cores / DirectRunner workers)")
+    g.add_argument("--batch-size", type=int, default=64, help="images per RunInference batch (default 64)")
+    g.add_argument("--l2-normalize", action="store_true",
+                   help="L2-normalise each embedding (public, per-row)")
+    g.add_argument("--max-bad-images", type=int, default=0,
+                   help="stop the run if more images than this cannot be read or decoded (default 0)")
+    g.add_argument("--bad-images-report", default=None,
+                   help="write the unreadable files (name, reason) here (default for encode: next to output)")
+    g.add_argument("--classes", default=None,
+                   help="comma-separated class folder names in label order (default: all folders, sorted)")
+    g.add_argument("--image-feature", default=None, help="TFRecord image bytes feature (default: auto)")
+    g.add_argument("--label-feature", default=None, help="TFRecord int64 label feature (default: auto)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_image_arguments(parser)
+    parser.add_argument("--output", required=True,
+                        help="OUT.npz or OUT.tfrecord (local or gs://); a labels JSON is written next to it")
+    parser.add_argument("--num-shards", type=int, default=1,
+                        help="TFRecord output shards (1: exactly --output; more: OUT-SSSSS-of-NNNNN)")
+    parser.add_argument("--keep-source-ids", action="store_true",
+                        help="also store each row's source file (npz array `sources`, TFRecord bytes `source`)")
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Adds the `encode` sub-command to an argparse subparsers object."""
+    p = subparsers.add_parser("encode", help="labelled images -> embeddings (Beam RunInference)",
+                              description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(handler=handle, command="encode")
+    return p
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dpsynth encode", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return p
+
+
+# ------------------------------------------------------------------ graph pieces
+
+def _classes(text: Optional[str]) -> Optional[list[str]]:
+    if not text:
+        return None
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    if len(set(names)) != len(names):
+        raise ImageInputError(f"--classes has duplicates: {text!r}")
+    return names
+
+
+def encoder_from_args(args: argparse.Namespace, num_threads: Optional[int] = None):
+    return get_encoder(args.encoder, weights=args.encoder_weights, image_size=args.image_size,
+                       pixel_scale=args.pixel_scale, resize_mode=args.resize_mode,
+                       output_key=args.encoder_output_key, num_threads=num_threads or args.encoder_threads)
+
+
+def encoded_rows(pipeline, images_pattern: str, encoder, *, batch_size: int = 64, l2_normalize: bool = False,
+                 max_bad_images: int = 0, bad_report_path: Optional[str] = None,
+                 classes: Optional[Sequence[str]] = None, layout: Optional[str] = None,
+                 image_key: Optional[str] = None, label_key: Optional[str] = None):
+    """→ (rows, reader): rows are (source, label, float32 embedding), released only after the bad-image check."""
+    reader = ReadImages(images_pattern, layout=layout, classes=classes, image_key=image_key, label_key=label_key)
+    encode = EncodeImages(encoder, batch_size=batch_size, l2_normalize=l2_normalize)  # fails fast if unavailable
+    read = pipeline | "ReadImages" >> reader
+    summary = read["bad"] | "CheckBadImages" >> CheckBadImages(max_bad_images, bad_report_path)
+    rows = read["images"] | "Encode" >> encode
+    return gate_on(rows, summary), reader
+
+
+def encoded_blocks(pipeline, images_pattern: str, encoder_name: str, *, encoder_weights: Optional[str] = None,
+                   batch_size: int = 64, l2_normalize: bool = False, max_bad_images: int = 0,
+                   bad_report_path: Optional[str] = None, classes: Optional[Sequence[str]] = None,
+                   block_size: int = 2048, layout: Optional[str] = None, image_key: Optional[str] = None,
+                   label_key: Optional[str] = None, image_size: Optional[tuple[int, int]] = None,
+                   pixel_scale: Optional[str] = None, resize_mode: Optional[str] = None,
+                   num_threads: Optional[int] = None):
+    """Images → PCollection of blocks (x [b, d] float64, y [b] int64), b ≤ block_size: the element type the
+    DP generation pipeline consumes. Labels: folder layout → index in `classes` (default: sorted class
+    folder names, see `transforms.images.list_classes`); tfrecord/npz → the stored int labels.
+
+    The blocks are only produced after the bad-image budget check passed (the run fails otherwise), so no
+    DP step sees data from a run that should have stopped. Raises ImageInputError / EncoderError /
+    EncoderUnavailableError while building the graph for bad flags, missing files or missing weights.
+    """
+    encoder = get_encoder(encoder_name, weights=encoder_weights, image_size=image_size, pixel_scale=pixel_scale,
+                          resize_mode=resize_mode, num_threads=num_threads)
+    rows, _ = encoded_rows(pipeline, images_pattern, encoder, batch_size=batch_size, l2_normalize=l2_normalize,
+                           max_bad_images=max_bad_images, bad_report_path=bad_report_path, classes=classes,
+                           layout=layout, image_key=image_key, label_key=label_key)
+    return rows | "ToBlocks" >> ToBlocks(block_size)
+
+
+def encoded_blocks_from_args(pipeline, args: argparse.Namespace, num_threads: Optional[int] = None):
+    """`encoded_blocks` driven by the flags of `add_image_arguments` (for `generate --images`)."""
+    return encoded_blocks(
+        pipeline, args.images, args.encoder, encoder_weights=args.encoder_weights, batch_size=args.batch_size,
+        l2_normalize=args.l2_normalize, max_bad_images=args.max_bad_images,
+        bad_report_path=args.bad_images_report, classes=_classes(args.classes), layout=args.image_layout,
+        image_key=args.image_feature, label_key=args.label_feature, image_size=args.image_size,
+        pixel_scale=args.pixel_scale, resize_mode=args.resize_mode,
+        num_threads=num_threads or args.encoder_threads)
+
+
+# ------------------------------------------------------------------ writers
+
+def output_format(path: str) -> str:
+    ext = os.path.splitext(path.rstrip("/"))[1].lower()
+    if ext not in OUTPUT_FORMATS:
+        raise ImageInputError(f"--output {path!r}: use a .npz or .tfrecord file name")
+    return OUTPUT_FORMATS[ext]
+
+
+def sidecar_path(output: str, suffix: str) -> str:
+    """OUT.npz → OUT<suffix> (e.g. OUT.labels.json) in the same folder."""
+    return os.path.splitext(output)[0] + suffix
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    with FileSystems.create(path) as out:
+        out.write(data)
+
+
+def _stack_rows(rows: list) -> tuple:
+    return ([r[0] for r in rows], np.stack([r[2] for r in rows]).astype(np.float32),
+            np.asarray([r[1] for r in rows], dtype=np.int64))
+
+
+def _write_npz(blocks: list, path: str, classes: Optional[list], keep_sources: bool) -> int:
+    if not blocks:
+        raise ImageInputError(f"no image could be encoded; nothing written to {path}")
+    sources = np.asarray([s for b in blocks for s in b[0]])
+    x = np.concatenate([b[1] for b in blocks])
+    y = np.concatenate([b[2] for b in blocks])
+    order = np.argsort(sources, kind="stable")  # independent of worker count and bundle order
+    arrays = {"embeddings": x[order], "labels": y[order]}
+    if classes:
+        arrays["classes"] = np.asarray(classes)
+    if keep_sources:
+        arrays["sources"] = sources[order]
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    _write_bytes(path, buf.getvalue())
+    return len(y)
+
+
+def _example_bytes(row, keep_sources: bool) -> bytes:
+    from tensorflow.core.example import example_pb2, feature_pb2 as f  # TF only in the writing workers
+    source, label, emb = row
+    feature = {"embedding": f.Feature(float_list=f.FloatList(value=np.asarray(emb, np.float32).tolist())),
+               "label": f.Feature(int64_list=f.Int64List(value=[int(label)]))}
+    if keep_sources:
+        feature["source"] = f.Feature(bytes_list=f.BytesList(value=[source.encode()]))
+    return example_pb2.Example(features=f.Features(feature=feature)).SerializeToString()
+
+
+def shard_path(output: str, shard: int, num_shards: int) -> str:
+    return output if num_shards == 1 else f"{output}-{shard:05d}-of-{num_shards:05d}"
+
+
+def _write_tfrecord_shard(item, output: str, num_shards: int, keep_sources: bool) -> int:
+    from apache_beam.io.tfrecordio import _TFRecordUtil
+    shard, rows = item
+    rows = sorted(rows, key=lambda r: r[0])  # deterministic file content
+    with FileSystems.create(shard_path(output, shard, num_shards)) as out:
+        for row in rows:
+            _TFRecordUtil.write_record(out, _example_bytes(row, keep_sources))
+    return len(rows)
+
+
+def _shard_of(row, num_shards: int) -> tuple[int, tuple]:
+    return zlib.crc32(row[0].encode()) % num_shards, row
+
+
+def write_embeddings(rows, output: str, classes: Optional[list], keep_sources: bool = False,
+                     num_shards: int = 1):
+    """Writes nothing until rows arrive (they are gated on the bad-image check): no temp files on failure."""
+    if output_format(output) == "npz":
+        return (rows
+                | "BatchRows" >> beam.BatchElements(min_batch_size=1024, max_batch_size=1024)
+                | "StackRows" >> beam.Map(_stack_rows)
+                | "AllRows" >> beam.combiners.ToList()
+                | "WriteNpz" >> beam.Map(_write_npz, output, classes, keep_sources))
+    if num_shards < 1:
+        raise ImageInputError(f"--num-shards must be >= 1, got {num_shards}")
+    return (rows
+            | "Shard" >> beam.Map(_shard_of, num_shards)
+            | "GroupShards" >> beam.GroupByKey()
+            | "WriteTFRecord" >> beam.Map(_write_tfrecord_shard, output, num_shards, keep_sources))
+
+
+def labels_json(reader: ReadImages, encoder, args: argparse.Namespace) -> dict:
+    classes = reader.classes
+    return {
+        "layout": reader.layout,
+        "classes": classes,
+        "label_of": {name: i for i, name in enumerate(classes)} if classes else None,
+        "note": ("folder layout: label = index of the class folder name in sorted order"
+                 if reader.layout == "folder" else "labels as stored in the input files"),
+        **encoder.describe(),
+        "l2_normalized": bool(args.l2_normalize),
+        "output": args.output,
+        "format": output_format(args.output),
+    }
+
+
+# ------------------------------------------------------------------ run
+
+def _default_threads(options) -> Optional[int]:
+    """Avoid oversubscribing cores when DirectRunner starts several worker processes."""
+    opts = options.get_all_options()
+    if (opts.get("runner") or "").lower() not in ("directrunner", "direct", "fnapirunner"):
+        return None
+    workers = opts.get("direct_num_workers") or 1
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+def run(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> dict:
+    """Builds and runs the encode pipeline; returns the labels JSON it wrote (with `labels_json` path)."""
+    from pipelines.generate import beam_options  # lazy: generate may import this module
+    fmt = output_format(args.output)
+    if fmt == "npz" and args.num_shards != 1:
+        raise ImageInputError("--num-shards only applies to TFRecord output")
+    options = beam_options(beam_argv)
+    threads = args.encoder_threads or _default_threads(options)
+    encoder = encoder_from_args(args, threads)
+    report = args.bad_images_report or sidecar_path(args.output, ".bad_images.tsv")
+    with beam.Pipeline(options=options) as p:
+        rows, reader = encoded_rows(
+            p, args.images, encoder, batch_size=args.batch_size, l2_normalize=args.l2_normalize,
+            max_bad_images=args.max_bad_images, bad_report_path=report, classes=_classes(args.classes),
+            layout=args.image_layout, image_key=args.image_feature, label_key=args.label_feature)
+        write_embeddings(rows, args.output, reader.classes, args.keep_source_ids, args.num_shards)
+    info = labels_json(reader, encoder, args)
+    path = sidecar_path(args.output, ".labels.json")
+    _write_bytes(path, json.dumps(info, indent=2).encode())
+    info["labels_json"] = path
+    return info
+
+
+def _worker_message(err: BaseException) -> Optional[str]:
+    """Beam wraps worker exceptions in long tracebacks; pull out our own one-line messages."""
+    text = str(err)
+    for marker in (BAD_IMAGES_MARKER + ": ", "ImageInputError: ", "EncoderUnavailableError: ", "EncoderError: "):
+        if marker in text:
+            line = text.split(marker, 1)[1].splitlines()[0].strip()
+            return re.sub(r" \[while running '[^']*'\]$", "", line)
+    return None
+
+
+def handle(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> int:
+    """CLI entry for `dpsynth encode` (argparse handler)."""
+    logging.basicConfig(level=logging.INFO, format="dpsynth: %(message)s", stream=sys.stderr)
+    for noisy in ("apache_beam", "absl", "tensorflow", "root"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        info = run(args, beam_argv)
+    except (ImageInputError, EncoderError, EncoderUnavailableError) as err:
+        print(f"dpsynth encode: error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # raised inside a Beam worker
+        message = _worker_message(err)
+        if message is None:
+            raise
+        print(f"dpsynth encode: error: {message}", file=sys.stderr)
+        return 2
+    print(f"embeddings written to {args.output} (labels: {info['labels_json']})")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    args, beam_argv = parser().parse_known_args(argv)
+    return handle(args, beam_argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
