@@ -165,32 +165,36 @@ def dcr_report(synthetic: np.ndarray, train: np.ndarray,
                seed: int = 0) -> dict:
     """Memorisation check: synthetic->train DCR against holdout->train DCR.
 
-    ``share_closer_to_train``: with train and holdout subsampled to the same
-    size, the share of synthetic rows whose closest train record is nearer
-    than their closest holdout record. About 0.5 when the generator does not
-    favour its own training records; near 1 when it copies them.
-    ``share_below_holdout_p05``: share of synthetic rows closer to train than
-    the 5th percentile of holdout->train distances (0.05 expected).
+    Distances go to the whole ``train`` set (capped at ``max_rows``):
+    ``synthetic_to_train`` and ``holdout_to_train`` quantiles, the number of
+    exact copies, and ``share_below_holdout_p05``: the share of synthetic
+    rows closer to train than the 5th percentile of holdout->train distances
+    (0.05 expected when the generator does not copy; 1 for copies).
+    ``share_closer_to_train``: with train subsampled to the holdout size, the
+    share of synthetic rows nearer to that train subsample than to the
+    holdout; 0.5 expected, 1 only if every copied record was subsampled (it
+    is diluted by holdout/train size: read it with the other two).
     """
     synthetic = _as_2d(synthetic, "synthetic")
     train, holdout = _as_2d(train, "train"), _as_2d(holdout, "holdout")
     _same_dim(synthetic, train)
     _same_dim(holdout, train)
     rng = np.random.default_rng(seed)
-    size = min(len(train), len(holdout),
-               max_rows if max_rows is not None else len(train))
-    train = _subsample(train, size, rng)
-    holdout = _subsample(holdout, size, rng)
+    train = _subsample(train, max_rows, rng)
+    holdout = _subsample(holdout, max_rows, rng)
     synthetic = _subsample(synthetic, max_rows, rng)
     syn_train = dcr(synthetic, train)
-    syn_hold = dcr(synthetic, holdout)
     hold_train = dcr(holdout, train)
     p05 = float(np.quantile(hold_train, 0.05))
+    # Equal sizes for the closer-to-which comparison.
+    size = min(len(train), len(holdout))
+    syn_sub_train = dcr(synthetic, _subsample(train, size, rng))
+    syn_hold = dcr(synthetic, _subsample(holdout, size, rng))
     return {
         "synthetic_to_train": _quantiles(syn_train),
         "holdout_to_train": _quantiles(hold_train),
-        "share_closer_to_train": float(np.mean(syn_train < syn_hold)
-                                       + 0.5 * np.mean(syn_train == syn_hold)),
+        "share_closer_to_train": float(np.mean(syn_sub_train < syn_hold)
+                                       + 0.5 * np.mean(syn_sub_train == syn_hold)),
         "share_below_holdout_p05": float(np.mean(syn_train < p05)),
         # Distances come from the ||a||^2 + ||b||^2 - 2ab expansion, whose
         # rounding leaves ~1e-7 x the norm on exact copies.
@@ -241,6 +245,9 @@ def per_class_report(x_real: np.ndarray, y_real: np.ndarray,
     with_dcr = [v["dcr"] for v in done if "dcr" in v]
     mean["dcr_share_closer_to_train"] = (
         float(np.mean([d["share_closer_to_train"] for d in with_dcr]))
+        if with_dcr else None)
+    mean["dcr_share_below_holdout_p05"] = (
+        float(np.mean([d["share_below_holdout_p05"] for d in with_dcr]))
         if with_dcr else None)
     mean["dcr_exact_copies"] = int(sum(d["exact_copies"] for d in with_dcr))
     return {"per_class": out, "mean": mean, "k": k, "max_rows": max_rows,

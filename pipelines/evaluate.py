@@ -1,0 +1,375 @@
+"""`dpsynth evaluate`: utility of a synthetic release, scored on real data.
+
+Protocol (Zhou et al. 2025, arXiv 2506.16661): train the paper's two-layer
+MLP and a logistic-regression probe on the synthetic rows (cut to the real
+train size), score them on the real test set, over N seeds (mean +- sample
+std). Next to them: the non-private ceiling (the same models trained on the
+real train set) and per-class distribution metrics between real train and
+synthetic rows (Fréchet distance, k-NN precision/recall, distance to the
+closest record against a real holdout).
+
+Real rows get the release's public per-record transform (``normalize`` in
+the manifest's config) before anything else.
+
+PRIVACY: the ceiling and the distribution metrics read the real training
+data and are NOT differentially private. The report is for the data owner;
+do not publish it with the release.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+from typing import Optional, Sequence
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np
+
+from dp_ops.clipping import NORMALIZATIONS, normalize_rows
+from models import classifiers, metrics
+
+log = logging.getLogger("dpsynth.evaluate")
+
+SIZE_POLICIES = ("paper", "match", "none")
+PRIVACY_NOTE = ("ceiling and distribution metrics are computed on the real "
+                "training data: NOT differentially private; keep this report "
+                "with the data owner")
+
+
+# ------------------------------------------------------------- arguments
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    data = p.add_argument_group("data")
+    data.add_argument("--synthetic", required=True,
+                      help="release directory (manifest.json + data/), or a "
+                      "labelled .npz/TFRecord/Parquet file or glob")
+    data.add_argument("--real-train", required=True,
+                      help="real training rows the release was made from")
+    data.add_argument("--real-test", required=True,
+                      help="held-out real rows used for scoring")
+    data.add_argument("--real-holdout",
+                      help="real rows for the memorisation check "
+                      "(default: --real-test)")
+    data.add_argument("--input-format", choices=("npz", "tfrecord", "parquet"),
+                      help="format of the real files (default: from the name)")
+    data.add_argument("--embedding-feature", default="embedding")
+    data.add_argument("--label-feature", default="label")
+    data.add_argument("--normalize", choices=("auto",) + NORMALIZATIONS,
+                      default="auto", help="public per-record transform of "
+                      "real rows; auto: the release's config (default)")
+    data.add_argument("--labels", help="public label set, e.g. 0,1,2 "
+                      "(default: the release's, else the labels seen)")
+
+    proto = p.add_argument_group("protocol")
+    proto.add_argument("--seeds", type=int, default=3,
+                       help="training seeds per model (default 3)")
+    proto.add_argument("--models", default="mlp,logreg",
+                       help="comma list of mlp, logreg")
+    proto.add_argument("--size-policy", choices=SIZE_POLICIES, default="paper",
+                       help="paper: cut synthetic sets larger than the real "
+                       "train set to its size; match: also repeat smaller "
+                       "ones up to it; none: use as is")
+    proto.add_argument("--no-ceiling", action="store_true",
+                       help="skip the models trained on real data")
+    proto.add_argument("--no-distribution", action="store_true",
+                       help="skip Fréchet / precision-recall / DCR")
+    proto.add_argument("--metrics-max-rows", type=int, default=2000,
+                       help="rows per class and set for the metrics")
+    proto.add_argument("--knn-k", type=int, default=3)
+
+    mlp = p.add_argument_group("MLP (paper App. C.3 defaults)")
+    d = classifiers.MLPConfig()
+    mlp.add_argument("--mlp-hidden", type=int, default=d.hidden)
+    mlp.add_argument("--mlp-epochs", type=int, default=d.epochs)
+    mlp.add_argument("--mlp-batch-size", type=int, default=d.batch_size)
+    mlp.add_argument("--mlp-lr", type=float, default=d.learning_rate)
+    mlp.add_argument("--mlp-momentum", type=float, default=d.momentum)
+    mlp.add_argument("--mlp-dropout", type=float, default=d.dropout)
+    mlp.add_argument("--mlp-label-smoothing", type=float,
+                     default=d.label_smoothing)
+    mlp.add_argument("--mlp-weight-decay", type=float, default=d.weight_decay)
+    mlp.add_argument("--mlp-no-batch-norm", action="store_true")
+    mlp.add_argument("--mlp-no-cosine", action="store_true")
+    p.add_argument("--logreg-c", type=float, default=classifiers.LogRegConfig().C)
+    p.add_argument("--output", default="evaluation.json",
+                   help="JSON report path (default ./evaluation.json)")
+
+
+def mlp_config(args: argparse.Namespace) -> classifiers.MLPConfig:
+    return classifiers.MLPConfig(
+        hidden=args.mlp_hidden, epochs=args.mlp_epochs,
+        batch_size=args.mlp_batch_size, learning_rate=args.mlp_lr,
+        momentum=args.mlp_momentum, dropout=args.mlp_dropout,
+        label_smoothing=args.mlp_label_smoothing,
+        weight_decay=args.mlp_weight_decay,
+        batch_norm=not args.mlp_no_batch_norm,
+        cosine_decay=not args.mlp_no_cosine)
+
+
+def parse_models(text: str) -> list[str]:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if m not in classifiers.TRAINERS]
+    if not names or bad:
+        raise ValueError(f"--models: choose from {list(classifiers.TRAINERS)},"
+                         f" got {text!r}")
+    return names
+
+
+# ---------------------------------------------------------- the protocol
+
+def fit_size(x: np.ndarray, y: np.ndarray, n: int, policy: str,
+             seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Applies the size policy (see --size-policy)."""
+    if policy not in SIZE_POLICIES:
+        raise ValueError(f"--size-policy must be one of {SIZE_POLICIES}")
+    if policy == "none":
+        return x, y
+    if len(y) > n:
+        return classifiers.subsample_to(x, y, n, seed)
+    if policy == "match" and 0 < len(y) < n:
+        reps = int(np.ceil(n / len(y)))
+        order = np.random.default_rng([seed, 0x71]).permutation(len(y) * reps)[:n]
+        return np.tile(x, (reps, 1))[order], np.tile(y, reps)[order]
+    return x, y
+
+
+def summary(values: Sequence[float]) -> dict:
+    v = np.asarray(values, float)
+    return {"accuracies": [float(a) for a in v], "mean": float(v.mean()),
+            "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0}
+
+
+def train_and_score(model: str, x: np.ndarray, y: np.ndarray,
+                    x_test: np.ndarray, y_test: np.ndarray,
+                    labels: Sequence[int], seed: int,
+                    mlp_cfg: classifiers.MLPConfig,
+                    logreg_cfg: classifiers.LogRegConfig) -> float:
+    if model == "mlp":
+        clf = classifiers.train_mlp(x, y, labels, mlp_cfg, seed)
+    else:
+        clf = classifiers.train_logreg(x, y, labels, logreg_cfg, seed)
+    return clf.accuracy(x_test, y_test)
+
+
+def utility(x_syn: np.ndarray, y_syn: np.ndarray, n_real: int,
+            x_test: np.ndarray, y_test: np.ndarray, labels: Sequence[int],
+            models: Sequence[str], seeds: Sequence[int],
+            mlp_cfg: classifiers.MLPConfig,
+            logreg_cfg: classifiers.LogRegConfig,
+            size_policy: str = "paper") -> dict:
+    """Accuracy on the real test set of models trained on (x_syn, y_syn)."""
+    out: dict = {}
+    if len(y_syn) == 0:
+        return {m: {"error": "no synthetic rows"} for m in models}
+    for model in models:
+        accs = []
+        for seed in seeds:
+            xs, ys = fit_size(x_syn, y_syn, n_real, size_policy, seed)
+            accs.append(train_and_score(model, xs, ys, x_test, y_test, labels,
+                                        seed, mlp_cfg, logreg_cfg))
+        out[model] = summary(accs)
+    return out
+
+
+def evaluate_arrays(x_syn: np.ndarray, y_syn: np.ndarray,
+                    x_train: np.ndarray, y_train: np.ndarray,
+                    x_test: np.ndarray, y_test: np.ndarray,
+                    labels: Sequence[int], *, models: Sequence[str] = ("mlp", "logreg"),
+                    seeds: Sequence[int] = (0, 1, 2),
+                    mlp_cfg: Optional[classifiers.MLPConfig] = None,
+                    logreg_cfg: Optional[classifiers.LogRegConfig] = None,
+                    size_policy: str = "paper", ceiling: bool = True,
+                    distribution: bool = True,
+                    x_holdout: Optional[np.ndarray] = None,
+                    y_holdout: Optional[np.ndarray] = None,
+                    metrics_max_rows: int = 2000, knn_k: int = 3) -> dict:
+    """The whole report, on rows already in the same (normalised) space."""
+    mlp_cfg = mlp_cfg or classifiers.MLPConfig()
+    logreg_cfg = logreg_cfg or classifiers.LogRegConfig()
+    timings, report = {}, {}
+    t = time.time()
+    report["synthetic_trained"] = utility(
+        x_syn, y_syn, len(y_train), x_test, y_test, labels, models, seeds,
+        mlp_cfg, logreg_cfg, size_policy)
+    timings["synthetic_trained"] = round(time.time() - t, 2)
+    if ceiling:
+        t = time.time()
+        report["real_trained_ceiling"] = utility(
+            x_train, y_train, len(y_train), x_test, y_test, labels, models,
+            seeds, mlp_cfg, logreg_cfg, "none")
+        timings["real_trained_ceiling"] = round(time.time() - t, 2)
+    if distribution and len(y_syn):
+        t = time.time()
+        hx = x_test if x_holdout is None else x_holdout
+        hy = y_test if y_holdout is None else y_holdout
+        report["distribution"] = metrics.per_class_report(
+            x_train, y_train, x_syn, y_syn, hx, hy, k=knn_k,
+            max_rows=metrics_max_rows)
+        timings["distribution"] = round(time.time() - t, 2)
+    report["protocol"] = {
+        "models": list(models), "seeds": list(seeds),
+        "size_policy": size_policy,
+        "mlp": dataclasses.asdict(mlp_cfg),
+        "logreg": dataclasses.asdict(logreg_cfg),
+        "rows": {"synthetic": int(len(y_syn)), "real_train": int(len(y_train)),
+                 "real_test": int(len(y_test))},
+        "std": "sample standard deviation over seeds (ddof=1)"}
+    report["timings_s"] = timings
+    report["privacy_note"] = PRIVACY_NOTE
+    return report
+
+
+# --------------------------------------------------------------- loading
+
+def load_synthetic(path: str) -> tuple[np.ndarray, np.ndarray, Optional[dict]]:
+    """A release directory (with manifest) or a labelled data file/glob."""
+    from pipelines import release
+    from transforms.io import load_arrays
+    if os.path.isdir(path) or release.release_exists(path):
+        x, y, manifest = release.load_release(path)
+        return x, y, manifest
+    x, y = load_arrays(path)
+    return x, y, None
+
+
+def resolve_normalize(flag: str, manifest: Optional[dict]) -> str:
+    if flag != "auto":
+        return flag
+    if manifest is None:
+        raise ValueError("--normalize auto needs a release directory; for a "
+                         "plain data file pass --normalize unit|none")
+    return manifest.get("config", {}).get("normalize", "none")
+
+
+def resolve_labels(flag: Optional[str], manifest: Optional[dict],
+                   *ys: np.ndarray) -> list[int]:
+    if flag:
+        try:
+            return [int(v) for v in flag.split(",") if v.strip()]
+        except ValueError:
+            raise ValueError(f"--labels: expected integers, got {flag!r}") from None
+    if manifest is not None and manifest.get("config", {}).get("labels"):
+        return [int(v) for v in manifest["config"]["labels"]]
+    return sorted(set(np.concatenate([np.asarray(y) for y in ys]).tolist()))
+
+
+def release_summary(path: str, manifest: Optional[dict]) -> dict:
+    if manifest is None:
+        return {"path": path, "release": False}
+    privacy = manifest.get("privacy", {})
+    return {"path": path, "release": True, "run_id": manifest.get("run_id"),
+            "epsilon_spent": privacy.get("spent", {}).get("epsilon"),
+            "delta": privacy.get("spent", {}).get("delta"),
+            "warnings": manifest.get("warnings", [])}
+
+
+# ---------------------------------------------------------------- output
+
+def format_table(report: dict) -> str:
+    syn = report["synthetic_trained"]
+    ceil = report.get("real_trained_ceiling", {})
+    seeds = len(report["protocol"]["seeds"])
+    lines = [f"{'model':<8} {'trained on synthetic':>24} {'real-data ceiling':>20}"
+             f"   (test accuracy, mean ± std over {seeds} seeds)"]
+    for model, res in syn.items():
+        left = ("error: " + res["error"]) if "error" in res else \
+            f"{res['mean']:.4f} ± {res['std']:.4f}"
+        right = (f"{ceil[model]['mean']:.4f} ± {ceil[model]['std']:.4f}"
+                 if model in ceil else "-")
+        lines.append(f"{model:<8} {left:>24} {right:>20}")
+    dist = report.get("distribution")
+    if dist:
+        m = dist["mean"]
+        def f(v):
+            return "n/a" if v is None else f"{v:.4f}"
+        lines.append(f"distribution (mean over classes): Fréchet {f(m['frechet'])}, "
+                     f"precision {f(m['precision'])}, recall {f(m['recall'])}, "
+                     f"DCR: below holdout 5th pct "
+                     f"{f(m['dcr_share_below_holdout_p05'])} (~0.05 expected), "
+                     f"closer to train {f(m['dcr_share_closer_to_train'])} "
+                     f"(~0.5), exact copies {m['dcr_exact_copies']}")
+    lines.append("note: " + PRIVACY_NOTE)
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """CLI entry: returns the exit status."""
+    from pipelines import release
+    from transforms.io import InputError, load_arrays
+    try:
+        models = parse_models(args.models)
+        if args.seeds < 1:
+            raise ValueError("--seeds must be >= 1")
+        mlp_cfg = mlp_config(args)
+        logreg_cfg = classifiers.LogRegConfig(C=args.logreg_c)
+        x_syn, y_syn, manifest = load_synthetic(args.synthetic)
+        norm = resolve_normalize(args.normalize, manifest)
+        read = dict(fmt=args.input_format,
+                    embedding_feature=args.embedding_feature,
+                    label_feature=args.label_feature)
+        x_tr, y_tr = load_arrays(args.real_train, **read)
+        x_te, y_te = load_arrays(args.real_test, **read)
+        holdout = (load_arrays(args.real_holdout, **read)
+                   if args.real_holdout else (None, None))
+        for name, x in (("--real-train", x_tr), ("--real-test", x_te)):
+            if len(y_syn) and x.shape[1] != x_syn.shape[1]:
+                raise ValueError(f"{name}: dimension {x.shape[1]} differs from "
+                                 f"the synthetic rows' {x_syn.shape[1]}")
+        labels = resolve_labels(args.labels, manifest, y_syn, y_tr, y_te)
+        prep = lambda a: None if a is None else normalize_rows(
+            np.asarray(a, np.float64), norm)
+        t0 = time.time()
+        report = evaluate_arrays(
+            np.asarray(x_syn, np.float64), y_syn, prep(x_tr), y_tr,
+            prep(x_te), y_te, labels, models=models,
+            seeds=list(range(args.seeds)), mlp_cfg=mlp_cfg,
+            logreg_cfg=logreg_cfg, size_policy=args.size_policy,
+            ceiling=not args.no_ceiling,
+            distribution=not args.no_distribution,
+            x_holdout=prep(holdout[0]), y_holdout=holdout[1],
+            metrics_max_rows=args.metrics_max_rows, knn_k=args.knn_k)
+    except (ValueError, InputError, release.ReleaseError) as err:
+        print(f"dpsynth: error: {err}", file=sys.stderr)
+        return 2
+    report["synthetic"] = release_summary(args.synthetic, manifest)
+    report["real"] = {"train": args.real_train, "test": args.real_test,
+                      "holdout": args.real_holdout or args.real_test,
+                      "normalize": norm}
+    report["labels"] = labels
+    report["timings_s"]["total"] = round(time.time() - t0, 2)
+    with open(args.output, "w") as f:
+        json.dump(report, f, indent=1)
+    print(format_table(report))
+    print(f"report written to {args.output}")
+    return 0
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Adds `evaluate` to the `dpsynth` sub-commands."""
+    p = subparsers.add_parser(
+        "evaluate", help="score a synthetic release on real held-out data",
+        description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    p.set_defaults(handler=run)
+    return p
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dpsynth evaluate",
+                                description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return run(parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""`dpsynth evaluate`: the protocol, the report and the command line."""
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+from dp_ops.clipping import normalize_rows
+from pipelines import evaluate
+from tests.conftest import gmm_data
+
+FAST_MLP = ["--mlp-epochs", "3", "--mlp-lr", "0.05", "--mlp-batch-size", "64"]
+
+
+@pytest.fixture
+def files(tmp_path):
+    x, y = gmm_data(900, d=12, classes=3, spread=0.2)
+    xt, yt = gmm_data(300, d=12, classes=3, seed=5, spread=0.2)
+    # "Synthetic" rows: fresh draws, already in the unit-normalised space.
+    xs, ys = gmm_data(2000, d=12, classes=3, seed=6, spread=0.2)
+    paths = {}
+    for name, a, b in (("train", x, y), ("test", xt, yt),
+                       ("syn", normalize_rows(xs, "unit"), ys)):
+        paths[name] = str(tmp_path / f"{name}.npz")
+        np.savez(paths[name], embeddings=a, labels=b)
+    paths["out"] = str(tmp_path / "report.json")
+    return paths
+
+
+def run_cli(*argv):
+    return evaluate.main([str(a) for a in argv])
+
+
+def test_fit_size_policies():
+    x = np.arange(10.0)[:, None]
+    y = np.arange(10) % 2
+    assert len(evaluate.fit_size(x, y, 4, "paper", 0)[1]) == 4
+    assert len(evaluate.fit_size(x, y, 25, "paper", 0)[1]) == 10
+    xm, ym = evaluate.fit_size(x, y, 25, "match", 0)
+    assert len(ym) == 25 and set(xm[:, 0]) == set(range(10))
+    assert np.array_equal(ym, xm[:, 0].astype(int) % 2)  # rows keep labels
+    assert len(evaluate.fit_size(x, y, 4, "none", 0)[1]) == 10
+
+
+def test_summary_uses_sample_std():
+    s = evaluate.summary([0.5, 0.7])
+    assert s["mean"] == pytest.approx(0.6)
+    assert s["std"] == pytest.approx(np.std([0.5, 0.7], ddof=1))
+    assert evaluate.summary([0.4])["std"] == 0.0
+
+
+def test_cli_on_data_files_writes_report_and_table(files, capsys):
+    rc = run_cli("--synthetic", files["syn"], "--real-train", files["train"],
+                 "--real-test", files["test"], "--normalize", "unit",
+                 "--seeds", 2, "--metrics-max-rows", 300,
+                 "--output", files["out"], *FAST_MLP)
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "trained on synthetic" in out and "real-data ceiling" in out
+    assert "NOT differentially private" in out
+    report = json.loads(open(files["out"]).read())
+    for block in ("synthetic_trained", "real_trained_ceiling"):
+        for model in ("mlp", "logreg"):
+            res = report[block][model]
+            assert len(res["accuracies"]) == 2
+            assert res["mean"] > 0.9  # easy, well-separated classes
+    dist = report["distribution"]
+    assert set(dist["per_class"]) == {"0", "1", "2"}
+    assert dist["mean"]["precision"] > 0.5
+    assert dist["mean"]["dcr_exact_copies"] == 0
+    # The paper's protocol: synthetic rows cut to the real train size.
+    assert report["protocol"]["rows"]["synthetic"] == 2000
+    assert report["protocol"]["size_policy"] == "paper"
+    assert report["real"]["normalize"] == "unit"
+
+
+def test_copied_train_rows_are_flagged(files, tmp_path):
+    x, y = gmm_data(900, d=12, classes=3, spread=0.2)
+    np.savez(tmp_path / "copy.npz", embeddings=normalize_rows(x, "unit"),
+             labels=y)
+    rc = run_cli("--synthetic", tmp_path / "copy.npz", "--real-train",
+                 files["train"], "--real-test", files["test"], "--normalize",
+                 "unit", "--models", "logreg", "--seeds", 1, "--no-ceiling",
+                 "--output", files["out"])
+    assert rc == 0
+    m = json.loads(open(files["out"]).read())["distribution"]["mean"]
+    assert m["dcr_exact_copies"] > 0
+    assert m["dcr_share_below_holdout_p05"] == 1.0
+    assert m["dcr_share_closer_to_train"] > 0.55  # diluted: see dcr_report
+    assert m["frechet"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_cli_on_a_release(tmp_path, capsys):
+    from pipelines import cli
+    x, y = gmm_data(900, d=12, classes=3, spread=0.2)
+    xt, yt = gmm_data(300, d=12, classes=3, seed=5, spread=0.2)
+    np.savez(tmp_path / "train.npz", embeddings=x, labels=y)
+    np.savez(tmp_path / "test.npz", embeddings=xt, labels=yt)
+    rel = tmp_path / "release"
+    assert cli.main(["generate", "--input", str(tmp_path / "train.npz"),
+                     "--output", str(rel), "--num-classes", "3",
+                     "--epsilon", "4", "--clusters", "3",
+                     "--noise-seed", "1"]) == 0
+    capsys.readouterr()
+    rc = run_cli("--synthetic", rel, "--real-train", tmp_path / "train.npz",
+                 "--real-test", tmp_path / "test.npz", "--seeds", 1,
+                 "--models", "logreg", "--no-distribution",
+                 "--output", tmp_path / "r.json")
+    assert rc == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["synthetic"]["release"] is True
+    assert 0 < report["synthetic"]["epsilon_spent"] <= 4.0
+    assert report["real"]["normalize"] == "unit"  # read from the manifest
+    assert report["labels"] == [0, 1, 2]
+    assert report["synthetic_trained"]["logreg"]["mean"] > 0.8
+
+
+def test_errors_exit_2_with_a_clear_message(files, capsys):
+    rc = run_cli("--synthetic", files["syn"], "--real-train", files["train"],
+                 "--real-test", files["test"], "--output", files["out"])
+    assert rc == 2
+    assert "--normalize auto needs a release" in capsys.readouterr().err
+    rc = run_cli("--synthetic", files["syn"], "--real-train",
+                 files["train"] + ".missing", "--real-test", files["test"],
+                 "--normalize", "unit", "--output", files["out"])
+    assert rc == 2
+    assert ".missing" in capsys.readouterr().err
+    rc = run_cli("--synthetic", files["syn"], "--real-train", files["train"],
+                 "--real-test", files["test"], "--normalize", "unit",
+                 "--models", "svm", "--output", files["out"])
+    assert rc == 2
+    assert "--models" in capsys.readouterr().err
+
+
+def test_register_adds_the_subcommand():
+    parser = argparse.ArgumentParser(prog="dpsynth")
+    sub = parser.add_subparsers(dest="command", required=True)
+    evaluate.register(sub)
+    args = parser.parse_args(["evaluate", "--synthetic", "s", "--real-train",
+                              "a", "--real-test", "b", "--mlp-epochs", "7"])
+    assert args.handler is evaluate.run
+    cfg = evaluate.mlp_config(args)
+    assert cfg.epochs == 7 and cfg.hidden == 128 and cfg.label_smoothing == 0.2
