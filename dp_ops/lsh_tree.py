@@ -13,7 +13,7 @@ noisy counts are the coreset.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 
@@ -36,24 +36,34 @@ def level_code(codes: np.ndarray, level: int, depth: int) -> np.ndarray:
 
 
 def level_counts(codes: np.ndarray, depth: int) -> list[dict[int, int]]:
-    """Exact node counts at levels 1..depth (index 0 is level 1)."""
+    """Exact node counts at levels 1..depth (index 0 is level 1).
+
+    One sort of the block's codes; each level above is a run-length merge of
+    the sorted prefixes of the level below (no per-level ``np.unique``).
+    """
+    keys, counts = np.unique(np.asarray(codes, np.int64), return_counts=True)
     out = []
-    for level in range(1, depth + 1):
-        keys, counts = np.unique(level_code(codes, level, depth),
-                                 return_counts=True)
+    for _ in range(depth):
         out.append(dict(zip(keys.tolist(), counts.tolist())))
-    return out
+        keys = keys >> 1  # parents; still sorted
+        if keys.size:
+            starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+            keys, counts = keys[starts], np.add.reduceat(counts, starts)
+    return out[::-1]
 
 
 def merge_level_counts(a: list[dict[int, int]],
                        b: list[dict[int, int]]) -> list[dict[int, int]]:
-    out = []
-    for da, db in zip(a, b):
-        merged = dict(da)
+    return merge_level_counts_into([dict(d) for d in a], b)
+
+
+def merge_level_counts_into(acc: list[dict[int, int]],
+                            b: list[dict[int, int]]) -> list[dict[int, int]]:
+    """Adds b's counts into ``acc`` (updated in place: O(size of b))."""
+    for da, db in zip(acc, b):
         for key, value in db.items():
-            merged[key] = merged.get(key, 0) + value
-        out.append(merged)
-    return out
+            da[key] = da.get(key, 0) + value
+    return acc
 
 
 @dataclasses.dataclass
@@ -63,22 +73,36 @@ class Tree:
     depth: int
     noisy_counts: list[dict[int, float]]  # per level 1..depth
     leaves: list[tuple[int, int]]  # (level, code), a partition of the space
+    _ranges: Optional[tuple[np.ndarray, ...]] = dataclasses.field(
+        default=None, init=False, repr=False, compare=False)
+
+    def leaf_ranges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Leaves as full-depth code ranges [start, end), sorted by start,
+        with each range's index into ``leaves`` (computed once)."""
+        if self._ranges is None:
+            leaves = np.array(self.leaves, dtype=np.int64).reshape(-1, 2)
+            shift = self.depth - leaves[:, 0]
+            starts = leaves[:, 1] << shift
+            ends = (leaves[:, 1] + 1) << shift
+            order = np.argsort(starts, kind="stable")
+            self._ranges = (starts[order], ends[order], order)
+        return self._ranges
 
     def leaf_index(self, codes: np.ndarray) -> np.ndarray:
-        """Index into ``leaves`` of each full-depth code (-1 if none)."""
-        out = np.full(codes.shape, -1, dtype=np.int64)
-        leaves = np.array(self.leaves, dtype=np.int64).reshape(-1, 2)
-        for level in range(1, self.depth + 1):
-            idx = np.flatnonzero(leaves[:, 0] == level)
-            if idx.size == 0:
-                continue
-            order = np.argsort(leaves[idx, 1])
-            keys, idx = leaves[idx[order], 1], idx[order]
-            prefix = level_code(codes, level, self.depth)
-            pos = np.minimum(np.searchsorted(keys, prefix), keys.size - 1)
-            hit = (keys[pos] == prefix) & (out < 0)
-            out[hit] = idx[pos[hit]]
-        return out
+        """Index into ``leaves`` of each full-depth code (-1 if none).
+
+        A leaf (level, code) holds the full-depth codes whose top ``level``
+        bits are ``code``: a contiguous range. The leaves partition the code
+        space, so one ``searchsorted`` over the range starts finds them all.
+        """
+        starts, ends, order = self.leaf_ranges()
+        codes = np.asarray(codes, np.int64)
+        if starts.size == 0:
+            return np.full(codes.shape, -1, dtype=np.int64)
+        pos = np.searchsorted(starts, codes, side="right") - 1
+        safe = np.maximum(pos, 0)
+        hit = (pos >= 0) & (codes < ends[safe])
+        return np.where(hit, order[safe], -1)
 
     def leaf_counts(self) -> np.ndarray:
         return np.array([self.noisy_counts[lvl - 1][code]

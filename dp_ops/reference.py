@@ -7,59 +7,85 @@ cross-check for ``pipelines.generate``.
 
 from __future__ import annotations
 
+import contextlib
+import time
+from typing import Iterator, Optional
+
 import numpy as np
 
-from dp_ops import clipping, generator, kmeans, lsh_tree, moments
+from dp_ops import clipping, generator, kmeans, lsh_tree, moments, vote
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import NoiseSource
 
 
+@contextlib.contextmanager
+def _timed(timings: Optional[dict], stage: str) -> Iterator[None]:
+    """Adds the block's wall time to ``timings[stage]`` (if given)."""
+    t0 = time.perf_counter()
+    yield
+    if timings is not None:
+        timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - t0
+
+
 def generate_class(x: np.ndarray, label: int, cfg: GeneratorConfig,
-                   ledger: PrivacyLedger, noise: NoiseSource
+                   ledger: PrivacyLedger, noise: NoiseSource,
+                   timings: Optional[dict] = None
                    ) -> tuple[generator.ClassMixture, np.ndarray]:
     """x: the clipped rows of one class. Returns its mixture and samples."""
-    proj = generator.projection(x.shape[1], cfg)
-    z = x @ proj.T
-    codes = lsh_tree.leaf_codes(z, generator.planes(cfg, x.shape[1]))
-    tree = generator.grow_tree(lsh_tree.level_counts(codes, cfg.tree_depth),
-                               label, cfg, ledger, noise)
-    leaf = tree.leaf_index(codes)
-    _, leaf_sums = moments.block_sums(z, leaf, len(tree.leaves), cfg.clip_norm)
-    centres = generator.coreset_centres(tree, leaf_sums, label, cfg, ledger,
-                                        noise)
-    for rnd in range(1, cfg.lloyd_rounds + 1):
-        counts, sums = moments.block_sums(z, kmeans.nearest(z, centres),
-                                          cfg.clusters, cfg.clip_norm)
-        centres = generator.lloyd_update(counts, sums, centres, rnd, label,
-                                         cfg, ledger, noise)
-    exact = moments.block_moments(x, kmeans.nearest(z, centres), cfg.clusters,
-                                  cfg.clip_norm)
-    mix = generator.mixture(
-        generator.add_moment_noise(exact, label, ledger, noise), label, cfg)
-    cands = generator.candidates(mix, cfg)
+    with _timed(timings, "project"):
+        proj = generator.projection(x.shape[1], cfg)
+        z = x @ proj.T
+        codes = lsh_tree.leaf_codes(z, generator.planes(cfg, x.shape[1]))
+    with _timed(timings, "tree"):
+        tree = generator.grow_tree(lsh_tree.level_counts(codes, cfg.tree_depth),
+                                   label, cfg, ledger, noise)
+        leaf = tree.leaf_index(codes)
+        _, leaf_sums = moments.block_sums(z, leaf, len(tree.leaves),
+                                          cfg.clip_norm)
+        centres = generator.coreset_centres(tree, leaf_sums, label, cfg,
+                                            ledger, noise)
+    with _timed(timings, "lloyd"):
+        for rnd in range(1, cfg.lloyd_rounds + 1):
+            counts, sums = moments.block_sums(z, kmeans.nearest(z, centres),
+                                              cfg.clusters, cfg.clip_norm)
+            centres = generator.lloyd_update(counts, sums, centres, rnd,
+                                             label, cfg, ledger, noise)
+    with _timed(timings, "moments"):
+        exact = moments.block_moments(x, kmeans.nearest(z, centres),
+                                      cfg.clusters, cfg.clip_norm)
+        mix = generator.mixture(
+            generator.add_moment_noise(exact, label, ledger, noise), label,
+            cfg)
+    with _timed(timings, "sample"):
+        cands = vote.candidates(mix, cfg)
     if cfg.vote_filter:
-        from dp_ops import vote
-        cands = generator.filter_by_votes(cands, vote.block_votes(x, cands),
-                                          label, cfg, ledger, noise)
+        with _timed(timings, "vote"):
+            cands = generator.filter_by_votes(
+                cands, vote.block_votes(x, cands), label, cfg, ledger, noise)
     return mix, cands
 
 
 def generate(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
-             ledger: PrivacyLedger, noise: NoiseSource
+             ledger: PrivacyLedger, noise: NoiseSource,
+             timings: Optional[dict] = None
              ) -> tuple[dict[int, generator.ClassMixture], np.ndarray, np.ndarray]:
     """Whole dataset -> (mixtures per label, synthetic x, synthetic y).
 
     Rows whose label is outside ``cfg.labels`` are an error (the label set is
-    public configuration).
+    public configuration). ``timings``, if given, receives the seconds spent
+    per stage, summed over classes.
     """
     unknown = np.setdiff1d(np.unique(y), np.array(cfg.labels))
     if unknown.size:
         raise ValueError(f"labels {unknown.tolist()} are not in --labels")
-    xc, _ = clipping.preprocess(x, cfg.normalize, cfg.clip_norm)
+    with _timed(timings, "clip"):
+        xc, _ = clipping.preprocess(x, cfg.normalize, cfg.clip_norm)
     mixes, xs, ys = {}, [], []
     for label in cfg.labels:
-        mix, synth = generate_class(xc[y == label], label, cfg, ledger, noise)
+        with _timed(timings, "clip"):
+            xl = xc[y == label]
+        mix, synth = generate_class(xl, label, cfg, ledger, noise, timings)
         mixes[label] = mix
         xs.append(synth)
         ys.append(np.full(len(synth), label, dtype=np.int64))

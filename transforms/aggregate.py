@@ -1,15 +1,21 @@
 """Exact per-class aggregation of numpy blocks (the input side of every DP
-mechanism). Outputs stay inside the pipeline until a noise transform."""
+mechanism). Outputs stay inside the pipeline until a noise transform.
+
+Elements are blocks of rows (``--block-size``, 1-10k), never single rows:
+all per-row work is vectorised numpy, and each block contributes one partial
+aggregate per class, merged by a combiner. Nothing collects the rows.
+"""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import operator
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
+from apache_beam.pvalue import AsDict, PCollection
 
 from dp_ops import clipping, generator, lsh_tree
 from dp_ops.config import GeneratorConfig
@@ -28,10 +34,41 @@ class Block:
         m = self.y == label
         return Block(self.x[m], self.y[m], self.z[m], self.codes[m])
 
+    def by_class(self) -> Iterator[tuple[int, "Block"]]:
+        """(label, rows of that label) for each label present.
+
+        Prepared blocks are sorted by label, so these are views (no copy).
+        """
+        y = self.y
+        if len(y) == 0:
+            return
+        if len(y) > 1 and np.any(y[1:] < y[:-1]):
+            for label in np.unique(y).tolist():
+                yield label, self.of_class(label)
+            return
+        cuts = np.concatenate([[0], np.flatnonzero(y[1:] != y[:-1]) + 1,
+                               [len(y)]])
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            yield int(y[a]), Block(self.x[a:b], y[a:b], self.z[a:b],
+                                   self.codes[a:b])
+
+
+def prepare_block(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
+                  proj: np.ndarray, planes: np.ndarray) -> tuple[Block, int]:
+    """Normalise + clip each row (per-record, public rule), project, hash.
+
+    Rows are reordered by label (a stable sort; row order carries no
+    information the aggregates use) so that classes are contiguous slices.
+    """
+    order = np.argsort(y, kind="stable")
+    if np.any(order[1:] < order[:-1]):
+        x, y = x[order], y[order]
+    xc, n_clipped = clipping.preprocess(x, cfg.normalize, cfg.clip_norm)
+    z = xc @ proj.T
+    return Block(xc, y, z, lsh_tree.leaf_codes(z, planes)), n_clipped
+
 
 class _PrepareFn(beam.DoFn):
-    """Normalise + clip each row (per-record, public rule), then project."""
-
     def __init__(self, cfg: GeneratorConfig, dim: int) -> None:
         self._cfg, self._dim = cfg, dim
         self._clipped = Metrics.counter("dpsynth", "rows_clipped")
@@ -42,11 +79,10 @@ class _PrepareFn(beam.DoFn):
 
     def process(self, block: tuple[np.ndarray, np.ndarray]):
         x, y = block
-        xc, n_clipped = clipping.preprocess(x, self._cfg.normalize,
-                                            self._cfg.clip_norm)
+        prepared, n_clipped = prepare_block(x, y, self._cfg, self._proj,
+                                            self._planes)
         self._clipped.inc(n_clipped)
-        z = xc @ self._proj.T
-        yield Block(xc, y, z, lsh_tree.leaf_codes(z, self._planes))
+        yield prepared
 
 
 class PrepareBlocks(beam.PTransform):
@@ -58,8 +94,51 @@ class PrepareBlocks(beam.PTransform):
         return blocks | beam.ParDo(_PrepareFn(self._cfg, self._dim))
 
 
+class RereadBlocks:
+    """Prepared blocks that every pass reads afresh from the input files.
+
+    The alternative to one materialised PCollection of blocks: no stage
+    holds the dataset (the runner's shuffle buffers included), so memory is
+    the block and the model state at any n; each pass pays one read and one
+    cheap ``PrepareBlocks`` (clip, project, hash) instead.
+    """
+
+    def __init__(self, pipeline: beam.Pipeline, reader: beam.PTransform,
+                 cfg: GeneratorConfig, dim: int) -> None:
+        self.pipeline, self._reader = pipeline, reader
+        self._cfg, self._dim = cfg, dim
+
+    def read(self, name: str) -> PCollection:
+        return (self.pipeline
+                | f"{name}Read" >> self._reader
+                | f"{name}Prepare" >> PrepareBlocks(self._cfg, self._dim))
+
+
+Blocks = Union[PCollection, RereadBlocks]
+
+
+def pass_blocks(blocks: Blocks, name: str) -> PCollection:
+    """The blocks one pass reads: the shared PCollection or a fresh read."""
+    return blocks.read(name) if isinstance(blocks, RereadBlocks) else blocks
+
+
+def add_inplace(acc: Any, value: Any) -> Any:
+    """acc + value, into acc's memory when it is a numpy array that can
+    hold the result (saves one allocation per block and class)."""
+    if (isinstance(acc, np.ndarray) and isinstance(value, np.ndarray)
+            and acc.shape == value.shape
+            and acc.dtype == np.result_type(acc, value)):
+        acc += value
+        return acc
+    return acc + value
+
+
 class _SumFn(beam.CombineFn):
-    """Sums partial aggregates with ``add``; None is the zero."""
+    """Sums partial aggregates with ``add``; None is the zero.
+
+    ``add(acc, value)`` may update ``acc`` in place: the accumulator is
+    always the combiner's own object (the first input is copied).
+    """
 
     def __init__(self, add: Callable[[Any, Any], Any]) -> None:
         self._add = add
@@ -70,12 +149,13 @@ class _SumFn(beam.CombineFn):
     def add_input(self, acc, value):
         if value is None:
             return acc
-        return value if acc is None else self._add(acc, value)
+        return copy.deepcopy(value) if acc is None else self._add(acc, value)
 
     def merge_accumulators(self, accs):
         out = None
-        for acc in accs:
-            out = self.add_input(out, acc)
+        for acc in accs:  # accumulators are ours: no copy needed
+            if acc is not None:
+                out = acc if out is None else self._add(out, acc)
         return out
 
     def extract_output(self, acc):
@@ -87,35 +167,45 @@ class _PartialFn(beam.DoFn):
         self._fn = fn
 
     def process(self, block: Block, *side):
-        for label in np.unique(block.y).tolist():
-            yield label, self._fn(label, block.of_class(label), *side)
+        for label, rows in block.by_class():
+            yield label, self._fn(label, rows, *side)
+
+
+def _every_label(_, sums: dict, labels: Sequence[int]):
+    for label in labels:
+        yield label, sums.get(label)
 
 
 class PerClassSum(beam.PTransform):
     """(label, exact aggregate) for *every* configured label.
 
     ``fn(label, class_block, *side_values)`` computes a block's partial
-    aggregate; partials are summed with ``add``. Labels with no rows get
-    ``None``, so every class reaches its mechanism: the release never
-    reveals by omission that a class is empty.
+    aggregate; partials are summed with ``add`` (a combiner: partial sums
+    per bundle, then merged; ``add`` may update its first argument). Labels with no rows get ``None``, so every
+    class reaches its mechanism: the release never reveals by omission that
+    a class is empty.
+
+    The labels are completed after the combine, from a one-element Create
+    that reads the sums as a side input. (Flattening per-label seeds into the
+    partials instead makes the FnApiRunner stall with "watermark-pending
+    bundles" when several passes read one PCollection of blocks: a
+    multi-input Flatten's watermark waits for every reader of the blocks,
+    including later passes that wait on this one. The old fix, a Reshuffle
+    of all blocks before each pass, re-shuffled the whole dataset.)
     """
 
     def __init__(self, labels: Sequence[int], fn: Callable[..., Any],
                  side_inputs: Iterable = (),
-                 add: Callable[[Any, Any], Any] = operator.add) -> None:
+                 add: Callable[[Any, Any], Any] = add_inplace) -> None:
         super().__init__()
         self._labels, self._fn = list(labels), fn
         self._side, self._add = list(side_inputs), add
 
     def expand(self, blocks):
-        if self._side:
-            # Without a fusion break, runners fuse this ParDo with the other
-            # readers of ``blocks``, i.e. with the passes its side inputs
-            # come from, and stall (FnApiRunner: "watermark-pending bundles").
-            blocks = blocks | "BreakFusion" >> beam.Reshuffle()
-        partials = blocks | "Partials" >> beam.ParDo(_PartialFn(self._fn),
-                                                     *self._side)
-        seeds = (blocks.pipeline
-                 | "EveryLabel" >> beam.Create([(l, None) for l in self._labels]))
-        return ((partials, seeds) | "WithEveryLabel" >> beam.Flatten()
+        sums = (blocks
+                | "Partials" >> beam.ParDo(_PartialFn(self._fn), *self._side)
                 | "Sum" >> beam.CombinePerKey(_SumFn(self._add)))
+        return (blocks.pipeline
+                | "Once" >> beam.Create([None])
+                | "EveryLabel" >> beam.FlatMap(_every_label, AsDict(sums),
+                                               self._labels))

@@ -18,7 +18,7 @@ from dp_ops import generator, kmeans, lsh_tree, moments
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import make_noise_source
-from transforms.aggregate import Block, PerClassSum
+from transforms.aggregate import Block, Blocks, PerClassSum, pass_blocks
 
 
 def _level_counts(depth: int):
@@ -45,16 +45,23 @@ def _cluster_sums(k: int, bound: float):
 
 
 class DPKMeans(beam.PTransform):
-    """Prepared blocks -> (label, centres [k, p]) in the clustering space."""
+    """Prepared blocks -> (label, centres [k, p]) in the clustering space.
+
+    Applied to the PCollection of prepared blocks, or to the pipeline with
+    ``blocks=RereadBlocks(...)`` (each pass then reads the files again).
+    """
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
-                 noise_seed: Optional[int]) -> None:
+                 noise_seed: Optional[int],
+                 blocks: Optional[Blocks] = None) -> None:
         super().__init__()
         self._cfg, self._ledger = cfg, ledger
         self._p = min(dim, cfg.cluster_dim)
         self._noise_seed = noise_seed
+        self._blocks = blocks
 
-    def expand(self, blocks):
+    def expand(self, pcoll):
+        blocks = self._blocks if self._blocks is not None else pcoll
         cfg, ledger, seed, p = self._cfg, self._ledger, self._noise_seed, self._p
         labels = list(cfg.labels)
         depth = cfg.tree_depth
@@ -65,9 +72,10 @@ class DPKMeans(beam.PTransform):
             return label, generator.grow_tree(exact, label, cfg, ledger,
                                               make_noise_source(seed))
 
-        trees = (blocks
-                 | "TreeCounts" >> PerClassSum(labels, _level_counts(depth),
-                                               add=lsh_tree.merge_level_counts)
+        trees = (pass_blocks(blocks, "TreeCounts")
+                 | "TreeCounts" >> PerClassSum(
+                     labels, _level_counts(depth),
+                     add=lsh_tree.merge_level_counts_into)
                  | "GrowTree" >> beam.Map(grow))
 
         def coreset(kv, trees):
@@ -78,7 +86,7 @@ class DPKMeans(beam.PTransform):
             return label, generator.coreset_centres(
                 tree, sums, label, cfg, ledger, make_noise_source(seed))
 
-        centres = (blocks
+        centres = (pass_blocks(blocks, "LeafSums")
                    | "LeafSums" >> PerClassSum(labels, _leaf_sums(cfg.clip_norm),
                                                [AsDict(trees)])
                    | "Coreset" >> beam.Map(coreset, AsDict(trees)))
@@ -92,7 +100,7 @@ class DPKMeans(beam.PTransform):
                     agg[:, 0], agg[:, 1:], old[label], rnd, label, cfg,
                     ledger, make_noise_source(seed))
 
-            centres = (blocks
+            centres = (pass_blocks(blocks, f"Lloyd{rnd}")
                        | f"Lloyd{rnd}Sums" >> PerClassSum(
                            labels, _cluster_sums(cfg.clusters, cfg.clip_norm),
                            [AsDict(centres)])

@@ -12,7 +12,7 @@ from dp_ops import generator, kmeans, moments, plan, vote
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import make_noise_source
-from transforms.aggregate import Block, PerClassSum
+from transforms.aggregate import Block, Blocks, PerClassSum, pass_blocks
 from transforms.noise import AddNoise
 
 
@@ -32,15 +32,18 @@ class DPMixture(beam.PTransform):
     """
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
-                 centres, noise_seed: Optional[int]) -> None:
+                 centres, noise_seed: Optional[int],
+                 blocks: Optional[Blocks] = None) -> None:
         super().__init__()
         self._cfg, self._ledger, self._dim = cfg, ledger, dim
         self._centres, self._noise_seed = centres, noise_seed
+        self._blocks = blocks
 
-    def expand(self, blocks):
+    def expand(self, pcoll):
+        blocks = self._blocks if self._blocks is not None else pcoll
         cfg, k, d = self._cfg, self._cfg.clusters, self._dim
         labels = list(cfg.labels)
-        exact = (blocks
+        exact = (pass_blocks(blocks, "Moments")
                  | "Moments" >> PerClassSum(labels, _moments(k, cfg.clip_norm),
                                             [AsDict(self._centres)])
                  | "ZeroEmpty" >> beam.MapTuple(
@@ -67,8 +70,8 @@ class DPMixture(beam.PTransform):
                 | "Mixture" >> beam.Map(to_mixture))
 
 
-def _votes(label: int, block: Block, cands: dict) -> np.ndarray:
-    return vote.block_votes(block.x, cands[label])
+def _votes(label: int, block: Block, index: dict) -> np.ndarray:
+    return vote.block_votes(block.x, index[label])
 
 
 class SampleSynthetic(beam.PTransform):
@@ -76,10 +79,11 @@ class SampleSynthetic(beam.PTransform):
 
     The vote histogram is dense over all candidates of a class (L2
     sensitivity 1 under add/remove one record: one record casts one vote).
+    ``blocks``: the prepared blocks (PCollection) or a ``RereadBlocks``.
     """
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger,
-                 blocks, noise_seed: Optional[int]) -> None:
+                 blocks: Blocks, noise_seed: Optional[int]) -> None:
         super().__init__()
         self._cfg, self._ledger = cfg, ledger
         self._blocks, self._noise_seed = blocks, noise_seed
@@ -87,7 +91,7 @@ class SampleSynthetic(beam.PTransform):
     def expand(self, mixtures):
         cfg, ledger, seed = self._cfg, self._ledger, self._noise_seed
         cands = mixtures | "Candidates" >> beam.MapTuple(
-            lambda l, mix: (l, generator.candidates(mix, cfg)))
+            lambda l, mix: (l, vote.candidates(mix, cfg)))
         if not cfg.vote_filter:
             return cands
 
@@ -99,7 +103,11 @@ class SampleSynthetic(beam.PTransform):
             return label, generator.filter_by_votes(
                 c, votes, label, cfg, ledger, make_noise_source(seed))
 
-        return (self._blocks
+        # Candidates as a search index (float32 copy, squared norms), built
+        # once per class rather than once per block.
+        index = cands | "VoteIndex" >> beam.MapTuple(
+            lambda l, c: (l, vote.CandidateIndex(c)))
+        return (pass_blocks(self._blocks, "Votes")
                 | "Votes" >> PerClassSum(list(cfg.labels), _votes,
-                                         [AsDict(cands)])
+                                         [AsDict(index)])
                 | "KeepVoted" >> beam.Map(keep, AsDict(cands)))

@@ -1,0 +1,510 @@
+"""Scaling benchmark: `dpsynth generate` on DirectRunner vs the in-memory
+reference, over n (rows) and d (embedding dimension).
+
+    nice -n 10 python benchmarks/scaling.py                  # defaults below
+    python benchmarks/scaling.py --dims 384 --sizes 10000,100000 --modes direct
+
+Data: labelled Gaussian-mixture embeddings (10 classes, float32), written
+once as several .npz shards under ``benchmarks/cache/`` (git-ignored; 1M x
+1280 float32 is 5 GB). Every measured run is a child process, so wall time
+and peak RSS (sampled with psutil over the child and all its descendants,
+e.g. the DirectRunner's worker processes) are its own:
+
+* ``reference``: ``dp_ops.reference.generate`` on the whole array in memory
+  (also times its stages, the vote filter among them);
+* ``direct``: ``python -m pipelines.generate`` on DirectRunner, in process;
+* ``direct2``: the same with ``--direct_num_workers=2`` (multi_processing).
+
+The report (Markdown) goes between markers in ``--out``, so hand-written
+notes around it survive a rerun; ``--section`` names the block (e.g.
+``before`` / ``after``). ``--profile`` adds a cProfile of one in-process
+DirectRunner run; ``--vote-bench`` times the vote filter's nearest-neighbour
+search alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io as _io
+import json
+import math
+import os
+import platform
+import pstats
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+DEFAULT_CACHE = os.path.join(ROOT, "benchmarks", "cache")
+DEFAULT_OUT = os.path.join(ROOT, "benchmarks", "results", "scaling.md")
+MODES = ("reference", "direct", "direct2")
+CLASSES = 10
+SHARD_ROWS = 100_000
+MIN_SHARDS = 4
+
+
+# ------------------------------------------------------------------- data
+
+def data_dir(cache: str, n: int, d: int) -> str:
+    return os.path.join(cache, f"gmm-d{d}-n{n}")
+
+
+def make_data(cache: str, n: int, d: int, classes: int = CLASSES,
+              comps: int = 4, seed: int = 0) -> str:
+    """Writes n labelled rows as float32 .npz shards once; returns the dir.
+
+    Class/component centres depend on d only, so every n draws from the same
+    distribution. Each shard is generated on its own (bounded memory).
+    """
+    out = data_dir(cache, n, d)
+    done = os.path.join(out, "DONE")
+    if os.path.exists(done):
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    centres = np.random.default_rng([seed, d]).normal(
+        size=(classes, comps, d)) / math.sqrt(d)
+    shards = max(MIN_SHARDS, math.ceil(n / SHARD_ROWS))
+    bounds = np.linspace(0, n, shards + 1).astype(int)
+    for i in range(shards):
+        rows = int(bounds[i + 1] - bounds[i])
+        rng = np.random.default_rng([seed, d, n, i])
+        y = rng.integers(0, classes, rows)
+        c = rng.integers(0, comps, rows)
+        x = centres[y, c] + (0.5 / math.sqrt(d)) * rng.standard_normal(
+            (rows, d))
+        np.savez(os.path.join(out, f"part-{i:04d}.npz"),
+                 embeddings=x.astype(np.float32), labels=y.astype(np.int64))
+    with open(done, "w") as f:
+        f.write(f"{n} rows, {d} dims, {shards} shards\n")
+    return out
+
+
+def load_dir(path: str) -> tuple[np.ndarray, np.ndarray]:
+    files = sorted(f for f in os.listdir(path) if f.endswith(".npz"))
+    xs, ys = [], []
+    for name in files:
+        with np.load(os.path.join(path, name)) as z:
+            xs.append(z["embeddings"])
+            ys.append(z["labels"])
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+# ------------------------------------------------------- measured children
+
+def _gen_flags(args: argparse.Namespace) -> list[str]:
+    flags = ["--num-classes", str(CLASSES), "--clusters", str(args.clusters),
+             "--epsilon", str(args.epsilon), "--noise-seed", "1",
+             "--block-size", str(args.block_size)]
+    if args.vote:
+        flags.append("--vote-filter")
+    if args.vote_max_candidates:
+        flags += ["--vote-max-candidates", str(args.vote_max_candidates)]
+    return flags
+
+
+def _config(flags: Sequence[str]):
+    """GeneratorConfig from generate's own parser (same defaults)."""
+    from pipelines import generate
+    args, _ = _parse_generate(flags)
+    from dp_ops.config import labels_from
+    return generate.config_from(args, labels_from(args.num_classes,
+                                                  args.labels))
+
+
+def _parse_generate(flags: Sequence[str]):
+    """generate's parser; --vote-max-candidates is applied here if the
+    installed CLI does not know it yet (see ``_with_vote_cap``)."""
+    from pipelines import generate
+    parser = generate.parser()
+    known = any("--vote-max-candidates" in a.option_strings
+                for a in parser._actions)
+    flags = list(flags)
+    cap = None
+    if not known and "--vote-max-candidates" in flags:
+        i = flags.index("--vote-max-candidates")
+        cap = int(flags[i + 1])
+        del flags[i:i + 2]
+    args, rest = parser.parse_known_args(flags)
+    if cap is not None:
+        _with_vote_cap(generate, cap)
+    return args, rest
+
+
+def _with_vote_cap(generate, cap: int) -> None:
+    """Adds the public ``vote_max_candidates`` to the config the CLI makes
+    (for a CLI that predates the flag)."""
+    original = generate.config_from
+
+    def config_from(args, labels):
+        cfg = original(args, labels)
+        object.__setattr__(cfg, "vote_max_candidates", cap)
+        return cfg
+    generate.config_from = config_from
+
+
+def child_reference(data: str, flags: Sequence[str], result: str) -> None:
+    from dp_ops import plan, reference
+    from dp_ops.noise import SeededNoise
+    t0 = time.perf_counter()
+    cfg = _config(flags)
+    x, y = load_dir(data)
+    t_load = time.perf_counter() - t0
+    timings: dict = {}
+    t1 = time.perf_counter()
+    _, xs, _ = reference.generate(x, y, cfg, plan.make_ledger(cfg),
+                                  SeededNoise(1), timings=timings)
+    work = time.perf_counter() - t1
+    _dump(result, {"load_s": t_load, "work_s": work, "stages_s": timings,
+                   "samples": int(len(xs))})
+
+
+def child_beam(data: str, flags: Sequence[str], result: str,
+               profile: Optional[str] = None) -> None:
+    from pipelines import cli, generate
+    out = tempfile.mkdtemp(prefix="dpsynth-bench-")
+    try:
+        args, beam_argv = _parse_generate(
+            ["--input", os.path.join(data, "*.npz"),
+             "--output", os.path.join(out, "rel"), *flags])
+        cli._setup_logging()
+        t0 = time.perf_counter()
+        if profile:
+            prof = cProfile.Profile()
+            prof.runcall(generate.run, args, beam_argv)
+            prof.dump_stats(profile)
+        else:
+            generate.run(args, beam_argv)
+        work = time.perf_counter() - t0
+        with open(os.path.join(out, "rel", "manifest.json")) as f:
+            manifest = json.load(f)
+        _dump(result, {"work_s": work, "timings": manifest["timings_s"],
+                       "samples": manifest["samples_total"]})
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _dump(path: str, doc: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(doc, f)
+
+
+def measure(cmd: list[str], timeout: float, poll: float = 0.2) -> dict:
+    """Runs cmd; wall time, peak RSS of any one process and of their sum."""
+    import psutil
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    root = psutil.Process(proc.pid)
+    peak_one = peak_sum = 0
+    procs = peak_procs = 0
+    timed_out = False
+    while proc.poll() is None:
+        try:
+            tree = [root] + root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            break
+        rss = []
+        for p in tree:
+            try:
+                rss.append(p.memory_info().rss)
+            except psutil.Error:
+                pass
+        peak_one = max(peak_one, max(rss, default=0))
+        peak_sum = max(peak_sum, sum(rss))
+        peak_procs = max(peak_procs, len(rss))
+        if time.perf_counter() - t0 > timeout:
+            timed_out = True
+            for p in reversed(tree):
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            break
+        time.sleep(poll)
+    output = proc.communicate()[0]
+    return {"wall_s": time.perf_counter() - t0, "rc": proc.returncode,
+            "timed_out": timed_out, "peak_rss_one": peak_one,
+            "peak_rss_sum": peak_sum, "processes": peak_procs,
+            "log_tail": output[-3000:]}
+
+
+def run_mode(mode: str, data: str, args: argparse.Namespace) -> dict:
+    fd, result = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    flags = _gen_flags(args)
+    me = [sys.executable, os.path.abspath(__file__)]
+    if mode == "reference":
+        cmd = me + ["_reference", data, result, *flags]
+    else:
+        extra = (["--direct_num_workers=2",
+                  "--direct_running_mode=multi_processing"]
+                 if mode == "direct2" else [])
+        cmd = me + ["_beam", data, result, *flags, *extra]
+    cmd = ["nice", "-n", str(args.nice)] + cmd if args.nice else cmd
+    stats = measure(cmd, args.timeout)
+    try:
+        with open(result) as f:
+            stats.update(json.load(f))
+    except (OSError, ValueError):
+        stats["failed"] = True
+    os.remove(result)
+    return stats
+
+
+# ---------------------------------------------------------------- vote bench
+
+def vote_bench(dims: Sequence[int], rows: int, cands: Sequence[int],
+               seed: int = 0) -> list[dict]:
+    """Times the exact vote histogram (nearest candidate of every row)."""
+    from dp_ops import vote
+    out = []
+    rng = np.random.default_rng(seed)
+    for d in dims:
+        x = rng.standard_normal((rows, d))
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        for m in cands:
+            c = rng.standard_normal((m, d))
+            c /= np.linalg.norm(c, axis=1, keepdims=True)
+            t0 = time.perf_counter()
+            hist = vote.block_votes(x, c)
+            dt = time.perf_counter() - t0
+            assert hist.sum() == rows
+            out.append({"d": d, "rows": rows, "candidates": m, "s": dt,
+                        "gflops": 2.0 * rows * m * d / dt / 1e9})
+    return out
+
+
+# ------------------------------------------------------------------ report
+
+def fit_exponent(ns: Sequence[int], ts: Sequence[float]) -> Optional[float]:
+    """Least-squares slope of log t vs log n."""
+    if len(ns) < 2:
+        return None
+    return float(np.polyfit(np.log(ns), np.log(ts), 1)[0])
+
+
+def _gb(b: float) -> str:
+    return f"{b / 2 ** 30:.2f}"
+
+
+def report(results: list[dict], votes: list[dict], profile_text: str,
+           args: argparse.Namespace) -> str:
+    lines = [f"Run {time.strftime('%Y-%m-%d %H:%M')} on {platform.node()} "
+             f"({os.cpu_count()} cores, shared; children under nice "
+             f"{args.nice}). Flags: `{' '.join(_gen_flags(args))}`. "
+             "Wall = the child process end to end (imports, reading the "
+             ".npz shards, the run); work = the generate call inside it "
+             "(reference: excluding the load). Peak RSS sampled every 0.2 s: "
+             "max = largest single process, sum = all processes of the run.",
+             "",
+             "| d | n | mode | wall s | work s | rows/s (wall) | peak RSS max GB "
+             "| peak RSS sum GB | procs | note |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if r.get("skipped"):
+            lines.append(f"| {r['d']} | {r['n']:,} | {r['mode']} | - | - | - "
+                         f"| - | - | - | skipped: {r['skipped']} |")
+            continue
+        ok = not r.get("failed") and r["rc"] == 0
+        note = ("timed out" if r["timed_out"] else
+                "" if ok else f"failed rc={r['rc']}")
+        work = r.get("work_s")
+        work = "-" if work is None else f"{work:.1f}"
+        lines.append(
+            f"| {r['d']} | {r['n']:,} | {r['mode']} | {r['wall_s']:.1f} | "
+            f"{work} | {r['n'] / r['wall_s']:,.0f} | {_gb(r['peak_rss_one'])} "
+            f"| {_gb(r['peak_rss_sum'])} | {r['processes']} | {note} |")
+    lines += ["", "Ratios and scaling (wall time):", "",
+              "| d | mode | exponent (fit over n) | t(1M)/t(100k) | "
+              "Beam/reference per n |", "|---|---|---|---|---|"]
+    good = [r for r in results if not r.get("skipped") and r["rc"] == 0
+            and not r.get("failed")]
+    for d in sorted({r["d"] for r in good}):
+        ref = {r["n"]: r["wall_s"] for r in good
+               if r["d"] == d and r["mode"] == "reference"}
+        for mode in MODES:
+            rows = sorted((r["n"], r["wall_s"]) for r in good
+                          if r["d"] == d and r["mode"] == mode)
+            if not rows:
+                continue
+            ns, ts = zip(*rows)
+            exp = fit_exponent(ns, ts)
+            t = dict(rows)
+            step = (f"{t[1_000_000] / t[100_000]:.2f}"
+                    if 1_000_000 in t and 100_000 in t else "-")
+            ratio = ("-" if mode == "reference" else ", ".join(
+                f"{n:,}: {t[n] / ref[n]:.2f}" for n in ns if n in ref) or "-")
+            lines.append(f"| {d} | {mode} | "
+                         f"{'-' if exp is None else f'{exp:.2f}'} | {step} | "
+                         f"{ratio} |")
+    stage_rows = [r for r in good if r["mode"] == "reference"
+                  and r.get("stages_s")]
+    if stage_rows:
+        names = list(stage_rows[0]["stages_s"])
+        lines += ["", "Reference stage times (s, summed over classes):", "",
+                  "| d | n | " + " | ".join(names) + " |",
+                  "|---|---|" + "---|" * len(names)]
+        for r in stage_rows:
+            lines.append(f"| {r['d']} | {r['n']:,} | " + " | ".join(
+                f"{r['stages_s'].get(k, 0):.2f}" for k in names) + " |")
+    if votes:
+        lines += ["", "Vote filter alone (`dp_ops.vote.block_votes`, exact "
+                  "nearest candidate of every row):", "",
+                  "| d | real rows | candidates | s | GFLOP/s |",
+                  "|---|---|---|---|---|"]
+        for v in votes:
+            lines.append(f"| {v['d']} | {v['rows']:,} | {v['candidates']:,} "
+                         f"| {v['s']:.2f} | {v['gflops']:.1f} |")
+    if profile_text:
+        lines += ["", "cProfile of the in-process DirectRunner run "
+                  f"(top functions by cumulative time):", "", "```",
+                  profile_text.rstrip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def write_section(path: str, name: str, text: str) -> None:
+    begin, end = f"<!-- scaling:{name}:begin -->", f"<!-- scaling:{name}:end -->"
+    block = f"{begin}\n{text}{end}\n"
+    old = open(path).read() if os.path.exists(path) else "# Scaling benchmark\n\n"
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        new = head + block + rest.split(end, 1)[1].lstrip("\n")
+    else:
+        new = old.rstrip("\n") + f"\n\n## {name}\n\n" + block
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(new)
+
+
+def profile_run(data: str, args: argparse.Namespace, top: int = 30) -> str:
+    fd, stats_path = tempfile.mkstemp(suffix=".prof")
+    os.close(fd)
+    fd, result = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    me = [sys.executable, os.path.abspath(__file__)]
+    cmd = me + ["_beam", data, result, "--profile-to", stats_path,
+                *_gen_flags(args)]
+    if args.nice:
+        cmd = ["nice", "-n", str(args.nice)] + cmd
+    subprocess.run(cmd, cwd=ROOT, check=True, timeout=args.timeout)
+    buf = _io.StringIO()
+    st = pstats.Stats(stats_path, stream=buf)
+    st.sort_stats("cumulative").print_stats(top)
+    os.remove(stats_path)
+    os.remove(result)
+    text = buf.getvalue()
+    return text[text.find("   ncalls"):] if "   ncalls" in text else text
+
+
+# -------------------------------------------------------------------- main
+
+def _ints(text: str) -> list[int]:
+    return [int(float(v)) for v in text.split(",") if v.strip()]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dims", type=_ints, default=[384, 1280])
+    p.add_argument("--sizes", type=_ints, default=None,
+                   help="rows; default 10k,100k,1M (1M only for d <= 384 "
+                   "unless --max-cells allows it)")
+    p.add_argument("--max-cells", type=float, default=5e8,
+                   help="default sizes skip n*d above this (time, disk)")
+    p.add_argument("--ref-max-cells", type=float, default=5e8,
+                   help="skip the in-memory reference above n*d (it holds "
+                   "the data in float64 twice)")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--clusters", type=int, default=16)
+    p.add_argument("--epsilon", type=float, default=4.0)
+    p.add_argument("--block-size", type=int, default=4096)
+    p.add_argument("--no-vote", dest="vote", action="store_false")
+    p.add_argument("--vote-max-candidates", type=int, default=None)
+    p.add_argument("--cache", default=DEFAULT_CACHE)
+    p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--section", default="latest")
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--nice", type=int, default=10)
+    p.add_argument("--profile", action="store_true",
+                   help="cProfile one in-process DirectRunner run "
+                   "(the largest d/n run)")
+    p.add_argument("--vote-bench", action="store_true")
+    p.add_argument("--vote-bench-rows", type=int, default=100_000)
+    p.add_argument("--vote-bench-candidates", type=_ints,
+                   default=[10_000, 60_000])
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "_reference":
+        child_reference(argv[1], argv[3:], argv[2])
+        return 0
+    if argv and argv[0] == "_beam":
+        rest, profile = argv[3:], None
+        if "--profile-to" in rest:
+            i = rest.index("--profile-to")
+            profile = rest[i + 1]
+            del rest[i:i + 2]
+        child_beam(argv[1], rest, argv[2], profile)
+        return 0
+    args = parser().parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    bad = set(modes) - set(MODES)
+    if bad:
+        raise SystemExit(f"--modes: unknown {sorted(bad)}; choose from {MODES}")
+    results = []
+    for d in args.dims:
+        sizes = args.sizes or [n for n in (10_000, 100_000, 1_000_000)
+                               if n * d <= args.max_cells]
+        for n in sizes:
+            t0 = time.perf_counter()
+            data = make_data(args.cache, n, d)
+            print(f"data d={d} n={n}: {data} ({time.perf_counter() - t0:.0f} s)",
+                  flush=True)
+            for mode in modes:
+                if mode == "reference" and n * d > args.ref_max_cells:
+                    results.append({"d": d, "n": n, "mode": mode,
+                                    "skipped": "n*d > --ref-max-cells"})
+                    continue
+                r = run_mode(mode, data, args)
+                r.update(d=d, n=n, mode=mode)
+                results.append(r)
+                print(f"  {mode:9s} wall {r['wall_s']:7.1f} s  work "
+                      f"{r.get('work_s', float('nan')):7.1f} s  peak "
+                      f"{_gb(r['peak_rss_one'])}/{_gb(r['peak_rss_sum'])} GB"
+                      f"  rc={r['rc']}", flush=True)
+                if r["rc"] != 0 or r.get("failed"):
+                    print(r["log_tail"], flush=True)
+    votes = []
+    if args.vote_bench:
+        votes = vote_bench(args.dims, args.vote_bench_rows,
+                           args.vote_bench_candidates)
+        for v in votes:
+            print(f"  vote d={v['d']} m={v['candidates']}: {v['s']:.2f} s",
+                  flush=True)
+    profile_text = ""
+    if args.profile and results:
+        last = max((r for r in results if not r.get("skipped")),
+                   key=lambda r: r["n"] * r["d"])
+        profile_text = profile_run(data_dir(args.cache, last["n"], last["d"]),
+                                   args)
+        profile_text = f"d={last['d']} n={last['n']:,}\n" + profile_text
+    text = report(results, votes, profile_text, args)
+    print(text)
+    write_section(args.out, args.section, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
