@@ -23,9 +23,33 @@ def _setup_logging() -> None:
                         stream=sys.stderr)
     for noisy in ("apache_beam", "absl", "tensorflow", "root"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Beam logs a worker's exception with its traceback before re-raising it;
+    # for bad input we print one clear line instead (see _fail).
+    for name in _BEAM_ERROR_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _HideInputErrors) for f in logger.filters):
+            logger.addFilter(_HideInputErrors())
+
+
+_BEAM_ERROR_LOGGERS = ("apache_beam.runners.common",
+                       "apache_beam.runners.worker.sdk_worker",
+                       "apache_beam.runners.portability.local_job_service")
+
+
+class _HideInputErrors(logging.Filter):
+    """Drops Beam's log records about our InputError (bad input data)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from transforms.io import InputError
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, InputError):
+            return False
+        return "InputError: " not in str(record.msg)
 
 
 def _fail(message: str) -> int:
+    # Beam appends " [while running '<step>']" to worker errors: noise here.
+    message = message.split(" [while running '", 1)[0]
     print(f"dpsynth: error: {message}", file=sys.stderr)
     return 2
 

@@ -5,7 +5,18 @@ the same. Files are read in workers, one file per element, and yield numpy
 blocks ``(x [b, d] float64, y [b] int64)``; nothing collects the dataset.
 
 Every block is validated where the file and row are known, so a bad input
-fails the run with an error naming them (and nothing is published).
+fails the run with an error naming them (and nothing is published). Error
+messages name the file, the row (or record / byte offset) and the flag to
+change; they never quote embedding values or raw record bytes.
+
+Non-finite values (``--non-finite``): a row holding NaN or +-inf (or whose
+squared norm overflows float64) either fails the whole run (``reject``, the
+default: a NaN usually means an upstream bug) or is dropped (``drop``).
+Dropping looks at that one record only, so it is a data-independent
+per-record rule, like clipping: the DP guarantee is unchanged (the dropped
+record is treated as absent). The number dropped is private; it only goes to
+the Beam counter ``dpsynth/rows_dropped_non_finite`` for the operator, never
+to the release, the manifest or the logs.
 """
 
 from __future__ import annotations
@@ -65,6 +76,9 @@ def detect_format(path: str, fmt: Optional[str] = None) -> str:
 
 def match_files(pattern: str) -> list[str]:
     """Expands a glob (local or gs://); errors name the pattern."""
+    if "://" not in pattern and os.path.isdir(pattern):
+        raise InputError(f"--input {pattern!r} is a directory; pass a glob "
+                         f"such as {os.path.join(pattern, '*.npz')!r}")
     try:
         results = FileSystems.match([pattern])[0].metadata_list
     except Exception as err:  # Beam raises several types for bad paths
@@ -102,50 +116,90 @@ def _npz_arrays(path: str, spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
 
 def _parquet_blocks(path: str, spec: InputSpec
                     ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
     try:
         with FileSystems.open(path, compression_type="uncompressed") as f:
             pf = pq.ParquetFile(io.BytesIO(f.read()))
     except Exception as err:
         raise InputError(f"{path}: not a readable Parquet file ({err})") from None
-    names = pf.schema_arrow.names
+    schema = pf.schema_arrow
     for col in (spec.embedding_feature, spec.label_feature):
-        if col not in names:
-            raise InputError(f"{path}: no column {col!r} (has {names}); see "
-                             f"--embedding-feature/--label-feature")
+        if col not in schema.names:
+            raise InputError(f"{path}: no column {col!r} (has {schema.names}); "
+                             f"see --embedding-feature/--label-feature")
+    emb_type = schema.field(spec.embedding_feature).type
+    if not (pa.types.is_list(emb_type) or pa.types.is_large_list(emb_type)
+            or pa.types.is_fixed_size_list(emb_type)):
+        raise InputError(f"{path}: column {spec.embedding_feature!r} must be a "
+                         f"list of floats per row, got type {emb_type} (see "
+                         f"--embedding-feature)")
     start = 0
-    for batch in pf.iter_batches(batch_size=spec.block_size,
-                                 columns=[spec.embedding_feature,
-                                          spec.label_feature]):
-        emb = batch.column(0).to_pylist()
-        lab = batch.column(1).to_numpy(zero_copy_only=False)
-        yield start, _stack_rows(emb, path, start), lab
-        start += len(lab)
+    try:
+        batches = pf.iter_batches(batch_size=spec.block_size,
+                                  columns=[spec.embedding_feature,
+                                           spec.label_feature])
+        for batch in batches:
+            emb = batch.column(0).to_pylist()
+            lab = batch.column(1).to_numpy(zero_copy_only=False)
+            yield start, _stack_rows(emb, path, start), lab
+            start += len(lab)
+    except InputError:
+        raise
+    except Exception as err:  # pyarrow decoding errors: a damaged file
+        raise InputError(f"{path}: cannot decode Parquet rows from {start} "
+                         f"({type(err).__name__})") from None
 
 
 def _stack_rows(rows: Sequence, path: str, start: int) -> np.ndarray:
-    lengths = {len(r) if r is not None else -1 for r in rows}
-    if len(lengths) > 1 or -1 in lengths:
+    """List-of-lists -> [b, d] float64; errors name the first bad row."""
+    if not rows:
+        return np.zeros((0, 0))
+    width = len(rows[0]) if rows[0] is not None else None
+    for i, r in enumerate(rows):
+        if r is None or width is None or len(r) != width:
+            got = "no" if r is None else len(r)
+            expected = width if width is not None else "some"
+            raise InputError(f"{path}: row {start + i} has {got} embedding "
+                             f"values, expected {expected}")
+    try:
+        return np.asarray(rows, dtype=np.float64)
+    except (TypeError, ValueError):
         for i, r in enumerate(rows):
-            if r is None or len(r) != len(rows[0] or ()):
-                raise InputError(f"{path}: row {start + i} has "
-                                 f"{'no' if r is None else len(r)} embedding "
-                                 f"values, expected {len(rows[0] or ())}")
-    return np.asarray(rows, dtype=np.float64)
+            if any(v is None for v in r):
+                raise InputError(f"{path}: row {start + i} has a null "
+                                 f"embedding value") from None
+        raise InputError(f"{path}: rows {start}..{start + len(rows) - 1}: "
+                         f"embedding values are not numeric") from None
 
 
 def _tfrecord_records(path: str) -> Iterator[bytes]:
+    """Record payloads, CRC-checked; errors give the record and byte offset.
+
+    Beam's reader quotes the damaged bytes in hex; those are private data,
+    so its message is replaced by a description of the damage.
+    """
     from apache_beam.io.tfrecordio import _TFRecordUtil
     data = _read_bytes(path)
     handle = io.BytesIO(data)
+    index = 0
     while handle.tell() < len(data):
+        offset = handle.tell()
         try:
             record = _TFRecordUtil.read_record(handle)
         except Exception as err:
-            raise InputError(f"{path}: corrupt TFRecord at byte "
-                             f"{handle.tell()} ({err})") from None
+            text = str(err)
+            what = ("truncated (the file ends inside the record)"
+                    if "Fewer than" in text else
+                    "corrupt (length checksum mismatch)" if "length mask" in text
+                    else "corrupt (data checksum mismatch)" if "data mask" in text
+                    else "unreadable")
+            raise InputError(f"{path}: TFRecord record {index} at byte "
+                             f"{offset} is {what}; not a valid TFRecord file"
+                             ) from None
         if record is None:
-            raise InputError(f"{path}: truncated TFRecord at byte {handle.tell()}")
+            break
+        index += 1
         yield record
 
 
@@ -217,32 +271,42 @@ def _raw_blocks(path: str, spec: InputSpec
 # -------------------------------------------------------------- validation
 
 def validate_block(x: np.ndarray, y: np.ndarray, path: str, start: int,
-                   spec: InputSpec, dim: Optional[int] = None
+                   spec: InputSpec, dim: Optional[int] = None,
+                   dim_source: Optional[str] = None
                    ) -> tuple[np.ndarray, np.ndarray, int]:
     """Checks one block; returns (x, y, rows dropped as non-finite).
 
-    Dropping non-finite rows (``--non-finite drop``) is a per-record rule that
-    does not look at any other record, so it keeps the DP guarantee; the
-    number dropped is private and only goes to an operator counter.
+    ``dim`` is the embedding dimension every file must have (read from the
+    schema of ``dim_source``, the first non-empty input file). Dropping
+    non-finite rows (``--non-finite drop``) is a per-record rule that does
+    not look at any other record, so it keeps the DP guarantee; the number
+    dropped is private and only goes to an operator counter.
     """
     try:
         x = np.asarray(x, dtype=np.float64)
     except (TypeError, ValueError):
-        raise InputError(f"{path}: embeddings are not numeric") from None
+        raise InputError(f"{path}: rows {start}..: embeddings are not "
+                         f"numeric") from None
     if x.ndim != 2:
-        raise InputError(f"{path}: embeddings must be 2-D, got shape {x.shape}")
-    if dim is not None and x.shape[1] != dim:
-        raise InputError(f"{path}: rows {start}.. have dimension {x.shape[1]}, "
-                         f"expected {dim} (dimension of the first input file)")
+        raise InputError(f"{path}: embeddings must be 2-D [n, d], got shape "
+                         f"{x.shape}")
+    if dim is not None and x.shape[1] != dim and len(x):
+        source = f"that of {dim_source}" if dim_source else "the first file's"
+        raise InputError(f"{path}: row {start} has dimension {x.shape[1]}, "
+                         f"expected {dim} ({source}); all input files must "
+                         f"have the same embedding dimension")
     y = _integer_labels(np.asarray(y), path, start)
+    if len(y) != len(x):
+        raise InputError(f"{path}: rows {start}..: {len(x)} embeddings but "
+                         f"{len(y)} labels")
     if spec.labels is not None:
         bad = np.flatnonzero(~np.isin(y, np.array(spec.labels)))
         if bad.size:
             i = int(bad[0])
             raise InputError(f"{path}: row {start + i} has label {int(y[i])}, "
                              f"which is not in --labels/--num-classes "
-                             f"{list(spec.labels)}")
-    finite = np.isfinite(x).all(axis=1)
+                             f"{_short(spec.labels)}")
+    finite = _finite_rows(x)
     if finite.all():
         return x, y, 0
     if spec.non_finite == "reject":
@@ -250,6 +314,21 @@ def validate_block(x: np.ndarray, y: np.ndarray, path: str, start: int,
         raise InputError(f"{path}: row {start + i} has NaN or infinite values "
                          f"(use --non-finite drop to drop such rows)")
     return x[finite], y[finite], int((~finite).sum())
+
+
+def _finite_rows(x: np.ndarray) -> np.ndarray:
+    """Rows with finite values whose squared norm also fits in float64."""
+    finite = np.isfinite(x).all(axis=1)
+    if finite.all() and np.abs(x).max(initial=0.0) < 1e150:
+        return finite  # fast path: the squared norm cannot overflow
+    with np.errstate(over="ignore", invalid="ignore"):
+        return finite & np.isfinite(np.einsum("ij,ij->i", x, x))
+
+
+def _short(labels: Sequence[int]) -> str:
+    labels = list(labels)
+    return str(labels) if len(labels) <= 12 else \
+        f"[{labels[0]}, {labels[1]}, ..., {labels[-1]}] ({len(labels)} labels)"
 
 
 def _integer_labels(y: np.ndarray, path: str, start: int) -> np.ndarray:
@@ -261,26 +340,53 @@ def _integer_labels(y: np.ndarray, path: str, start: int) -> np.ndarray:
         bad = np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))
         if bad.size:
             i = int(bad[0])
-            raise InputError(f"{path}: row {start + i} has non-integer label {y[i]!r}")
+            raise InputError(f"{path}: row {start + i} has non-integer label "
+                             f"{float(y[i])!r}; labels must be integers")
         return y.astype(np.int64)
-    raise InputError(f"{path}: labels must be integers, got dtype {y.dtype}")
+    raise InputError(f"{path}: rows {start}..: labels must be integers, got "
+                     f"dtype {y.dtype}")
 
 
-def read_file_blocks(path: str, spec: InputSpec, dim: Optional[int] = None
+def read_file_blocks(path: str, spec: InputSpec, dim: Optional[int] = None,
+                     dim_source: Optional[str] = None
                      ) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
     """Validated (x, y, dropped) blocks of one file."""
     for start, x, y in _raw_blocks(path, spec):
-        yield validate_block(x, y, path, start, spec, dim)
+        yield validate_block(x, y, path, start, spec, dim, dim_source)
 
 
 def peek_dim(path: str, spec: InputSpec) -> int:
     """Embedding dimension from the first row of a file (schema, not data)."""
+    dim = _peek_dim(path, spec)
+    if dim is None:
+        raise InputError(f"{path}: the file holds no rows")
+    return dim
+
+
+def _peek_dim(path: str, spec: InputSpec) -> Optional[int]:
+    """Dimension of the first row, or None for a file with no rows."""
     for _, x, _ in _raw_blocks(path, dataclasses.replace(spec, block_size=1)):
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[1] < 1:
-            raise InputError(f"{path}: embeddings must be 2-D [n, d]")
-        return int(x.shape[1])
-    raise InputError(f"{path}: the file holds no rows")
+            raise InputError(f"{path}: embeddings must be 2-D [n, d] with "
+                             f"d >= 1, got shape {x.shape}")
+        if len(x):
+            return int(x.shape[1])
+    return None
+
+
+def input_schema(paths: Sequence[str], spec: InputSpec) -> tuple[int, str]:
+    """(embedding dimension, file it was read from): the first file with
+    rows. Empty files are skipped (they are valid); if every file is empty
+    the input is refused, naming the pattern."""
+    for path in paths:
+        dim = _peek_dim(path, spec)
+        if dim is not None:
+            return dim, path
+    files = (f"{paths[0]} holds" if len(paths) == 1
+             else f"all {len(paths)} matched files hold")
+    raise InputError(f"--input {spec.pattern!r}: {files} no rows "
+                     f"(empty input)")
 
 
 def load_arrays(pattern: str, fmt: Optional[str] = None,
@@ -290,10 +396,10 @@ def load_arrays(pattern: str, fmt: Optional[str] = None,
     spec = InputSpec(pattern, fmt, embedding_feature, label_feature,
                      block_size=65536)
     paths = match_files(pattern)
-    dim = peek_dim(paths[0], spec)
+    dim, source = input_schema(paths, spec)
     xs, ys = [], []
     for path in paths:
-        for x, y, _ in read_file_blocks(path, spec, dim):
+        for x, y, _ in read_file_blocks(path, spec, dim, source):
             xs.append(x)
             ys.append(y)
     if not xs:
@@ -304,13 +410,14 @@ def load_arrays(pattern: str, fmt: Optional[str] = None,
 # ------------------------------------------------------------------- Beam
 
 class _ReadBlocksFn(beam.DoFn):
-    def __init__(self, spec: InputSpec, dim: int) -> None:
-        self._spec, self._dim = spec, dim
+    def __init__(self, spec: InputSpec, dim: int, dim_source: str) -> None:
+        self._spec, self._dim, self._source = spec, dim, dim_source
         self._rows = Metrics.counter("dpsynth", "rows_read")
         self._dropped = Metrics.counter("dpsynth", "rows_dropped_non_finite")
 
     def process(self, path: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        for x, y, dropped in read_file_blocks(path, self._spec, self._dim):
+        for x, y, dropped in read_file_blocks(path, self._spec, self._dim,
+                                              self._source):
             self._rows.inc(len(y) + dropped)
             self._dropped.inc(dropped)
             if len(y):
@@ -328,13 +435,14 @@ class ReadEmbeddingBlocks(beam.PTransform):
         super().__init__()
         self.spec = spec
         self.paths = match_files(spec.pattern)
-        self.dim = peek_dim(self.paths[0], spec)
+        self.dim, self.dim_source = input_schema(self.paths, spec)
 
     def expand(self, pbegin):
         return (pbegin
                 | "ListFiles" >> beam.Create(self.paths)
                 | "SpreadFiles" >> beam.Reshuffle()
-                | "ReadBlocks" >> beam.ParDo(_ReadBlocksFn(self.spec, self.dim)))
+                | "ReadBlocks" >> beam.ParDo(_ReadBlocksFn(self.spec, self.dim,
+                                                         self.dim_source)))
 
 
 # ---------------------------------------------------------------- writing
