@@ -13,6 +13,7 @@ import datetime
 import json
 import logging
 import math
+import re
 import sys
 import time
 import uuid
@@ -22,6 +23,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from dp_ops import plan
+from dp_ops.calibration import validate_weights
 from dp_ops.clipping import NORMALIZATIONS
 from dp_ops.config import GeneratorConfig, labels_from, parse_weights
 from dp_ops.ledger import ACCOUNTANTS, PrivacyLedger
@@ -33,6 +35,7 @@ from transforms.mixture import DPMixture, SampleSynthetic
 from transforms.write import SUMMARY_FILE, WriteRelease
 
 log = logging.getLogger("dpsynth")
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def _epsilon(text: str) -> float:
@@ -51,6 +54,14 @@ def _labels(text: str) -> list[int]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers, got {text!r}") from None
+
+
+def _weights(text: str) -> dict:
+    try:
+        return parse_weights(text)
+    except ValueError as err:  # argparse would hide our message
+        raise argparse.ArgumentTypeError(
+            str(err).replace("--budget-weights: ", "")) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "NOT private, for debugging)")
     dp.add_argument("--delta", type=float, default=1e-5)
     dp.add_argument("--accountant", choices=ACCOUNTANTS, default="pld")
-    dp.add_argument("--budget-weights", type=parse_weights,
+    dp.add_argument("--budget-weights", type=_weights,
                     help="share of the budget per stage, summing to 1, e.g. "
                     "tree=0.15,lloyd=0.25,moments=0.5,vote=0.1")
     dp.add_argument("--noise-seed", type=int, help="SECRET seed for "
@@ -180,16 +191,22 @@ def prepare(args: argparse.Namespace) -> Job:
         if args.num_classes is None and not args.labels:
             args.labels = list(demo.DEMO_LABELS)
     labels = labels_from(args.num_classes, args.labels)
+    # Cheap checks first: calibration (below) takes seconds.
     cfg = config_from(args, labels)
-    ledger = plan.make_ledger(cfg)  # refuses impossible targets
     if args.block_size < 1 or args.rows_per_shard < 1:
         raise ValueError("--block-size and --rows-per-shard must be >= 1")
+    if args.run_id is not None and not _RUN_ID.fullmatch(args.run_id):
+        raise ValueError(f"--run-id must match {_RUN_ID.pattern} (it names "
+                         f"the staging directory), got {args.run_id!r}")
     output = args.output or f"dpsynth-releases/{_timestamp()}"
     release.check_output(output, args.overwrite)
-    run_id = args.run_id or uuid.uuid4().hex[:12]
     spec = io.InputSpec(args.input, args.input_format, args.embedding_feature,
                         args.label_feature, tuple(labels), args.non_finite,
                         args.block_size)
+    validate_weights(cfg.weights(), cfg.stages)
+    io.match_files(spec.pattern)  # lists names only: no data is read
+    ledger = plan.make_ledger(cfg)  # refuses impossible targets
+    run_id = args.run_id or uuid.uuid4().hex[:12]
     return Job(cfg, ledger, spec, output, release.staging_dir(output, run_id),
                run_id, demo_test, demo_train)
 
