@@ -207,8 +207,10 @@ def prepare(args: argparse.Namespace) -> Job:
     io.match_files(spec.pattern)  # lists names only: no data is read
     ledger = plan.make_ledger(cfg)  # refuses impossible targets
     run_id = args.run_id or uuid.uuid4().hex[:12]
-    return Job(cfg, ledger, spec, output, release.staging_dir(output, run_id),
-               run_id, demo_test, demo_train)
+    staging = release.staging_dir(output, run_id)
+    release.check_staging(staging)
+    return Job(cfg, ledger, spec, output, staging, run_id, demo_test,
+               demo_train)
 
 
 def _timestamp() -> str:

@@ -67,6 +67,17 @@ def check_output(output: str, overwrite: bool) -> None:
                                f"choose an empty or new path")
 
 
+def check_staging(staging: str) -> None:
+    """Refuse to reuse a staging directory: stale files from a crashed run
+    with the same --run-id would otherwise end up in the new release."""
+    exists = (os.path.exists(staging) if is_local(staging)
+              else bool(_list(staging)))
+    if exists:
+        raise ReleaseError(f"staging directory {staging} already exists (left "
+                           f"by a crashed run with the same --run-id?); "
+                           f"remove it or choose another --run-id")
+
+
 def _list(prefix: str) -> list[str]:
     result = FileSystems.match([prefix.rstrip("/") + "/**"])[0]
     return sorted(m.path for m in result.metadata_list)
@@ -89,8 +100,13 @@ def _publish_local(staging: str, output: str, overwrite: bool) -> None:
             raise ReleaseError(f"--output {output} already holds a release")
         old = f"{output.rstrip('/')}.replaced-{int(time.time() * 1e3)}"
         os.rename(output, old)
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    os.rename(staging, output)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        os.rename(staging, output)
+    except BaseException:
+        if old:  # put the previous release back
+            os.rename(old, output)
+        raise
     if old:
         shutil.rmtree(old, ignore_errors=True)
 
