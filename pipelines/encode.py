@@ -130,18 +130,31 @@ def encoder_from_args(args: argparse.Namespace, num_threads: Optional[int] = Non
                        output_key=args.encoder_output_key, num_threads=num_threads or args.encoder_threads)
 
 
+class _EncodedRows(beam.PTransform):
+    """PBegin → (source, label, embedding) rows, released only after the bad-image check passed."""
+
+    def __init__(self, reader: ReadImages, encode, max_bad_images: int, bad_report_path: Optional[str]):
+        super().__init__()
+        self.reader, self.encode = reader, encode
+        self.check = CheckBadImages(max_bad_images, bad_report_path)
+
+    def expand(self, pbegin):
+        read = pbegin | "ReadImages" >> self.reader
+        summary = read["bad"] | "CheckBadImages" >> self.check
+        rows = read["images"] | "Encode" >> self.encode
+        return gate_on(rows, summary)
+
+
 def encoded_rows(pipeline, images_pattern: str, encoder, *, batch_size: int = 64, l2_normalize: bool = False,
                  max_bad_images: int = 0, bad_report_path: Optional[str] = None,
                  classes: Optional[Sequence[str]] = None, layout: Optional[str] = None,
-                 image_key: Optional[str] = None, label_key: Optional[str] = None):
+                 image_key: Optional[str] = None, label_key: Optional[str] = None, label: str = "EncodeImages"):
     """→ (rows, reader): rows are (source, label, float32 embedding), released only after the bad-image check."""
     from transforms.encode import EncodeImages  # lazy: Beam's RunInference module imports torch when present
     reader = ReadImages(images_pattern, layout=layout, classes=classes, image_key=image_key, label_key=label_key)
     encode = EncodeImages(encoder, batch_size=batch_size, l2_normalize=l2_normalize)  # fails fast if unavailable
-    read = pipeline | "ReadImages" >> reader
-    summary = read["bad"] | "CheckBadImages" >> CheckBadImages(max_bad_images, bad_report_path)
-    rows = read["images"] | "Encode" >> encode
-    return gate_on(rows, summary), reader
+    rows = pipeline | label >> _EncodedRows(reader, encode, max_bad_images, bad_report_path)
+    return rows, reader
 
 
 def encoded_blocks(pipeline, images_pattern: str, encoder_name: str, *, encoder_weights: Optional[str] = None,
@@ -150,7 +163,7 @@ def encoded_blocks(pipeline, images_pattern: str, encoder_name: str, *, encoder_
                    block_size: int = 2048, layout: Optional[str] = None, image_key: Optional[str] = None,
                    label_key: Optional[str] = None, image_size: Optional[tuple[int, int]] = None,
                    pixel_scale: Optional[str] = None, resize_mode: Optional[str] = None,
-                   num_threads: Optional[int] = None):
+                   num_threads: Optional[int] = None, label: str = "EncodeImages"):
     """Images → PCollection of blocks (x [b, d] float64, y [b] int64), b ≤ block_size: the element type the
     DP generation pipeline consumes. Labels: folder layout → index in `classes` (default: sorted class
     folder names, see `transforms.images.list_classes`); tfrecord/npz → the stored int labels.
@@ -158,14 +171,15 @@ def encoded_blocks(pipeline, images_pattern: str, encoder_name: str, *, encoder_
     The blocks are only produced after the bad-image budget check passed (the run fails otherwise), so no
     DP step sees data from a run that should have stopped. Raises ImageInputError / EncoderError /
     EncoderUnavailableError while building the graph for bad flags, missing files or missing weights.
+    `label` names the composite step (use distinct labels to encode several image sets in one pipeline).
     """
     encoder = get_encoder(encoder_name, weights=encoder_weights, image_size=image_size, pixel_scale=pixel_scale,
                           resize_mode=resize_mode, num_threads=num_threads)
     rows, _ = encoded_rows(pipeline, images_pattern, encoder, batch_size=batch_size, l2_normalize=l2_normalize,
                            max_bad_images=max_bad_images, bad_report_path=bad_report_path, classes=classes,
-                           layout=layout, image_key=image_key, label_key=label_key)
+                           layout=layout, image_key=image_key, label_key=label_key, label=label)
     from transforms.encode import ToBlocks
-    return rows | "ToBlocks" >> ToBlocks(block_size)
+    return rows | f"{label}ToBlocks" >> ToBlocks(block_size)
 
 
 def encoded_blocks_from_args(pipeline, args: argparse.Namespace, num_threads: Optional[int] = None):
@@ -303,6 +317,8 @@ def run(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> dict:
     threads = args.encoder_threads or _default_threads(options)
     encoder = encoder_from_args(args, threads)
     report = args.bad_images_report or sidecar_path(args.output, ".bad_images.tsv")
+    if FileSystems.exists(report):  # a stale report from an earlier run would mislead
+        FileSystems.delete([report])
     with beam.Pipeline(options=options) as p:
         rows, reader = encoded_rows(
             p, args.images, encoder, batch_size=args.batch_size, l2_normalize=args.l2_normalize,

@@ -77,6 +77,26 @@ def test_clip_offline_error_says_how_to_use_a_local_copy(monkeypatch):
         get_encoder("clip-vit-b32", weights="/nonexistent/preset").check_available()
 
 
+def test_clip_from_local_preset_folder(tmp_path):
+    """--encoder-weights DIR with a keras-hub preset (a tiny random CLIP here: no weights can be downloaded)."""
+    keras_hub = pytest.importorskip("keras_hub", reason="keras-hub not installed (needed for CLIP encoders)")
+    import keras
+    keras.utils.set_random_seed(0)
+    vision = keras_hub.models.CLIPVisionEncoder(patch_size=16, hidden_dim=32, num_layers=1, num_heads=2,
+                                                intermediate_dim=64, image_shape=(224, 224, 3))
+    text = keras_hub.models.CLIPTextEncoder(vocabulary_size=50, embedding_dim=32, hidden_dim=32, num_layers=1,
+                                            num_heads=2, intermediate_dim=64)
+    backbone = keras_hub.models.CLIPBackbone(vision, text, projection_dim=24)
+    backbone.save_to_preset(str(tmp_path / "preset"))
+    enc = get_encoder("clip-vit-b16", weights=str(tmp_path / "preset"))
+    enc.check_available()
+    images = np.stack([enc.prepare(im) for im in np.random.default_rng(0).integers(0, 256, (2, 40, 50, 3), np.uint8)])
+    mean = np.array([0.48145466, 0.4578275, 0.40821073], np.float32)
+    std = np.array([0.26862954, 0.26130258, 0.27577711], np.float32)
+    direct = np.asarray(backbone.get_vision_embeddings((images / np.float32(255) - mean) / std))
+    np.testing.assert_allclose(enc.load()(images), direct, atol=1e-5)
+
+
 def test_effnet_missing_packages_message(monkeypatch):
     monkeypatch.setitem(sys.modules, "efficientnet_lite_pytorch", None)  # import now raises ImportError
     with pytest.raises(EncoderUnavailableError, match=r"dpsynth\[effnet\]"):

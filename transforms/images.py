@@ -288,6 +288,9 @@ class ReadImages(beam.PTransform):
             unknown = sorted(set(found) - set(self.classes))
             if unknown:
                 log.warning("--images %s: skipping class folders not in --classes: %s", images, unknown)
+            absent = [c for c in self.classes if c not in found]
+            if absent:
+                log.warning("--images %s: no images for --classes %s", images, absent)
         else:
             self.paths = _match(images)
             given = list(classes) if classes else None
