@@ -84,6 +84,9 @@ def match_files(pattern: str) -> list[str]:
     except Exception as err:  # Beam raises several types for bad paths
         raise InputError(f"--input {pattern!r}: cannot list files ({err})") from None
     paths = sorted(m.path for m in results if not m.path.endswith("/"))
+    if not paths and "://" not in pattern and os.path.lexists(pattern):
+        raise InputError(f"--input {pattern!r}: exists but cannot be read "
+                         f"(a broken symbolic link?)")
     if not paths:
         raise InputError(f"--input {pattern!r}: no files match")
     return paths
