@@ -23,6 +23,9 @@ def _setup_logging() -> None:
                         stream=sys.stderr)
     for noisy in ("apache_beam", "absl", "tensorflow", "root"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # getLogger("root") above *is* the root logger: without this our own
+    # progress lines (INFO) would be dropped with everyone else's.
+    logging.getLogger("dpsynth").setLevel(logging.INFO)
     # Beam logs a worker's exception with its traceback before re-raising it;
     # for bad input we print one clear line instead (see _fail).
     for name in _BEAM_ERROR_LOGGERS:
