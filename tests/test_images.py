@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import sys
 
 import apache_beam as beam
 import numpy as np
@@ -15,6 +16,9 @@ from PIL import Image
 
 from tests.conftest import shared_path
 from transforms import images as ti
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
 
 
 def _jpeg(seed: int, size=(12, 10)) -> bytes:
@@ -201,3 +205,35 @@ def test_shared_images_subset_reads(tmp_path):
     with beam.Pipeline(options=_options()) as p:
         (p | ti.ReadImages(str(root)))["images"] | beam.Map(lambda e: sink((e[1], e[2].shape)))
     assert sorted(read()) == [(0, (32, 32, 3))] * 2 + [(1, (32, 32, 3))] * 2
+
+
+# ------------------------------------------------------------------ gs:// (fake-gcs-server emulator)
+
+def test_gcs_folder_layout_encode_to_gcs(gcs, tree, tmp_path):
+    """Images, model and output all on gs://: listing, reading, bad files and writing go through FileSystems."""
+    import keras
+    from pipelines import encode
+    bucket = gcs.client().bucket(gcs.bucket)
+    for dirpath, _, files in os.walk(tree):
+        for f in files:
+            rel = os.path.relpath(os.path.join(dirpath, f), tree).replace(os.sep, "/")
+            bucket.blob(f"imgs/{rel}").upload_from_filename(os.path.join(dirpath, f))
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(3, 3), keras.layers.GlobalAveragePooling2D()])
+    model.save(str(tmp_path / "m.keras"))
+    bucket.blob("models/m.keras").upload_from_filename(str(tmp_path / "m.keras"))
+    assert ti.list_classes(gcs.uri("imgs")) == ["airplane", "cat", "dog"]
+
+    args, beam_argv = encode.parser().parse_known_args(
+        ["--images", gcs.uri("imgs"), "--encoder", "keras:" + gcs.uri("models", "m.keras"), "--output",
+         gcs.uri("out", "emb.npz"), "--max-bad-images", "2", "--keep-source-ids", "--runner=FnApiRunner"])
+    encode.run(args, beam_argv)
+    assert {"out/emb.npz", "out/emb.labels.json", "out/emb.bad_images.tsv"} <= set(gcs.names("out/"))
+    local = tmp_path / "emb.npz"
+    bucket.blob("out/emb.npz").download_to_filename(str(local))
+    got = np.load(local)
+    assert [s.split("/imgs/")[1] for s in got["sources"]] == [
+        "airplane/a.jpg", "airplane/b.PNG", "cat/a.jpg", "cat/b.PNG", "dog/a.jpg", "dog/b.PNG"]
+    assert got["labels"].tolist() == [0, 0, 1, 1, 2, 2] and got["embeddings"].shape == (6, 3)
+    report = bucket.blob("out/emb.bad_images.tsv").download_as_text()
+    assert "imgs/cat/corrupt.jpg" in report and "imgs/dog/truncated.jpg" in report
