@@ -1,0 +1,447 @@
+"""Privacy-ledger review: everything a run writes or says is either public
+configuration or the output of a registered DP mechanism.
+
+One real run (``dpsynth generate``, DirectRunner, seeded noise) is checked
+field by field:
+
+* manifest.json / summary.json: every leaf is tagged by an allow-list as
+  PUBLIC (a function of the configuration and the input's schema), DP (a
+  post-processed output of ledger mechanisms) or TIMING (wall-clock
+  durations; see ``TIMING``). An untagged field fails the test.
+* PUBLIC values are recomputed from the configuration alone (the whole
+  privacy block is ``plan.make_ledger(cfg).to_manifest()``).
+* DP values (manifest, summary, gmm.npz, the TFRecord rows) are recomputed by
+  the in-memory reference with the same noise seed, through a noise source
+  that records every draw: each draw is made under the name of a registered
+  mechanism, with that mechanism's sigma, and every mechanism is drawn.
+* Exact private aggregates (class sizes, n, rows clipped, exact class sums
+  and means) appear nowhere: not in any output file, log record or stdout.
+  Every number in our log lines is a public, DP or timing value.
+
+A second, static guard scans the source: transforms/ and dp_ops/ may not
+log or print (Beam counters only), except reviewed diagnostics listed in
+``REVIEWED_LOG_CALLS``.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dp_ops import clipping, plan, reference
+from dp_ops.config import GeneratorConfig
+from dp_ops.noise import SeededNoise
+from pipelines import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+SIZES = (437, 289, 174)  # exact (private) class sizes: distinctive numbers
+DIM = 6
+NOISE_SEED = 20250612
+EPSILON = 1.0
+
+# ------------------------------------------------------------- allow-lists
+# Paths of manifest leaves; "[]" stands for any list index.
+PUBLIC = [
+    r"format", r"run_id", r"created_utc", r"noise", r"config\.\w+(\[\])?",
+    r"config\.budget_weights\.\w+", r"input\.(pattern|format|non_finite)",
+    r"input\.files\[\]", r"embedding_dim", r"outputs\.(data|gmm)",
+    r"versions\.[\w-]+", r"privacy\.(accountant|neighbouring_relation|"
+    r"composition)", r"privacy\.(target|spent)\.(epsilon|delta)",
+    r"privacy\.mechanisms\[\]\.(name|stage|partition|sensitivity|sigma|"
+    r"neighbouring|count|sampling_probability|noise_multiplier)",
+    r"classes\[\]\.label",
+]
+DP = [r"classes\[\]\.(noisy_count|components_with_mass|samples)",
+      r"classes\[\]\.shards\[\]", r"samples_total", r"warnings\[\]"]
+# Durations are not DP: they grow with n, a timing side channel at the
+# resolution of seconds. Tagged separately so that no other non-DP field
+# can slip in; see the report of ISSUE 7.
+TIMING = [r"timings_s\.\w+"]
+SUMMARY_KEYS = {"label": "public", "noisy_count": "dp",
+                "components_with_mass": "dp", "samples": "dp", "shards": "dp"}
+
+
+def _tag(path: str) -> str | None:
+    for tag, patterns in (("public", PUBLIC), ("dp", DP), ("timing", TIMING)):
+        if any(re.fullmatch(p, path) for p in patterns):
+            return tag
+    return None
+
+
+def _leaves(doc, prefix=""):
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _leaves(v, f"{prefix}.{k}" if prefix else k)
+    elif isinstance(doc, list):
+        if not doc:
+            yield prefix + "[]", None
+        for v in doc:
+            yield from _leaves(v, prefix + "[]")
+    else:
+        yield prefix, doc
+
+
+# ------------------------------------------------------------ the one run
+
+class RecordingNoise(SeededNoise):
+    """SeededNoise that remembers (key, sigma, shape) of every draw."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.draws: list[tuple[str, float, tuple]] = []
+
+    def gaussian(self, sigma, shape, key):
+        out = super().gaussian(sigma, shape, key)
+        self.draws.append((key, float(sigma), out.shape))
+        return out
+
+
+def _private_data():
+    rng = np.random.default_rng(99)
+    centres = rng.normal(size=(3, DIM)) * 2.0
+    xs, ys = [], []
+    for label, size in enumerate(SIZES):
+        xs.append(centres[label] + 0.4 * rng.normal(size=(size, DIM)))
+        ys.append(np.full(size, label))
+    order = rng.permutation(sum(SIZES))
+    return np.vstack(xs)[order], np.concatenate(ys)[order].astype(np.int64)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Runs the CLI once, capturing logs (all loggers) and stdout/stderr."""
+    tmp = tmp_path_factory.mktemp("review")
+    x, y = _private_data()
+    np.savez(tmp / "private.npz", embeddings=x, labels=y)
+    out = tmp / "release"
+    argv = ["generate", "--input", str(tmp / "private.npz"), "--output",
+            str(out), "--num-classes", "3", "--epsilon", str(EPSILON),
+            "--clusters", "3", "--normalize", "none", "--clip-norm", "1.0",
+            "--vote-filter", "--vote-threshold", "2", "--accountant", "rdp",
+            "--noise-seed", str(NOISE_SEED), "--rows-per-shard", "100"]
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    keep, root = Keep(level=logging.DEBUG), logging.getLogger()
+    old_level = root.level
+    root.addHandler(keep)
+    root.setLevel(logging.DEBUG)
+    import contextlib
+    import io as stdio
+    stdout, stderr = stdio.StringIO(), stdio.StringIO()
+    try:
+        with contextlib.redirect_stdout(stdout), \
+                contextlib.redirect_stderr(stderr):
+            rc = cli.main(argv)
+    finally:
+        root.removeHandler(keep)
+        root.setLevel(old_level)
+    assert rc == 0, stderr.getvalue()
+    manifest = json.loads((out / "manifest.json").read_text())
+    logs = [(r.name, r.getMessage()) for r in records]
+    return dict(x=x, y=y, out=out, tmp=tmp, manifest=manifest, logs=logs,
+                stdout=stdout.getvalue(), stderr=stderr.getvalue())
+
+
+@pytest.fixture(scope="module")
+def expected(run):
+    """The same run in memory: DP outputs and every noise draw."""
+    conf = dict(run["manifest"]["config"])
+    conf["labels"] = tuple(conf["labels"])
+    cfg = GeneratorConfig(**conf)
+    ledger = plan.make_ledger(cfg)
+    noise = RecordingNoise(NOISE_SEED)
+    mixes, xs, ys = reference.generate(run["x"], run["y"], cfg, ledger, noise)
+    xc, clipped = clipping.preprocess(run["x"], cfg.normalize, cfg.clip_norm)
+    private = {
+        "sizes": [int((run["y"] == l).sum()) for l in cfg.labels],
+        "n": len(run["y"]),
+        "clipped": clipped,
+        "sums": [xc[run["y"] == l].sum(axis=0) for l in cfg.labels],
+        "means": [xc[run["y"] == l].mean(axis=0) for l in cfg.labels],
+    }
+    return dict(cfg=cfg, ledger=ledger, noise=noise, mixes=mixes, xs=xs,
+                ys=ys, private=private)
+
+
+def test_the_run_is_a_meaningful_probe(run, expected):
+    """Noise moved every DP count well away from the exact one, so an exact
+    value showing up somewhere cannot be a rounding coincidence."""
+    priv = expected["private"]
+    assert priv["sizes"] == list(SIZES) and priv["clipped"] > 500
+    for c, size in zip(run["manifest"]["classes"], SIZES):
+        assert abs(c["noisy_count"] - size) > 2
+        assert abs(c["samples"] - size) > 2
+    assert abs(run["manifest"]["samples_total"] - sum(SIZES)) > 2
+
+
+# ------------------------------------------------------ manifest + summary
+
+def test_every_manifest_field_is_tagged(run):
+    untagged = sorted({p for p, _ in _leaves(run["manifest"])
+                       if _tag(p) is None})
+    assert not untagged, (f"manifest fields with no privacy tag: {untagged}; "
+                          f"add each to PUBLIC/DP in this test after review")
+
+
+def test_public_fields_are_functions_of_the_configuration(run, expected):
+    m, cfg = run["manifest"], expected["cfg"]
+    assert m["privacy"] == json.loads(json.dumps(
+        expected["ledger"].to_manifest()))
+    config = dataclasses.asdict(cfg)
+    config["labels"] = list(cfg.labels)
+    assert m["config"] == json.loads(json.dumps(config))
+    assert m["embedding_dim"] == DIM  # the input's schema
+    assert m["input"]["files"] == [str(run["tmp"] / "private.npz")]
+    assert [c["label"] for c in m["classes"]] == list(cfg.labels)
+
+
+def test_dp_fields_are_mechanism_outputs(run, expected):
+    m, mixes = run["manifest"], expected["mixes"]
+    summary = json.loads((run["out"] / "summary.json").read_text())
+    for entry in summary:
+        assert set(entry) == set(SUMMARY_KEYS), entry.keys()
+    for c, s in zip(m["classes"], summary):
+        mix = mixes[c["label"]]
+        assert c == s
+        assert c["noisy_count"] == pytest.approx(mix.noisy_count, abs=1e-9)
+        assert c["components_with_mass"] == int((mix.weights > 0).sum())
+        assert c["samples"] == int((expected["ys"] == c["label"]).sum())
+        assert len(c["shards"]) == max(1, math.ceil(c["samples"] / 100))
+    assert m["samples_total"] == len(expected["ys"])
+    noisy_n = sum(max(c["noisy_count"], 0) for c in m["classes"])
+    for warning in m["warnings"]:
+        assert f"{noisy_n:.0f}" in warning or "NOT differentially" in warning
+
+
+def test_gmm_npz_holds_only_mechanism_outputs(run, expected):
+    with np.load(run["out"] / "gmm.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    labels = expected["cfg"].labels
+    allowed = {"labels"} | {f"class_{l}_{f}" for l in labels for f in
+                            ("weights", "means", "variances", "noisy_count")}
+    assert set(arrays) == allowed
+    assert arrays["labels"].tolist() == list(labels)
+    for l in labels:
+        mix = expected["mixes"][l]
+        for field in ("weights", "means", "variances"):
+            np.testing.assert_allclose(arrays[f"class_{l}_{field}"],
+                                       getattr(mix, field), rtol=1e-9,
+                                       atol=1e-12)
+        assert float(arrays[f"class_{l}_noisy_count"]) == \
+            pytest.approx(mix.noisy_count, abs=1e-9)
+
+
+def test_tfrecord_rows_are_samples_of_the_dp_mixture(run, expected):
+    from pipelines.release import load_release
+    xr, yr, _ = load_release(str(run["out"]))
+    order_r = np.lexsort(np.column_stack([xr, yr]).T)
+    xs, ys = expected["xs"].astype(np.float32), expected["ys"]
+    order_e = np.lexsort(np.column_stack([xs, ys]).T)
+    np.testing.assert_array_equal(yr[order_r], ys[order_e])
+    np.testing.assert_allclose(xr[order_r], xs[order_e], atol=1e-6)
+    real = run["x"].astype(np.float32)
+    clipped, _ = clipping.preprocess(run["x"], "none", 1.0)
+    for private in (real, clipped.astype(np.float32)):
+        dist = np.min(np.linalg.norm(xr[:, None, :] - private[None], axis=2))
+        assert dist > 1e-4  # no private record is copied into the release
+
+
+def test_every_noise_draw_is_a_registered_mechanism(expected):
+    ledger, draws = expected["ledger"], expected["noise"].draws
+    names = {m.name for m in ledger.mechanisms}
+    drawn = {}
+    for key, sigma, shape in draws:
+        assert key in names, f"noise drawn under unregistered name {key}"
+        assert sigma == ledger.get(key).sigma, key
+        drawn[key] = drawn.get(key, 0) + 1
+    assert set(drawn) == names  # every registered mechanism is used ...
+    for name, times in drawn.items():  # ... as often as it is accounted
+        assert times == ledger.get(name).count, name
+
+
+# ------------------------------------------------- exact values: nowhere
+
+def _texts(run) -> dict[str, str]:
+    """Every output file (text or decoded arrays) plus logs and stdout."""
+    out = run["out"]
+    texts = {}
+    for base, _, names in os.walk(out):
+        for name in names:
+            path = Path(base) / name
+            if name.endswith(".json"):
+                texts[name] = path.read_text()
+            elif name.endswith(".npz"):
+                with np.load(path) as z:
+                    texts[name] = " ".join(
+                        " ".join(repr(float(v)) for v in np.ravel(z[k]))
+                        for k in z.files)
+            else:
+                texts[name] = path.read_bytes().decode("latin-1")
+    texts["logs"] = "\n".join(f"{n}: {m}" for n, m in run["logs"])
+    texts["stdout"] = run["stdout"]
+    texts["stderr"] = run["stderr"]
+    return texts
+
+
+def _scrub(text: str, run) -> str:
+    """Removes paths and the run id, whose digits are not data."""
+    text = text.replace(str(run["tmp"]), "<tmp>")
+    return text.replace(run["manifest"]["run_id"], "<run-id>")
+
+
+def _int_token(value: int) -> re.Pattern:
+    return re.compile(rf"(?<![\d.]){value}(\.0+)?(?![\d])")
+
+
+def test_exact_counts_appear_nowhere(run, expected):
+    priv = expected["private"]
+    exact = [*priv["sizes"], priv["n"], priv["clipped"]]
+    for where, text in _texts(run).items():
+        if not where.endswith((".json", ".npz")) and where not in (
+                "logs", "stdout", "stderr"):
+            continue  # TFRecord bytes: checked as floats above
+        text = _scrub(text, run)
+        for value in exact:
+            assert not _int_token(value).search(text), \
+                f"exact private count {value} found in {where}"
+
+
+def test_exact_sums_and_means_appear_nowhere(run, expected):
+    priv = expected["private"]
+    needles = set()
+    for vec in priv["sums"] + priv["means"]:
+        for v in vec:
+            needles |= {repr(float(v)), f"{v:.6g}", f"{v:.4f}"}
+    needles.discard("0")
+    texts = _texts(run)
+    for where, text in texts.items():
+        text = _scrub(text, run)
+        found = [n for n in needles if len(n) >= 5 and n in text]
+        assert not found, f"exact private aggregate {found} in {where}"
+
+
+# --------------------------------------------------- logs: numbers review
+
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])")
+
+
+def _allowed_numbers(run) -> list[float]:
+    m = run["manifest"]
+    values = [float(v) for p, v in _leaves(m)
+              if isinstance(v, (int, float)) and not isinstance(v, bool)
+              and _tag(p) in ("public", "dp", "timing")]
+    values += [len(m["privacy"]["mechanisms"]), len(m["input"]["files"]),
+               sum(max(c["noisy_count"], 0) for c in m["classes"])]
+    return values
+
+
+def _explained(token: str, allowed: list[float]) -> bool:
+    """The token is some allowed value printed at the token's precision."""
+    value = float(token)
+    mantissa = token.lower().split("e")[0]
+    decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+    exponent = int(token.lower().split("e")[1]) if "e" in token.lower() else 0
+    tol = 0.5 * 10.0 ** (exponent - decimals) * (1 + 1e-9)
+    return any(abs(value - a) <= tol for a in allowed)
+
+
+def test_every_number_in_our_logs_is_public_or_dp(run):
+    allowed = _allowed_numbers(run)
+    ours = [(n, m) for n, m in run["logs"] if n.startswith("dpsynth")]
+    lines = [m for _, m in ours] + run["stdout"].splitlines()
+    assert any("release:" in l for l in lines)
+    for line in lines:
+        clean = _scrub(line, run)
+        for token in _NUMBER.findall(clean):
+            assert _explained(token, allowed), \
+                f"number {token} in log line {line!r} is not public/DP"
+
+
+def test_other_loggers_say_nothing_about_the_data(run, expected):
+    """Beam/TF records (any level) hold no exact private count or sum."""
+    priv = expected["private"]
+    others = "\n".join(_scrub(m, run) for n, m in run["logs"]
+                       if not n.startswith("dpsynth"))
+    for value in [*priv["sizes"], priv["n"], priv["clipped"]]:
+        assert not _int_token(value).search(others), value
+
+
+# -------------------------------------------------- static source guard
+
+LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception",
+               "critical", "log"}
+# Reviewed operator diagnostics in the encode stage (images -> embeddings):
+# (file, first words of the message, verdict). Each names input files or
+# folders, like bad-input errors do; none prints data values or aggregates.
+REVIEWED_LOG_CALLS = {
+    ("transforms/images.py", "--images %s: skipping class folders"):
+        "names configured-away folders of the input tree (operator input)",
+    ("transforms/images.py", "--images %s: no images for --classes"):
+        "FLAGGED: reveals that a class has no images (an exact count of 0); "
+        "reported to the lead for a decision",
+    ("transforms/images.py", "unreadable image %s"):
+        "names one unreadable input file, like a bad-input error",
+    ("transforms/encode.py", "encoder %s loaded in"):
+        "encoder name, load time and pid: public/operational",
+}
+
+
+def _log_calls(path: Path):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name) and f.id == "print":
+            yield node, "print"
+        elif isinstance(f, ast.Attribute) and f.attr in LOG_METHODS:
+            owner = ast.unparse(f.value)
+            if re.search(r"log|LOG", owner) or owner == "warnings":
+                yield node, owner + "." + f.attr
+        elif isinstance(f, ast.Attribute) and f.attr == "write" and \
+                ast.unparse(f.value) in ("sys.stdout", "sys.stderr"):
+            yield node, ast.unparse(f.value) + ".write"
+
+
+def test_no_logging_or_printing_in_dp_code():
+    """dp_ops/ and transforms/ touch exact aggregates: they may only bump
+    Beam counters (operator metrics), never log or print."""
+    unreviewed = []
+    for folder in ("dp_ops", "transforms"):
+        for path in sorted((ROOT / folder).glob("**/*.py")):
+            rel = str(path.relative_to(ROOT))
+            for node, what in _log_calls(path):
+                first = node.args[0] if node.args else None
+                text = first.value if isinstance(first, ast.Constant) else ""
+                if not any(rel == f and str(text).startswith(prefix)
+                           for f, prefix in REVIEWED_LOG_CALLS):
+                    unreviewed.append(f"{rel}:{node.lineno}: {what}("
+                                      f"{ast.unparse(node)[:80]}...)")
+    assert not unreviewed, ("log/print calls in DP code need a privacy "
+                            "review:\n" + "\n".join(unreviewed))
+
+
+def test_dp_ops_has_no_output_channel_at_all():
+    """dp_ops/ (pure DP math) imports neither logging nor Beam, so it has no
+    way to emit anything but its return values."""
+    for path in sorted((ROOT / "dp_ops").glob("**/*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + [
+                    getattr(node, "module", None) or ""]
+                assert not any(n.split(".")[0] in ("logging", "apache_beam",
+                                                   "absl", "warnings")
+                               for n in names), f"{path.name}: {ast.unparse(node)}"
