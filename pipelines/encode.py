@@ -232,7 +232,7 @@ def _write_npz(blocks: list, path: str, classes: Optional[list], keep_sources: b
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     _write_bytes(path, buf.getvalue())
-    log.info("wrote %d embeddings to %s", len(y), path)
+    log.info("wrote embeddings to %s", path)  # no row count: it is the exact private dataset size
     return len(y)
 
 

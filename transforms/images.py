@@ -288,9 +288,7 @@ class ReadImages(beam.PTransform):
             unknown = sorted(set(found) - set(self.classes))
             if unknown:
                 log.warning("--images %s: skipping class folders not in --classes: %s", images, unknown)
-            absent = [c for c in self.classes if c not in found]
-            if absent:
-                log.warning("--images %s: no images for --classes %s", images, absent)
+            # No warning for --classes without images: it would reveal that a class is empty (an exact count).
         else:
             self.paths = _match(images)
             given = list(classes) if classes else None
