@@ -105,6 +105,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "reproducible noise (testing/audits); never recorded. "
                     "Default: secure non-reproducible noise")
 
+    life = parser.add_argument_group(
+        "lifetime budget (every release of the same private data spends again)")
+    life.add_argument("--budget-store", help="directory or gs:// prefix of the "
+                      "lifetime budget ledger; enables the lifetime cap")
+    life.add_argument("--dataset-id", help="names the private dataset in the "
+                      "budget store")
+    life.add_argument("--lifetime-epsilon", type=_epsilon,
+                      help="lifetime epsilon cap of --dataset-id")
+    life.add_argument("--lifetime-delta", type=float,
+                      help="delta at which the lifetime epsilon is measured "
+                      "(default: --delta)")
+
     gen = parser.add_argument_group("generator")
     gen.add_argument("--clusters", type=int, default=8, help="k per class")
     gen.add_argument("--clip-norm", type=float, default=1.0,
@@ -180,6 +192,7 @@ class Job:
     run_id: str
     demo_test: Optional[str]
     demo_train: Optional[str]
+    already_published: bool = False
 
 
 def prepare(args: argparse.Namespace) -> Job:
@@ -199,6 +212,11 @@ def prepare(args: argparse.Namespace) -> Job:
         raise ValueError(f"--run-id must match {_RUN_ID.pattern} (it names "
                          f"the staging directory), got {args.run_id!r}")
     output = args.output or f"dpsynth-releases/{_timestamp()}"
+    _check_budget_flags(args)
+    if _published_by(output, args.run_id):
+        return Job(cfg, PrivacyLedger(cfg.epsilon, cfg.delta), None, output,
+                   "", args.run_id, demo_test, demo_train,
+                   already_published=True)
     release.check_output(output, args.overwrite)
     spec = io.InputSpec(args.input, args.input_format, args.embedding_feature,
                         args.label_feature, tuple(labels), args.non_finite,
@@ -211,6 +229,52 @@ def prepare(args: argparse.Namespace) -> Job:
     release.check_staging(staging)
     return Job(cfg, ledger, spec, output, staging, run_id, demo_test,
                demo_train)
+
+
+def _check_budget_flags(args: argparse.Namespace) -> None:
+    if args.budget_store is None:
+        if args.dataset_id or args.lifetime_epsilon:
+            raise ValueError("--dataset-id/--lifetime-epsilon need "
+                             "--budget-store")
+        return
+    if not args.dataset_id or args.lifetime_epsilon is None:
+        raise ValueError("--budget-store needs --dataset-id and "
+                         "--lifetime-epsilon")
+    if args.lifetime_delta is not None and not 0 < args.lifetime_delta < 1:
+        raise ValueError(f"--lifetime-delta must be in (0, 1), got "
+                         f"{args.lifetime_delta}")
+
+
+def _published_by(output: str, run_id: Optional[str]) -> bool:
+    """True when --output already holds the release of this --run-id.
+
+    Re-running a scheduled run (same --run-id) then spends nothing and
+    writes nothing: one run id, one release.
+    """
+    if run_id is None or not release.release_exists(output):
+        return False
+    return release.read_manifest(output).get("run_id") == run_id
+
+
+def _reserve(job: Job, args: argparse.Namespace):
+    """Records this run's spend in the lifetime ledger (or refuses)."""
+    if args.budget_store is None:
+        return None
+    from pipelines import budget_store
+    return budget_store.reserve(
+        args.budget_store, args.dataset_id, job.run_id, job.ledger.mechanisms,
+        job.cfg.epsilon, job.cfg.delta, args.lifetime_epsilon,
+        args.lifetime_delta or job.cfg.delta, job.cfg.accountant)
+
+
+def _budget_manifest(reservation, args: argparse.Namespace) -> Optional[dict]:
+    if reservation is None:
+        return None
+    return {"store": args.budget_store, "dataset_id": args.dataset_id,
+            "lifetime_cap": {"epsilon": args.lifetime_epsilon,
+                             "delta": reservation.lifetime_delta},
+            "lifetime_epsilon_spent": reservation.lifetime_epsilon_spent,
+            "retry_of_recorded_run": reservation.already_spent}
 
 
 def _timestamp() -> str:
@@ -274,6 +338,10 @@ def run(args: argparse.Namespace, beam_argv: Sequence[str]) -> str:
     """Runs the job; returns the published release path."""
     t0 = time.time()
     job = prepare(args)
+    if job.already_published:
+        log.info("run %s is already published at %s: nothing to do, no "
+                 "budget spent", job.run_id, job.output)
+        return job.output
     options = beam_options(beam_argv)
     if job.cfg.noiseless:
         log.warning("!!! --epsilon inf: running WITHOUT NOISE. The output is "
@@ -283,6 +351,7 @@ def run(args: argparse.Namespace, beam_argv: Sequence[str]) -> str:
              "input %d file(s), dim %d", len(job.ledger.mechanisms),
              job.cfg.epsilon, job.cfg.delta, job.cfg.accountant,
              len(reader.paths), reader.dim)
+    reservation = _reserve(job, args)  # refuses before any data is read
     timings = {"plan": round(time.time() - t0, 3)}
     try:
         t1 = time.time()
@@ -294,11 +363,18 @@ def run(args: argparse.Namespace, beam_argv: Sequence[str]) -> str:
         summary = _read_summary(job.staging)
         timings["total"] = round(time.time() - t0, 3)
         doc = manifest(job, reader, summary, timings, args.noise_seed)
+        doc["lifetime_budget"] = _budget_manifest(reservation, args)
         release.write_manifest(job.staging, doc)
         release.publish(job.staging, job.output, args.overwrite)
     except BaseException:
         release.discard(job.staging)
+        if reservation is not None:
+            from pipelines import budget_store
+            budget_store.release_failed(reservation)
         raise
+    if reservation is not None:
+        from pipelines import budget_store
+        budget_store.commit(reservation, job.output)
     for warning in doc["warnings"]:
         log.warning(warning)
     log.info("release: %d synthetic rows, epsilon spent %.4g (target %g), "
