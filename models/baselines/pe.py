@@ -47,7 +47,7 @@ from models.baselines.base import (Generator, MethodOutput, assert_within_budget
 @dataclasses.dataclass(frozen=True)
 class PEConfig:
     rounds: int = 8
-    population: int = 300          # synthetic samples per class per round
+    population: int = 1000         # synthetic samples per class per round
     threshold: float = 2.0         # H, in units of the histogram noise sigma
     tau_start: float = 0.6
     tau_end: float = 0.15
@@ -63,6 +63,15 @@ class PEConfig:
         if self.init not in ("halfnormal", "gaussian"):
             raise ValueError(f"PE: init must be halfnormal or gaussian, got "
                              f"{self.init!r}")
+
+
+# ``population`` (and the other defaults) were picked among 7 settings by
+# linear-probe accuracy on a 40k/10k split of the private CIFAR-10 train set
+# at epsilon 4 (population 300 -> 45 %, 1000 -> 57 %, 2000 -> 59 % at twice
+# the cost): NOT paid for in the ledger.
+TUNING_NOTE = ("unaccounted tuning: population, rounds, variation scales and "
+               "prior chosen among 7 settings on a validation split of the "
+               "private train set (epsilon=4)")
 
 
 def histogram_name(label: int) -> str:
@@ -152,6 +161,7 @@ class PE(Generator):
               else math.inf)
         return MethodOutput(
             ledger, np.vstack(xs), np.concatenate(ys),
+            unaccounted=[TUNING_NOTE],
             notes=[f"PE-style (Gaussian variation, no foundation model); "
                    f"sigma={sigma0:.3f}, GDP mu=sqrt(T)/sigma={mu:.4f}"],
             info={"config": dataclasses.asdict(self.cfg), "sigma": sigma0,

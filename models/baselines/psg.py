@@ -69,6 +69,13 @@ class PSGConfig:
         return self.iterations * self.inner_steps
 
 
+# lr_syn 0.02 was compared with 0.1 (71.8 % vs 70.8 % linear-probe accuracy)
+# on a 40k/10k split of the private CIFAR-10 train set at epsilon 4.
+TUNING_NOTE = ("unaccounted tuning: 2 settings of the synthetic-set learning "
+               "rate compared on a validation split of the private train set "
+               "(epsilon=4); other values fixed a priori")
+
+
 def gradient_name(label: int) -> str:
     return f"class={label}/psg/clipped-gradient-sum"
 
@@ -197,7 +204,7 @@ class PSG(Generator):
         y_syn = np.asarray(labels, np.int64)[y_syn_idx]
         mech = ledger.get(names[0])
         return MethodOutput(
-            ledger, x_syn, y_syn,
+            ledger, x_syn, y_syn, unaccounted=[TUNING_NOTE],
             notes=[f"noise multiplier z={mech.noise_multiplier:.4f}, "
                    f"q={cfg.sampling_rate}, {cfg.steps} steps per class"],
             info={"config": dataclasses.asdict(cfg), "spent_epsilon": spent,
