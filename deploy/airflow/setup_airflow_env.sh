@@ -17,8 +17,11 @@ repo="$(cd "$here/../.." && pwd)"
 venv="${1:-$repo/.venv-airflow}"
 airflow_version="${AIRFLOW_VERSION:-3.1.8}"
 provider_version="${BEAM_PROVIDER_VERSION:-6.3.1}"
+# BeamRunPythonPipelineOperator refuses to construct without the google
+# provider (its Dataflow mixin checks for it), whatever the runner.
+google_version="${GOOGLE_PROVIDER_VERSION:-22.8.0}"
 python_bin="${PYTHON:-python3}"
-stamp="$venv/.dpsynth-airflow-$airflow_version-beam-$provider_version"
+stamp="$venv/.dpsynth-airflow-$airflow_version-beam-$provider_version-google-$google_version"
 
 if [[ -f "$stamp" && -x "$venv/bin/airflow" ]]; then
   echo "reusing $venv (Airflow $airflow_version)"
@@ -26,12 +29,14 @@ if [[ -f "$stamp" && -x "$venv/bin/airflow" ]]; then
 fi
 
 echo "creating $venv with Airflow $airflow_version," \
-     "apache-airflow-providers-apache-beam $provider_version"
+     "apache-airflow-providers-apache-beam $provider_version," \
+     "apache-airflow-providers-google $google_version"
 rm -rf "$venv"
 "$python_bin" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet \
   "apache-airflow==$airflow_version" \
-  "apache-airflow-providers-apache-beam==$provider_version"
+  "apache-airflow-providers-apache-beam==$provider_version" \
+  "apache-airflow-providers-google==$google_version"
 "$venv/bin/airflow" version
 touch "$stamp"

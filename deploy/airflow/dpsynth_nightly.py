@@ -1,0 +1,223 @@
+"""Nightly dpsynth release, one per schedule interval, under a lifetime budget.
+
+    budget_check  ->  generate (BeamRunPythonPipelineOperator)  ->  publish_notify
+
+* ``budget_check`` asks the dataset's budget store whether one more release
+  fits under the lifetime cap (``python -m pipelines.budget_store check``);
+  if not it fails the run *without retries* and nothing is launched. It also
+  builds the runner's Beam options (``deploy.runners``) for the next task.
+* ``generate`` runs ``deploy/launch.py`` (= ``dpsynth generate``) with the
+  chosen runner. The authoritative spend is recorded by the job itself
+  (``budget_store.reserve`` before any data is read): the check above is only a
+  cheap pre-flight that avoids launching a cluster for nothing.
+* ``publish_notify`` verifies the published release (its ``manifest.json``
+  names this run), moves ``{output_root}/LATEST.json`` to it and logs/sends a
+  notification.
+
+Idempotency: the output prefix is ``{output_root}/{ds}`` and the run id is
+``{dataset_id}-{ds}``; re-running a date (clear + retry, backfill) reuses that
+run id, so the budget store charges it once and the job does not write a
+second, different release.
+
+Configuration: two Airflow Variables, overridden per run by the DAG params
+(``airflow dags trigger dpsynth_nightly -c '{"runner": "DataflowRunner"}'``):
+
+  dpsynth_runner   DirectRunner (default) | DataflowRunner | FlinkRunner
+  dpsynth_config   JSON object; keys (defaults in DEFAULTS below):
+    runner_params     keyword args of deploy.runners.<runner>_args, e.g.
+                      {"project": "p", "region": "europe-west4",
+                       "temp_location": "gs://b/tmp"} or
+                      {"flink_master": "jm:8081", "environment_type": "DOCKER"}
+    output_root       releases go to {output_root}/{ds}
+    budget_store      local dir or gs:// prefix of the budget ledgers
+    dataset_id        private dataset id (one lifetime budget per id)
+    input             input glob ("" = the embedded digits demo)
+    num_classes       labels are 0..N-1 (10 for the demo)
+    epsilon, delta    of each release
+    lifetime_epsilon, lifetime_delta   the dataset's lifetime cap
+    extra_args        JSON object of more `dpsynth generate` flags
+    notify_url        optional webhook receiving the release summary
+
+Environment of the Airflow workers (read when the DAG is parsed):
+  DPSYNTH_PYTHON  interpreter with dpsynth's dependencies (Beam, TensorFlow,
+                  dp-accounting...). Airflow lives in its own virtualenv
+                  because its pins clash with ours; default ``python3``.
+  DPSYNTH_HOME    dpsynth checkout (default: two levels above this file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta
+
+from airflow.providers.apache.beam.operators.beam import (
+    BeamRunPythonPipelineOperator)
+from airflow.sdk import DAG, Param, Variable, task
+
+DPSYNTH_HOME = os.environ.get("DPSYNTH_HOME") or os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DPSYNTH_PYTHON = os.environ.get("DPSYNTH_PYTHON", "python3")
+LAUNCH = os.path.join(DPSYNTH_HOME, "deploy", "launch.py")
+
+DEFAULTS = {
+    "runner": "DirectRunner",
+    "runner_params": {},
+    "output_root": os.path.join(DPSYNTH_HOME, "out", "nightly"),
+    "budget_store": os.path.join(DPSYNTH_HOME, "out", "budgets"),
+    "dataset_id": "digits-demo",
+    "input": "",
+    "num_classes": 10,
+    "epsilon": 1.0,
+    "delta": 1e-5,
+    "lifetime_epsilon": 10.0,
+    "lifetime_delta": 1e-5,
+    "extra_args": {},
+    "notify_url": "",
+}
+RUNNERS = ("DirectRunner", "DataflowRunner", "FlinkRunner")
+
+
+def settings(params: dict) -> dict:
+    """DEFAULTS < Variable dpsynth_config (+ dpsynth_runner) < DAG params."""
+    cfg = dict(DEFAULTS)
+    stored = Variable.get("dpsynth_config", default={}, deserialize_json=True)
+    unknown = set(stored) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"Variable dpsynth_config: unknown keys {sorted(unknown)}"
+                         f"; known: {sorted(DEFAULTS)}")
+    cfg.update(stored)
+    cfg["runner"] = Variable.get("dpsynth_runner", default=cfg["runner"])
+    cfg.update({k: v for k, v in params.items()
+                if k in DEFAULTS and v not in (None, "")})
+    return cfg
+
+
+def _dpsynth(args: list[str]) -> subprocess.CompletedProcess:
+    """Runs `DPSYNTH_PYTHON -m <args>` in the dpsynth checkout."""
+    env = {**os.environ, "PYTHONPATH": DPSYNTH_HOME + os.pathsep +
+           os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([DPSYNTH_PYTHON, "-m", *args], cwd=DPSYNTH_HOME,
+                          env=env, capture_output=True, text=True)
+    print(proc.stdout)
+    print(proc.stderr, file=sys.stderr)
+    return proc
+
+
+def beam_option_dict(args: list[str]) -> dict:
+    """['--a=1', '--flag'] -> {'a': '1', 'flag': True} for the operator."""
+    out: dict = {}
+    for arg in args:
+        name, eq, value = arg[2:].partition("=")
+        out[name] = value if eq else True
+    return out
+
+
+with DAG(
+    dag_id="dpsynth_nightly",
+    description="nightly DP synthetic embedding release under a lifetime "
+                "privacy budget",
+    schedule="@daily",
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,  # releases of one dataset spend one budget in turn
+    default_args={"retries": 1, "retry_delay": timedelta(minutes=10)},
+    params={
+        "runner": Param(None, type=["null", "string"],
+                        enum=[None, *RUNNERS],
+                        description="overrides Variable dpsynth_runner"),
+        "lifetime_epsilon": Param(None, type=["null", "number"]),
+        "epsilon": Param(None, type=["null", "number"]),
+        "output_root": Param(None, type=["null", "string"]),
+        "budget_store": Param(None, type=["null", "string"]),
+        "dataset_id": Param(None, type=["null", "string"]),
+    },
+    tags=["dpsynth", "privacy"],
+) as dag:
+
+    @task(multiple_outputs=True)
+    def budget_check(params=None, ds=None) -> dict:
+        from airflow.exceptions import AirflowFailException
+        params = params or {}
+        cfg = settings(params)
+        if cfg["runner"] not in RUNNERS:
+            raise AirflowFailException(f"runner {cfg['runner']!r} is not one "
+                                       f"of {RUNNERS}")
+        run_id = f"{cfg['dataset_id']}-{ds}"
+        output = f"{cfg['output_root'].rstrip('/')}/{ds}"
+        check = _dpsynth([
+            "pipelines.budget_store", "check",
+            "--budget-store", cfg["budget_store"],
+            "--dataset-id", cfg["dataset_id"], "--run-id", run_id,
+            "--epsilon", str(cfg["epsilon"]), "--delta", str(cfg["delta"]),
+            "--num-classes", str(cfg["num_classes"]),
+            "--lifetime-epsilon", str(cfg["lifetime_epsilon"]),
+            "--lifetime-delta", str(cfg["lifetime_delta"])])
+        if check.returncode == 3:  # over the cap: retrying cannot help
+            raise AirflowFailException(check.stderr.strip())
+        if check.returncode != 0:
+            raise RuntimeError(f"budget check failed: {check.stderr[-2000:]}")
+
+        sys.path.insert(0, DPSYNTH_HOME)
+        from deploy import runners  # pure: no Beam/GCP import needed here
+        options = beam_option_dict(runners.runner_args(
+            cfg["runner"], **cfg["runner_params"]))
+        options.pop("runner")  # the operator passes --runner itself
+        options.update({
+            "output": output, "run_id": run_id,
+            "num_classes": cfg["num_classes"],
+            "epsilon": cfg["epsilon"], "delta": cfg["delta"],
+            "budget_store": cfg["budget_store"],
+            "dataset_id": cfg["dataset_id"],
+            "lifetime_epsilon": cfg["lifetime_epsilon"],
+            "lifetime_delta": cfg["lifetime_delta"],
+            **cfg["extra_args"]})
+        if cfg["input"]:
+            options["input"] = cfg["input"]
+        return {"runner": cfg["runner"], "options": options,
+                "output": output, "run_id": run_id,
+                "output_root": cfg["output_root"],
+                "budget_store": cfg["budget_store"],
+                "dataset_id": cfg["dataset_id"],
+                "lifetime_delta": cfg["lifetime_delta"],
+                "notify_url": cfg["notify_url"]}
+
+    plan = budget_check()
+
+    generate = BeamRunPythonPipelineOperator(
+        task_id="generate",
+        py_file=LAUNCH,
+        py_interpreter=DPSYNTH_PYTHON,
+        runner=plan["runner"],
+        pipeline_options=plan["options"],
+        # The job itself records its spend; a retry reuses the run id and
+        # spends nothing more.
+        retries=2,
+    )
+
+    @task
+    def publish_notify(plan: dict) -> dict:
+        proc = _dpsynth([
+            "deploy.publish", "--output", plan["output"],
+            "--run-id", plan["run_id"], "--output-root", plan["output_root"],
+            "--budget-store", plan["budget_store"],
+            "--dataset-id", plan["dataset_id"],
+            "--lifetime-delta", str(plan["lifetime_delta"])])
+        if proc.returncode != 0:
+            raise RuntimeError(f"release check failed: {proc.stderr[-2000:]}")
+        summary = json.loads(proc.stdout)
+        print(f"dpsynth release {summary['run_id']} published at "
+              f"{summary['release']}: {summary['samples_total']} rows, "
+              f"epsilon {summary['epsilon_spent']:.4g}; lifetime epsilon "
+              f"{summary['lifetime_epsilon_spent']}")
+        if plan["notify_url"]:
+            import urllib.request
+            request = urllib.request.Request(
+                plan["notify_url"], data=json.dumps(summary).encode(),
+                headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(request, timeout=30).close()
+        return summary
+
+    generate >> publish_notify(plan)
