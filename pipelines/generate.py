@@ -65,6 +65,14 @@ def _weights(text: str) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipelines.encode import add_image_arguments
+    # Image flags first: generate's own --label-feature (embedding files)
+    # then replaces the image reader's one.
+    parser.conflict_handler = "resolve"
+    add_image_arguments(parser, images_required=False)
+    parser.add_argument("--embedding-dim", type=int,
+                        help="with --images and a keras:/onnx: encoder: its "
+                        "output dimension")
     data = parser.add_argument_group("input and output")
     data.add_argument("--input", help="glob of .npz / TFRecord / Parquet files "
                       "(local or gs://); default: the embedded digits demo")
@@ -198,7 +206,12 @@ class Job:
 def prepare(args: argparse.Namespace) -> Job:
     """Validates flags, calibrates the noise, checks the output: no data read."""
     demo_test = demo_train = None
-    if args.input is None:
+    if args.images:
+        if args.input:
+            raise ValueError("pass either --input (embeddings) or --images")
+        args.labels = args.labels or image_labels(args)
+        args.input = args.images  # named in the manifest; not read as embeddings
+    elif args.input is None:
         demo_train, demo_test = demo.demo_files()
         args.input = demo_train
         if args.num_classes is None and not args.labels:
@@ -222,7 +235,8 @@ def prepare(args: argparse.Namespace) -> Job:
                         args.label_feature, tuple(labels), args.non_finite,
                         args.block_size)
     validate_weights(cfg.weights(), cfg.stages)
-    io.match_files(spec.pattern)  # lists names only: no data is read
+    if not args.images:
+        io.match_files(spec.pattern)  # lists names only: no data is read
     ledger = plan.make_ledger(cfg)  # refuses impossible targets
     run_id = args.run_id or uuid.uuid4().hex[:12]
     staging = release.staging_dir(output, run_id)
@@ -281,7 +295,40 @@ def _timestamp() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def build(p: beam.Pipeline, job: Job, reader: io.ReadEmbeddingBlocks,
+class ImageSource(beam.PTransform):
+    """`generate --images`: encode images in the workers, then the DP job.
+
+    Same interface as ``io.ReadEmbeddingBlocks`` (``paths``, ``dim``, blocks
+    of ``(x, y)``); the embedding dimension comes from the encoder (public).
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__()
+        from models.encoders import get_encoder
+        self._args = args
+        encoder = get_encoder(args.encoder, weights=args.encoder_weights)
+        self.dim = encoder.embedding_dim or args.embedding_dim
+        if not self.dim:
+            raise ValueError(f"--encoder {args.encoder}: its output dimension "
+                             f"is not known before running it; pass "
+                             f"--embedding-dim")
+        self.paths = [args.images]
+
+    def expand(self, pbegin):
+        from pipelines.encode import encoded_blocks_from_args
+        return encoded_blocks_from_args(pbegin.pipeline, self._args)
+
+
+def image_labels(args: argparse.Namespace) -> Optional[list[int]]:
+    """Labels of a folder-per-class image layout: one per class folder."""
+    if args.num_classes is not None or args.labels:
+        return None
+    from transforms.images import list_classes
+    names = args.classes.split(",") if args.classes else list_classes(args.images)
+    return list(range(len(names)))
+
+
+def build(p: beam.Pipeline, job: Job, reader: beam.PTransform,
           noise_seed: Optional[int], args: argparse.Namespace) -> None:
     """The whole DP generation graph, from the blocks to the staged files."""
     cfg, ledger, dim = job.cfg, job.ledger, reader.dim
@@ -300,7 +347,7 @@ def build(p: beam.Pipeline, job: Job, reader: io.ReadEmbeddingBlocks,
         args.label_feature)
 
 
-def manifest(job: Job, reader: io.ReadEmbeddingBlocks, summary: list,
+def manifest(job: Job, reader: beam.PTransform, summary: list,
              timings: dict, noise_seed: Optional[int]) -> dict:
     cfg = job.cfg
     noisy_n = sum(max(c["noisy_count"], 0.0) for c in summary)
@@ -346,7 +393,8 @@ def run(args: argparse.Namespace, beam_argv: Sequence[str]) -> str:
     if job.cfg.noiseless:
         log.warning("!!! --epsilon inf: running WITHOUT NOISE. The output is "
                     "NOT differentially private. Debugging only. !!!")
-    reader = io.ReadEmbeddingBlocks(job.spec)
+    reader = (ImageSource(args) if args.images
+              else io.ReadEmbeddingBlocks(job.spec))
     log.info("plan: %d mechanisms, target (eps=%g, delta=%g), accountant %s; "
              "input %d file(s), dim %d", len(job.ledger.mechanisms),
              job.cfg.epsilon, job.cfg.delta, job.cfg.accountant,
