@@ -159,13 +159,15 @@ def audit_data(n: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def tight_config(epsilon: float, delta: float = 1e-5,
                  clusters: int = 1) -> GeneratorConfig:
     """A configuration whose released mixture carries (almost) the whole
-    budget: no Lloyd rounds, 1 % to the tree, 99 % to the moments."""
-    weights = {"tree": 0.01, "moments": 0.99}
-    return GeneratorConfig(labels=(LABEL,), epsilon=epsilon, delta=delta,
-                           clusters=clusters, clip_norm=1.0, normalize="unit",
-                           tree_depth=4, lloyd_rounds=0,
-                           budget_weights=weights, samples_per_class=1,
-                           accountant="pld")
+    budget: no Lloyd rounds and 99 % (or all) of it on the moments."""
+    cfg = GeneratorConfig(labels=(LABEL,), epsilon=epsilon, delta=delta,
+                          clusters=clusters, clip_norm=1.0, normalize="unit",
+                          tree_depth=4, lloyd_rounds=0, samples_per_class=1,
+                          accountant="pld")
+    others = [s for s in cfg.stages if s != "moments"]
+    weights = {"moments": 1.0 if not others else 0.99}
+    weights.update({s: 0.01 / len(others) for s in others})
+    return dataclasses.replace(cfg, budget_weights=weights)
 
 
 def default_config(epsilon: float, delta: float = 1e-5,
