@@ -34,6 +34,11 @@ exist), so forgetting it could hide a real privacy loss. Re-running the same
 this is what makes retries of a scheduled run idempotent. That is sound as long
 as the failed attempt published nothing (dpsynth publishes atomically, only
 after the spend is recorded, and its temporary outputs are not a release).
+A run id that is already *published* is refused (``RunConflict``): its
+release is out, and running it again would draw fresh noise for a second
+release while recording nothing; the idempotent re-run of a published run
+stops earlier, when ``dpsynth generate`` finds that run's release at
+``--output``.
 """
 
 from __future__ import annotations
@@ -104,7 +109,9 @@ def reserve(store_uri: str, dataset_id: str, run_id: str,
     every recorded release with ``mechanisms`` exceeds ``lifetime_epsilon`` at
     ``lifetime_delta``; ``RunConflict`` when ``run_id`` is recorded with other
     mechanisms. A ``run_id`` recorded with the same mechanisms returns its
-    reservation with ``already_spent=True`` and spends nothing.
+    reservation with ``already_spent=True`` and spends nothing (a retry of a
+    reserved or failed run); ``RunConflict`` when that run is already
+    published (a re-run would release new noise without a new spend).
     """
     _check_ids(dataset_id, run_id)
     _check_cap(lifetime_epsilon, lifetime_delta)
@@ -122,6 +129,17 @@ def reserve(store_uri: str, dataset_id: str, run_id: str,
                     f"budget store {_document_uri(store_uri, dataset_id)}: "
                     f"run id {run_id!r} is already recorded with different "
                     "mechanisms (another configuration); use a new --run-id")
+            if entry["status"] == PUBLISHED:
+                # Its release is out. Running it again would draw new noise
+                # and publish a second, different release of the same data
+                # while recording no new spend. (An idempotent re-run finds
+                # the release at its --output and never gets here.)
+                raise RunConflict(
+                    f"run id {run_id!r} of dataset {dataset_id!r} is already "
+                    f"published at {entry['release_uri']}; re-running it "
+                    "would publish a second release without recording its "
+                    "spend. Read that release, or start a new run with a new "
+                    "--run-id (it will be charged).")
             result.update(already_spent=True, entry=copy.deepcopy(entry),
                           spent=_compose(doc["releases"], lifetime_delta,
                                          accountant))

@@ -118,10 +118,13 @@ def test_idempotent_rerun_spends_nothing(store):
         first.lifetime_epsilon_spent)
     assert len(bs.history(store, "digits")) == 1
     bs.commit(first, "gs://out/2026-01-01")
-    third = bs.reserve(store, "digits", "nightly-2026-01-01", release(), 1.0,
-                       DELTA, cap, DELTA)
-    assert third.already_spent and third.status == bs.PUBLISHED
-    assert third.release_uri == "gs://out/2026-01-01"
+    bs.commit(again, "gs://out/2026-01-01")  # committing twice is a no-op
+    # Published: a second run under that id would release new noise unpaid.
+    with pytest.raises(bs.RunConflict, match="already published at "
+                       "gs://out/2026-01-01"):
+        bs.reserve(store, "digits", "nightly-2026-01-01", release(), 1.0,
+                   DELTA, cap, DELTA)
+    assert len(bs.history(store, "digits")) == 1
     # Same run id, other configuration: refused, not silently re-spent.
     with pytest.raises(bs.RunConflict, match="different mechanisms"):
         bs.reserve(store, "digits", "nightly-2026-01-01", release(sigma=5.0),

@@ -138,12 +138,14 @@ def test_exhausted_budget_stops_before_generate(airflow_venv, airflow_home,
     from dp_ops.ledger import Mechanism
     from pipelines import budget_store
     store = str(tmp_path / "budgets")
-    # An earlier release already spent almost all of a small lifetime cap.
+    # An earlier release already spent almost all of the lifetime cap: the
+    # nightly epsilon=1 release cannot fit in the 0.05 that is left.
     budget_store.reserve(store, "digits-demo", "earlier",
                          [Mechanism("class=0/sum", "moments", "class=0", 1.0,
-                                    1.0)], 4.0, 1e-5, 5.0, 1e-5)
+                                    2.0)], 2.0, 1e-5, 100.0, 1e-5)
+    cap = budget_store.lifetime_spent(store, "digits-demo", 1e-5) + 0.05
     config = {"output_root": str(tmp_path / "releases"),
-              "budget_store": store, "lifetime_epsilon": 5.0}
+              "budget_store": store, "lifetime_epsilon": cap}
     report = dag_check(airflow_venv, airflow_home, config, "--run", DATE)
     tasks = report["run"]["tasks"]
     assert tasks["budget_check"] == "failed", report["log"]
