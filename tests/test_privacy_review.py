@@ -59,6 +59,11 @@ PUBLIC = [
     r"privacy\.mechanisms\[\]\.(name|stage|partition|sensitivity|sigma|"
     r"neighbouring|count|sampling_probability|noise_multiplier)",
     r"classes\[\]\.label",
+    # The lifetime budget store: caps and epsilons spent by earlier runs on
+    # the dataset (sums of ledger epsilons: functions of configurations).
+    r"lifetime_budget", r"lifetime_budget\.(store|dataset_id|"
+    r"lifetime_epsilon_spent|retry_of_recorded_run)",
+    r"lifetime_budget\.lifetime_cap\.(epsilon|delta)",
 ]
 DP = [r"classes\[\]\.(noisy_count|components_with_mass|samples)",
       r"classes\[\]\.shards\[\]", r"samples_total", r"warnings\[\]"]
