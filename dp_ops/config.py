@@ -9,7 +9,8 @@ from typing import Optional, Sequence
 from dp_ops.clipping import NORMALIZATIONS
 
 # Default share of the privacy budget (of mu^2, see calibration.py) per stage.
-DEFAULT_WEIGHTS = {"tree": 0.15, "lloyd": 0.25, "moments": 0.5, "vote": 0.10}
+DEFAULT_WEIGHTS = {"tree": 0.1, "lloyd": 0.15, "moments": 0.45,
+                   "covariance": 0.3, "vote": 0.10}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +27,7 @@ class GeneratorConfig:
     lloyd_rounds: int = 2
     samples_per_class: Optional[int] = None  # None: the noisy class count
     variance_floor: float = 1e-6  # as a fraction of clip_norm^2 / d
+    covariance_rank: int = 0  # 0: diagonal clusters; r: + shared rank-r factors
     vote_filter: bool = False
     vote_threshold: float = 6.0
     vote_oversample: float = 6.0
@@ -60,14 +62,20 @@ class GeneratorConfig:
             raise ValueError("--vote-oversample must be >= 1")
         if self.branch_threshold is not None and not self.branch_threshold > 0:
             raise ValueError("--branch-threshold must be > 0")
+        if self.covariance_rank < 0:
+            raise ValueError(f"--covariance-rank must be >= 0, got {self.covariance_rank}")
         if not self.variance_floor > 0:
             raise ValueError("--variance-floor must be > 0")
 
     @property
     def stages(self) -> list[str]:
-        stages = ["tree", "moments"]
-        if self.lloyd_rounds:
-            stages.append("lloyd")
+        stages = ["moments"]
+        if self.clusters > 1:  # one cluster needs no clustering
+            stages.append("tree")
+            if self.lloyd_rounds:
+                stages.append("lloyd")
+        if self.covariance_rank:
+            stages.append("covariance")
         if self.vote_filter:
             stages.append("vote")
         return stages

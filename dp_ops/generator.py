@@ -9,11 +9,11 @@ exact aggregates never leave these functions.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
-from dp_ops import kmeans, lsh_tree, moments, plan, sampling, vote
+from dp_ops import covariance, kmeans, lsh_tree, moments, plan, sampling, vote
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import NoiseSource
@@ -112,6 +112,7 @@ class ClassMixture:
     means: np.ndarray
     variances: np.ndarray
     noisy_count: float
+    factors: Optional[np.ndarray] = None  # shared [d, r], see covariance.py
 
 
 def mixture(noisy: moments.Moments, label: int,
@@ -119,6 +120,35 @@ def mixture(noisy: moments.Moments, label: int,
     w, mu, var = moments.mixture_from_moments(noisy, cfg.clip_norm,
                                               cfg.variance_floor)
     return ClassMixture(label, w, mu, var, float(np.clip(noisy.count, 0, None).sum()))
+
+
+def noisy_second_moment(exact: np.ndarray, ledger: PrivacyLedger,
+                        noise: NoiseSource) -> np.ndarray:
+    """The global second-moment mechanism: symmetric noise on the upper
+    triangle (sensitivity R^2, see ``plan.global_slots``)."""
+    d = exact.shape[0]
+    upper = covariance.upper(exact)
+    upper = upper + _noise(ledger, noise, plan.COVARIANCE, upper.shape)
+    return covariance.symmetric_from_upper(upper, d)
+
+
+def add_shared_factors(mixes: Sequence[ClassMixture], noisy_m: np.ndarray,
+                       cfg: GeneratorConfig) -> list[ClassMixture]:
+    """Post-processing: shared low-rank factors + per-cluster residuals."""
+    factors = covariance.shared_factors(
+        noisy_m, [m.weights for m in mixes], [m.means for m in mixes],
+        cfg.covariance_rank)
+    d = noisy_m.shape[0]
+    floor = cfg.variance_floor * cfg.clip_norm ** 2 / d
+    return [dataclasses.replace(
+        m, factors=factors,
+        variances=covariance.residual_variances(m.variances, factors, floor))
+        for m in mixes]
+
+
+def single_cluster_centres(cfg: GeneratorConfig, dim: int) -> np.ndarray:
+    """With --clusters 1 there is nothing to cluster: one public centre."""
+    return np.zeros((1, min(dim, cfg.cluster_dim)))
 
 
 def num_samples(mix: ClassMixture, cfg: GeneratorConfig) -> int:
@@ -131,7 +161,8 @@ def sample(mix: ClassMixture, cfg: GeneratorConfig,
            oversample: float = 1.0) -> np.ndarray:
     m = int(round(num_samples(mix, cfg) * oversample))
     rng = np.random.default_rng([cfg.seed, mix.label, 1])
-    out = sampling.sample_mixture(mix.weights, mix.means, mix.variances, m, rng)
+    out = sampling.sample_mixture(mix.weights, mix.means, mix.variances, m,
+                                  rng, mix.factors)
     if cfg.normalize == "unit":
         out = sampling.project_to_sphere(out, min(1.0, cfg.clip_norm))
     return out

@@ -18,8 +18,8 @@ from dp_ops.kmeans import one_hot
 GRID_BITS = 24
 
 
-def quantize(x: np.ndarray, bound: float) -> np.ndarray:
-    q = bound * 2.0 ** -GRID_BITS
+def quantize(x: np.ndarray, bound: float, bits: int = GRID_BITS) -> np.ndarray:
+    q = bound * 2.0 ** -bits
     return np.trunc(np.asarray(x, np.float64) / q) * q
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dp_ops.calibration import Slot, calibrate
 from dp_ops.config import GeneratorConfig
-from dp_ops.ledger import PrivacyLedger
+from dp_ops.ledger import GLOBAL, PrivacyLedger
 
 # Relative shares inside a stage (per application of each mechanism).
 TREE_LEAF_SUM_SHARE = 0.5  # the level counts share the other half
@@ -28,12 +28,14 @@ def class_slots(cfg: GeneratorConfig, label: int) -> list[Slot]:
     vectors R; sums of squares R^2 (||x*x||_2 <= ||x||_2^2 <= R^2).
     """
     r, p, d = cfg.clip_norm, partition(label), cfg.tree_depth
-    slots = [Slot(name(label, "tree", f"level-{lvl}", "count"), "tree", p, 1.0,
-                  share=(1 - TREE_LEAF_SUM_SHARE) / d)
-             for lvl in range(1, d + 1)]
-    slots.append(Slot(name(label, "tree", "leaf-sum"), "tree", p, r,
-                      share=TREE_LEAF_SUM_SHARE))
-    for rnd in range(1, cfg.lloyd_rounds + 1):
+    slots = []
+    if "tree" in cfg.stages:
+        slots += [Slot(name(label, "tree", f"level-{lvl}", "count"), "tree", p,
+                       1.0, share=(1 - TREE_LEAF_SUM_SHARE) / d)
+                  for lvl in range(1, d + 1)]
+        slots.append(Slot(name(label, "tree", "leaf-sum"), "tree", p, r,
+                          share=TREE_LEAF_SUM_SHARE))
+    for rnd in range(1, cfg.lloyd_rounds + 1 if "lloyd" in cfg.stages else 1):
         slots.append(Slot(name(label, "lloyd", f"round-{rnd}", "count"),
                           "lloyd", p, 1.0, share=LLOYD_SHARES["count"]))
         slots.append(Slot(name(label, "lloyd", f"round-{rnd}", "sum"),
@@ -49,8 +51,23 @@ def class_slots(cfg: GeneratorConfig, label: int) -> list[Slot]:
     return slots
 
 
+COVARIANCE = "global/covariance/second-moment"
+
+
+def global_slots(cfg: GeneratorConfig) -> list[Slot]:
+    """Mechanisms over all records (every class composes with them).
+
+    The second-moment matrix sum_i x_i x_i^T (upper triangle): adding or
+    removing one record changes it by x x^T, Frobenius norm ||x||^2 <= R^2.
+    """
+    if not cfg.covariance_rank:
+        return []
+    return [Slot(COVARIANCE, "covariance", GLOBAL, cfg.clip_norm ** 2)]
+
+
 def plan_slots(cfg: GeneratorConfig) -> list[Slot]:
-    return [s for label in cfg.labels for s in class_slots(cfg, label)]
+    return ([s for label in cfg.labels for s in class_slots(cfg, label)]
+            + global_slots(cfg))
 
 
 def make_ledger(cfg: GeneratorConfig) -> PrivacyLedger:

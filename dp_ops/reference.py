@@ -13,7 +13,8 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from dp_ops import clipping, generator, kmeans, lsh_tree, moments, vote
+from dp_ops import (clipping, covariance, generator, kmeans, lsh_tree,
+                    moments, vote)
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import NoiseSource
@@ -28,14 +29,30 @@ def _timed(timings: Optional[dict], stage: str) -> Iterator[None]:
         timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - t0
 
 
-def generate_class(x: np.ndarray, label: int, cfg: GeneratorConfig,
-                   ledger: PrivacyLedger, noise: NoiseSource,
-                   timings: Optional[dict] = None
-                   ) -> tuple[generator.ClassMixture, np.ndarray]:
-    """x: the clipped rows of one class. Returns its mixture and samples."""
+def fit_class(x: np.ndarray, label: int, cfg: GeneratorConfig,
+              ledger: PrivacyLedger, noise: NoiseSource,
+              timings: Optional[dict] = None) -> generator.ClassMixture:
+    """x: the clipped rows of one class. Returns its (diagonal) mixture."""
     with _timed(timings, "project"):
         proj = generator.projection(x.shape[1], cfg)
         z = x @ proj.T
+    if cfg.clusters == 1:
+        centres = generator.single_cluster_centres(cfg, x.shape[1])
+    else:
+        centres = _cluster(x, z, label, cfg, ledger, noise, timings)
+    with _timed(timings, "moments"):
+        exact = moments.block_moments(x, kmeans.nearest(z, centres),
+                                      cfg.clusters, cfg.clip_norm)
+        return generator.mixture(
+            generator.add_moment_noise(exact, label, ledger, noise), label,
+            cfg)
+
+
+def _cluster(x: np.ndarray, z: np.ndarray, label: int, cfg: GeneratorConfig,
+             ledger: PrivacyLedger, noise: NoiseSource,
+             timings: Optional[dict]) -> np.ndarray:
+    """DP k-means centres in the clustering space: tree coreset + Lloyd."""
+    with _timed(timings, "project"):
         codes = lsh_tree.leaf_codes(z, generator.planes(cfg, x.shape[1]))
     with _timed(timings, "tree"):
         tree = generator.grow_tree(lsh_tree.level_counts(codes, cfg.tree_depth),
@@ -51,19 +68,31 @@ def generate_class(x: np.ndarray, label: int, cfg: GeneratorConfig,
                                               cfg.clusters, cfg.clip_norm)
             centres = generator.lloyd_update(counts, sums, centres, rnd,
                                              label, cfg, ledger, noise)
-    with _timed(timings, "moments"):
-        exact = moments.block_moments(x, kmeans.nearest(z, centres),
-                                      cfg.clusters, cfg.clip_norm)
-        mix = generator.mixture(
-            generator.add_moment_noise(exact, label, ledger, noise), label,
-            cfg)
+    return centres
+
+
+def sample_class(mix: generator.ClassMixture, x: np.ndarray,
+                 cfg: GeneratorConfig, ledger: PrivacyLedger,
+                 noise: NoiseSource, timings: Optional[dict] = None
+                 ) -> np.ndarray:
+    """Synthetic rows of one class (vote-filtered against x if enabled)."""
     with _timed(timings, "sample"):
         cands = vote.candidates(mix, cfg)
     if cfg.vote_filter:
         with _timed(timings, "vote"):
             cands = generator.filter_by_votes(
-                cands, vote.block_votes(x, cands), label, cfg, ledger, noise)
-    return mix, cands
+                cands, vote.block_votes(x, cands), mix.label, cfg, ledger,
+                noise)
+    return cands
+
+
+def generate_class(x: np.ndarray, label: int, cfg: GeneratorConfig,
+                   ledger: PrivacyLedger, noise: NoiseSource,
+                   timings: Optional[dict] = None
+                   ) -> tuple[generator.ClassMixture, np.ndarray]:
+    """One class alone (no shared covariance): its mixture and samples."""
+    mix = fit_class(x, label, cfg, ledger, noise, timings)
+    return mix, sample_class(mix, x, cfg, ledger, noise, timings)
 
 
 def generate(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
@@ -81,12 +110,20 @@ def generate(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
         raise ValueError(f"labels {unknown.tolist()} are not in --labels")
     with _timed(timings, "clip"):
         xc, _ = clipping.preprocess(x, cfg.normalize, cfg.clip_norm)
-    mixes, xs, ys = {}, [], []
+    rows = {label: xc[y == label] for label in cfg.labels}
+    mixes = {label: fit_class(rows[label], label, cfg, ledger, noise, timings)
+             for label in cfg.labels}
+    if cfg.covariance_rank:
+        with _timed(timings, "covariance"):
+            noisy_m = generator.noisy_second_moment(
+                covariance.block_second_moment(xc, cfg.clip_norm), ledger,
+                noise)
+            mixes = dict(zip(mixes, generator.add_shared_factors(
+                list(mixes.values()), noisy_m, cfg)))
+    xs, ys = [], []
     for label in cfg.labels:
-        with _timed(timings, "clip"):
-            xl = xc[y == label]
-        mix, synth = generate_class(xl, label, cfg, ledger, noise, timings)
-        mixes[label] = mix
+        synth = sample_class(mixes[label], rows[label], cfg, ledger, noise,
+                             timings)
         xs.append(synth)
         ys.append(np.full(len(synth), label, dtype=np.int64))
     return mixes, np.vstack(xs), np.concatenate(ys)

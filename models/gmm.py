@@ -31,6 +31,8 @@ class MixtureRelease:
             arrays[f"class_{label}_means"] = m.means
             arrays[f"class_{label}_variances"] = m.variances
             arrays[f"class_{label}_noisy_count"] = np.array(m.noisy_count)
+            if m.factors is not None:  # shared by all classes: store once
+                arrays["shared_factors"] = m.factors
         buf = io.BytesIO()
         np.savez(buf, **arrays)
         return buf.getvalue()
@@ -39,9 +41,11 @@ class MixtureRelease:
     def from_npz(cls, data: bytes | str) -> "MixtureRelease":
         src = io.BytesIO(data) if isinstance(data, bytes) else data
         with np.load(src) as z:
+            factors = z["shared_factors"] if "shared_factors" in z.files else None
             return cls({int(l): ClassMixture(
                 int(l), z[f"class_{l}_weights"], z[f"class_{l}_means"],
-                z[f"class_{l}_variances"], float(z[f"class_{l}_noisy_count"]))
+                z[f"class_{l}_variances"], float(z[f"class_{l}_noisy_count"]),
+                factors)
                 for l in z["labels"]})
 
     def sample(self, per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -50,7 +54,7 @@ class MixtureRelease:
         for label, m in sorted(self.mixtures.items()):
             rng = np.random.default_rng([seed, label])
             x = sampling.sample_mixture(m.weights, m.means, m.variances,
-                                        per_class, rng)
+                                        per_class, rng, m.factors)
             xs.append(x)
             ys.append(np.full(len(x), label, dtype=np.int64))
         return np.vstack(xs), np.concatenate(ys)

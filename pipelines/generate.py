@@ -139,6 +139,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "(default: 3 x its noise sigma)")
     gen.add_argument("--lloyd-rounds", type=int, default=2)
     gen.add_argument("--variance-floor", type=float, default=1e-6)
+    gen.add_argument("--covariance-rank", type=int, default=0,
+                     help="add shared rank-r covariance factors (DP second-"
+                     "moment matrix, stage 'covariance'); 0: diagonal only")
     gen.add_argument("--samples-per-class", type=int,
                      help="default: the noisy class count")
     gen.add_argument("--seed", type=int, default=0,
@@ -159,6 +162,7 @@ def config_from(args: argparse.Namespace, labels: Sequence[int]) -> GeneratorCon
         tree_depth=args.tree_depth, branch_threshold=args.branch_threshold,
         lloyd_rounds=args.lloyd_rounds, samples_per_class=args.samples_per_class,
         variance_floor=args.variance_floor, vote_filter=args.vote_filter,
+        covariance_rank=args.covariance_rank,
         vote_threshold=args.vote_threshold,
         vote_oversample=args.vote_oversample,
         budget_weights=args.budget_weights, accountant=args.accountant,

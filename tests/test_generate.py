@@ -116,3 +116,25 @@ def test_impossible_config_refused_before_reading(tmp_path, capsys):
                 tmp_path / "r", "--num-classes", 2,
                 "--budget-weights", "tree=0.5,moments=0.2,lloyd=0.1") == 2
     assert "sum to 1" in capsys.readouterr().err
+
+
+def test_shared_covariance_and_single_cluster_match_reference(tmp_path):
+    x, y = gmm_data(1200, d=10, classes=3, comps=2)
+    np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
+    for k in (1, 3):
+        out = tmp_path / f"rel{k}"
+        assert _run("--input", tmp_path / "in.npz", "--output", out,
+                    "--num-classes", 3, "--epsilon", 3, "--clusters", k,
+                    "--covariance-rank", 4, "--noise-seed", 5) == 0
+        cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=3, clusters=k,
+                              covariance_rank=4)
+        ledger = plan.make_ledger(cfg)
+        stages = {m.stage for m in ledger.mechanisms}
+        assert ("tree" in stages) == (k > 1) and "covariance" in stages
+        mixes, _, _ = reference.generate(x, y, cfg, ledger, SeededNoise(5))
+        gmm = load_gmm(str(out))
+        for label in (0, 1, 2):
+            np.testing.assert_allclose(gmm.mixtures[label].factors,
+                                       mixes[label].factors, atol=1e-6)
+            np.testing.assert_allclose(gmm.mixtures[label].variances,
+                                       mixes[label].variances, atol=1e-6)

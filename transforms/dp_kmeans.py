@@ -65,6 +65,10 @@ class DPKMeans(beam.PTransform):
         cfg, ledger, seed, p = self._cfg, self._ledger, self._noise_seed, self._p
         labels = list(cfg.labels)
         depth = cfg.tree_depth
+        if cfg.clusters == 1:
+            centre = generator.single_cluster_centres(cfg, p)
+            return pcoll.pipeline | "OneCluster" >> beam.Create(
+                [(l, centre) for l in labels])
 
         def grow(kv):
             label, exact = kv

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Optional
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.pvalue import AsDict
 
-from dp_ops import generator, kmeans, moments, plan, vote
+from dp_ops import covariance, generator, kmeans, moments, plan, vote
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import make_noise_source
@@ -66,12 +67,101 @@ class DPMixture(beam.PTransform):
             return label, generator.mixture(
                 moments.Moments(count, total, sumsq), label, cfg)
 
-        return (noisy | "JoinMoments" >> beam.CoGroupByKey()
-                | "Mixture" >> beam.Map(to_mixture))
+        mixtures = (noisy | "JoinMoments" >> beam.CoGroupByKey()
+                    | "Mixture" >> beam.Map(to_mixture))
+        if not cfg.covariance_rank:
+            return mixtures
+        return mixtures | "SharedCovariance" >> _SharedCovariance(
+            cfg, self._ledger, d, blocks, self._noise_seed)
 
 
-def _votes(label: int, block: Block, index: dict) -> np.ndarray:
-    return vote.block_votes(block.x, index[label])
+class _SharedCovariance(beam.PTransform):
+    """Diagonal mixtures -> mixtures with shared low-rank factors.
+
+    One global mechanism: the noisy second-moment matrix of all clipped
+    records (L2 sensitivity R^2, add/remove one record); the factors are
+    post-processing of it and of the noisy per-cluster moments.
+    """
+
+    def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
+                 blocks, noise_seed: Optional[int]) -> None:
+        super().__init__()
+        self._cfg, self._ledger, self._dim = cfg, ledger, dim
+        self._blocks, self._noise_seed = blocks, noise_seed
+
+    def expand(self, mixtures):
+        cfg, d = self._cfg, self._dim
+        bound = cfg.clip_norm
+        exact = (pass_blocks(self._blocks, "SecondMoment")
+                 | "SecondMoment" >> beam.Map(
+                     lambda b: covariance.block_second_moment(b.x, bound))
+                 | "Total" >> beam.CombineGlobally(_sum_present)
+                 | "Upper" >> beam.Map(lambda m: (
+                     "global", covariance.upper(m if m is not None
+                                                else np.zeros((d, d))))))
+        noisy = (exact
+                 | "NoiseSecondMoment" >> AddNoise(
+                     self._ledger, lambda _: plan.COVARIANCE, ["global"],
+                     self._noise_seed)
+                 | "Symmetric" >> beam.MapTuple(
+                     lambda _, upper: covariance.symmetric_from_upper(upper, d)))
+        factors = (mixtures
+                   | "MixtureList" >> beam.combiners.ToList()
+                   | "Factors" >> beam.Map(
+                       lambda mixes, m: generator.add_shared_factors(
+                           sorted((mx for _, mx in mixes),
+                                  key=lambda mx: mx.label), m, cfg),
+                       beam.pvalue.AsSingleton(noisy))
+                   | "PerClass" >> beam.FlatMap(
+                       lambda mixes: [(mx.label, mx) for mx in mixes]))
+        return factors
+
+
+def _sum_present(values):
+    total = None
+    for v in values:
+        if v is not None:
+            total = v.copy() if total is None else total + v
+    return total
+
+
+class _Votes:
+    """Per-block votes of one class against that class's candidates.
+
+    The candidates are public post-processing of the class mixture (public
+    seed), so each worker regenerates them from the small mixture side
+    input, once per class, instead of the pipeline shipping m x d
+    candidate rows per class to every reader. The cached search index is
+    the only per-class state: m x d float32 (m <= --vote-max-candidates).
+    """
+
+    def __init__(self, cfg: GeneratorConfig) -> None:
+        self._cfg = cfg
+        self._index: dict = {}
+
+    def __getstate__(self):
+        return {"_cfg": self._cfg, "_index": {}}
+
+    def index(self, mix: generator.ClassMixture) -> vote.CandidateIndex:
+        key = (mix.label, _fingerprint(mix))
+        if key not in self._index:
+            self._index = {k: v for k, v in self._index.items()
+                           if k[0] != mix.label}
+            self._index[key] = vote.CandidateIndex(
+                vote.candidates(mix, self._cfg))
+        return self._index[key]
+
+    def __call__(self, label: int, block: Block, mixtures: dict) -> np.ndarray:
+        return vote.block_votes(block.x, self.index(mixtures[label]))
+
+
+def _fingerprint(mix: generator.ClassMixture) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for part in (mix.weights, mix.means, mix.variances,
+                 getattr(mix, "factors", None)):
+        if part is not None:
+            h.update(np.ascontiguousarray(part).tobytes())
+    return h.hexdigest()
 
 
 class SampleSynthetic(beam.PTransform):
@@ -80,6 +170,8 @@ class SampleSynthetic(beam.PTransform):
     The vote histogram is dense over all candidates of a class (L2
     sensitivity 1 under add/remove one record: one record casts one vote).
     ``blocks``: the prepared blocks (PCollection) or a ``RereadBlocks``.
+    Candidates are drawn where they are used (the vote pass, the filter)
+    from the mixture and the public seed; only mixtures move.
     """
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger,
@@ -90,24 +182,19 @@ class SampleSynthetic(beam.PTransform):
 
     def expand(self, mixtures):
         cfg, ledger, seed = self._cfg, self._ledger, self._noise_seed
-        cands = mixtures | "Candidates" >> beam.MapTuple(
-            lambda l, mix: (l, vote.candidates(mix, cfg)))
         if not cfg.vote_filter:
-            return cands
+            return mixtures | "Candidates" >> beam.MapTuple(
+                lambda l, mix: (l, vote.candidates(mix, cfg)))
 
-        def keep(kv, cands):
+        def keep(kv, mixes):
             label, votes = kv
-            c = cands[label]
+            c = vote.candidates(mixes[label], cfg)
             if votes is None:
                 votes = np.zeros(len(c))
             return label, generator.filter_by_votes(
                 c, votes, label, cfg, ledger, make_noise_source(seed))
 
-        # Candidates as a search index (float32 copy, squared norms), built
-        # once per class rather than once per block.
-        index = cands | "VoteIndex" >> beam.MapTuple(
-            lambda l, c: (l, vote.CandidateIndex(c)))
         return (pass_blocks(self._blocks, "Votes")
-                | "Votes" >> PerClassSum(list(cfg.labels), _votes,
-                                         [AsDict(index)])
-                | "KeepVoted" >> beam.Map(keep, AsDict(cands)))
+                | "Votes" >> PerClassSum(list(cfg.labels), _Votes(cfg),
+                                         [AsDict(mixtures)])
+                | "KeepVoted" >> beam.Map(keep, AsDict(mixtures)))
