@@ -420,7 +420,11 @@ class _GcsDocument:
 
     def _blob(self):
         from google.cloud import storage  # only gs:// stores need it
-        return storage.Client().bucket(self.bucket).blob(self.name)
+        # Object operations need no project; passing None explicitly avoids
+        # failing where credentials carry none.
+        client = storage.Client(
+            project=os.environ.get("GOOGLE_CLOUD_PROJECT") or None)
+        return client.bucket(self.bucket).blob(self.name)
 
     def _get(self) -> tuple[Optional[dict], int]:
         """(document, generation); generation 0 when it does not exist."""
@@ -433,7 +437,13 @@ class _GcsDocument:
         return _validate(json.loads(data), self.uri), int(blob.generation)
 
     def read(self) -> Optional[dict]:
-        return self._get()[0]
+        from google.api_core import exceptions
+        for _ in range(_GCS_CAS_ATTEMPTS):
+            try:
+                return self._get()[0]
+            except (exceptions.PreconditionFailed, exceptions.NotFound):
+                time.sleep(random.uniform(0.05, 0.2))  # changed mid-read
+        raise RuntimeError(f"{self.uri}: kept changing while being read")
 
     def transact(self, update) -> None:
         from google.api_core import exceptions

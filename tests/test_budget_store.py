@@ -5,7 +5,6 @@ The gs:// variants run against the fake-gcs-server emulator (tests/gcs_emulator.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
