@@ -60,8 +60,7 @@ SIZE_POLICY = "match"
 # --quick: method sizes scaled to the 5k-row subsample (public constants).
 QUICK_OVERRIDES = {
     "pe": {"output_per_class": 500},
-    "psg": {"iterations": 40},
-    "dpsgd": {"epochs": 5},
+    "psg": {"iterations": 10},
 }
 
 log = logging.getLogger("privacy_utility")
@@ -107,6 +106,7 @@ class Setup:
     mlp: classifiers.MLPConfig
     logreg: classifiers.LogRegConfig
     quick: bool
+    overrides: dict = dataclasses.field(default_factory=dict)
     x_train_unit: Optional[np.ndarray] = None  # public per-record map
     x_test_unit: Optional[np.ndarray] = None
 
@@ -132,7 +132,8 @@ def score_rows(x: np.ndarray, y: np.ndarray, setup: Setup, seed: int,
 
 
 def run_method(name: str, epsilon: float, seed: int, setup: Setup) -> dict:
-    overrides = QUICK_OVERRIDES.get(name, {}) if setup.quick else {}
+    overrides = dict(QUICK_OVERRIDES.get(name, {})) if setup.quick else {}
+    overrides.update(setup.overrides.get(name, {}))
     method = make_method(name, **overrides)
     t = time.time()
     out = method.fit(setup.x_train, setup.y_train, setup.labels, epsilon,
@@ -283,6 +284,13 @@ def markdown(records: list, args: argparse.Namespace, setup_info: dict,
              f"runs) {setup_info['wall_min']:.1f} min.", ""]
     if setup_info.get("reduced"):
         lines += [f"**Reduced run:** {setup_info['reduced']}", ""]
+    if args.quick:
+        lines += ["**Quick mode:** stratified subsample, fewer seeds and "
+                  "epsilons, smaller PE/PSG (" + json.dumps(QUICK_OVERRIDES) +
+                  "); numbers are a smoke test, not results.", ""]
+    if args.overrides:
+        lines += ["Hyperparameter overrides: `" + json.dumps(args.overrides)
+                  + "`", ""]
     lines += ["## Test accuracy, paper MLP trained on the output "
               "(DP-SGD: the DP-trained MLP itself)", ""]
     lines += table(records, eps, "mlp", methods) + [""]
@@ -357,6 +365,23 @@ def plot(records: list, epsilons: list, methods: list, path: str) -> Optional[st
 
 # ------------------------------------------------------------------ main
 
+def parse_overrides(items: list, p: argparse.ArgumentParser) -> dict:
+    """['psg.iterations=50'] -> {'psg': {'iterations': 50}}."""
+    out: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        method, dot, field = key.partition(".")
+        if not (sep and dot) or method not in METHODS:
+            p.error(f"--set {item!r}: expected METHOD.FIELD=VALUE with METHOD "
+                    f"in {list(METHODS)}")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        out.setdefault(method, {})[field] = parsed
+    return out
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", default=DEFAULT_DATA)
@@ -377,6 +402,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--reduced-note", default=None,
                    help="sentence for the results header when the run is "
                    "reduced (fewer seeds/epochs than the full protocol)")
+    p.add_argument("--set", action="append", default=[], metavar="M.FIELD=V",
+                   help="override a method hyperparameter, e.g. "
+                   "psg.iterations=50 (repeatable; recorded in the header)")
     p.add_argument("--fresh", action="store_true", help="ignore the cache")
     args = p.parse_args(argv)
     if args.quick:
@@ -387,7 +415,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         if args.epsilons == "1,2,4,8":
             args.epsilons = "1,4"
         if args.mlp_epochs == 50:
-            args.mlp_epochs = 20
+            args.mlp_epochs = 100  # 10x fewer rows: keep some SGD steps
+    args.overrides = parse_overrides(args.set, p)
     args.epsilons = [float(e) for e in args.epsilons.split(",")]
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in args.methods if m not in METHODS]
@@ -413,7 +442,8 @@ def main(argv=None) -> int:
     labels = sorted(set(y_tr.tolist()) | set(y_te.tolist()))
     mlp = dataclasses.replace(classifiers.MLPConfig(), epochs=args.mlp_epochs)
     setup = Setup(x_tr, y_tr, x_te, y_te, labels, args.delta, mlp,
-                  classifiers.LogRegConfig(C=args.logreg_c), args.quick)
+                  classifiers.LogRegConfig(C=args.logreg_c), args.quick,
+                  args.overrides)
     setup.x_train_unit = normalize_rows(x_tr, "unit")
     setup.x_test_unit = normalize_rows(x_te, "unit")
     suffix = f"-{args.tag}" if args.tag else ""
