@@ -8,8 +8,9 @@ real train set) and per-class distribution metrics between real train and
 synthetic rows (Fréchet distance, k-NN precision/recall, distance to the
 closest record against a real holdout).
 
-Real rows get the release's public per-record transform (``normalize`` in
-the manifest's config) before anything else.
+Real rows get the release's public per-record transform (``normalize``
+then clipping to ``clip_norm``, from the manifest's config) before anything
+else.
 
 PRIVACY: the ceiling and the distribution metrics read the real training
 data and are NOT differentially private. The report is for the data owner;
@@ -31,7 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np
 
-from dp_ops.clipping import NORMALIZATIONS, normalize_rows
+from dp_ops.clipping import NORMALIZATIONS, clip_rows, normalize_rows
 from models import classifiers, metrics
 
 log = logging.getLogger("dpsynth.evaluate")
@@ -247,6 +248,14 @@ def resolve_normalize(flag: str, manifest: Optional[dict]) -> str:
     return manifest.get("config", {}).get("normalize", "none")
 
 
+def resolve_clip(flag: str, manifest: Optional[dict]) -> Optional[float]:
+    """The release's clip norm (applied to real rows too), when known."""
+    if flag != "auto" or manifest is None:
+        return None
+    value = manifest.get("config", {}).get("clip_norm")
+    return float(value) if value else None
+
+
 def resolve_labels(flag: Optional[str], manifest: Optional[dict],
                    *ys: np.ndarray) -> list[int]:
     if flag:
@@ -322,8 +331,14 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"{name}: dimension {x.shape[1]} differs from "
                                  f"the synthetic rows' {x_syn.shape[1]}")
         labels = resolve_labels(args.labels, manifest, y_syn, y_tr, y_te)
-        prep = lambda a: None if a is None else normalize_rows(
-            np.asarray(a, np.float64), norm)
+        clip = resolve_clip(args.normalize, manifest)
+
+        def prep(a):
+            """The release's public per-record map: normalise, then clip."""
+            if a is None:
+                return None
+            a = normalize_rows(np.asarray(a, np.float64), norm)
+            return a if clip is None else clip_rows(a, clip)[0]
         t0 = time.time()
         report = evaluate_arrays(
             np.asarray(x_syn, np.float64), y_syn, prep(x_tr), y_tr,
@@ -340,7 +355,7 @@ def run(args: argparse.Namespace) -> int:
     report["synthetic"] = release_summary(args.synthetic, manifest)
     report["real"] = {"train": args.real_train, "test": args.real_test,
                       "holdout": args.real_holdout or args.real_test,
-                      "normalize": norm}
+                      "normalize": norm, "clip_norm": clip}
     report["labels"] = labels
     report["timings_s"]["total"] = round(time.time() - t0, 2)
     with open(args.output, "w") as f:

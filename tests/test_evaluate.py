@@ -112,6 +112,7 @@ def test_cli_on_a_release(tmp_path, capsys):
     assert report["synthetic"]["release"] is True
     assert 0 < report["synthetic"]["epsilon_spent"] <= 4.0
     assert report["real"]["normalize"] == "unit"  # read from the manifest
+    assert report["real"]["clip_norm"] == 1.0
     assert report["labels"] == [0, 1, 2]
     assert report["synthetic_trained"]["logreg"]["mean"] > 0.8
 
