@@ -13,7 +13,10 @@ e.g. the DirectRunner's worker processes) are its own:
 * ``reference``: ``dp_ops.reference.generate`` on the whole array in memory
   (also times its stages, the vote filter among them);
 * ``direct``: ``python -m pipelines.generate`` on DirectRunner, in process;
-* ``direct2``: the same with ``--direct_num_workers=2`` (multi_processing).
+* ``direct2``: the same with ``--direct_num_workers=2`` (multi_processing);
+* ``...-reread``: the same, with ``build()`` patched so that every pass
+  re-reads the input files (``transforms.aggregate.RereadBlocks``) instead
+  of reading one materialised PCollection of blocks.
 
 The report (Markdown) goes between markers in ``--out``, so hand-written
 notes around it survive a rerun; ``--section`` names the block (e.g.
@@ -47,7 +50,8 @@ if ROOT not in sys.path:
 
 DEFAULT_CACHE = os.path.join(ROOT, "benchmarks", "cache")
 DEFAULT_OUT = os.path.join(ROOT, "benchmarks", "results", "scaling.md")
-MODES = ("reference", "direct", "direct2")
+MODES = ("reference", "direct", "direct2", "direct-reread", "direct2-reread")
+DEFAULT_MODES = ("reference", "direct", "direct2")
 CLASSES = 10
 SHARD_ROWS = 100_000
 MIN_SHARDS = 4
@@ -169,9 +173,30 @@ def child_reference(data: str, flags: Sequence[str], result: str) -> None:
                    "samples": int(len(xs))})
 
 
+def reread_build(p, job, reader, noise_seed, args) -> None:
+    """``pipelines.generate.build`` with every pass re-reading the files."""
+    from transforms.aggregate import RereadBlocks
+    from transforms.dp_kmeans import DPKMeans
+    from transforms.mixture import DPMixture, SampleSynthetic
+    from transforms.write import WriteRelease
+    cfg, ledger, dim = job.cfg, job.ledger, reader.dim
+    blocks = RereadBlocks(p, reader, cfg, dim)
+    centres = p | "DPKMeans" >> DPKMeans(cfg, ledger, dim, noise_seed,
+                                         blocks=blocks)
+    mixtures = p | "DPMixture" >> DPMixture(cfg, ledger, dim, centres,
+                                            noise_seed, blocks=blocks)
+    synthetic = mixtures | "Sample" >> SampleSynthetic(cfg, ledger, blocks,
+                                                       noise_seed)
+    _ = synthetic | "Write" >> WriteRelease(
+        job.staging, mixtures, args.rows_per_shard, args.embedding_feature,
+        args.label_feature)
+
+
 def child_beam(data: str, flags: Sequence[str], result: str,
-               profile: Optional[str] = None) -> None:
+               profile: Optional[str] = None, reread: bool = False) -> None:
     from pipelines import cli, generate
+    if reread:
+        generate.build = reread_build
     out = tempfile.mkdtemp(prefix="dpsynth-bench-")
     try:
         args, beam_argv = _parse_generate(
@@ -199,8 +224,13 @@ def _dump(path: str, doc: dict) -> None:
         json.dump(doc, f)
 
 
-def measure(cmd: list[str], timeout: float, poll: float = 0.2) -> dict:
-    """Runs cmd; wall time, peak RSS of any one process and of their sum."""
+def measure(cmd: list[str], timeout: float, max_rss: float = float("inf"),
+            poll: float = 0.2) -> dict:
+    """Runs cmd; wall time, peak RSS of any one process and of their sum.
+
+    The run is killed past ``timeout`` seconds or when its processes
+    together hold more than ``max_rss`` bytes (the machine is shared).
+    """
     import psutil
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
@@ -208,7 +238,7 @@ def measure(cmd: list[str], timeout: float, poll: float = 0.2) -> dict:
     root = psutil.Process(proc.pid)
     peak_one = peak_sum = 0
     procs = peak_procs = 0
-    timed_out = False
+    timed_out = over_memory = False
     while proc.poll() is None:
         try:
             tree = [root] + root.children(recursive=True)
@@ -223,8 +253,9 @@ def measure(cmd: list[str], timeout: float, poll: float = 0.2) -> dict:
         peak_one = max(peak_one, max(rss, default=0))
         peak_sum = max(peak_sum, sum(rss))
         peak_procs = max(peak_procs, len(rss))
-        if time.perf_counter() - t0 > timeout:
-            timed_out = True
+        timed_out = time.perf_counter() - t0 > timeout
+        over_memory = sum(rss) > max_rss
+        if timed_out or over_memory:
             for p in reversed(tree):
                 try:
                     p.kill()
@@ -234,7 +265,8 @@ def measure(cmd: list[str], timeout: float, poll: float = 0.2) -> dict:
         time.sleep(poll)
     output = proc.communicate()[0]
     return {"wall_s": time.perf_counter() - t0, "rc": proc.returncode,
-            "timed_out": timed_out, "peak_rss_one": peak_one,
+            "timed_out": timed_out, "over_memory": over_memory,
+            "peak_rss_one": peak_one,
             "peak_rss_sum": peak_sum, "processes": peak_procs,
             "log_tail": output[-3000:]}
 
@@ -249,10 +281,12 @@ def run_mode(mode: str, data: str, args: argparse.Namespace) -> dict:
     else:
         extra = (["--direct_num_workers=2",
                   "--direct_running_mode=multi_processing"]
-                 if mode == "direct2" else [])
+                 if mode.startswith("direct2") else [])
+        if mode.endswith("-reread"):
+            extra.append("--reread")
         cmd = me + ["_beam", data, result, *flags, *extra]
     cmd = ["nice", "-n", str(args.nice)] + cmd if args.nice else cmd
-    stats = measure(cmd, args.timeout)
+    stats = measure(cmd, args.timeout, args.max_rss_gb * 2 ** 30)
     try:
         with open(result) as f:
             stats.update(json.load(f))
@@ -318,6 +352,7 @@ def report(results: list[dict], votes: list[dict], profile_text: str,
             continue
         ok = not r.get("failed") and r["rc"] == 0
         note = ("timed out" if r["timed_out"] else
+                f"killed at --max-rss-gb" if r.get("over_memory") else
                 "" if ok else f"failed rc={r['rc']}")
         work = r.get("work_s")
         work = "-" if work is None else f"{work:.1f}"
@@ -395,6 +430,8 @@ def profile_run(data: str, args: argparse.Namespace, top: int = 30) -> str:
     me = [sys.executable, os.path.abspath(__file__)]
     cmd = me + ["_beam", data, result, "--profile-to", stats_path,
                 *_gen_flags(args)]
+    if args.profile_reread:
+        cmd.append("--reread")
     if args.nice:
         cmd = ["nice", "-n", str(args.nice)] + cmd
     subprocess.run(cmd, cwd=ROOT, check=True, timeout=args.timeout)
@@ -424,7 +461,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ref-max-cells", type=float, default=5e8,
                    help="skip the in-memory reference above n*d (it holds "
                    "the data in float64 twice)")
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                   help=f"comma-separated, from {', '.join(MODES)}")
     p.add_argument("--clusters", type=int, default=16)
     p.add_argument("--epsilon", type=float, default=4.0)
     p.add_argument("--block-size", type=int, default=4096)
@@ -435,9 +473,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--section", default="latest")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--nice", type=int, default=10)
+    p.add_argument("--max-rss-gb", type=float, default=8.0,
+                   help="kill a run whose processes hold more than this")
     p.add_argument("--profile", action="store_true",
                    help="cProfile one in-process DirectRunner run "
                    "(the largest d/n run)")
+    p.add_argument("--profile-reread", action="store_true",
+                   help="profile the -reread variant")
     p.add_argument("--vote-bench", action="store_true")
     p.add_argument("--vote-bench-rows", type=int, default=100_000)
     p.add_argument("--vote-bench-candidates", type=_ints,
@@ -456,7 +498,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             i = rest.index("--profile-to")
             profile = rest[i + 1]
             del rest[i:i + 2]
-        child_beam(argv[1], rest, argv[2], profile)
+        reread = "--reread" in rest
+        rest = [a for a in rest if a != "--reread"]
+        child_beam(argv[1], rest, argv[2], profile, reread)
         return 0
     args = parser().parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]

@@ -8,9 +8,10 @@ aggregate per class, merged by a combiner. Nothing collects the rows.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
-from typing import Any, Callable, Iterable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import apache_beam as beam
 import numpy as np
@@ -68,19 +69,47 @@ def prepare_block(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
     return Block(xc, y, z, lsh_tree.leaf_codes(z, planes)), n_clipped
 
 
+_CONTROLLER = None
+
+
+def blas_threads(limit: Optional[int]):
+    """Context limiting BLAS threads (None: leave as is).
+
+    Per-block products are small (a few hundred rows); a multi-threaded BLAS
+    spends longer synchronising its threads than computing them, badly so
+    when the cores are shared (measured: 16x384 one-hot sums take 31 ms
+    with 2 OpenBLAS threads on a loaded 2-core machine, 0.1 ms with 1).
+    Workers get their parallelism from running several bundles instead.
+    """
+    global _CONTROLLER
+    if limit is None:
+        return contextlib.nullcontext()
+    if _CONTROLLER is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+            _CONTROLLER = ThreadpoolController()
+        except ImportError:  # optional: only a speed-up
+            _CONTROLLER = False
+    if not _CONTROLLER:
+        return contextlib.nullcontext()
+    return _CONTROLLER.limit(limits=limit, user_api="blas")
+
+
 class _PrepareFn(beam.DoFn):
     def __init__(self, cfg: GeneratorConfig, dim: int) -> None:
         self._cfg, self._dim = cfg, dim
         self._clipped = Metrics.counter("dpsynth", "rows_clipped")
 
     def setup(self) -> None:
-        self._proj = generator.projection(self._dim, self._cfg)
+        with blas_threads(1):  # a small QR
+            self._proj = generator.projection(self._dim, self._cfg)
         self._planes = generator.planes(self._cfg, self._dim)
 
     def process(self, block: tuple[np.ndarray, np.ndarray]):
         x, y = block
-        prepared, n_clipped = prepare_block(x, y, self._cfg, self._proj,
-                                            self._planes)
+        with blas_threads(1):
+            prepared, n_clipped = prepare_block(x, y, self._cfg, self._proj,
+                                                self._planes)
         self._clipped.inc(n_clipped)
         yield prepared
 
@@ -163,12 +192,14 @@ class _SumFn(beam.CombineFn):
 
 
 class _PartialFn(beam.DoFn):
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self._fn = fn
+    def __init__(self, fn: Callable[..., Any], threads: Optional[int]) -> None:
+        self._fn, self._threads = fn, threads
 
     def process(self, block: Block, *side):
-        for label, rows in block.by_class():
-            yield label, self._fn(label, rows, *side)
+        with blas_threads(self._threads):
+            partials = [(label, self._fn(label, rows, *side))
+                        for label, rows in block.by_class()]
+        yield from partials
 
 
 def _every_label(_, sums: dict, labels: Sequence[int]):
@@ -181,9 +212,11 @@ class PerClassSum(beam.PTransform):
 
     ``fn(label, class_block, *side_values)`` computes a block's partial
     aggregate; partials are summed with ``add`` (a combiner: partial sums
-    per bundle, then merged; ``add`` may update its first argument). Labels with no rows get ``None``, so every
-    class reaches its mechanism: the release never reveals by omission that
-    a class is empty.
+    per bundle, then merged; ``add`` may update its first argument). Labels
+    with no rows get ``None``, so every class reaches its mechanism: the
+    release never reveals by omission that a class is empty. ``threads``:
+    BLAS threads for ``fn`` (default 1, see ``blas_threads``; None for
+    large products such as the vote search).
 
     The labels are completed after the combine, from a one-element Create
     that reads the sums as a side input. (Flattening per-label seeds into the
@@ -196,14 +229,17 @@ class PerClassSum(beam.PTransform):
 
     def __init__(self, labels: Sequence[int], fn: Callable[..., Any],
                  side_inputs: Iterable = (),
-                 add: Callable[[Any, Any], Any] = add_inplace) -> None:
+                 add: Callable[[Any, Any], Any] = add_inplace,
+                 threads: Optional[int] = 1) -> None:
         super().__init__()
         self._labels, self._fn = list(labels), fn
         self._side, self._add = list(side_inputs), add
+        self._threads = threads
 
     def expand(self, blocks):
         sums = (blocks
-                | "Partials" >> beam.ParDo(_PartialFn(self._fn), *self._side)
+                | "Partials" >> beam.ParDo(_PartialFn(self._fn, self._threads),
+                                           *self._side)
                 | "Sum" >> beam.CombinePerKey(_SumFn(self._add)))
         return (blocks.pipeline
                 | "Once" >> beam.Create([None])

@@ -90,7 +90,7 @@ class _SharedCovariance(beam.PTransform):
         self._blocks, self._noise_seed = blocks, noise_seed
 
     def expand(self, mixtures):
-        cfg, d = self._cfg, self._dim
+        cfg, d, ledger = self._cfg, self._dim, self._ledger
         bound = cfg.clip_norm
         exact = (pass_blocks(self._blocks, "SecondMoment")
                  | "SecondMoment" >> beam.Map(
@@ -110,7 +110,7 @@ class _SharedCovariance(beam.PTransform):
                    | "Factors" >> beam.Map(
                        lambda mixes, m: generator.add_shared_factors(
                            sorted((mx for _, mx in mixes),
-                                  key=lambda mx: mx.label), m, cfg),
+                                  key=lambda mx: mx.label), m, cfg, ledger),
                        beam.pvalue.AsSingleton(noisy))
                    | "PerClass" >> beam.FlatMap(
                        lambda mixes: [(mx.label, mx) for mx in mixes]))
@@ -196,5 +196,5 @@ class SampleSynthetic(beam.PTransform):
 
         return (pass_blocks(self._blocks, "Votes")
                 | "Votes" >> PerClassSum(list(cfg.labels), _Votes(cfg),
-                                         [AsDict(mixtures)])
+                                         [AsDict(mixtures)], threads=None)
                 | "KeepVoted" >> beam.Map(keep, AsDict(mixtures)))
