@@ -111,8 +111,10 @@ def generate(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
     with _timed(timings, "clip"):
         xc, _ = clipping.preprocess(x, cfg.normalize, cfg.clip_norm)
     rows = {label: xc[y == label] for label in cfg.labels}
-    mixes = {label: fit_class(rows[label], label, cfg, ledger, noise, timings)
-             for label in cfg.labels}
+    with kmeans.blas_threads(1):  # small products: see blas_threads
+        mixes = {label: fit_class(rows[label], label, cfg, ledger, noise,
+                                  timings)
+                 for label in cfg.labels}
     if cfg.covariance_rank:
         with _timed(timings, "covariance"):
             noisy_m = generator.noisy_second_moment(

@@ -196,3 +196,19 @@ def test_vectorised_tfrecords_parse_like_tensorflow_examples(tmp_path, dim,
     np.testing.assert_array_equal(xs, x.astype(np.float64))
     assert ys.tolist() == [label] * 37
     assert tfrecord_bytes(x[:0], label) == b""
+
+
+def test_blas_threads_limit_is_scoped():
+    from threadpoolctl import threadpool_info
+
+    from dp_ops.kmeans import blas_threads
+
+    def blas():
+        return [i["num_threads"] for i in threadpool_info()
+                if i["user_api"] == "blas"]
+    before = blas()
+    with blas_threads(1):
+        assert all(n == 1 for n in blas())
+    assert blas() == before
+    with blas_threads(None):
+        assert blas() == before

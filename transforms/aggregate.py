@@ -8,7 +8,6 @@ aggregate per class, merged by a combiner. Nothing collects the rows.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
@@ -19,6 +18,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsDict, PCollection
 
 from dp_ops import clipping, generator, lsh_tree
+from dp_ops.kmeans import blas_threads
 from dp_ops.config import GeneratorConfig
 
 
@@ -67,32 +67,6 @@ def prepare_block(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
     xc, n_clipped = clipping.preprocess(x, cfg.normalize, cfg.clip_norm)
     z = xc @ proj.T
     return Block(xc, y, z, lsh_tree.leaf_codes(z, planes)), n_clipped
-
-
-_CONTROLLER = None
-
-
-def blas_threads(limit: Optional[int]):
-    """Context limiting BLAS threads (None: leave as is).
-
-    Per-block products are small (a few hundred rows); a multi-threaded BLAS
-    spends longer synchronising its threads than computing them, badly so
-    when the cores are shared (measured: 16x384 one-hot sums take 31 ms
-    with 2 OpenBLAS threads on a loaded 2-core machine, 0.1 ms with 1).
-    Workers get their parallelism from running several bundles instead.
-    """
-    global _CONTROLLER
-    if limit is None:
-        return contextlib.nullcontext()
-    if _CONTROLLER is None:
-        try:
-            from threadpoolctl import ThreadpoolController
-            _CONTROLLER = ThreadpoolController()
-        except ImportError:  # optional: only a speed-up
-            _CONTROLLER = False
-    if not _CONTROLLER:
-        return contextlib.nullcontext()
-    return _CONTROLLER.limit(limits=limit, user_api="blas")
 
 
 class _PrepareFn(beam.DoFn):
