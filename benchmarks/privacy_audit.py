@@ -99,7 +99,7 @@ def table(rows, args) -> str:
         "eps_lb = max(log((TPR_lo - delta) / FPR_hi), "
         "log((1 - FPR_hi - delta) / (1 - TPR_lo))). The CI column is "
         f"[eps_lb, point estimate]; TPR/FPR are shown with their "
-        f"{int(round(100 * (1 - args.alpha / 2)))} % intervals. \"Optimal "
+        f"{100 * (1 - args.alpha / 2):g} % intervals. \"Optimal "
         "TPR at this FPR\" is the most any attack could reach at the "
         "measured FPR if the class's mechanisms were all released: they "
         "compose to mu-GDP (mu^2 = sum of count / z^2 from the ledger), "
