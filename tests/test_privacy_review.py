@@ -394,9 +394,6 @@ LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception",
 REVIEWED_LOG_CALLS = {
     ("transforms/images.py", "--images %s: skipping class folders"):
         "names configured-away folders of the input tree (operator input)",
-    ("transforms/images.py", "--images %s: no images for --classes"):
-        "FLAGGED: reveals that a class has no images (an exact count of 0); "
-        "reported to the lead for a decision",
     ("transforms/images.py", "unreadable image %s"):
         "names one unreadable input file, like a bad-input error",
     ("transforms/encode.py", "encoder %s loaded in"):
