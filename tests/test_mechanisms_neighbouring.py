@@ -4,7 +4,8 @@ D is a small class of records; D' = D plus one record at the worst-case
 position: on the clip sphere and along a coordinate axis (so that also
 ||x * x||_2 = R^2, the sum-of-squares worst case). For every mechanism kind
 (tree level counts, tree leaf sums, Lloyd count/sum, moment
-count/sum/sumsq, vote histogram):
+count/sum/sumsq, vote histogram, and the global second-moment matrix of
+the shared covariance):
 
 * the exact aggregates of D and D' (computed by the code the pipeline uses)
   differ by at most, and for this record by essentially exactly, the L2
@@ -218,6 +219,40 @@ def test_released_noise_has_the_calibrated_sigma(experiment, kind):
     assert abs(residual.mean()) <= 4 * m.sigma / math.sqrt(n)
 
 
+def test_global_second_moment_mechanism(setup):
+    """The shared-covariance mechanism (all records, partition 'global'):
+    the upper triangle of sum x x^T moves by ||x||^2 = R^2 for the canary."""
+    from dp_ops import covariance
+    _, _, x, x_plus = setup
+    cfg = GeneratorConfig(labels=(LABEL,), epsilon=2.0, clusters=3,
+                          clip_norm=R, normalize="none", tree_depth=DEPTH,
+                          covariance_rank=2, accountant="rdp")
+    ledger = plan.make_ledger(cfg)
+    m = ledger.get(plan.COVARIANCE)
+    assert m.partition == "global" and m.sensitivity == R * R
+    a, b = (covariance.upper(covariance.block_second_moment(d, R))
+            for d in (x, x_plus))
+    gap = np.linalg.norm(b - a)
+    assert m.sensitivity * (1 - 1e-3) <= gap <= m.sensitivity
+    dim = x.shape[1]
+    released = [[], []]
+    for t in range(TRIALS):
+        for side, exact in ((0, a), (1, b)):
+            noise = RecordingNoise(t + side * TRIALS)
+            full = covariance.symmetric_from_upper(exact, dim)
+            out = generator.noisy_second_moment(full, ledger, noise)
+            assert noise.draws[plan.COVARIANCE][0] == m.sigma
+            released[side].append(covariance.upper(out))
+    out_a, out_b = np.array(released[0]), np.array(released[1])
+    diff = out_b.mean(axis=0) - out_a.mean(axis=0)
+    assert np.linalg.norm(diff) <= m.sensitivity + 4 * m.sigma * math.sqrt(
+        2 * a.size / TRIALS)
+    residual = np.concatenate([(out_a - a).ravel(), (out_b - b).ravel()])
+    lo, hi = stats.chi2.ppf([0.0005, 0.9995], residual.size)
+    assert lo / residual.size <= np.mean(residual ** 2) / m.sigma ** 2 \
+        <= hi / residual.size
+
+
 def test_pipelinedp_noise_path_has_the_calibrated_sigma(tmp_path):
     """The default (secure) Beam path hands PipelineDP the ledger's noise
     multiplier; its draws must have the ledger's sigma too."""
@@ -280,18 +315,18 @@ def _gdp_epsilon(mu: float, delta: float) -> float:
     return hi
 
 
-@pytest.mark.parametrize("epsilon,accountant,vote_filter,weights", [
-    (1.0, "pld", False, None),
+@pytest.mark.parametrize("epsilon,accountant,vote_filter,weights,rank", [
+    (1.0, "pld", False, None, 0),
     (4.0, "pld", True, {"tree": 0.1, "lloyd": 0.2, "moments": 0.4,
-                        "vote": 0.3}),
-    (8.0, "rdp", True, None),
+                        "vote": 0.3}, 0),
+    (8.0, "rdp", True, None, 2),  # with the global covariance mechanism
 ])
 def test_manifest_epsilon_matches_independent_recomputation(
-        epsilon, accountant, vote_filter, weights):
+        epsilon, accountant, vote_filter, weights, rank):
     cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=epsilon, delta=1e-6,
                           clusters=4, tree_depth=4, lloyd_rounds=2,
                           vote_filter=vote_filter, budget_weights=weights,
-                          accountant=accountant)
+                          covariance_rank=rank, accountant=accountant)
     manifest = plan.make_ledger(cfg).to_manifest()
     delta = manifest["target"]["delta"]
     spent = manifest["spent"]["epsilon"]
