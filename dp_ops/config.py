@@ -27,7 +27,7 @@ class GeneratorConfig:
     lloyd_rounds: int = 2
     samples_per_class: Optional[int] = None  # None: the noisy class count
     variance_floor: float = 1e-6  # as a fraction of clip_norm^2 / d
-    covariance_rank: int = 0  # 0: diagonal clusters; r: + shared rank-r factors
+    covariance_rank: int = 128  # 0: diagonal clusters; r: + shared rank-r factors
     vote_filter: bool = False
     vote_threshold: float = 6.0
     vote_oversample: float = 6.0

@@ -78,9 +78,10 @@ def run_generate(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
 
 
 def _inner_error(err: BaseException) -> Optional[str]:
-    """Beam wraps worker exceptions; surface our own clear messages."""
+    """Beam wraps worker exceptions; surface our own input errors (other
+    errors keep their traceback: they are bugs, not bad input)."""
     text = str(err)
-    for marker in ("InputError: ", "ValueError: "):
+    for marker in ("InputError: ", "ImageInputError: ", "EncoderError: "):
         if marker in text:
             return text.split(marker, 1)[1].splitlines()[0].strip()
     return None

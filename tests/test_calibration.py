@@ -71,5 +71,7 @@ def test_infinite_epsilon_means_no_noise():
 
 def test_default_weights_follow_enabled_stages():
     cfg = GeneratorConfig(labels=(0,), lloyd_rounds=0)
-    assert set(cfg.weights()) == {"tree", "moments"}
+    assert set(cfg.weights()) == {"tree", "moments", "covariance"}
+    one = GeneratorConfig(labels=(0,), clusters=1, covariance_rank=0)
+    assert set(one.weights()) == {"moments"}
     assert sum(cfg.weights().values()) == pytest.approx(1)

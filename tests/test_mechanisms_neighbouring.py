@@ -62,7 +62,8 @@ class RecordingNoise(SeededNoise):
 def setup():
     cfg = GeneratorConfig(labels=(LABEL,), epsilon=2.0, clusters=3,
                           clip_norm=R, normalize="none", tree_depth=DEPTH,
-                          lloyd_rounds=1, vote_filter=True, accountant="rdp")
+                          lloyd_rounds=1, vote_filter=True, accountant="rdp",
+                          covariance_rank=0)  # covariance: its own test below
     ledger = plan.make_ledger(cfg)
     rng = np.random.default_rng(5)
     d = 4

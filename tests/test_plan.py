@@ -26,6 +26,8 @@ def test_every_class_gets_identical_noise():
     ledger = plan.make_ledger(cfg)
     by_class = {}
     for m in ledger.mechanisms:
+        if m.partition == "global":
+            continue
         by_class.setdefault(m.partition, []).append(
             (m.name.split("/", 1)[1], m.sigma))
     assert len({tuple(v) for v in by_class.values()}) == 1
@@ -45,3 +47,12 @@ def test_tree_has_one_count_mechanism_per_level():
 def test_bad_config_refused(kwargs):
     with pytest.raises(ValueError):
         GeneratorConfig(**{"labels": (0,), **kwargs})
+
+
+def test_covariance_is_one_global_mechanism_with_sensitivity_r_squared():
+    cfg = GeneratorConfig(labels=(0, 1), clip_norm=2.0, covariance_rank=8)
+    glob = [m for m in plan.make_ledger(cfg).mechanisms
+            if m.partition == "global"]
+    assert [(m.stage, m.sensitivity) for m in glob] == [("covariance", 4.0)]
+    off = GeneratorConfig(labels=(0, 1), covariance_rank=0)
+    assert all(m.partition != "global" for m in plan.make_ledger(off).mechanisms)

@@ -90,7 +90,7 @@ class _SharedCovariance(beam.PTransform):
         self._blocks, self._noise_seed = blocks, noise_seed
 
     def expand(self, mixtures):
-        cfg, d, ledger = self._cfg, self._dim, self._ledger
+        cfg, d = self._cfg, self._dim
         bound = cfg.clip_norm
         exact = (pass_blocks(self._blocks, "SecondMoment")
                  | "SecondMoment" >> beam.Map(
@@ -110,7 +110,7 @@ class _SharedCovariance(beam.PTransform):
                    | "Factors" >> beam.Map(
                        lambda mixes, m: generator.add_shared_factors(
                            sorted((mx for _, mx in mixes),
-                                  key=lambda mx: mx.label), m, cfg, ledger),
+                                  key=lambda mx: mx.label), m, cfg),
                        beam.pvalue.AsSingleton(noisy))
                    | "PerClass" >> beam.FlatMap(
                        lambda mixes: [(mx.label, mx) for mx in mixes]))
