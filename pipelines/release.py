@@ -116,9 +116,11 @@ def _publish_remote(staging: str, output: str, overwrite: bool) -> None:
         if not overwrite:
             raise ReleaseError(f"--output {output} already holds a release")
         FileSystems.delete([manifest_path(output)])  # unreadable from now on
-        stale = _list(output)
-        if stale:
-            FileSystems.delete(stale)
+    # No manifest here now: whatever is under the prefix (an old release's
+    # or a crashed publish's objects) is not part of any release.
+    stale = _list(output)
+    if stale:
+        FileSystems.delete(stale)
     src = _list(staging)
     manifest = manifest_path(staging)
     data = [p for p in src if p != manifest]

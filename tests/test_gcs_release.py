@@ -196,12 +196,6 @@ def test_crash_while_replacing_a_release_leaves_no_readable_mix(gcs,
     assert not release.release_exists(final)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pipelines/release.py _publish_remote does not remove objects that a "
-    "crashed publish left under the final prefix when no manifest exists; "
-    "a later publish with fewer shards leaves the crashed run's shards "
-    "readable by a data/* glob. Fix: delete everything under the final "
-    "prefix before copying when it holds no manifest."))
 def test_republish_after_crash_leaves_no_orphan_objects(gcs, monkeypatch):
     release = _release_module()
     final = gcs.uri("rel/final")
