@@ -43,8 +43,8 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 # name -> GeneratorConfig overrides (labels/epsilon added per run)
 CANDIDATES = {
-    "diag k=8": dict(clusters=8),
-    "diag k=8 + vote": dict(clusters=8, vote_filter=True),
+    "diag k=8": dict(clusters=8, covariance_rank=0),
+    "diag k=8 + vote": dict(clusters=8, covariance_rank=0, vote_filter=True),
     "cov r=128 k=8": dict(clusters=8, covariance_rank=128),
     "cov r=128 k=4": dict(clusters=4, covariance_rank=128),
     "cov r=128 k=1": dict(clusters=1, covariance_rank=128),
