@@ -134,6 +134,8 @@ def _parse_generate(flags: Sequence[str]):
     known = any("--vote-max-candidates" in a.option_strings
                 for a in parser._actions)
     flags = list(flags)
+    if any("--record-timings" in a.option_strings for a in parser._actions):
+        flags.append("--record-timings")
     cap = None
     if not known and "--vote-max-candidates" in flags:
         i = flags.index("--vote-max-candidates")
