@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import platform
+import shlex
 import sys
 import time
 from typing import Optional
@@ -308,14 +309,18 @@ def markdown(records: list, args: argparse.Namespace, setup_info: dict,
     lines += ["## Notes", ""]
     seen = set()
     for r in records:
-        for kind in ("unaccounted", "notes"):
-            for note in r.get(kind, []):
-                key = (r["method"], kind, note.split(";")[0].split("=")[0])
-                if key in seen:
-                    continue
-                seen.add(key)
-                label = "UNACCOUNTED" if kind == "unaccounted" else "note"
-                lines.append(f"- {r['method']} ({label}): {note}")
+        for note in r.get("unaccounted", []):
+            if (r["method"], note) not in seen:
+                seen.add((r["method"], note))
+                lines.append(f"- {r['method']} (UNACCOUNTED): {note}")
+    for r in records:  # per-run notes (noise multipliers...), first seed
+        if r["seed"] != min(q["seed"] for q in records):
+            continue
+        for note in r.get("notes", []):
+            if (r["method"], note) in seen:
+                continue
+            seen.add((r["method"], note))
+            lines.append(f"- {r['method']}, ε={r['epsilon']:g}: {note}")
     lines += ["- Hyperparameters of every method are fixed in its module; "
               "none was chosen on the test set. DP-GMM uses the project "
               "defaults (dp_ops.config), not tuned on this data.",
@@ -335,6 +340,7 @@ def plot(records: list, epsilons: list, methods: list, path: str) -> Optional[st
         for m in methods:
             if m == "nonprivate-gmm":
                 continue
+            color = plt.cm.tab10(ORDER.index(m) % 10)
             xs, ms, ss = [], [], []
             for e in epsilons:
                 vals = _group(records, m, e, model)
@@ -344,6 +350,7 @@ def plot(records: list, epsilons: list, methods: list, path: str) -> Optional[st
                     ss.append(100 * np.std(vals, ddof=1) if len(vals) > 1 else 0)
             if xs:
                 ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, label=m,
+                            color=color,
                             linewidth=2.5 if m.startswith("dpgmm") else 1.2)
         for m, style in ((CEILING, "--"), ("nonprivate-gmm", ":")):
             vals = _group(records, m, math.inf, model)
@@ -356,7 +363,8 @@ def plot(records: list, epsilons: list, methods: list, path: str) -> Optional[st
         ax.set_title(f"CIFAR-10 embeddings, {title}")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("test accuracy (%)")
-    axes[1].legend(fontsize=8, loc="lower right")
+    for ax in axes:
+        ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -471,7 +479,7 @@ def main(argv=None) -> int:
         append_cache(cache_path, rec)
         records.append(rec)
 
-    command = "nice -n 10 python benchmarks/privacy_utility.py " + " ".join(
+    command = "nice -n 10 python benchmarks/privacy_utility.py " + shlex.join(
         sys.argv[1:] if argv is None else argv)
     info = {"command": command.strip(), "data": args.data_dir,
             "n_train": len(y_tr), "n_test": len(y_te),
