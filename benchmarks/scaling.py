@@ -114,7 +114,7 @@ def _gen_flags(args: argparse.Namespace) -> list[str]:
         flags.append("--vote-filter")
     if args.vote_max_candidates:
         flags += ["--vote-max-candidates", str(args.vote_max_candidates)]
-    return flags
+    return flags + args.gen_args.split()
 
 
 def _config(flags: Sequence[str]):
@@ -300,9 +300,24 @@ def run_mode(mode: str, data: str, args: argparse.Namespace) -> dict:
 
 # ---------------------------------------------------------------- vote bench
 
+def untiled_votes(x: np.ndarray, candidates: np.ndarray,
+                  chunk: int = 4096) -> np.ndarray:
+    """The vote search before ISSUE 6, for comparison: float64, all
+    candidates per 4096-row chunk (a chunk x m distance matrix), the
+    candidates' norms recomputed per call."""
+    from dp_ops.kmeans import nearest
+    hist = np.zeros(len(candidates))
+    for start in range(0, len(x), chunk):
+        hist += np.bincount(nearest(x[start:start + chunk], candidates),
+                            minlength=len(candidates))
+    return hist
+
+
 def vote_bench(dims: Sequence[int], rows: int, cands: Sequence[int],
-               seed: int = 0) -> list[dict]:
-    """Times the exact vote histogram (nearest candidate of every row)."""
+               seed: int = 0, untiled_max: int = 30_000) -> list[dict]:
+    """Times the exact vote histogram (nearest candidate of every row):
+    the tiled float32 search of ``dp_ops.vote`` and, up to ``untiled_max``
+    candidates (its memory is 4096 x m x 8 bytes x 2), the old one."""
     from dp_ops import vote
     out = []
     rng = np.random.default_rng(seed)
@@ -312,12 +327,17 @@ def vote_bench(dims: Sequence[int], rows: int, cands: Sequence[int],
         for m in cands:
             c = rng.standard_normal((m, d))
             c /= np.linalg.norm(c, axis=1, keepdims=True)
-            t0 = time.perf_counter()
-            hist = vote.block_votes(x, c)
-            dt = time.perf_counter() - t0
-            assert hist.sum() == rows
-            out.append({"d": d, "rows": rows, "candidates": m, "s": dt,
-                        "gflops": 2.0 * rows * m * d / dt / 1e9})
+            runs = [("tiled float32", lambda: vote.block_votes(x, c))]
+            if m <= untiled_max:
+                runs.append(("untiled float64", lambda: untiled_votes(x, c)))
+            for name, fn in runs:
+                t0 = time.perf_counter()
+                hist = fn()
+                dt = time.perf_counter() - t0
+                assert hist.sum() == rows
+                out.append({"d": d, "rows": rows, "candidates": m,
+                            "method": name, "s": dt,
+                            "gflops": 2.0 * rows * m * d / dt / 1e9})
     return out
 
 
@@ -398,11 +418,12 @@ def report(results: list[dict], votes: list[dict], profile_text: str,
     if votes:
         lines += ["", "Vote filter alone (`dp_ops.vote.block_votes`, exact "
                   "nearest candidate of every row):", "",
-                  "| d | real rows | candidates | s | GFLOP/s |",
-                  "|---|---|---|---|---|"]
+                  "| d | real rows | candidates | method | s | GFLOP/s |",
+                  "|---|---|---|---|---|---|"]
         for v in votes:
             lines.append(f"| {v['d']} | {v['rows']:,} | {v['candidates']:,} "
-                         f"| {v['s']:.2f} | {v['gflops']:.1f} |")
+                         f"| {v['method']} | {v['s']:.2f} | "
+                         f"{v['gflops']:.1f} |")
     if profile_text:
         lines += ["", "cProfile of the in-process DirectRunner run "
                   f"(top functions by cumulative time):", "", "```",
@@ -470,6 +491,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=4096)
     p.add_argument("--no-vote", dest="vote", action="store_false")
     p.add_argument("--vote-max-candidates", type=int, default=None)
+    p.add_argument("--gen-args", default="",
+                   help="more `dpsynth generate` flags, e.g. "
+                   "'--covariance-rank 0'")
     p.add_argument("--cache", default=DEFAULT_CACHE)
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--section", default="latest")
@@ -483,9 +507,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-reread", action="store_true",
                    help="profile the -reread variant")
     p.add_argument("--vote-bench", action="store_true")
-    p.add_argument("--vote-bench-rows", type=int, default=100_000)
+    p.add_argument("--vote-bench-rows", type=int, default=20_000)
     p.add_argument("--vote-bench-candidates", type=_ints,
-                   default=[10_000, 60_000])
+                   default=[2_000, 10_000, 30_000])
     return p
 
 
@@ -537,8 +561,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         votes = vote_bench(args.dims, args.vote_bench_rows,
                            args.vote_bench_candidates)
         for v in votes:
-            print(f"  vote d={v['d']} m={v['candidates']}: {v['s']:.2f} s",
-                  flush=True)
+            print(f"  vote d={v['d']} m={v['candidates']} {v['method']}: "
+                  f"{v['s']:.2f} s", flush=True)
     profile_text = ""
     if args.profile and results:
         last = max((r for r in results if not r.get("skipped")),
