@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -461,7 +462,12 @@ def main(argv=None) -> int:
     setup.x_train_unit = normalize_rows(x_tr, "unit")
     setup.x_test_unit = normalize_rows(x_te, "unit")
     suffix = f"-{args.tag}" if args.tag else ""
-    cache_path = os.path.join(CACHE, f"privacy_utility{suffix}.jsonl")
+    # Runs are reusable only under the same protocol: key the cache by it.
+    protocol = json.dumps([args.mlp_epochs, args.logreg_c, args.delta,
+                           len(y_tr), len(y_te), args.overrides, args.quick],
+                          sort_keys=True)
+    digest = hashlib.sha256(protocol.encode()).hexdigest()[:10]
+    cache_path = os.path.join(CACHE, f"privacy_utility{suffix}-{digest}.jsonl")
     if args.fresh and os.path.exists(cache_path):
         os.remove(cache_path)
     done = load_cache(cache_path)
