@@ -29,7 +29,7 @@ from dp_ops.config import GeneratorConfig, labels_from, parse_weights
 from dp_ops.ledger import ACCOUNTANTS, PrivacyLedger
 from pipelines import demo, release
 from transforms import io
-from transforms.aggregate import PrepareBlocks
+from transforms.aggregate import PrepareBlocks, RereadBlocks
 from transforms.dp_kmeans import DPKMeans
 from transforms.mixture import DPMixture, SampleSynthetic
 from transforms.write import SUMMARY_FILE, WriteRelease
@@ -94,6 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--block-size", type=int, default=4096,
                       help="rows per numpy block moved between stages")
     data.add_argument("--rows-per-shard", type=int, default=50_000)
+    data.add_argument("--materialise-blocks", action="store_true",
+                      help="read the input once and keep the blocks in the "
+                      "runner between passes (default: every pass re-reads "
+                      "the files, so memory does not grow with n)")
     data.add_argument("--record-timings", action="store_true",
                       help="put stage wall times in the manifest and log; "
                       "they grow with n, so they are NOT differentially "
@@ -338,16 +342,24 @@ def image_labels(args: argparse.Namespace) -> Optional[list[int]]:
 
 def build(p: beam.Pipeline, job: Job, reader: beam.PTransform,
           noise_seed: Optional[int], args: argparse.Namespace) -> None:
-    """The whole DP generation graph, from the blocks to the staged files."""
+    """The whole DP generation graph, from the blocks to the staged files.
+
+    Embedding files are re-read by every pass (``RereadBlocks``): worker
+    memory stays at a block plus the model state whatever n is (measured in
+    benchmarks/results/scaling.md). Images are encoded once and the blocks
+    materialised, since re-encoding per pass would cost far more.
+    """
     cfg, ledger, dim = job.cfg, job.ledger, reader.dim
-    blocks = (p | "Read" >> reader
-              | "Prepare" >> PrepareBlocks(cfg, dim)
-              # Materialise the blocks once: every pass below re-reads them,
-              # and later passes need side inputs computed from earlier ones.
-              | "Materialise" >> beam.Reshuffle())
-    centres = blocks | "DPKMeans" >> DPKMeans(cfg, ledger, dim, noise_seed)
-    mixtures = blocks | "DPMixture" >> DPMixture(cfg, ledger, dim, centres,
-                                                 noise_seed)
+    if isinstance(reader, ImageSource) or args.materialise_blocks:
+        blocks = (p | "Read" >> reader
+                  | "Prepare" >> PrepareBlocks(cfg, dim)
+                  | "Materialise" >> beam.Reshuffle())
+    else:
+        blocks = RereadBlocks(p, reader, cfg, dim)
+    centres = p | "DPKMeans" >> DPKMeans(cfg, ledger, dim, noise_seed,
+                                         blocks=blocks)
+    mixtures = p | "DPMixture" >> DPMixture(cfg, ledger, dim, centres,
+                                            noise_seed, blocks=blocks)
     synthetic = mixtures | "Sample" >> SampleSynthetic(cfg, ledger, blocks,
                                                        noise_seed)
     _ = synthetic | "Write" >> WriteRelease(

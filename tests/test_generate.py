@@ -138,3 +138,15 @@ def test_shared_covariance_and_single_cluster_match_reference(tmp_path):
                                        mixes[label].factors, atol=1e-6)
             np.testing.assert_allclose(gmm.mixtures[label].variances,
                                        mixes[label].variances, atol=1e-6)
+
+
+def test_materialised_blocks_give_the_same_release(tmp_path):
+    x, y = gmm_data(600, d=6, classes=2)
+    np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
+    outs = []
+    for i, extra in enumerate(([], ["--materialise-blocks"])):
+        out = tmp_path / f"r{i}"
+        assert _run("--input", tmp_path / "in.npz", "--output", out,
+                    "--num-classes", 2, "--noise-seed", 3, *extra) == 0
+        outs.append((out / "gmm.npz").read_bytes())
+    assert outs[0] == outs[1]
