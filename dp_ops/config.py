@@ -31,6 +31,7 @@ class GeneratorConfig:
     vote_filter: bool = False
     vote_threshold: float = 6.0
     vote_oversample: float = 6.0
+    vote_max_candidates: Optional[int] = None  # public cap on candidates per class
     budget_weights: Optional[dict] = None
     accountant: str = "pld"
     seed: int = 0

@@ -160,6 +160,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument("--vote-threshold", type=float, default=6.0)
     gen.add_argument("--vote-oversample", type=float, default=6.0,
                      help="candidates generated per wanted sample")
+    gen.add_argument("--vote-max-candidates", type=int,
+                     help="public cap on vote candidates per class (the "
+                     "nearest-neighbour search costs n x candidates x d)")
 
 
 def config_from(args: argparse.Namespace, labels: Sequence[int]) -> GeneratorConfig:
@@ -173,6 +176,7 @@ def config_from(args: argparse.Namespace, labels: Sequence[int]) -> GeneratorCon
         covariance_rank=args.covariance_rank,
         vote_threshold=args.vote_threshold,
         vote_oversample=args.vote_oversample,
+        vote_max_candidates=args.vote_max_candidates,
         budget_weights=args.budget_weights, accountant=args.accountant,
         seed=args.seed)
 
