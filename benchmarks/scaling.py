@@ -12,11 +12,11 @@ e.g. the DirectRunner's worker processes) are its own:
 
 * ``reference``: ``dp_ops.reference.generate`` on the whole array in memory
   (also times its stages, the vote filter among them);
-* ``direct``: ``python -m pipelines.generate`` on DirectRunner, in process;
+* ``direct``: ``python -m pipelines.generate --materialise-blocks`` on
+  DirectRunner, in process (one materialised PCollection of blocks);
 * ``direct2``: the same with ``--direct_num_workers=2`` (multi_processing);
-* ``...-reread``: the same, with ``build()`` patched so that every pass
-  re-reads the input files (``transforms.aggregate.RereadBlocks``) instead
-  of reading one materialised PCollection of blocks.
+* ``...-reread``: generate's default layout, where every pass re-reads the
+  input files (``transforms.aggregate.RereadBlocks``).
 
 The report (Markdown) goes between markers in ``--out``, so hand-written
 notes around it survive a rerun; ``--section`` names the block (e.g.
@@ -175,35 +175,17 @@ def child_reference(data: str, flags: Sequence[str], result: str) -> None:
                    "samples": int(len(xs))})
 
 
-def reread_build(p, job, reader, noise_seed, args) -> None:
-    """``pipelines.generate.build`` with every pass re-reading the files."""
-    from transforms.aggregate import RereadBlocks
-    from transforms.dp_kmeans import DPKMeans
-    from transforms.mixture import DPMixture, SampleSynthetic
-    from transforms.write import WriteRelease
-    cfg, ledger, dim = job.cfg, job.ledger, reader.dim
-    blocks = RereadBlocks(p, reader, cfg, dim)
-    centres = p | "DPKMeans" >> DPKMeans(cfg, ledger, dim, noise_seed,
-                                         blocks=blocks)
-    mixtures = p | "DPMixture" >> DPMixture(cfg, ledger, dim, centres,
-                                            noise_seed, blocks=blocks)
-    synthetic = mixtures | "Sample" >> SampleSynthetic(cfg, ledger, blocks,
-                                                       noise_seed)
-    _ = synthetic | "Write" >> WriteRelease(
-        job.staging, mixtures, args.rows_per_shard, args.embedding_feature,
-        args.label_feature)
-
-
 def child_beam(data: str, flags: Sequence[str], result: str,
                profile: Optional[str] = None, reread: bool = False) -> None:
     from pipelines import cli, generate
-    if reread:
-        generate.build = reread_build
+    # Re-reading the files every pass is generate's default layout; the
+    # other modes keep one materialised copy of the blocks.
+    layout = [] if reread else ["--materialise-blocks"]
     out = tempfile.mkdtemp(prefix="dpsynth-bench-")
     try:
         args, beam_argv = _parse_generate(
             ["--input", os.path.join(data, "*.npz"),
-             "--output", os.path.join(out, "rel"), *flags])
+             "--output", os.path.join(out, "rel"), *flags, *layout])
         cli._setup_logging()
         t0 = time.perf_counter()
         if profile:
