@@ -126,17 +126,15 @@ def test_vote_candidate_cap_is_public_and_respected():
     uncapped = vote.candidates(mix, base)
     np.testing.assert_array_equal(uncapped, generator.candidates(mix, base))
     assert len(uncapped) == 6000
-    capped_cfg = GeneratorConfig(labels=(0,), vote_filter=True,
-                                 vote_oversample=6)
-    object.__setattr__(capped_cfg, "vote_max_candidates", 2500)
-    assert len(vote.candidates(mix, capped_cfg)) == 2500
-    object.__setattr__(capped_cfg, "vote_max_candidates", 10 ** 6)
-    np.testing.assert_array_equal(vote.candidates(mix, capped_cfg), uncapped)
+    capped = dataclasses.replace(base, vote_max_candidates=2500)
+    assert len(vote.candidates(mix, capped)) == 2500
+    roomy = dataclasses.replace(base, vote_max_candidates=10 ** 6)
+    np.testing.assert_array_equal(vote.candidates(mix, roomy), uncapped)
     no_vote = dataclasses.replace(base, vote_filter=False)
     assert len(vote.candidates(mix, no_vote)) == 1000
-    object.__setattr__(capped_cfg, "vote_max_candidates", 0)
     with pytest.raises(ValueError, match="vote-max-candidates"):
-        vote.candidates(mix, capped_cfg)
+        object.__setattr__(capped, "vote_max_candidates", 0)  # bypass config
+        vote.candidates(mix, capped)
 
 
 def test_blocks_are_sorted_by_label_and_split_into_views():

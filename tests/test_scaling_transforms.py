@@ -3,6 +3,7 @@ FnApiRunner without a per-pass Reshuffle; re-read blocks give the same sums."""
 
 import apache_beam as beam
 import numpy as np
+import pytest
 from apache_beam.pvalue import AsDict
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
@@ -62,10 +63,11 @@ def test_reread_blocks_give_the_same_sums(tmp_path):
                                    (2, None)]))
 
 
-def test_reread_pipeline_matches_in_memory_reference(tmp_path, monkeypatch):
-    """The whole graph with every pass re-reading the files (the bounded-
-    memory layout) equals the reference with the same seeds."""
-    from benchmarks.scaling import reread_build
+@pytest.mark.parametrize("layout", [[], ["--materialise-blocks"]])
+def test_both_block_layouts_match_in_memory_reference(tmp_path, layout):
+    """The whole graph, re-reading the files every pass (default) or with
+    the blocks materialised once, equals the reference with the same seeds,
+    over several input files and small blocks."""
     from dp_ops import plan, reference
     from dp_ops.noise import SeededNoise
     from pipelines import cli, generate
@@ -75,12 +77,12 @@ def test_reread_pipeline_matches_in_memory_reference(tmp_path, monkeypatch):
     x, y = gmm_data(1200, d=10, classes=3, comps=2)
     np.savez(tmp_path / "a.npz", embeddings=x[:700], labels=y[:700])
     np.savez(tmp_path / "b.npz", embeddings=x[700:], labels=y[700:])
-    monkeypatch.setattr(generate, "build", reread_build)
     out = tmp_path / "rel"
     argv = ["generate", "--input", str(tmp_path / "*.npz"), "--output",
             str(out), "--num-classes", "3", "--epsilon", "3", "--clusters",
             "4", "--noise-seed", "5", "--block-size", "100", "--vote-filter",
-            "--covariance-rank", "0"]
+            "--vote-max-candidates", "300", "--covariance-rank", "0",
+            *layout]
     assert cli.main(argv) == 0
     args, _ = generate.parser().parse_known_args(argv[1:])
     cfg = generate.config_from(args, (0, 1, 2))
