@@ -127,36 +127,12 @@ def _config(flags: Sequence[str]):
 
 
 def _parse_generate(flags: Sequence[str]):
-    """generate's parser; --vote-max-candidates is applied here if the
-    installed CLI does not know it yet (see ``_with_vote_cap``)."""
     from pipelines import generate
     parser = generate.parser()
-    known = any("--vote-max-candidates" in a.option_strings
-                for a in parser._actions)
     flags = list(flags)
     if any("--record-timings" in a.option_strings for a in parser._actions):
         flags.append("--record-timings")
-    cap = None
-    if not known and "--vote-max-candidates" in flags:
-        i = flags.index("--vote-max-candidates")
-        cap = int(flags[i + 1])
-        del flags[i:i + 2]
-    args, rest = parser.parse_known_args(flags)
-    if cap is not None:
-        _with_vote_cap(generate, cap)
-    return args, rest
-
-
-def _with_vote_cap(generate, cap: int) -> None:
-    """Adds the public ``vote_max_candidates`` to the config the CLI makes
-    (for a CLI that predates the flag)."""
-    original = generate.config_from
-
-    def config_from(args, labels):
-        cfg = original(args, labels)
-        object.__setattr__(cfg, "vote_max_candidates", cap)
-        return cfg
-    generate.config_from = config_from
+    return parser.parse_known_args(flags)
 
 
 def child_reference(data: str, flags: Sequence[str], result: str) -> None:
