@@ -59,6 +59,8 @@ class GeneratorConfig:
             raise ValueError(f"--lloyd-rounds must be >= 0, got {self.lloyd_rounds}")
         if self.samples_per_class is not None and self.samples_per_class < 1:
             raise ValueError("--samples-per-class must be >= 1")
+        if self.vote_max_candidates is not None and self.vote_max_candidates < 1:
+            raise ValueError(f"--vote-max-candidates must be >= 1, got {self.vote_max_candidates}")
         if self.vote_oversample < 1:
             raise ValueError("--vote-oversample must be >= 1")
         if self.branch_threshold is not None and not self.branch_threshold > 0:
