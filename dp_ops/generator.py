@@ -178,7 +178,3 @@ def filter_by_votes(cands: np.ndarray, exact_votes: np.ndarray, label: int,
     name = plan.name(label, "vote", "histogram")
     noisy = exact_votes + _noise(ledger, noise, name, exact_votes.shape)
     return cands[vote.keep_mask(noisy, cfg.vote_threshold)]
-
-
-def labels_of(cfg: GeneratorConfig) -> Sequence[int]:
-    return cfg.labels

@@ -61,6 +61,7 @@ def run_generate(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
     _setup_logging()
     from pipelines import demo, release
     from transforms.io import InputError
+    demo_run = args.input is None and not args.images  # prepare() fills input
     try:
         job_output = generate.run(args, beam_argv)
     except (ValueError, InputError, release.ReleaseError) as err:
@@ -71,7 +72,7 @@ def run_generate(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
             return _fail(inner)
         raise
     print(f"release written to {job_output}")
-    if getattr(args, "_demo", False) or args.input and "dpsynth-demo" in args.input:
+    if demo_run:
         train, test = demo.demo_files()
         print(demo.utility_line(job_output, test, train))
     return 0

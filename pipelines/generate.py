@@ -214,22 +214,18 @@ class Job:
     output: str
     staging: str
     run_id: str
-    demo_test: Optional[str]
-    demo_train: Optional[str]
     already_published: bool = False
 
 
 def prepare(args: argparse.Namespace) -> Job:
     """Validates flags, calibrates the noise, checks the output: no data read."""
-    demo_test = demo_train = None
     if args.images:
         if args.input:
             raise ValueError("pass either --input (embeddings) or --images")
         args.labels = args.labels or image_labels(args)
         args.input = args.images  # named in the manifest; not read as embeddings
     elif args.input is None:
-        demo_train, demo_test = demo.demo_files()
-        args.input = demo_train
+        args.input, _ = demo.demo_files()
         if args.num_classes is None and not args.labels:
             args.labels = list(demo.DEMO_LABELS)
     labels = labels_from(args.num_classes, args.labels)
@@ -244,7 +240,7 @@ def prepare(args: argparse.Namespace) -> Job:
     _check_budget_flags(args)
     if _published_by(output, args.run_id):
         return Job(cfg, PrivacyLedger(cfg.epsilon, cfg.delta), None, output,
-                   "", args.run_id, demo_test, demo_train,
+                   "", args.run_id,
                    already_published=True)
     release.check_output(output, args.overwrite)
     spec = io.InputSpec(args.input, args.input_format, args.embedding_feature,
@@ -257,8 +253,7 @@ def prepare(args: argparse.Namespace) -> Job:
     run_id = args.run_id or uuid.uuid4().hex[:12]
     staging = release.staging_dir(output, run_id)
     release.check_staging(staging)
-    return Job(cfg, ledger, spec, output, staging, run_id, demo_test,
-               demo_train)
+    return Job(cfg, ledger, spec, output, staging, run_id)
 
 
 def _check_budget_flags(args: argparse.Namespace) -> None:

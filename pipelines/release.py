@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import time
-from typing import Optional
+
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
@@ -175,7 +175,3 @@ def versions() -> dict:
         except metadata.PackageNotFoundError:
             out[pkg] = None
     return out
-
-
-def optional(value: Optional[float]) -> Optional[float]:
-    return None if value is None else float(value)
