@@ -14,7 +14,6 @@ import os
 import shutil
 import time
 
-
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
