@@ -43,18 +43,33 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 # name -> GeneratorConfig overrides (labels/epsilon added per run)
 CANDIDATES = {
-    "diag k=8": dict(clusters=8, covariance_rank=0),
-    "diag k=8 + vote": dict(clusters=8, covariance_rank=0, vote_filter=True),
-    "cov r=128 k=8": dict(clusters=8, covariance_rank=128),
-    "cov r=128 k=4": dict(clusters=4, covariance_rank=128),
-    "cov r=128 k=1": dict(clusters=1, covariance_rank=128),
-    "cov r=64 k=1": dict(clusters=1, covariance_rank=64),
-    "cov r=256 k=1": dict(clusters=1, covariance_rank=256),
-    "cov r=128 k=1, cov weight 0.7": dict(
-        clusters=1, covariance_rank=128,
-        budget_weights={"moments": 0.3, "covariance": 0.7}),
+    # the generator before this study (kept for the before/after rows)
+    "diag k=8": dict(clusters=8, covariance_rank=0, center=False),
+    # covariance factors: one shared matrix or one matrix per class
+    # (uncentred rows, clip radius 1)
+    "shared k=8": dict(clusters=8, covariance="shared", center=False),
+    "shared k=1": dict(clusters=1, covariance="shared", center=False),
+    "per-class k=1": dict(clusters=1, covariance="per-class", center=False),
+    "per-class k=4": dict(clusters=4, covariance="per-class", center=False),
+    "per-class k=1 r=64": dict(clusters=1, covariance="per-class",
+                               covariance_rank=64, center=False),
+    "per-class k=1 r=256": dict(clusters=1, covariance="per-class",
+                                covariance_rank=256, center=False),
+    # budget split: covariance 0.4 of (moments + covariance) instead of 0.6
+    "shared k=1, cov weight 0.4": dict(
+        clusters=1, covariance="shared", center=False,
+        budget_weights={"moments": 0.6, "covariance": 0.4}),
+    "per-class k=1, cov weight 0.4": dict(
+        clusters=1, covariance="per-class", center=False,
+        budget_weights={"moments": 0.6, "covariance": 0.4}),
+    # centred rows (DP centre), smaller clip radius
+    **{f"{mode} k=1, centred R={r}": dict(clusters=1, covariance=mode,
+                                          center=True, clip_norm=r)
+       for mode in ("shared", "per-class") for r in (0.5, 0.6, 0.7)},
+    "per-class k=4, centred R=0.6": dict(clusters=4, covariance="per-class",
+                                         center=True, clip_norm=0.6),
 }
-QUICK = ["diag k=8", "cov r=128 k=8", "cov r=128 k=1"]
+QUICK = ["diag k=8", "shared k=1, centred R=0.6", "per-class k=1, centred R=0.6"]
 
 
 def load() -> tuple[np.ndarray, ...]:

@@ -2,6 +2,8 @@
 
 Both are functions of one record alone (no statistics of the dataset), so
 they do not touch the privacy budget; clipping is what bounds sensitivity.
+The optional centre subtracted before clipping is a DP output (its own
+mechanisms, see plan.global_slots), hence public by then.
 """
 
 from __future__ import annotations
@@ -34,7 +36,20 @@ def clip_rows(x: np.ndarray, clip_norm: float) -> tuple[np.ndarray, int]:
     return out, int(over.sum())
 
 
-def preprocess(x: np.ndarray, normalize: str,
-               clip_norm: float) -> tuple[np.ndarray, int]:
-    return clip_rows(normalize_rows(np.asarray(x, np.float64), normalize),
-                     clip_norm)
+def preprocess(x: np.ndarray, normalize: str, clip_norm: float,
+               centre: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """Normalise, subtract the (public, DP) centre if given, clip."""
+    x = normalize_rows(np.asarray(x, np.float64), normalize)
+    if centre is not None:
+        x = x - centre[None, :]
+    return clip_rows(x, clip_norm)
+
+
+def centre_sum(x: np.ndarray, normalize: str,
+               bound: float) -> tuple[np.ndarray, int]:
+    """Exact (grid-quantised, order-independent) sum of the normalised rows
+    clipped to ``bound``, and the row count: the centre's aggregates."""
+    from dp_ops.moments import quantize
+    rows, _ = clip_rows(normalize_rows(np.asarray(x, np.float64), normalize),
+                        bound)
+    return quantize(rows, bound).sum(axis=0), len(rows)

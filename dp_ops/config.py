@@ -8,9 +8,15 @@ from typing import Optional, Sequence
 
 from dp_ops.clipping import NORMALIZATIONS
 
+# "per-class" needs large classes: it won on CIFAR-10 (5,000 rows a class)
+# from epsilon 2 up and lost on the 140-row classes of the demo
+# (benchmarks/results/utility_study.md, README). Class sizes are private,
+# so the choice is the user's.
+COVARIANCE_MODES = ("shared", "per-class")
+
 # Default share of the privacy budget (of mu^2, see calibration.py) per stage.
-DEFAULT_WEIGHTS = {"tree": 0.1, "lloyd": 0.15, "moments": 0.45,
-                   "covariance": 0.3, "vote": 0.10}
+DEFAULT_WEIGHTS = {"centre": 0.01, "tree": 0.1, "lloyd": 0.15,
+                   "moments": 0.3, "covariance": 0.45, "vote": 0.10}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,16 +24,22 @@ class GeneratorConfig:
     labels: tuple[int, ...]
     epsilon: float = 4.0
     delta: float = 1e-5
-    clusters: int = 8
-    clip_norm: float = 1.0
+    # One component per class measured best once the covariance has factors
+    # (CIFAR-10 and the demo); k-means components help diagonal mixtures.
+    clusters: int = 1
+    # Clip radius of the centred rows (measured best 0.5-0.7 for unit-norm
+    # embeddings on CIFAR-10: unaccounted tuning, see utility_study.md).
+    clip_norm: float = 0.7
     normalize: str = "unit"
+    center: bool = True  # subtract a DP global mean before clipping
     cluster_dim: int = 32
     tree_depth: int = 8
     branch_threshold: Optional[float] = None  # None: 3 x tree count sigma
     lloyd_rounds: int = 2
     samples_per_class: Optional[int] = None  # None: the noisy class count
     variance_floor: float = 1e-6  # as a fraction of clip_norm^2 / d
-    covariance_rank: int = 128  # 0: diagonal clusters; r: + shared rank-r factors
+    covariance_rank: int = 128  # 0: diagonal clusters; r: + rank-r factors
+    covariance: str = "shared"  # factors from one "shared" or "per-class" matrix
     vote_filter: bool = False
     vote_threshold: float = 6.0
     vote_oversample: float = 6.0
@@ -67,12 +79,16 @@ class GeneratorConfig:
             raise ValueError("--branch-threshold must be > 0")
         if self.covariance_rank < 0:
             raise ValueError(f"--covariance-rank must be >= 0, got {self.covariance_rank}")
+        if self.covariance not in COVARIANCE_MODES:
+            raise ValueError(f"--covariance must be one of {COVARIANCE_MODES}, "
+                             f"got {self.covariance!r}")
         if not self.variance_floor > 0:
             raise ValueError("--variance-floor must be > 0")
 
     @property
     def stages(self) -> list[str]:
-        stages = ["moments"]
+        stages = ["centre"] if self.center else []
+        stages.append("moments")
         if self.clusters > 1:  # one cluster needs no clustering
             stages.append("tree")
             if self.lloyd_rounds:
@@ -90,6 +106,19 @@ class GeneratorConfig:
         raw = {s: DEFAULT_WEIGHTS[s] for s in self.stages}
         total = sum(raw.values())
         return {s: w / total for s, w in raw.items()}
+
+    @property
+    def centre_bound(self) -> float:
+        """L2 bound of a row for the centre's sum: 1 after unit
+        normalisation, else rows are clipped to ``clip_norm`` for it."""
+        return 1.0 if self.normalize == "unit" else self.clip_norm
+
+    @property
+    def sample_radius(self) -> float:
+        """Synthetic rows are projected onto this sphere (unit rows: 1)."""
+        if self.normalize != "unit":
+            return math.inf
+        return 1.0 if self.center else min(1.0, self.clip_norm)
 
     @property
     def noiseless(self) -> bool:

@@ -95,12 +95,14 @@ def lloyd_update(exact_counts: np.ndarray, exact_sums: np.ndarray,
 def add_moment_noise(exact: moments.Moments, label: int,
                      ledger: PrivacyLedger,
                      noise: NoiseSource) -> moments.Moments:
-    def noisy(field: str, value: np.ndarray) -> np.ndarray:
-        return value + _noise(ledger, noise,
-                              plan.name(label, "moments", field), value.shape)
-    return moments.Moments(noisy("count", exact.count),
-                           noisy("sum", exact.sum),
-                           noisy("sumsq", exact.sumsq))
+    """Noise on the fields the plan has (no ``sumsq`` with covariance)."""
+    def noisy(field: str) -> Optional[np.ndarray]:
+        name = plan.name(label, "moments", field)
+        if name not in ledger:
+            return None
+        value = getattr(exact, field)
+        return value + _noise(ledger, noise, name, value.shape)
+    return moments.Moments(noisy("count"), noisy("sum"), noisy("sumsq"))
 
 
 @dataclasses.dataclass
@@ -112,7 +114,8 @@ class ClassMixture:
     means: np.ndarray
     variances: np.ndarray
     noisy_count: float
-    factors: Optional[np.ndarray] = None  # shared [d, r], see covariance.py
+    factors: Optional[np.ndarray] = None  # [d, r], see covariance.py
+    centre: Optional[np.ndarray] = None  # [d] the DP centre (see centre.py)
 
 
 def mixture(noisy: moments.Moments, label: int,
@@ -123,27 +126,45 @@ def mixture(noisy: moments.Moments, label: int,
 
 
 def noisy_second_moment(exact: np.ndarray, ledger: PrivacyLedger,
-                        noise: NoiseSource) -> np.ndarray:
-    """The global second-moment mechanism: symmetric noise on the upper
-    triangle (sensitivity R^2, see ``plan.global_slots``)."""
+                        noise: NoiseSource,
+                        name: str = plan.COVARIANCE) -> np.ndarray:
+    """A second-moment mechanism (global, or one class's): noise on the
+    isometric upper triangle (sensitivity R^2, see covariance.py)."""
     d = exact.shape[0]
     upper = covariance.upper(exact)
-    upper = upper + _noise(ledger, noise, plan.COVARIANCE, upper.shape)
+    upper = upper + _noise(ledger, noise, name, upper.shape)
     return covariance.symmetric_from_upper(upper, d)
 
 
-def add_shared_factors(mixes: Sequence[ClassMixture], noisy_m: np.ndarray,
-                       cfg: GeneratorConfig) -> list[ClassMixture]:
-    """Post-processing: shared low-rank factors + per-cluster residuals."""
-    factors = covariance.shared_factors(
-        noisy_m, [m.weights for m in mixes], [m.means for m in mixes],
-        cfg.covariance_rank)
+def add_factors(mixes: Sequence[ClassMixture], noisy_m: np.ndarray,
+                cfg: GeneratorConfig) -> list[ClassMixture]:
+    """Post-processing: low-rank factors + diagonal residual of the
+    within-cluster covariance of ``noisy_m`` (the matrix of exactly these
+    classes: all of them for "shared", one for "per-class")."""
     d = noisy_m.shape[0]
     floor = cfg.variance_floor * cfg.clip_norm ** 2 / d
+    factors, residual = covariance.factors_and_residual(
+        noisy_m, [m.weights for m in mixes], [m.means for m in mixes],
+        cfg.covariance_rank, floor)
     return [dataclasses.replace(
         m, factors=factors,
-        variances=covariance.residual_variances(m.variances, factors, floor))
+        variances=(m.variances if residual is None
+                   else np.broadcast_to(residual, m.variances.shape).copy()))
         for m in mixes]
+
+
+def with_centre(mix: ClassMixture,
+                centre: Optional[np.ndarray]) -> ClassMixture:
+    """Post-processing: means from the centred space back to the input's."""
+    if centre is None:
+        return mix
+    return dataclasses.replace(mix, means=mix.means + centre[None, :],
+                               centre=centre)
+
+
+def centred(rows: np.ndarray, mix: ClassMixture) -> np.ndarray:
+    """Synthetic rows in the space of the clipped (centred) records."""
+    return rows if mix.centre is None else rows - mix.centre[None, :]
 
 
 def single_cluster_centres(cfg: GeneratorConfig, dim: int) -> np.ndarray:
@@ -164,12 +185,30 @@ def sample(mix: ClassMixture, cfg: GeneratorConfig,
     out = sampling.sample_mixture(mix.weights, mix.means, mix.variances, m,
                                   rng, mix.factors)
     if cfg.normalize == "unit":
-        out = sampling.project_to_sphere(out, min(1.0, cfg.clip_norm))
+        out = sampling.project_to_sphere(out, cfg.sample_radius)
     return out
 
 
 def candidates(mix: ClassMixture, cfg: GeneratorConfig) -> np.ndarray:
     return sample(mix, cfg, cfg.vote_oversample if cfg.vote_filter else 1.0)
+
+
+def noisy_centre(exact_sum: np.ndarray, exact_count: float,
+                 cfg: GeneratorConfig, ledger: PrivacyLedger,
+                 noise: NoiseSource) -> np.ndarray:
+    """The DP centre: noisy sum / noisy count, kept in the B-ball."""
+    total = exact_sum + _noise(ledger, noise, plan.CENTRE_SUM,
+                               exact_sum.shape)
+    count = np.asarray(exact_count, np.float64).reshape(1)
+    count = count + _noise(ledger, noise, plan.CENTRE_COUNT, count.shape)
+    return centre_from(total, float(count[0]), cfg)
+
+
+def centre_from(noisy_sum: np.ndarray, noisy_count: float,
+                cfg: GeneratorConfig) -> np.ndarray:
+    centre = noisy_sum / max(float(noisy_count), 1.0)
+    norm = np.linalg.norm(centre)
+    return centre * min(1.0, cfg.centre_bound / max(norm, 1e-300))
 
 
 def filter_by_votes(cands: np.ndarray, exact_votes: np.ndarray, label: int,

@@ -129,6 +129,9 @@ class PrivacyLedger:
     def get(self, name: str) -> Mechanism:
         return self._mechanisms[name]
 
+    def __contains__(self, name: str) -> bool:
+        return name in self._mechanisms
+
     @property
     def mechanisms(self) -> list[Mechanism]:
         return list(self._mechanisms.values())

@@ -1,7 +1,7 @@
 """Per-cluster clipped moments and the diagonal Gaussian mixture they define.
 
 Sums are taken over values truncated (towards zero) onto a fixed grid of
-2^-24 of their bound. Truncation never increases a magnitude, so the
+2^-24 of their bound (rounded up to a power of two). Truncation never increases a magnitude, so the
 sensitivities stay R (sum of x) and R^2 (sum of x*x); and float64 addition of
 grid values is exact up to 2^29 rows per cluster, so the sums are identical
 whatever the bundle order or worker count (byte-identical releases).
@@ -10,6 +10,8 @@ whatever the bundle order or worker count (byte-identical releases).
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import Optional
 
 import numpy as np
 
@@ -19,32 +21,39 @@ GRID_BITS = 24
 
 
 def quantize(x: np.ndarray, bound: float, bits: int = GRID_BITS) -> np.ndarray:
-    q = bound * 2.0 ** -bits
+    """Truncates onto the grid 2^(e - bits), 2^e the power of two >= bound
+    (a power-of-two step keeps every grid value and sum exact in float64)."""
+    q = 2.0 ** (math.ceil(math.log2(bound)) - bits)
     return np.trunc(np.asarray(x, np.float64) / q) * q
 
 
 @dataclasses.dataclass
 class Moments:
-    """count [k], sum [k, d], sumsq [k, d] (exact until noised)."""
+    """count [k], sum [k, d], sumsq [k, d] (exact until noised).
+
+    ``sumsq`` is None when covariance factors give the variances instead.
+    """
 
     count: np.ndarray
     sum: np.ndarray
-    sumsq: np.ndarray
+    sumsq: Optional[np.ndarray] = None
 
     def __add__(self, other: "Moments") -> "Moments":
-        return Moments(self.count + other.count, self.sum + other.sum,
-                       self.sumsq + other.sumsq)
+        sumsq = (None if self.sumsq is None or other.sumsq is None
+                 else self.sumsq + other.sumsq)
+        return Moments(self.count + other.count, self.sum + other.sum, sumsq)
 
     @classmethod
-    def zeros(cls, k: int, d: int) -> "Moments":
-        return cls(np.zeros(k), np.zeros((k, d)), np.zeros((k, d)))
+    def zeros(cls, k: int, d: int, sumsq: bool = True) -> "Moments":
+        return cls(np.zeros(k), np.zeros((k, d)),
+                   np.zeros((k, d)) if sumsq else None)
 
 
 def block_moments(x: np.ndarray, assign: np.ndarray, k: int,
-                  clip_norm: float) -> Moments:
+                  clip_norm: float, sumsq: bool = True) -> Moments:
     hot = one_hot(assign, k)
     return Moments(hot.sum(axis=1), hot @ quantize(x, clip_norm),
-                   hot @ quantize(x * x, clip_norm ** 2))
+                   hot @ quantize(x * x, clip_norm ** 2) if sumsq else None)
 
 
 def block_sums(x: np.ndarray, assign: np.ndarray, k: int,
@@ -68,7 +77,10 @@ def mixture_from_moments(noisy: Moments, clip_norm: float,
     means = noisy.sum / n[:, None]
     norms = np.linalg.norm(means, axis=1, keepdims=True)
     means = means * np.minimum(1.0, clip_norm / np.maximum(norms, 1e-300))
-    var = noisy.sumsq / n[:, None] - means ** 2
-    var = np.maximum(var, variance_floor * clip_norm ** 2 / d)
+    floor = variance_floor * clip_norm ** 2 / d
+    if noisy.sumsq is None:  # set later from the covariance factors
+        return np.where(noisy.count >= 1.0, noisy.count, 0.0), means, \
+            np.full_like(means, floor)
+    var = np.maximum(noisy.sumsq / n[:, None] - means ** 2, floor)
     weights = np.where(noisy.count >= 1.0, noisy.count, 0.0)
     return weights, means, var

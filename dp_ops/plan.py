@@ -10,6 +10,17 @@ from dp_ops.ledger import GLOBAL, PrivacyLedger
 TREE_LEAF_SUM_SHARE = 0.5  # the level counts share the other half
 LLOYD_SHARES = {"count": 0.3, "sum": 0.7}
 MOMENT_SHARES = {"count": 0.2, "sum": 0.4, "sumsq": 0.4}
+# With covariance factors the diagonal comes from the second-moment matrix,
+# so there is no sum of squares and the means get most of the stage.
+MOMENT_SHARES_WITH_COVARIANCE = {"count": 0.05, "sum": 0.95}
+
+
+def moment_fields(cfg: GeneratorConfig) -> tuple[str, ...]:
+    return tuple(moment_shares(cfg))
+
+
+def moment_shares(cfg: GeneratorConfig) -> dict[str, float]:
+    return MOMENT_SHARES_WITH_COVARIANCE if cfg.covariance_rank else MOMENT_SHARES
 
 
 def partition(label: int) -> str:
@@ -25,7 +36,9 @@ def class_slots(cfg: GeneratorConfig, label: int) -> list[Slot]:
 
     Sensitivities (add/remove one record, which lands in exactly one node per
     tree level, one leaf, one cluster per round): counts 1; sums of clipped
-    vectors R; sums of squares R^2 (||x*x||_2 <= ||x||_2^2 <= R^2).
+    vectors R; sums of squares R^2 (||x*x||_2 <= ||x||_2^2 <= R^2); the
+    class's second-moment matrix ("per-class" covariance) R^2 (x x^T has
+    Frobenius norm ||x||^2, see covariance.py).
     """
     r, p, d = cfg.clip_norm, partition(label), cfg.tree_depth
     slots = []
@@ -40,29 +53,49 @@ def class_slots(cfg: GeneratorConfig, label: int) -> list[Slot]:
                           "lloyd", p, 1.0, share=LLOYD_SHARES["count"]))
         slots.append(Slot(name(label, "lloyd", f"round-{rnd}", "sum"),
                           "lloyd", p, r, share=LLOYD_SHARES["sum"]))
-    slots += [Slot(name(label, "moments", "count"), "moments", p, 1.0,
-                   share=MOMENT_SHARES["count"]),
-              Slot(name(label, "moments", "sum"), "moments", p, r,
-                   share=MOMENT_SHARES["sum"]),
-              Slot(name(label, "moments", "sumsq"), "moments", p, r * r,
-                   share=MOMENT_SHARES["sumsq"])]
+    sens = {"count": 1.0, "sum": r, "sumsq": r * r}
+    slots += [Slot(name(label, "moments", f), "moments", p, sens[f], share=s)
+              for f, s in moment_shares(cfg).items()]
+    if cfg.covariance_rank and cfg.covariance == "per-class":
+        slots.append(Slot(class_covariance(label), "covariance", p, r * r))
     if cfg.vote_filter:
         slots.append(Slot(name(label, "vote", "histogram"), "vote", p, 1.0))
     return slots
 
 
 COVARIANCE = "global/covariance/second-moment"
+CENTRE_SUM = "global/centre/sum"
+CENTRE_COUNT = "global/centre/count"
+CENTRE_SHARES = {"sum": 0.8, "count": 0.2}
+
+
+def class_covariance(label: int) -> str:
+    return name(label, "covariance", "second-moment")
+
+
+def covariance_name(label: int, cfg: GeneratorConfig) -> str:
+    """The mechanism whose matrix gives this class its factors."""
+    return class_covariance(label) if cfg.covariance == "per-class" else COVARIANCE
 
 
 def global_slots(cfg: GeneratorConfig) -> list[Slot]:
     """Mechanisms over all records (every class composes with them).
 
-    The second-moment matrix sum_i x_i x_i^T (upper triangle): adding or
-    removing one record changes it by x x^T, Frobenius norm ||x||^2 <= R^2.
+    The centre (``--center``): the sum of the normalised rows, each clipped
+    to ``centre_bound`` B (sensitivity B), and the row count (sensitivity
+    1). The shared second-moment matrix sum_i x_i x_i^T of the centred,
+    clipped rows: adding or removing one record changes it by x x^T,
+    Frobenius norm ||x||^2 <= R^2.
     """
-    if not cfg.covariance_rank:
-        return []
-    return [Slot(COVARIANCE, "covariance", GLOBAL, cfg.clip_norm ** 2)]
+    slots = []
+    if cfg.center:
+        slots += [Slot(CENTRE_SUM, "centre", GLOBAL, cfg.centre_bound,
+                       share=CENTRE_SHARES["sum"]),
+                  Slot(CENTRE_COUNT, "centre", GLOBAL, 1.0,
+                       share=CENTRE_SHARES["count"])]
+    if cfg.covariance_rank and cfg.covariance == "shared":
+        slots.append(Slot(COVARIANCE, "covariance", GLOBAL, cfg.clip_norm ** 2))
+    return slots
 
 
 def plan_slots(cfg: GeneratorConfig) -> list[Slot]:

@@ -14,7 +14,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from dp_ops import (clipping, covariance, generator, kmeans, lsh_tree,
-                    moments, vote)
+                    moments, plan, vote)
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import NoiseSource
@@ -42,7 +42,8 @@ def fit_class(x: np.ndarray, label: int, cfg: GeneratorConfig,
         centres = _cluster(x, z, label, cfg, ledger, noise, timings)
     with _timed(timings, "moments"):
         exact = moments.block_moments(x, kmeans.nearest(z, centres),
-                                      cfg.clusters, cfg.clip_norm)
+                                      cfg.clusters, cfg.clip_norm,
+                                      sumsq=not cfg.covariance_rank)
         return generator.mixture(
             generator.add_moment_noise(exact, label, ledger, noise), label,
             cfg)
@@ -80,9 +81,9 @@ def sample_class(mix: generator.ClassMixture, x: np.ndarray,
         cands = vote.candidates(mix, cfg)
     if cfg.vote_filter:
         with _timed(timings, "vote"):
-            cands = generator.filter_by_votes(
-                cands, vote.block_votes(x, cands), mix.label, cfg, ledger,
-                noise)
+            votes = vote.block_votes(x, generator.centred(cands, mix))
+            cands = generator.filter_by_votes(cands, votes, mix.label, cfg,
+                                              ledger, noise)
     return cands
 
 
@@ -93,6 +94,24 @@ def generate_class(x: np.ndarray, label: int, cfg: GeneratorConfig,
     """One class alone (no shared covariance): its mixture and samples."""
     mix = fit_class(x, label, cfg, ledger, noise, timings)
     return mix, sample_class(mix, x, cfg, ledger, noise, timings)
+
+
+def _add_factors(xc: np.ndarray, rows: dict, mixes: dict,
+                 cfg: GeneratorConfig, ledger: PrivacyLedger,
+                 noise: NoiseSource) -> dict:
+    """Covariance factors from the global or the per-class second moments."""
+    if cfg.covariance == "shared":
+        noisy_m = generator.noisy_second_moment(
+            covariance.block_second_moment(xc, cfg.clip_norm), ledger, noise)
+        return dict(zip(mixes, generator.add_factors(
+            list(mixes.values()), noisy_m, cfg)))
+    out = {}
+    for label, mix in mixes.items():
+        noisy_m = generator.noisy_second_moment(
+            covariance.block_second_moment(rows[label], cfg.clip_norm),
+            ledger, noise, plan.class_covariance(label))
+        out[label] = generator.add_factors([mix], noisy_m, cfg)[0]
+    return out
 
 
 def generate(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
@@ -108,8 +127,14 @@ def generate(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
     unknown = np.setdiff1d(np.unique(y), np.array(cfg.labels))
     if unknown.size:
         raise ValueError(f"labels {unknown.tolist()} are not in --labels")
+    centre = None
+    if cfg.center:
+        with _timed(timings, "centre"):
+            total, count = clipping.centre_sum(x, cfg.normalize,
+                                               cfg.centre_bound)
+            centre = generator.noisy_centre(total, count, cfg, ledger, noise)
     with _timed(timings, "clip"):
-        xc, _ = clipping.preprocess(x, cfg.normalize, cfg.clip_norm)
+        xc, _ = clipping.preprocess(x, cfg.normalize, cfg.clip_norm, centre)
     rows = {label: xc[y == label] for label in cfg.labels}
     with kmeans.blas_threads(1):  # small products: see blas_threads
         mixes = {label: fit_class(rows[label], label, cfg, ledger, noise,
@@ -117,11 +142,9 @@ def generate(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
                  for label in cfg.labels}
     if cfg.covariance_rank:
         with _timed(timings, "covariance"):
-            noisy_m = generator.noisy_second_moment(
-                covariance.block_second_moment(xc, cfg.clip_norm), ledger,
-                noise)
-            mixes = dict(zip(mixes, generator.add_shared_factors(
-                list(mixes.values()), noisy_m, cfg)))
+            mixes = _add_factors(xc, rows, mixes, cfg, ledger, noise)
+    mixes = {label: generator.with_centre(m, centre)
+             for label, m in mixes.items()}
     xs, ys = [], []
     for label in cfg.labels:
         synth = sample_class(mixes[label], rows[label], cfg, ledger, noise,

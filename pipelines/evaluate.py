@@ -9,8 +9,8 @@ synthetic rows (Fréchet distance, k-NN precision/recall, distance to the
 closest record against a real holdout).
 
 Real rows get the release's public per-record transform (``normalize``
-then clipping to ``clip_norm``, from the manifest's config) before anything
-else.
+then, for an uncentred release, clipping to ``clip_norm``; from the
+manifest's config) before anything else.
 
 PRIVACY: the ceiling and the distribution metrics read the real training
 data and are NOT differentially private. The report is for the data owner;
@@ -249,10 +249,17 @@ def resolve_normalize(flag: str, manifest: Optional[dict]) -> str:
 
 
 def resolve_clip(flag: str, manifest: Optional[dict]) -> Optional[float]:
-    """The release's clip norm (applied to real rows too), when known."""
+    """The release's clip norm (applied to real rows too), when known.
+
+    None for a centred release: its clip radius applies to rows minus the
+    DP centre, and the synthetic rows are back in the input space.
+    """
     if flag != "auto" or manifest is None:
         return None
-    value = manifest.get("config", {}).get("clip_norm")
+    config = manifest.get("config", {})
+    if config.get("center"):
+        return None
+    value = config.get("clip_norm")
     return float(value) if value else None
 
 

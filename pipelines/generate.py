@@ -22,14 +22,16 @@ from typing import Optional, Sequence
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from dp_ops import plan
+from dp_ops import generator, plan
 from dp_ops.calibration import validate_weights
 from dp_ops.clipping import NORMALIZATIONS
-from dp_ops.config import GeneratorConfig, labels_from, parse_weights
+from dp_ops.config import (COVARIANCE_MODES, GeneratorConfig, labels_from,
+                            parse_weights)
 from dp_ops.ledger import ACCOUNTANTS, PrivacyLedger
 from pipelines import demo, release
 from transforms import io
 from transforms.aggregate import PrepareBlocks, RereadBlocks
+from transforms.centre import DPCentre
 from transforms.dp_kmeans import DPKMeans
 from transforms.mixture import DPMixture, SampleSynthetic
 from transforms.write import SUMMARY_FILE, WriteRelease
@@ -134,11 +136,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       "(default: --delta)")
 
     gen = parser.add_argument_group("generator")
-    gen.add_argument("--clusters", type=int, default=8, help="k per class")
-    gen.add_argument("--clip-norm", type=float, default=1.0,
-                     help="L2 clip radius R applied to every record")
+    gen.add_argument("--clusters", type=int, default=GeneratorConfig.clusters,
+                     help="k per class (DP k-means: LSH-tree coreset + Lloyd)")
+    gen.add_argument("--clip-norm", type=float,
+                     default=GeneratorConfig.clip_norm,
+                     help="L2 clip radius R applied to every (centred) record")
     gen.add_argument("--normalize", choices=NORMALIZATIONS, default="unit",
                      help="public per-record normalisation before clipping")
+    gen.add_argument("--center", action=argparse.BooleanOptionalAction,
+                     default=True, help="subtract a DP mean of all rows "
+                     "(stage 'centre') before clipping to --clip-norm")
     gen.add_argument("--cluster-dim", type=int, default=32, help="dimension "
                      "of the public random projection used for clustering")
     gen.add_argument("--tree-depth", type=int, default=8)
@@ -148,8 +155,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument("--lloyd-rounds", type=int, default=2)
     gen.add_argument("--variance-floor", type=float, default=1e-6)
     gen.add_argument("--covariance-rank", type=int, default=128,
-                     help="add shared rank-r covariance factors (DP second-"
-                     "moment matrix, stage 'covariance'); 0: diagonal only")
+                     help="add rank-r covariance factors (DP second-moment "
+                     "matrix, stage 'covariance'); 0: diagonal only")
+    gen.add_argument("--covariance", choices=COVARIANCE_MODES,
+                     default=GeneratorConfig.covariance,
+                     help="factors from one 'shared' matrix of all records or "
+                     "one 'per-class' matrix per class (better with large "
+                     "classes: thousands of rows at epsilon >= 2)")
     gen.add_argument("--samples-per-class", type=int,
                      help="default: the noisy class count")
     gen.add_argument("--seed", type=int, default=0,
@@ -169,11 +181,11 @@ def config_from(args: argparse.Namespace, labels: Sequence[int]) -> GeneratorCon
     return GeneratorConfig(
         labels=tuple(labels), epsilon=args.epsilon, delta=args.delta,
         clusters=args.clusters, clip_norm=args.clip_norm,
-        normalize=args.normalize, cluster_dim=args.cluster_dim,
+        normalize=args.normalize, center=args.center, cluster_dim=args.cluster_dim,
         tree_depth=args.tree_depth, branch_threshold=args.branch_threshold,
         lloyd_rounds=args.lloyd_rounds, samples_per_class=args.samples_per_class,
         variance_floor=args.variance_floor, vote_filter=args.vote_filter,
-        covariance_rank=args.covariance_rank,
+        covariance_rank=args.covariance_rank, covariance=args.covariance,
         vote_threshold=args.vote_threshold,
         vote_oversample=args.vote_oversample,
         vote_max_candidates=args.vote_max_candidates,
@@ -349,16 +361,27 @@ def build(p: beam.Pipeline, job: Job, reader: beam.PTransform,
     materialised, since re-encoding per pass would cost far more.
     """
     cfg, ledger, dim = job.cfg, job.ledger, reader.dim
+    centre = None
     if isinstance(reader, ImageSource) or args.materialise_blocks:
-        blocks = (p | "Read" >> reader
-                  | "Prepare" >> PrepareBlocks(cfg, dim)
+        raw = p | "Read" >> reader
+        if cfg.center:
+            centre = raw | "DPCentre" >> DPCentre(cfg, ledger, dim, noise_seed)
+        blocks = (raw
+                  | "Prepare" >> PrepareBlocks(cfg, dim, centre)
                   | "Materialise" >> beam.Reshuffle())
     else:
-        blocks = RereadBlocks(p, reader, cfg, dim)
+        if cfg.center:
+            centre = (p | "CentreRead" >> reader
+                      | "DPCentre" >> DPCentre(cfg, ledger, dim, noise_seed))
+        blocks = RereadBlocks(p, reader, cfg, dim, centre)
     centres = p | "DPKMeans" >> DPKMeans(cfg, ledger, dim, noise_seed,
                                          blocks=blocks)
     mixtures = p | "DPMixture" >> DPMixture(cfg, ledger, dim, centres,
                                             noise_seed, blocks=blocks)
+    if centre is not None:  # means back to the input space (post-processing)
+        mixtures = mixtures | "AddCentre" >> beam.Map(
+            lambda kv, c: (kv[0], generator.with_centre(kv[1], c)),
+            beam.pvalue.AsSingleton(centre))
     synthetic = mixtures | "Sample" >> SampleSynthetic(cfg, ledger, blocks,
                                                        noise_seed)
     _ = synthetic | "Write" >> WriteRelease(

@@ -70,8 +70,9 @@ def test_infinite_epsilon_means_no_noise():
 
 
 def test_default_weights_follow_enabled_stages():
-    cfg = GeneratorConfig(labels=(0,), lloyd_rounds=0)
-    assert set(cfg.weights()) == {"tree", "moments", "covariance"}
-    one = GeneratorConfig(labels=(0,), clusters=1, covariance_rank=0)
+    cfg = GeneratorConfig(labels=(0,), clusters=4, lloyd_rounds=0)
+    assert set(cfg.weights()) == {"centre", "tree", "moments", "covariance"}
+    one = GeneratorConfig(labels=(0,), clusters=1, covariance_rank=0,
+                          center=False)
     assert set(one.weights()) == {"moments"}
     assert sum(cfg.weights().values()) == pytest.approx(1)

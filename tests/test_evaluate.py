@@ -112,7 +112,7 @@ def test_cli_on_a_release(tmp_path, capsys):
     assert report["synthetic"]["release"] is True
     assert 0 < report["synthetic"]["epsilon_spent"] <= 4.0
     assert report["real"]["normalize"] == "unit"  # read from the manifest
-    assert report["real"]["clip_norm"] == 1.0
+    assert report["real"]["clip_norm"] is None  # centred: rows stay unit
     assert report["labels"] == [0, 1, 2]
     assert report["synthetic_trained"]["logreg"]["mean"] > 0.8
 
@@ -143,3 +143,12 @@ def test_register_adds_the_subcommand():
     assert args.handler is evaluate.run
     cfg = evaluate.mlp_config(args)
     assert cfg.epochs == 7 and cfg.hidden == 128 and cfg.label_smoothing == 0.2
+
+
+def test_real_rows_are_clipped_only_for_uncentred_releases():
+    from pipelines.evaluate import resolve_clip
+    assert resolve_clip("auto", {"config": {"center": False,
+                                            "clip_norm": 0.5}}) == 0.5
+    assert resolve_clip("auto", {"config": {"center": True,
+                                            "clip_norm": 0.5}}) is None
+    assert resolve_clip("unit", {"config": {"clip_norm": 0.5}}) is None

@@ -28,7 +28,9 @@ def test_demo_runs_with_no_input_and_prints_utility(tmp_path, capsys):
     spent = manifest["privacy"]["spent"]["epsilon"]
     assert 0.9 * 4.0 <= spent <= 4.0
     assert manifest["noise"].startswith("secure")
-    assert len(manifest["privacy"]["mechanisms"]) == 10 * 16 + 1
+    # per class: count and sum; globally: the centre's sum and count and
+    # the shared second-moment matrix
+    assert len(manifest["privacy"]["mechanisms"]) == 10 * 2 + 3
     for m in manifest["privacy"]["mechanisms"]:
         assert m["sigma"] > 0 and m["sensitivity"] > 0
     assert not [p for p in os.listdir(tmp_path) if "staging" in p]
@@ -113,8 +115,9 @@ def test_bad_row_fails_cleanly_and_writes_nothing(tmp_path, capsys):
 
 def test_impossible_config_refused_before_reading(tmp_path, capsys):
     assert _run("--input", tmp_path / "missing-*.npz", "--output",
-                tmp_path / "r", "--num-classes", 2,
-                "--budget-weights", "tree=0.5,moments=0.2,lloyd=0.1,covariance=0.1") == 2
+                tmp_path / "r", "--num-classes", 2, "--clusters", 4,
+                "--budget-weights",
+                "centre=0.01,tree=0.5,moments=0.2,lloyd=0.1,covariance=0.1") == 2
     assert "sum to 1" in capsys.readouterr().err
 
 

@@ -63,7 +63,8 @@ def setup():
     cfg = GeneratorConfig(labels=(LABEL,), epsilon=2.0, clusters=3,
                           clip_norm=R, normalize="none", tree_depth=DEPTH,
                           lloyd_rounds=1, vote_filter=True, accountant="rdp",
-                          covariance_rank=0)  # covariance: its own test below
+                          covariance_rank=0,  # covariance, centre: own tests
+                          center=False)
     ledger = plan.make_ledger(cfg)
     rng = np.random.default_rng(5)
     d = 4
@@ -220,17 +221,22 @@ def test_released_noise_has_the_calibrated_sigma(experiment, kind):
     assert abs(residual.mean()) <= 4 * m.sigma / math.sqrt(n)
 
 
-def test_global_second_moment_mechanism(setup):
-    """The shared-covariance mechanism (all records, partition 'global'):
-    the upper triangle of sum x x^T moves by ||x||^2 = R^2 for the canary."""
+@pytest.mark.parametrize("mode", ["shared", "per-class"])
+def test_second_moment_mechanism(setup, mode):
+    """The covariance mechanism, over all records (partition 'global') or
+    over one class: the isometric upper triangle of sum x x^T moves by
+    ||x x^T||_F = ||x||^2 = R^2 for the canary."""
     from dp_ops import covariance
     _, _, x, x_plus = setup
     cfg = GeneratorConfig(labels=(LABEL,), epsilon=2.0, clusters=3,
                           clip_norm=R, normalize="none", tree_depth=DEPTH,
-                          covariance_rank=2, accountant="rdp")
+                          covariance_rank=2, covariance=mode, center=False,
+                          accountant="rdp")
     ledger = plan.make_ledger(cfg)
-    m = ledger.get(plan.COVARIANCE)
-    assert m.partition == "global" and m.sensitivity == R * R
+    name = plan.covariance_name(LABEL, cfg)
+    m = ledger.get(name)
+    assert m.partition == ("global" if mode == "shared" else f"class={LABEL}")
+    assert m.sensitivity == R * R
     a, b = (covariance.upper(covariance.block_second_moment(d, R))
             for d in (x, x_plus))
     gap = np.linalg.norm(b - a)
@@ -241,8 +247,8 @@ def test_global_second_moment_mechanism(setup):
         for side, exact in ((0, a), (1, b)):
             noise = RecordingNoise(t + side * TRIALS)
             full = covariance.symmetric_from_upper(exact, dim)
-            out = generator.noisy_second_moment(full, ledger, noise)
-            assert noise.draws[plan.COVARIANCE][0] == m.sigma
+            out = generator.noisy_second_moment(full, ledger, noise, name)
+            assert noise.draws[name][0] == m.sigma
             released[side].append(covariance.upper(out))
     out_a, out_b = np.array(released[0]), np.array(released[1])
     diff = out_b.mean(axis=0) - out_a.mean(axis=0)
@@ -254,13 +260,65 @@ def test_global_second_moment_mechanism(setup):
         <= hi / residual.size
 
 
+def test_isometric_upper_halves_off_diagonal_noise():
+    """||upper(A)|| = ||A||_F, so sigma on upper(A) is sigma/sqrt(2) on
+    each off-diagonal entry of the symmetric matrix (sigma on the diagonal)."""
+    from dp_ops import covariance
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(6, 6))
+    a = a + a.T
+    assert np.linalg.norm(covariance.upper(a)) == pytest.approx(
+        np.linalg.norm(a))
+    np.testing.assert_allclose(
+        covariance.symmetric_from_upper(covariance.upper(a), 6), a)
+    d, sigma, trials = 30, 2.0, 400
+    noisy = np.array([covariance.symmetric_from_upper(
+        rng.normal(0, sigma, d * (d + 1) // 2), d) for _ in range(trials)])
+    off = noisy[:, ~np.eye(d, dtype=bool)]
+    diag = noisy[:, np.eye(d, dtype=bool)]
+    assert np.std(off) == pytest.approx(sigma / math.sqrt(2), rel=0.02)
+    assert np.std(diag) == pytest.approx(sigma, rel=0.03)
+
+
+def test_centre_mechanisms(setup):
+    """The DP centre (global): the sum of rows clipped to B moves by
+    ||x|| = B for the canary, the count by 1; released values carry the
+    ledger's sigma."""
+    _, _, x, x_plus = setup
+    cfg = GeneratorConfig(labels=(LABEL,), epsilon=2.0, clusters=1,
+                          clip_norm=R, normalize="none", center=True,
+                          covariance_rank=0, accountant="rdp")
+    ledger = plan.make_ledger(cfg)
+    sum_m, count_m = (ledger.get(n) for n in (plan.CENTRE_SUM,
+                                               plan.CENTRE_COUNT))
+    assert sum_m.partition == count_m.partition == "global"
+    assert (sum_m.sensitivity, count_m.sensitivity) == (R, 1.0)
+    (sa, na), (sb, nb) = (clipping.centre_sum(d, "none", cfg.centre_bound)
+                          for d in (x, x_plus))
+    assert nb - na == 1
+    assert R * (1 - 1e-6) <= np.linalg.norm(sb - sa) <= R
+    sums, counts = [], []
+    for t in range(TRIALS):
+        noise = RecordingNoise(t)
+        generator.noisy_centre(sa, na, cfg, ledger, noise)
+        for name, m, out in ((plan.CENTRE_SUM, sum_m, sums),
+                             (plan.CENTRE_COUNT, count_m, counts)):
+            sigma, draw = noise.draws[name]
+            assert sigma == m.sigma
+            out.append(draw)
+    for draws, m in ((np.ravel(sums), sum_m), (np.ravel(counts), count_m)):
+        lo, hi = stats.chi2.ppf([0.0005, 0.9995], draws.size)
+        assert lo / draws.size <= np.mean(draws ** 2) / m.sigma ** 2 \
+            <= hi / draws.size
+
+
 def test_pipelinedp_noise_path_has_the_calibrated_sigma(tmp_path):
     """The default (secure) Beam path hands PipelineDP the ledger's noise
     multiplier; its draws must have the ledger's sigma too."""
     import apache_beam as beam
     from transforms.noise import AddNoise
     cfg = GeneratorConfig(labels=(0, 1), epsilon=2.0, clusters=3,
-                          clip_norm=R, accountant="rdp")
+                          clip_norm=R, accountant="rdp", covariance_rank=0)
     ledger = plan.make_ledger(cfg)
     name_of = lambda l: plan.name(l, "moments", "sumsq")  # noqa: E731
     sigma = ledger.get(name_of(0)).sigma
@@ -318,8 +376,8 @@ def _gdp_epsilon(mu: float, delta: float) -> float:
 
 @pytest.mark.parametrize("epsilon,accountant,vote_filter,weights,rank", [
     (1.0, "pld", False, None, 0),
-    (4.0, "pld", True, {"tree": 0.1, "lloyd": 0.2, "moments": 0.4,
-                        "vote": 0.3}, 0),
+    (4.0, "pld", True, {"centre": 0.02, "tree": 0.1, "lloyd": 0.2,
+                        "moments": 0.38, "vote": 0.3}, 0),
     (8.0, "rdp", True, None, 2),  # with the global covariance mechanism
 ])
 def test_manifest_epsilon_matches_independent_recomputation(

@@ -171,13 +171,19 @@ def expected(run):
     ledger = plan.make_ledger(cfg)
     noise = RecordingNoise(NOISE_SEED)
     mixes, xs, ys = reference.generate(run["x"], run["y"], cfg, ledger, noise)
-    xc, clipped = clipping.preprocess(run["x"], cfg.normalize, cfg.clip_norm)
+    centre = mixes[cfg.labels[0]].centre  # DP (public) once released
+    xc, clipped = clipping.preprocess(run["x"], cfg.normalize, cfg.clip_norm,
+                                      centre)
+    centre_sum, n = clipping.centre_sum(run["x"], cfg.normalize,
+                                        cfg.centre_bound)
     private = {
         "sizes": [int((run["y"] == l).sum()) for l in cfg.labels],
         "n": len(run["y"]),
         "clipped": clipped,
-        "sums": [xc[run["y"] == l].sum(axis=0) for l in cfg.labels],
-        "means": [xc[run["y"] == l].mean(axis=0) for l in cfg.labels],
+        "sums": [xc[run["y"] == l].sum(axis=0) for l in cfg.labels]
+        + [centre_sum],
+        "means": [xc[run["y"] == l].mean(axis=0) for l in cfg.labels]
+        + [centre_sum / n],
     }
     return dict(cfg=cfg, ledger=ledger, noise=noise, mixes=mixes, xs=xs,
                 ys=ys, private=private)
@@ -243,6 +249,11 @@ def test_gmm_npz_holds_only_mechanism_outputs(run, expected):
         allowed.add("shared_factors")
         np.testing.assert_allclose(arrays["shared_factors"],
                                    expected["mixes"][labels[0]].factors,
+                                   rtol=1e-9, atol=1e-12)
+    if expected["cfg"].center:
+        allowed.add("centre")  # noisy sum / noisy count, see centre.py
+        np.testing.assert_allclose(arrays["centre"],
+                                   expected["mixes"][labels[0]].centre,
                                    rtol=1e-9, atol=1e-12)
     assert set(arrays) == allowed
     assert arrays["labels"].tolist() == list(labels)
@@ -332,17 +343,30 @@ def test_exact_counts_appear_nowhere(run, expected):
 
 
 def test_exact_sums_and_means_appear_nowhere(run, expected):
+    """Text outputs: no exact value in any rendering down to 4 decimals.
+    Arrays (gmm.npz: thousands of floats, where a 4-decimal substring
+    matches by chance): no value equal to an exact one to 1e-9."""
     priv = expected["private"]
+    exact = np.array([v for vec in priv["sums"] + priv["means"] for v in vec
+                      if v != 0])
     needles = set()
-    for vec in priv["sums"] + priv["means"]:
-        for v in vec:
-            needles |= {repr(float(v)), f"{v:.6g}", f"{v:.4f}"}
-    needles.discard("0")
+    for v in exact:
+        needles |= {repr(float(v)), f"{v:.6g}", f"{v:.4f}"}
     texts = _texts(run)
     for where, text in texts.items():
+        if where.endswith(".npz"):
+            continue
         text = _scrub(text, run)
         found = [n for n in needles if len(n) >= 5 and n in text]
         assert not found, f"exact private aggregate {found} in {where}"
+    for path in Path(run["out"]).rglob("*.npz"):
+        with np.load(path) as z:
+            for key in z.files:
+                values = np.ravel(z[key]).astype(np.float64)
+                close = np.isclose(values[:, None], exact[None, :],
+                                   rtol=1e-9, atol=0).any(axis=1)
+                assert not close.any(), \
+                    f"exact private aggregate in {path.name}[{key}]"
 
 
 # --------------------------------------------------- logs: numbers review

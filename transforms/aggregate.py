@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
-from apache_beam.pvalue import AsDict, PCollection
+from apache_beam.pvalue import AsDict, AsSingleton, PCollection
 
 from dp_ops import clipping, generator, lsh_tree
 from dp_ops.kmeans import blas_threads
@@ -55,8 +55,10 @@ class Block:
 
 
 def prepare_block(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
-                  proj: np.ndarray, planes: np.ndarray) -> tuple[Block, int]:
-    """Normalise + clip each row (per-record, public rule), project, hash.
+                  proj: np.ndarray, planes: np.ndarray,
+                  centre: Optional[np.ndarray] = None) -> tuple[Block, int]:
+    """Normalise, subtract the DP centre (if any), clip each row
+    (per-record, public rule), project, hash.
 
     Rows are reordered by label (a stable sort; row order carries no
     information the aggregates use) so that classes are contiguous slices.
@@ -64,7 +66,8 @@ def prepare_block(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
     order = np.argsort(y, kind="stable")
     if np.any(order[1:] < order[:-1]):
         x, y = x[order], y[order]
-    xc, n_clipped = clipping.preprocess(x, cfg.normalize, cfg.clip_norm)
+    xc, n_clipped = clipping.preprocess(x, cfg.normalize, cfg.clip_norm,
+                                        centre)
     z = xc @ proj.T
     return Block(xc, y, z, lsh_tree.leaf_codes(z, planes)), n_clipped
 
@@ -79,22 +82,27 @@ class _PrepareFn(beam.DoFn):
             self._proj = generator.projection(self._dim, self._cfg)
         self._planes = generator.planes(self._cfg, self._dim)
 
-    def process(self, block: tuple[np.ndarray, np.ndarray]):
+    def process(self, block: tuple[np.ndarray, np.ndarray], centre=None):
         x, y = block
         with blas_threads(1):
             prepared, n_clipped = prepare_block(x, y, self._cfg, self._proj,
-                                                self._planes)
+                                                self._planes, centre)
         self._clipped.inc(n_clipped)
         yield prepared
 
 
 class PrepareBlocks(beam.PTransform):
-    def __init__(self, cfg: GeneratorConfig, dim: int) -> None:
+    """Raw (x, y) blocks -> ``Block``s; ``centre``: the one-element
+    PCollection of the DP centre (``transforms.centre``), or None."""
+
+    def __init__(self, cfg: GeneratorConfig, dim: int,
+                 centre: Optional[PCollection] = None) -> None:
         super().__init__()
-        self._cfg, self._dim = cfg, dim
+        self._cfg, self._dim, self._centre = cfg, dim, centre
 
     def expand(self, blocks):
-        return blocks | beam.ParDo(_PrepareFn(self._cfg, self._dim))
+        side = [] if self._centre is None else [AsSingleton(self._centre)]
+        return blocks | beam.ParDo(_PrepareFn(self._cfg, self._dim), *side)
 
 
 class RereadBlocks:
@@ -107,14 +115,16 @@ class RereadBlocks:
     """
 
     def __init__(self, pipeline: beam.Pipeline, reader: beam.PTransform,
-                 cfg: GeneratorConfig, dim: int) -> None:
+                 cfg: GeneratorConfig, dim: int,
+                 centre: Optional[PCollection] = None) -> None:
         self.pipeline, self._reader = pipeline, reader
-        self._cfg, self._dim = cfg, dim
+        self._cfg, self._dim, self._centre = cfg, dim, centre
 
     def read(self, name: str) -> PCollection:
         return (self.pipeline
                 | f"{name}Read" >> self._reader
-                | f"{name}Prepare" >> PrepareBlocks(self._cfg, self._dim))
+                | f"{name}Prepare" >> PrepareBlocks(self._cfg, self._dim,
+                                                    self._centre))
 
 
 Blocks = Union[PCollection, RereadBlocks]

@@ -17,10 +17,10 @@ from transforms.aggregate import Block, Blocks, PerClassSum, pass_blocks
 from transforms.noise import AddNoise
 
 
-def _moments(k: int, bound: float):
+def _moments(k: int, bound: float, sumsq: bool):
     def fn(label: int, block: Block, centres: dict) -> moments.Moments:
         return moments.block_moments(
-            block.x, kmeans.nearest(block.z, centres[label]), k, bound)
+            block.x, kmeans.nearest(block.z, centres[label]), k, bound, sumsq)
     return fn
 
 
@@ -28,8 +28,10 @@ class DPMixture(beam.PTransform):
     """Prepared blocks + centres -> (label, ClassMixture).
 
     Mechanisms (per class, add/remove one record, which is in one cluster):
-    count vector (L2 sensitivity 1), sum of clipped x (R), sum of x*x (R^2).
-    Their noise goes through PipelineDP (or seeded noise, see noise.py).
+    count vector (L2 sensitivity 1), sum of clipped x (R), sum of x*x (R^2;
+    only without covariance factors), then the second-moment matrix (R^2,
+    global or per class, see ``_Covariance``). Their noise goes through
+    PipelineDP (or seeded noise, see noise.py).
     """
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
@@ -44,13 +46,17 @@ class DPMixture(beam.PTransform):
         blocks = self._blocks if self._blocks is not None else pcoll
         cfg, k, d = self._cfg, self._cfg.clusters, self._dim
         labels = list(cfg.labels)
+        fields = plan.moment_fields(cfg)
+        with_sumsq = "sumsq" in fields
         exact = (pass_blocks(blocks, "Moments")
-                 | "Moments" >> PerClassSum(labels, _moments(k, cfg.clip_norm),
-                                            [AsDict(self._centres)])
+                 | "Moments" >> PerClassSum(
+                     labels, _moments(k, cfg.clip_norm, with_sumsq),
+                     [AsDict(self._centres)])
                  | "ZeroEmpty" >> beam.MapTuple(
-                     lambda l, m: (l, m or moments.Moments.zeros(k, d))))
+                     lambda l, m: (l, m or moments.Moments.zeros(
+                         k, d, with_sumsq))))
         noisy = {}
-        for field in ("count", "sum", "sumsq"):
+        for field in fields:
             noisy[field] = (
                 exact
                 | f"Take{field}" >> beam.MapTuple(
@@ -62,16 +68,17 @@ class DPMixture(beam.PTransform):
 
         def to_mixture(kv):
             label, parts = kv
-            (count,), (total,), (sumsq,) = (parts["count"], parts["sum"],
-                                            parts["sumsq"])
-            return label, generator.mixture(
-                moments.Moments(count, total, sumsq), label, cfg)
+            values = {f: parts[f][0] for f in fields}
+            return label, generator.mixture(moments.Moments(**values), label,
+                                            cfg)
 
         mixtures = (noisy | "JoinMoments" >> beam.CoGroupByKey()
                     | "Mixture" >> beam.Map(to_mixture))
         if not cfg.covariance_rank:
             return mixtures
-        return mixtures | "SharedCovariance" >> _SharedCovariance(
+        cov = (_SharedCovariance if cfg.covariance == "shared"
+               else _ClassCovariance)
+        return mixtures | "Covariance" >> cov(
             cfg, self._ledger, d, blocks, self._noise_seed)
 
 
@@ -108,13 +115,55 @@ class _SharedCovariance(beam.PTransform):
         factors = (mixtures
                    | "MixtureList" >> beam.combiners.ToList()
                    | "Factors" >> beam.Map(
-                       lambda mixes, m: generator.add_shared_factors(
+                       lambda mixes, m: generator.add_factors(
                            sorted((mx for _, mx in mixes),
                                   key=lambda mx: mx.label), m, cfg),
                        beam.pvalue.AsSingleton(noisy))
                    | "PerClass" >> beam.FlatMap(
                        lambda mixes: [(mx.label, mx) for mx in mixes]))
         return factors
+
+
+class _ClassCovariance(beam.PTransform):
+    """Diagonal mixtures -> mixtures with their own class's factors.
+
+    One mechanism per class: the noisy second-moment matrix of the class's
+    clipped records (L2 sensitivity R^2, add/remove one record, which is in
+    one class: classes compose in parallel); each class's factors are
+    post-processing of it and of that class's noisy moments.
+    """
+
+    def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
+                 blocks, noise_seed: Optional[int]) -> None:
+        super().__init__()
+        self._cfg, self._ledger, self._dim = cfg, ledger, dim
+        self._blocks, self._noise_seed = blocks, noise_seed
+
+    def expand(self, mixtures):
+        cfg, d = self._cfg, self._dim
+        bound = cfg.clip_norm
+        noisy = (pass_blocks(self._blocks, "SecondMoment")
+                 | "SecondMoment" >> PerClassSum(
+                     list(cfg.labels),
+                     lambda _, b: covariance.block_second_moment(b.x, bound))
+                 | "Upper" >> beam.MapTuple(lambda l, m: (
+                     l, covariance.upper(m if m is not None
+                                         else np.zeros((d, d)))))
+                 | "NoiseSecondMoment" >> AddNoise(
+                     self._ledger, plan.class_covariance, list(cfg.labels),
+                     self._noise_seed)
+                 | "Symmetric" >> beam.MapTuple(
+                     lambda l, upper: (
+                         l, covariance.symmetric_from_upper(upper, d))))
+
+        def with_factors(kv):
+            label, parts = kv
+            (mix,), (matrix,) = parts["mixture"], parts["matrix"]
+            return label, generator.add_factors([mix], matrix, cfg)[0]
+
+        return ({"mixture": mixtures, "matrix": noisy}
+                | "JoinCovariance" >> beam.CoGroupByKey()
+                | "Factors" >> beam.Map(with_factors))
 
 
 def _sum_present(values):
@@ -147,8 +196,8 @@ class _Votes:
         if key not in self._index:
             self._index = {k: v for k, v in self._index.items()
                            if k[0] != mix.label}
-            self._index[key] = vote.CandidateIndex(
-                vote.candidates(mix, self._cfg))
+            self._index[key] = vote.CandidateIndex(generator.centred(
+                vote.candidates(mix, self._cfg), mix))
         return self._index[key]
 
     def __call__(self, label: int, block: Block, mixtures: dict) -> np.ndarray:
@@ -158,7 +207,7 @@ class _Votes:
 def _fingerprint(mix: generator.ClassMixture) -> str:
     h = hashlib.blake2b(digest_size=16)
     for part in (mix.weights, mix.means, mix.variances,
-                 getattr(mix, "factors", None)):
+                 getattr(mix, "factors", None), getattr(mix, "centre", None)):
         if part is not None:
             h.update(np.ascontiguousarray(part).tobytes())
     return h.hexdigest()

@@ -1,0 +1,68 @@
+"""The DP centre: one pass over the raw rows before every other pass.
+
+Mechanisms (global: every class composes with them; add/remove one record):
+the sum of the normalised rows, each clipped to ``cfg.centre_bound`` B (L2
+sensitivity B), and the row count (sensitivity 1). The centre, noisy sum /
+noisy count, is public from then on: the other passes subtract it before
+clipping to ``--clip-norm`` (``PrepareBlocks``), which lets a small clip
+radius keep almost all of each row's information.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import apache_beam as beam
+import numpy as np
+
+from dp_ops import clipping, generator, plan
+from dp_ops.config import GeneratorConfig
+from dp_ops.ledger import PrivacyLedger
+from transforms.noise import AddNoise
+
+
+def _block_centre_sum(block: tuple[np.ndarray, np.ndarray],
+                      cfg: GeneratorConfig) -> np.ndarray:
+    """[sum of clipped normalised rows..., row count] of one raw block."""
+    x, _ = block
+    total, count = clipping.centre_sum(x, cfg.normalize, cfg.centre_bound)
+    return np.append(total, float(count))
+
+
+class DPCentre(beam.PTransform):
+    """Raw (x, y) blocks -> a one-element PCollection: the DP centre [d]."""
+
+    def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
+                 noise_seed: Optional[int]) -> None:
+        super().__init__()
+        self._cfg, self._ledger, self._dim = cfg, ledger, dim
+        self._noise_seed = noise_seed
+
+    def expand(self, raw_blocks):
+        cfg, d = self._cfg, self._dim
+        exact = (raw_blocks
+                 | "CentreSum" >> beam.Map(_block_centre_sum, cfg)
+                 | "Total" >> beam.CombineGlobally(
+                     lambda parts: _sum_or_zero(parts, d)))
+
+        def noisy(field: str, name: str, take):
+            return (exact
+                    | f"Take{field}" >> beam.Map(lambda v: ("global", take(v)))
+                    | f"Noise{field}" >> AddNoise(
+                        self._ledger, lambda _: name, ["global"],
+                        self._noise_seed)
+                    | f"Value{field}" >> beam.MapTuple(lambda _, v: v))
+
+        total = noisy("Sum", plan.CENTRE_SUM, lambda v: v[:d])
+        count = noisy("Count", plan.CENTRE_COUNT, lambda v: v[d:])
+        return (total
+                | "Centre" >> beam.Map(
+                    lambda s, c: generator.centre_from(s, float(c[0]), cfg),
+                    beam.pvalue.AsSingleton(count)))
+
+
+def _sum_or_zero(parts, d: int) -> np.ndarray:
+    total = np.zeros(d + 1)
+    for part in parts:
+        total = total + part
+    return total
