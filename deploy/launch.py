@@ -79,6 +79,8 @@ def translate(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]
                 out.append(dashed)
             elif value.lower() not in _FALSE:
                 raise ValueError(f"{name}: expected true or false, got {value!r}")
+            elif "--no-" + dashed[2:] in known:  # an on-by-default switch
+                out.append("--no-" + dashed[2:])
         else:
             out.append(dashed + eq + value)
     return out

@@ -42,6 +42,15 @@ def test_launch_translates_beam_style_flags(parser):
                     "--temp_location=gs://b/t"]
 
 
+def test_launch_turns_off_on_by_default_switches(parser):
+    out = launch.translate(["--center=false", "--covariance=per-class"],
+                           parser)
+    assert out == ["--no-center", "--covariance=per-class"]
+    args, _ = parser.parse_known_args(out)
+    assert (args.center, args.covariance) == (False, "per-class")
+    assert launch.translate(["--center=true"], parser) == ["--center"]
+
+
 def test_launch_drops_orchestrator_job_labels(parser):
     for labels in ("--labels=airflow-version=v3-1-8",
                    '--labels={"airflow-version": "v3-1-8"}'):

@@ -121,26 +121,41 @@ def test_impossible_config_refused_before_reading(tmp_path, capsys):
     assert "sum to 1" in capsys.readouterr().err
 
 
-def test_shared_covariance_and_single_cluster_match_reference(tmp_path):
+@pytest.mark.parametrize("mode,center", [("shared", True),
+                                         ("per-class", True),
+                                         ("shared", False)])
+def test_covariance_modes_and_centre_match_reference(tmp_path, mode, center):
     x, y = gmm_data(1200, d=10, classes=3, comps=2)
     np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
     for k in (1, 3):
         out = tmp_path / f"rel{k}"
         assert _run("--input", tmp_path / "in.npz", "--output", out,
                     "--num-classes", 3, "--epsilon", 3, "--clusters", k,
-                    "--covariance-rank", 4, "--noise-seed", 5) == 0
+                    "--covariance-rank", 4, "--covariance", mode,
+                    "--center" if center else "--no-center",
+                    "--noise-seed", 5) == 0
         cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=3, clusters=k,
-                              covariance_rank=4)
+                              covariance_rank=4, covariance=mode,
+                              center=center)
         ledger = plan.make_ledger(cfg)
         stages = {m.stage for m in ledger.mechanisms}
         assert ("tree" in stages) == (k > 1) and "covariance" in stages
+        assert ("centre" in stages) == center
         mixes, _, _ = reference.generate(x, y, cfg, ledger, SeededNoise(5))
         gmm = load_gmm(str(out))
         for label in (0, 1, 2):
-            np.testing.assert_allclose(gmm.mixtures[label].factors,
-                                       mixes[label].factors, atol=1e-6)
-            np.testing.assert_allclose(gmm.mixtures[label].variances,
-                                       mixes[label].variances, atol=1e-6)
+            for field in ("factors", "variances", "means", "weights"):
+                np.testing.assert_allclose(
+                    getattr(gmm.mixtures[label], field),
+                    getattr(mixes[label], field), atol=1e-6)
+            if center:
+                np.testing.assert_allclose(gmm.mixtures[label].centre,
+                                           mixes[label].centre, atol=1e-12)
+            else:
+                assert gmm.mixtures[label].centre is None
+        if mode == "per-class":  # each class has its own factors
+            assert not np.allclose(gmm.mixtures[0].factors,
+                                   gmm.mixtures[1].factors)
 
 
 def test_materialised_blocks_give_the_same_release(tmp_path):

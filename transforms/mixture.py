@@ -82,19 +82,23 @@ class DPMixture(beam.PTransform):
             cfg, self._ledger, d, blocks, self._noise_seed)
 
 
-class _SharedCovariance(beam.PTransform):
-    """Diagonal mixtures -> mixtures with shared low-rank factors.
-
-    One global mechanism: the noisy second-moment matrix of all clipped
-    records (L2 sensitivity R^2, add/remove one record); the factors are
-    post-processing of it and of the noisy per-cluster moments.
-    """
+class _Covariance(beam.PTransform):
+    """Mixtures -> mixtures with covariance factors (see the subclasses)."""
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
                  blocks, noise_seed: Optional[int]) -> None:
         super().__init__()
         self._cfg, self._ledger, self._dim = cfg, ledger, dim
         self._blocks, self._noise_seed = blocks, noise_seed
+
+
+class _SharedCovariance(_Covariance):
+    """Diagonal mixtures -> mixtures with shared low-rank factors.
+
+    One global mechanism: the noisy second-moment matrix of all clipped
+    records (L2 sensitivity R^2, add/remove one record); the factors are
+    post-processing of it and of the noisy per-cluster moments.
+    """
 
     def expand(self, mixtures):
         cfg, d = self._cfg, self._dim
@@ -124,7 +128,7 @@ class _SharedCovariance(beam.PTransform):
         return factors
 
 
-class _ClassCovariance(beam.PTransform):
+class _ClassCovariance(_Covariance):
     """Diagonal mixtures -> mixtures with their own class's factors.
 
     One mechanism per class: the noisy second-moment matrix of the class's
@@ -132,12 +136,6 @@ class _ClassCovariance(beam.PTransform):
     one class: classes compose in parallel); each class's factors are
     post-processing of it and of that class's noisy moments.
     """
-
-    def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
-                 blocks, noise_seed: Optional[int]) -> None:
-        super().__init__()
-        self._cfg, self._ledger, self._dim = cfg, ledger, dim
-        self._blocks, self._noise_seed = blocks, noise_seed
 
     def expand(self, mixtures):
         cfg, d = self._cfg, self._dim
