@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dp_ops.moments import quantize
+
 NORMALIZATIONS = ("none", "unit")
 
 
@@ -49,7 +51,6 @@ def centre_sum(x: np.ndarray, normalize: str,
                bound: float) -> tuple[np.ndarray, int]:
     """Exact (grid-quantised, order-independent) sum of the normalised rows
     clipped to ``bound``, and the row count: the centre's aggregates."""
-    from dp_ops.moments import quantize
     rows, _ = clip_rows(normalize_rows(np.asarray(x, np.float64), normalize),
                         bound)
     return quantize(rows, bound).sum(axis=0), len(rows)

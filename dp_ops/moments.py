@@ -78,9 +78,8 @@ def mixture_from_moments(noisy: Moments, clip_norm: float,
     norms = np.linalg.norm(means, axis=1, keepdims=True)
     means = means * np.minimum(1.0, clip_norm / np.maximum(norms, 1e-300))
     floor = variance_floor * clip_norm ** 2 / d
-    if noisy.sumsq is None:  # set later from the covariance factors
-        return np.where(noisy.count >= 1.0, noisy.count, 0.0), means, \
-            np.full_like(means, floor)
-    var = np.maximum(noisy.sumsq / n[:, None] - means ** 2, floor)
     weights = np.where(noisy.count >= 1.0, noisy.count, 0.0)
+    if noisy.sumsq is None:  # set later from the covariance factors
+        return weights, means, np.full_like(means, floor)
+    var = np.maximum(noisy.sumsq / n[:, None] - means ** 2, floor)
     return weights, means, var

@@ -127,14 +127,15 @@ def generate(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
     unknown = np.setdiff1d(np.unique(y), np.array(cfg.labels))
     if unknown.size:
         raise ValueError(f"labels {unknown.tolist()} are not in --labels")
+    with _timed(timings, "clip"):  # normalise once for both passes
+        xn = clipping.normalize_rows(np.asarray(x, np.float64), cfg.normalize)
     centre = None
     if cfg.center:
         with _timed(timings, "centre"):
-            total, count = clipping.centre_sum(x, cfg.normalize,
-                                               cfg.centre_bound)
+            total, count = clipping.centre_sum(xn, "none", cfg.centre_bound)
             centre = generator.noisy_centre(total, count, cfg, ledger, noise)
     with _timed(timings, "clip"):
-        xc, _ = clipping.preprocess(x, cfg.normalize, cfg.clip_norm, centre)
+        xc, _ = clipping.preprocess(xn, "none", cfg.clip_norm, centre)
     rows = {label: xc[y == label] for label in cfg.labels}
     with kmeans.blas_threads(1):  # small products: see blas_threads
         mixes = {label: fit_class(rows[label], label, cfg, ledger, noise,

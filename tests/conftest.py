@@ -16,6 +16,25 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 
 
+def assert_release_matches_reference(out, x, y, cfg, noise_seed: int,
+                                     fields=("means",)):
+    """The release written to ``out`` holds the mixture fields that the
+    in-memory reference computes on (x, y) with the same noise seed;
+    returns the reference's (mixtures, synthetic x, synthetic y)."""
+    from dp_ops import plan, reference
+    from dp_ops.noise import SeededNoise
+    from pipelines.release import load_gmm
+    mixes, xs, ys = reference.generate(x, y, cfg, plan.make_ledger(cfg),
+                                       SeededNoise(noise_seed))
+    gmm = load_gmm(str(out))
+    for label in cfg.labels:
+        for field in fields:
+            np.testing.assert_allclose(getattr(gmm.mixtures[label], field),
+                                       getattr(mixes[label], field),
+                                       atol=1e-6, err_msg=f"{label} {field}")
+    return mixes, xs, ys
+
+
 def shared_path(*parts: str) -> str:
     """Path under ../shared, or skip the test with the reason."""
     path = os.path.join(SHARED, *parts)

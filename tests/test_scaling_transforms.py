@@ -39,25 +39,19 @@ def _data(tmp_path):
     return str(tmp_path / "part-*.npz"), counts
 
 
-def test_chained_passes_over_one_pcollection_do_not_stall(tmp_path):
+@pytest.mark.parametrize("layout", ["one-pcollection", "reread"])
+def test_chained_passes_give_the_sums_and_do_not_stall(tmp_path, layout):
+    """Chained passes over one materialised PCollection of blocks (which
+    once stalled the FnApiRunner) or over blocks re-read for every pass."""
     pattern, counts = _data(tmp_path)
     cfg = GeneratorConfig(labels=(0, 1, 2), cluster_dim=3, tree_depth=3)
     spec = io.InputSpec(pattern, labels=(0, 1, 2), block_size=64)
     reader = io.ReadEmbeddingBlocks(spec)
     with TestPipeline(runner="FnApiRunner") as p:
-        blocks = p | reader | PrepareBlocks(cfg, reader.dim)
-        out = _chain(blocks, [0, 1, 2])
-        assert_that(out, equal_to([(0, counts[0]), (1, counts[1]),
-                                   (2, None)]))
-
-
-def test_reread_blocks_give_the_same_sums(tmp_path):
-    pattern, counts = _data(tmp_path)
-    cfg = GeneratorConfig(labels=(0, 1, 2), cluster_dim=3, tree_depth=3)
-    spec = io.InputSpec(pattern, labels=(0, 1, 2), block_size=64)
-    reader = io.ReadEmbeddingBlocks(spec)
-    with TestPipeline(runner="FnApiRunner") as p:
-        blocks = RereadBlocks(p, reader, cfg, reader.dim)
+        if layout == "reread":
+            blocks = RereadBlocks(p, reader, cfg, reader.dim)
+        else:
+            blocks = p | reader | PrepareBlocks(cfg, reader.dim)
         out = _chain(blocks, [0, 1, 2])
         assert_that(out, equal_to([(0, counts[0]), (1, counts[1]),
                                    (2, None)]))
@@ -68,11 +62,9 @@ def test_both_block_layouts_match_in_memory_reference(tmp_path, layout):
     """The whole graph, re-reading the files every pass (default) or with
     the blocks materialised once, equals the reference with the same seeds,
     over several input files and small blocks."""
-    from dp_ops import plan, reference
-    from dp_ops.noise import SeededNoise
     from pipelines import cli, generate
-    from pipelines.release import load_gmm, load_release
-    from tests.conftest import gmm_data
+    from pipelines.release import load_release
+    from tests.conftest import assert_release_matches_reference, gmm_data
 
     x, y = gmm_data(1200, d=10, classes=3, comps=2)
     np.savez(tmp_path / "a.npz", embeddings=x[:700], labels=y[:700])
@@ -86,10 +78,5 @@ def test_both_block_layouts_match_in_memory_reference(tmp_path, layout):
     assert cli.main(argv) == 0
     args, _ = generate.parser().parse_known_args(argv[1:])
     cfg = generate.config_from(args, (0, 1, 2))
-    mixes, _, ys = reference.generate(x, y, cfg, plan.make_ledger(cfg),
-                                      SeededNoise(5))
-    gmm = load_gmm(str(out))
-    for label in (0, 1, 2):
-        np.testing.assert_allclose(gmm.mixtures[label].means,
-                                   mixes[label].means, atol=1e-6)
+    _, _, ys = assert_release_matches_reference(out, x, y, cfg, 5)
     assert len(load_release(str(out))[1]) == len(ys)

@@ -146,6 +146,16 @@ def add_inplace(acc: Any, value: Any) -> Any:
     return acc + value
 
 
+def sum_present(values: Iterable[Any]) -> Any:
+    """Sum of the values that are not None (None if there are none): the
+    combine function of a global sum over blocks."""
+    total = None
+    for v in values:
+        if v is not None:
+            total = copy.deepcopy(v) if total is None else add_inplace(total, v)
+    return total
+
+
 class _SumFn(beam.CombineFn):
     """Sums partial aggregates with ``add``; None is the zero.
 

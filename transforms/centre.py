@@ -18,6 +18,7 @@ import numpy as np
 from dp_ops import clipping, generator, plan
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
+from transforms.aggregate import sum_present
 from transforms.noise import AddNoise
 
 
@@ -42,8 +43,9 @@ class DPCentre(beam.PTransform):
         cfg, d = self._cfg, self._dim
         exact = (raw_blocks
                  | "CentreSum" >> beam.Map(_block_centre_sum, cfg)
-                 | "Total" >> beam.CombineGlobally(
-                     lambda parts: _sum_or_zero(parts, d)))
+                 | "Total" >> beam.CombineGlobally(sum_present)
+                 | "ZeroIfEmpty" >> beam.Map(
+                     lambda v: np.zeros(d + 1) if v is None else v))
 
         def noisy(field: str, name: str, take):
             return (exact
@@ -59,10 +61,3 @@ class DPCentre(beam.PTransform):
                 | "Centre" >> beam.Map(
                     lambda s, c: generator.centre_from(s, float(c[0]), cfg),
                     beam.pvalue.AsSingleton(count)))
-
-
-def _sum_or_zero(parts, d: int) -> np.ndarray:
-    total = np.zeros(d + 1)
-    for part in parts:
-        total = total + part
-    return total

@@ -13,7 +13,8 @@ from dp_ops import covariance, generator, kmeans, moments, plan, vote
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import make_noise_source
-from transforms.aggregate import Block, Blocks, PerClassSum, pass_blocks
+from transforms.aggregate import (Block, Blocks, PerClassSum, pass_blocks,
+                                  sum_present)
 from transforms.noise import AddNoise
 
 
@@ -106,7 +107,7 @@ class _SharedCovariance(_Covariance):
         exact = (pass_blocks(self._blocks, "SecondMoment")
                  | "SecondMoment" >> beam.Map(
                      lambda b: covariance.block_second_moment(b.x, bound))
-                 | "Total" >> beam.CombineGlobally(_sum_present)
+                 | "Total" >> beam.CombineGlobally(sum_present)
                  | "Upper" >> beam.Map(lambda m: (
                      "global", covariance.upper(m if m is not None
                                                 else np.zeros((d, d))))))
@@ -162,14 +163,6 @@ class _ClassCovariance(_Covariance):
         return ({"mixture": mixtures, "matrix": noisy}
                 | "JoinCovariance" >> beam.CoGroupByKey()
                 | "Factors" >> beam.Map(with_factors))
-
-
-def _sum_present(values):
-    total = None
-    for v in values:
-        if v is not None:
-            total = v.copy() if total is None else total + v
-    return total
 
 
 class _Votes:
