@@ -35,6 +35,19 @@ def assert_release_matches_reference(out, x, y, cfg, noise_seed: int,
     return mixes, xs, ys
 
 
+def shared_image_subset(split: str, per_class: int, dest,
+                        classes=("cat", "ship")):
+    """Copies the first ``per_class`` shared CIFAR-10 JPEGs of each class
+    into ``dest/<class>/`` (skips the test without ../shared); returns dest."""
+    import shutil
+    src = shared_path("data", "cifar10-images", split)
+    for name in classes:
+        (dest / name).mkdir(parents=True)
+        for f in sorted(os.listdir(os.path.join(src, name)))[:per_class]:
+            shutil.copy(os.path.join(src, name, f), dest / name / f)
+    return dest
+
+
 def shared_path(*parts: str) -> str:
     """Path under ../shared, or skip the test with the reason."""
     path = os.path.join(SHARED, *parts)

@@ -1,21 +1,14 @@
 """`dpsynth generate --images`: encode in the workers, then the DP job."""
 
 import json
-import os
-import shutil
 
 from pipelines import cli
-from tests.conftest import shared_path
+from tests.conftest import shared_image_subset
 from tests.test_encoders import _tiny_keras
 
 
 def test_generate_from_images_end_to_end(tmp_path):
-    src = shared_path("data", "cifar10-images", "train")
-    root = tmp_path / "images"
-    for name in ("cat", "ship"):
-        (root / name).mkdir(parents=True)
-        for f in sorted(os.listdir(os.path.join(src, name)))[:12]:
-            shutil.copy(os.path.join(src, name, f), root / name / f)
+    root = shared_image_subset("train", 12, tmp_path / "images")
     model = tmp_path / "tiny.keras"
     _tiny_keras(model)
     out = tmp_path / "release"

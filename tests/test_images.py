@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import sys
 
 import apache_beam as beam
@@ -13,7 +12,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from PIL import Image
 
-from tests.conftest import shared_path
+from tests.conftest import shared_image_subset, shared_path
 from transforms import images as ti
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -194,12 +193,7 @@ def test_tfrecord_reader(tmp_path):
 
 
 def test_shared_images_subset_reads(tmp_path):
-    src = shared_path("data", "cifar10-images", "test")
-    root = tmp_path / "cifar"
-    for name in ("cat", "ship"):
-        (root / name).mkdir(parents=True)
-        for f in sorted(os.listdir(os.path.join(src, name)))[:2]:
-            shutil.copy(os.path.join(src, name, f), root / name / f)
+    root = shared_image_subset("test", 2, tmp_path / "cifar")
     sink, read = _collect(tmp_path, "ok")
     with beam.Pipeline(options=_options()) as p:
         (p | ti.ReadImages(str(root)))["images"] | beam.Map(lambda e: sink((e[1], e[2].shape)))
