@@ -31,16 +31,22 @@ class DPGMM(Generator):
     sampler when ``noise_seed`` is None, as in the product).
     """
 
-    def __init__(self, vote_filter: bool = False, **overrides) -> None:
+    def __init__(self, vote_filter: bool = False, adaptive: bool = False,
+                 **overrides) -> None:
         fields = {f.name for f in dataclasses.fields(GeneratorConfig)}
         bad = sorted(set(overrides) - fields)
         if bad:
             raise ValueError(f"unknown GeneratorConfig fields {bad}")
+        if adaptive and vote_filter:
+            raise ValueError("the adaptive plan has no vote filter")
         self.vote_filter = vote_filter
+        self.adaptive = adaptive  # dp_ops.adaptive two-phase plan (issue 13)
         self.overrides = overrides
         self.normalize = overrides.get("normalize", "unit")
-        self.name = "dpgmm-vote" if vote_filter else "dpgmm"
-        self.display = ("DP-GMM + vote filter (ours)" if vote_filter
+        self.name = ("dpgmm-adaptive" if adaptive else
+                     "dpgmm-vote" if vote_filter else "dpgmm")
+        self.display = ("DP-GMM, adaptive plan (ours)" if adaptive else
+                        "DP-GMM + vote filter (ours)" if vote_filter
                         else "DP-GMM (ours)")
 
     def config(self, labels: Sequence[int], epsilon: float, delta: float,
@@ -54,12 +60,17 @@ class DPGMM(Generator):
             noise_seed: Optional[int] = None) -> MethodOutput:
         x, y = check_inputs(x, y, labels, epsilon, delta)
         cfg = self.config(labels, epsilon, delta, seed)
-        ledger = plan.make_ledger(cfg)
-        _, xs, ys = reference.generate(x, y, cfg, ledger,
-                                       make_noise_source(noise_seed))
-        assert_within_budget(ledger, epsilon)
         info = {"config": {k: v for k, v in dataclasses.asdict(cfg).items()
                            if k != "labels"}}
+        if self.adaptive:
+            _, xs, ys, ledger, structure = reference.generate_adaptive(
+                x, y, cfg, make_noise_source(noise_seed))
+            info["structure"] = structure.to_manifest()
+        else:
+            ledger = plan.make_ledger(cfg)
+            _, xs, ys = reference.generate(x, y, cfg, ledger,
+                                           make_noise_source(noise_seed))
+        assert_within_budget(ledger, epsilon)
         notes = []
         if math.isinf(epsilon):
             notes.append("epsilon=inf: no noise, NOT differentially private")

@@ -24,6 +24,7 @@ Frobenius norm is ||a_i|| * ||delta_i||.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Optional, Sequence
 
@@ -139,6 +140,7 @@ def sampled_gaussian_event(q: float, z: float, steps: int
         steps)
 
 
+@functools.lru_cache(maxsize=256)
 def calibrate_noise_multiplier(epsilon: float, delta: float, q: float,
                                steps: int, accountant: str = "rdp") -> float:
     """Smallest z such that ``steps`` Poisson(q)-sampled Gaussian steps are
@@ -164,6 +166,26 @@ def plan_ledger(epsilon: float, delta: float, q: float, steps: int,
         sensitivity=clip_norm, sigma=z * clip_norm, count=steps,
         sampling_probability=q))
     return ledger
+
+
+def train_loop(params: dict, xp: np.ndarray, y_idx: np.ndarray,
+               cfg: DPSGDConfig, sigma: float, q: float, steps: int,
+               denominator: float, noise: NoiseSource,
+               sampler: np.random.Generator) -> None:
+    """``steps`` Poisson(q)-sampled noisy clipped gradient steps (momentum,
+    optional cosine decay), updating ``params`` in place."""
+    velocity = {k: np.zeros_like(v) for k, v in params.items()}
+    for step in range(steps):
+        batch = np.flatnonzero(sampler.random(len(xp)) < q)
+        grad = noisy_gradient(params, xp[batch], y_idx[batch],
+                              cfg.clip_norm, sigma, denominator, noise,
+                              f"dpsgd/step-{step}")
+        lr = cfg.learning_rate * (
+            0.5 * (1 + math.cos(math.pi * step / steps))
+            if cfg.cosine_decay else 1.0)
+        for k in params:
+            velocity[k] = cfg.momentum * velocity[k] + grad[k]
+            params[k] -= lr * velocity[k]
 
 
 # ----------------------------------------------------------------- method
@@ -203,19 +225,8 @@ class DPSGD(Method):
         params = init_params(x.shape[1], cfg.hidden, len(labels),
                              np.random.default_rng([seed, 0xD5]),
                              cfg.input_scale)
-        velocity = {k: np.zeros_like(v) for k, v in params.items()}
-        denom = q * n_public
-        for step in range(steps):
-            batch = np.flatnonzero(sampler.random(len(xp)) < q)
-            grad = noisy_gradient(params, xp[batch], y_idx[batch],
-                                  cfg.clip_norm, mech.sigma, denom, noise,
-                                  f"dpsgd/step-{step}")
-            lr = cfg.learning_rate * (
-                0.5 * (1 + math.cos(math.pi * step / steps))
-                if cfg.cosine_decay else 1.0)
-            for k in params:
-                velocity[k] = cfg.momentum * velocity[k] + grad[k]
-                params[k] -= lr * velocity[k]
+        train_loop(params, xp, y_idx, cfg, mech.sigma, q, steps,
+                   q * n_public, noise, sampler)
         spent = assert_within_budget(ledger, epsilon)
         scale = cfg.input_scale
         classifier = Classifier(

@@ -1,0 +1,140 @@
+"""Utility study, issue 13: which DP generator design matches DP-SGD on both
+shared datasets? Selection on validation splits of the TRAIN files only.
+
+    python benchmarks/utility_study13.py --dataset 20news --recipes A,B \
+        --epsilons 1,2,4,8 --seeds 0,1,2
+
+Every run appends one JSON line to benchmarks/results/utility_study-issue13
+.jsonl (dataset, recipe, epsilon, seed, validation accuracy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.study13_engine import Engine, Recipe  # noqa: E402
+from benchmarks.study_data import RESULTS, selection_split  # noqa: E402
+
+COV = 0.5968
+RECIPES = {
+    "defaults": Recipe(),
+    "shared full": Recipe(form="full"),
+    "shared full ridge1": Recipe(form="full", ridge=1.0),
+    "per-class lowrank": Recipe(cov_global=0.0, cov_class=COV,
+                                shared_from="pooled", per_class="raw"),
+    "per-class full": Recipe(cov_global=0.0, cov_class=COV,
+                             shared_from="pooled", per_class="raw", form="full"),
+    "pooled js lowrank": Recipe(cov_global=0.0, cov_class=COV,
+                                shared_from="pooled", per_class="js"),
+    "pooled js full": Recipe(cov_global=0.0, cov_class=COV,
+                             shared_from="pooled", per_class="js", form="full"),
+    "hier js lowrank": Recipe(cov_global=COV / 2, cov_class=COV / 2,
+                              shared_from="combined", per_class="js"),
+    "hier js full": Recipe(cov_global=COV / 2, cov_class=COV / 2,
+                           shared_from="combined", per_class="js", form="full"),
+}
+LOG = os.path.join(RESULTS, "utility_study-issue13.jsonl")
+INF = float("inf")
+FIXED_SUM = {"sum_min": 0.385, "sum_max": 0.385, "sum_levels": 1}
+# Runs of the dp_ops implementation itself (dp_ops.reference):
+# "ref:" = generate_adaptive with these RuleConstants overrides,
+# "old:" = the issue-8 generator (reference.generate) with these
+# GeneratorConfig overrides.
+REF = {
+    "ref:adaptive": {},
+    "ref:adaptive, no class subspace": {"subspace_min_signal": INF},
+    "ref:adaptive, fixed sum share": dict(FIXED_SUM),
+    "ref:adaptive, fixed sum share, no class subspace": dict(
+        FIXED_SUM, subspace_min_signal=INF),
+    "ref:adaptive, spectral deviation": {"deviation": "spectral"},
+    "ref:adaptive, class subspace always": {"subspace_min_signal": 0.0},
+    "old:issue-8 defaults": {},
+    "old:issue-8 per-class": {"covariance": "per-class"},
+}
+
+
+def run_reference(name: str, eps: float, seed: int, split,
+                  overrides: dict) -> dict:
+    """One run of the dp_ops reference on the fit part, probed on val."""
+    import time
+    import numpy as np
+    from benchmarks.study_data import probe
+    from dp_ops import adaptive, plan, reference
+    from dp_ops.config import GeneratorConfig
+    from dp_ops.noise import SeededNoise
+    t = time.time()
+    labels = tuple(range(split.classes))
+    noise = SeededNoise(1000 + seed)
+    info = {}
+    if name.startswith("ref:"):
+        cfg = GeneratorConfig(labels=labels, epsilon=eps, seed=seed)
+        consts = adaptive.RuleConstants(**overrides)
+        _, xs, ys, ledger, st = reference.generate_adaptive(
+            split.x_fit, split.y_fit, cfg, noise, consts)
+        info = {"structure": st.name, "sum_share": round(st.sum_share, 4),
+                "class_share": round(st.class_share, 4)}
+    else:
+        cfg = GeneratorConfig(labels=labels, epsilon=eps, seed=seed,
+                              **overrides)
+        ledger = plan.make_ledger(cfg)
+        _, xs, ys = reference.generate(split.x_fit, split.y_fit, cfg, ledger,
+                                       noise)
+    info["spent_epsilon"] = ledger.spent_epsilon()
+    acc = probe(np.asarray(xs), np.asarray(ys), split)
+    return {"accuracy": acc, "seconds": round(time.time() - t, 1),
+            "info": info}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dataset", default="20news")
+    ap.add_argument("--recipes", default=",".join(RECIPES))
+    ap.add_argument("--epsilons", default="1,2,4,8")
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--set", action="append", default=[],
+                    help="NAME:field=value,... defines a recipe from defaults")
+    args = ap.parse_args()
+    recipes = dict(RECIPES)
+    for spec in args.set:
+        name, _, fields = spec.partition(":")
+        kw = {}
+        for item in fields.split(","):
+            f, _, v = item.partition("=")
+            kw[f] = v if f in ("shared_from", "per_class", "form", "exact", "mean_denoise", "dev_shrink") else float(v)
+            if f in ("rank", "subspace"):
+                kw[f] = int(float(v))
+        recipes[name] = Recipe(**kw)
+    names = [n.strip() for n in args.recipes.split(";" if ";" in args.recipes else ",")]
+    split = selection_split(args.dataset)
+    engine = Engine(split)
+    os.makedirs(RESULTS, exist_ok=True)
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        for eps in [float(e) for e in args.epsilons.split(",")]:
+            for name in names:
+                if name in REF:
+                    out = run_reference(name, eps, seed, split, REF[name])
+                    config = REF[name]
+                else:
+                    r = recipes[name]
+                    out = engine.run(eps, seed, r)
+                    config = dataclasses.asdict(r)
+                rec = {"dataset": args.dataset, "recipe": name, "epsilon": eps,
+                       "seed": seed, "tag": args.tag, **out,
+                       "config": config}
+                print(json.dumps({k: v for k, v in rec.items() if k != "config"}),
+                      flush=True)
+                with open(LOG, "a") as fh:
+                    fh.write(json.dumps(rec) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

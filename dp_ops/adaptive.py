@@ -1,0 +1,516 @@
+"""Adaptive two-phase generator plan (issue 13): pure functions.
+
+Why adaptive: no fixed covariance model wins on every dataset. A per-class
+covariance pays off for large classes at moderate epsilon and loses on
+small ones; the split of the budget between class means and covariance
+should follow how noisy each is. Class sizes are private, so the plan
+spends a small first budget on noisy class counts and derives everything
+else from public inputs and those DP counts.
+
+Phase 1 (read with the DP centre, one pass): per class, the noisy row count
+(``class=<c>/count``, sensitivity 1); globally the DP centre
+(``global/centre/sum``, sensitivity B = 1 for unit rows, and
+``global/centre/count``, sensitivity 1). Its share of the budget is fixed.
+
+Rule (``choose_structure``): a documented, public function of (epsilon,
+delta, d, the noisy counts) and this module's constants; it fixes the
+structure of phase 2 (see ``Structure``). Nothing in it reads private data.
+
+Phase 2 (one pass over the centred, clipped rows given the structure):
+exact per-class sums and per-class d x d second moments (the shared second
+moment is their sum, computed before any noise). Mechanisms, all Gaussian,
+add/remove one record, clip radius R, by mode (``Structure``):
+
+- every mode: ``class=<c>/moments/sum``, the sum of the class's clipped
+  rows, sensitivity R.
+- "shared" and "subspace": ``global/covariance/second-moment``,
+  sum_i x_i x_i^T over all rows, released as its isometric upper triangle
+  (covariance.upper), sensitivity ||x x^T||_F = ||x||^2 <= R^2.
+- "subspace" (rank r): ``class=<c>/covariance/subspace``,
+  P^T (sum_{i in c} x_i x_i^T) P for the [d, r] orthonormal basis P of the
+  top-r eigenvectors of the *noisy* shared within-class covariance
+  (post-processing of the previous mechanism, so P is public by then);
+  sensitivity ||P^T x||^2 <= ||x||^2 <= R^2 (isometric upper triangle).
+- "per-class": ``class=<c>/covariance/second-moment``, the class's d x d
+  second moment (isometric upper triangle), sensitivity R^2, and no
+  global matrix (the issue-8 ``--covariance per-class`` mechanism).
+
+Accounting: every mechanism is Gaussian, so one class (with the global
+mechanisms) is mu-GDP with mu^2 = sum 1/z_i^2. Phase 1 takes the fixed
+share PHASE1 of mu^2; phase 2 gets the rest, whatever the rule picks
+(fully adaptive composition of Gaussian mechanisms with a fixed total
+mu^2 is mu-GDP: Smith & Thakurta 2022, "Fully adaptive composition for
+Gaussian differential privacy"). ``calibrate_mu`` additionally certifies
+with dp_accounting that EVERY structure the rule can return (``menu``)
+meets (epsilon, delta), shrinking mu until all do; the ledger lists
+exactly the mechanisms that ran (phase 1 + the chosen phase 2).
+
+Post-processing (free): class means from noisy sums and counts; the shared
+within-class covariance W from the global matrix; in the subspace mode,
+per class, the top-r block of W is replaced by the class's own DP block
+(a hierarchy: per-class inside the subspace, shared outside), repaired to
+be positive semi-definite; in the per-class mode each class's factors come
+from its own matrix. Every class is released as factors [d, r'] + a
+diagonal, so sampling stays two matrix products.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+from dp_ops import covariance, plan
+from dp_ops.calibration import Slot, _mechanisms, gdp_mu
+from dp_ops.config import GeneratorConfig
+from dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger, compose_epsilon
+
+# Shares of mu^2 (each class, with the global mechanisms, sees all of them).
+PHASE1 = {"centre": 0.0132, "count": 0.02}
+CENTRE_SPLIT = {"sum": 0.8, "count": 0.2}  # inside the centre's share
+
+
+MODES = ("shared", "subspace", "per-class")
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleConstants:
+    """Public constants of the rule (see ``choose_structure``)."""
+
+    # Mean-versus-covariance split (``sum_share_rule``).
+    mean_weight: float = 2.2
+    sum_min: float = 0.3
+    sum_max: float = 0.75
+    sum_levels: int = 6
+    # Covariance structure from the per-class signal s = n_typ mu / sqrt(d)
+    # (``class_signal``): shared below subspace_min_signal, shared + class
+    # subspace below per_class_min_signal, else one d x d matrix per class
+    # (the latter only with >= per_class_min_classes classes).
+    subspace_min_signal: float = 10.0
+    per_class_min_signal: float = 50.0
+    per_class_min_classes: int = 3
+    subspace_dim_fraction: int = 6  # rank min(subspace_rank, d // 6)
+    subspace_rank: int = 128
+    subspace_share: float = 0.5  # of the covariance part of phase 2
+    shared_rank: int = 128
+    # Post-processing of a class's subspace block: "raw" keeps the noisy
+    # estimate; "spectral" shrinks its deviation from the shared block by
+    # the noise edge (spike_shrink). Raw measured better (the noise
+    # regularises the downstream classifier).
+    deviation: str = "raw"
+
+    def class_rank(self, d: int) -> int:
+        return max(1, min(self.subspace_rank, d // self.subspace_dim_fraction))
+
+
+@dataclasses.dataclass(frozen=True)
+class Structure:
+    """What phase 2 runs. Shares are of the total mu^2 (with PHASE1 they
+    sum to 1).
+
+    mode "shared": class sums + the global second moment; "subspace": also
+    each class's r x r matrix in the shared top-r subspace (``class_rank``
+    r); "per-class": class sums + each class's d x d second moment, no
+    global matrix (``covariance_share`` 0).
+    """
+
+    mode: str
+    sum_share: float
+    covariance_share: float
+    class_share: float
+    class_rank: int
+    shared_rank: int
+    # (name, value) pairs: the rule's inputs (not part of the structure)
+    inputs: tuple = dataclasses.field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        total = sum(PHASE1.values()) + self.sum_share + \
+            self.covariance_share + self.class_share
+        if abs(total - 1.0) > 1e-9:
+            raise ValueError(f"structure shares sum to {total}, not 1")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown structure mode {self.mode!r}")
+        if (self.mode == "subspace") != (self.class_rank > 0):
+            raise ValueError("a class rank goes with the subspace mode")
+        if (self.mode == "shared") != (self.class_share == 0):
+            raise ValueError("only the shared mode has no class matrices")
+        if (self.mode == "per-class") != (self.covariance_share == 0):
+            raise ValueError("only the per-class mode has no global matrix")
+
+    @property
+    def name(self) -> str:
+        if self.mode == "subspace":
+            return f"shared + per-class subspace (rank {self.class_rank})"
+        return self.mode
+
+    def weights(self) -> dict[str, float]:
+        out = {"centre": PHASE1["centre"], "count": PHASE1["count"],
+               "moments": self.sum_share}
+        if self.covariance_share:
+            out["covariance"] = self.covariance_share
+        if self.class_share:
+            out["class-covariance"] = self.class_share
+        return out
+
+    def to_manifest(self) -> dict:
+        return {"structure": self.name, "mode": self.mode,
+                "shares_of_mu2": self.weights(),
+                "class_subspace_rank": self.class_rank,
+                "shared_rank": self.shared_rank,
+                "rule_inputs": dict(self.inputs)}
+
+
+# ------------------------------------------------------------------ rule
+
+def typical_count(noisy_counts: Sequence[float]) -> float:
+    """A robust class size from the DP counts: the lower quartile
+    (small classes decide whether per-class matrices are affordable)."""
+    return max(float(np.quantile(np.maximum(noisy_counts, 1.0), 0.25)), 1.0)
+
+
+def class_signal(n_typ: float, mu: float, d: int) -> float:
+    """s = n_typ * mu / sqrt(d): a class matrix's spectrum-edge noise
+    relative to R^2 is ~ sqrt(2 d) / (n_c mu_matrix), so s is its inverse
+    up to the matrix's share of the budget (public: counts are DP)."""
+    return n_typ * mu / math.sqrt(d) if math.isfinite(mu) else math.inf
+
+
+def sum_share_rule(d: int, noisy_counts: Sequence[float],
+                   k: RuleConstants) -> float:
+    """Phase-2 fraction for the class sums.
+
+    A class mean's noise norm relative to the clip radius is
+    sqrt(d) / (n_c mu_sum); the shared matrix's noise edge relative to
+    its average eigenvalue R^2 / d is ~ d^1.5 / (N mu_cov). Minimising
+    w A / mu_sum^2 + B / mu_cov^2 at fixed mu_sum^2 + mu_cov^2 gives
+    mu_sum^2 : mu_cov^2 = sqrt(w A) : sqrt(B); in these units the ratio is
+    w' sqrt(d) / n_typ : d / N with ``mean_weight`` w' (how much more
+    a unit of mean noise costs the classifier; set so that CIFAR-10, the
+    old default split, stays at ~0.38). Clipped to [sum_min, sum_max]
+    and snapped to a grid of ``sum_levels`` values (a finite menu).
+    """
+    n_typ = typical_count(noisy_counts)
+    total = max(float(np.sum(np.maximum(noisy_counts, 1.0))), 1.0)
+    a = k.mean_weight * math.sqrt(d) / n_typ
+    b = d / total
+    share = float(np.clip(a / (a + b), k.sum_min, k.sum_max))
+    grid = sum_grid(k)
+    return float(grid[np.argmin(np.abs(grid - share))])
+
+
+def sum_grid(k: RuleConstants) -> np.ndarray:
+    return np.linspace(k.sum_min, k.sum_max, k.sum_levels)
+
+
+def make_structure(mode: str, sum_fraction: float, d: int,
+                   k: RuleConstants, inputs: tuple = ()) -> Structure:
+    """Shares of one structure: the sums get ``sum_fraction`` of phase 2,
+    the covariance the rest (split between global and class matrices in
+    the subspace mode, all to the class matrices in the per-class mode)."""
+    phase2 = 1.0 - sum(PHASE1.values())
+    s = sum_fraction * phase2
+    cov = phase2 - s
+    shared_rank = min(k.shared_rank, d)
+    if mode == "shared":
+        return Structure(mode, s, cov, 0.0, 0, shared_rank, inputs)
+    if mode == "per-class":
+        return Structure(mode, s, 0.0, cov, 0, shared_rank, inputs)
+    cls = cov * k.subspace_share
+    return Structure(mode, s, cov - cls, cls, k.class_rank(d), shared_rank,
+                     inputs)
+
+
+def choose_mode(signal: float, classes: int, k: RuleConstants) -> str:
+    if signal >= k.per_class_min_signal and classes >= k.per_class_min_classes:
+        return "per-class"
+    if signal >= k.subspace_min_signal:
+        return "subspace"
+    return "shared"
+
+
+def choose_structure(epsilon: float, delta: float, d: int,
+                     noisy_counts: Sequence[float],
+                     constants: Optional[RuleConstants] = None,
+                     mu: Optional[float] = None) -> Structure:
+    """The public rule: phase 2's structure from (epsilon, delta, d, the
+    noisy counts). ``mu`` (the calibrated GDP parameter of (epsilon,
+    delta)) may be passed to avoid recomputing it.
+
+    1. n_typ = lower quartile of the noisy counts; K = number of classes;
+       s = n_typ mu / sqrt(d) (``class_signal``).
+    2. mode: "per-class" if s >= per_class_min_signal and K >=
+       per_class_min_classes; else "subspace" (rank min(128, d // 6)) if
+       s >= subspace_min_signal; else "shared".
+    3. The sums get ``sum_share_rule`` of phase 2, the covariance the rest
+       (``make_structure``).
+    """
+    k = constants or RuleConstants()
+    mu = gdp_mu(epsilon, delta) if mu is None else mu
+    n_typ = typical_count(noisy_counts)
+    signal = class_signal(n_typ, mu, d)
+    mode = choose_mode(signal, len(noisy_counts), k)
+    inputs = (("epsilon", epsilon), ("delta", delta), ("d", d),
+              ("noisy_counts", [float(c) for c in noisy_counts]),
+              ("typical_count", n_typ), ("mu", mu), ("signal", signal))
+    return make_structure(mode, sum_share_rule(d, noisy_counts, k), d, k,
+                          inputs)
+
+
+def menu(d: int, constants: Optional[RuleConstants] = None
+         ) -> list[Structure]:
+    """Every structure the rule can return for dimension d (each mode,
+    each sum share of the grid), without the rule's inputs. All have the
+    same total mu^2, so the GDP guarantee is identical; ``calibrate_mu``
+    certifies each with dp_accounting (its discretisation differs with
+    the mechanism list)."""
+    k = constants or RuleConstants()
+    return [make_structure(mode, frac, d, k)
+            for frac in sum_grid(k) for mode in MODES]
+
+
+# ------------------------------------------------------------ mechanisms
+
+def count_name(label: int) -> str:
+    return plan.name(label, "count")
+
+
+def sum_name(label: int) -> str:
+    return plan.name(label, "moments", "sum")
+
+
+def class_matrix_name(label: int) -> str:
+    return plan.name(label, "covariance", "subspace")
+
+
+def phase1_slots(cfg: GeneratorConfig) -> list[Slot]:
+    """Centre (global) and class counts. Sensitivities: the centre's sum of
+    rows clipped to B = cfg.centre_bound: B; every count: 1."""
+    slots = [Slot(plan.CENTRE_SUM, "centre", GLOBAL, cfg.centre_bound,
+                  share=CENTRE_SPLIT["sum"]),
+             Slot(plan.CENTRE_COUNT, "centre", GLOBAL, 1.0,
+                  share=CENTRE_SPLIT["count"])]
+    slots += [Slot(count_name(c), "count", plan.partition(c), 1.0)
+              for c in cfg.labels]
+    return slots
+
+
+def phase2_slots(cfg: GeneratorConfig, s: Structure) -> list[Slot]:
+    """Sums (R); the shared second moment (R^2) unless per-class; with a
+    class subspace each class's r x r projected second moment (R^2); in
+    the per-class mode each class's d x d second moment (R^2)."""
+    r = cfg.clip_norm
+    slots = [Slot(sum_name(c), "moments", plan.partition(c), r)
+             for c in cfg.labels]
+    if s.covariance_share:
+        slots.append(Slot(plan.COVARIANCE, "covariance", GLOBAL, r * r))
+    if s.mode == "subspace":
+        slots += [Slot(class_matrix_name(c), "class-covariance",
+                       plan.partition(c), r * r) for c in cfg.labels]
+    if s.mode == "per-class":
+        slots += [Slot(plan.class_covariance(c), "class-covariance",
+                       plan.partition(c), r * r) for c in cfg.labels]
+    return slots
+
+
+def mechanisms(cfg: GeneratorConfig, s: Structure, mu: float
+               ) -> list[Mechanism]:
+    """Phase 1 + phase 2 mechanisms with sigmas for a per-class mu."""
+    return _mechanisms(phase1_slots(cfg) + phase2_slots(cfg, s),
+                       s.weights(), mu)
+
+
+def _worst_epsilon(mechs: Sequence[Mechanism], delta: float,
+                   accountant: str) -> float:
+    """Max over classes of the epsilon of (class + global) mechanisms."""
+    parts = ({m.partition for m in mechs} - {GLOBAL}) or {GLOBAL}
+    signatures = {tuple(sorted((m.noise_multiplier, m.count,
+                                m.sampling_probability) for m in mechs
+                               if m.partition in (p, GLOBAL)))
+                  for p in parts}
+    return max(_composed_epsilon(sig, delta, accountant)
+               for sig in signatures)
+
+
+@functools.lru_cache(maxsize=4096)
+def _composed_epsilon(signature: tuple, delta: float,
+                      accountant: str) -> float:
+    """dp_accounting's epsilon of Gaussian mechanisms given as (noise
+    multiplier, count, sampling rate); cached: a composition costs ~1 s."""
+    mechs = [Mechanism(f"m{i}", "any", "p", 1.0, z, count=c,
+                       sampling_probability=q)
+             for i, (z, c, q) in enumerate(signature)]
+    return compose_epsilon(mechs, delta, accountant)
+
+
+def calibrate_mu(cfg: GeneratorConfig, d: int,
+                 constants: Optional[RuleConstants] = None) -> float:
+    """Largest per-class mu (GDP) such that dp_accounting certifies
+    (epsilon, delta) for every structure in ``menu`` (phase 1 + phase 2)."""
+    if math.isinf(cfg.epsilon):
+        return math.inf
+    mu = gdp_mu(cfg.epsilon, cfg.delta)
+    todo = menu(d, constants)
+    for _ in range(80):
+        # Shrink on the first failing structure only, then re-check all
+        # (each check is one dp_accounting composition).
+        failing = None
+        for s in todo:
+            spent = _worst_epsilon(mechanisms(cfg, s, mu), cfg.delta,
+                                   cfg.accountant)
+            if spent > cfg.epsilon:
+                failing = s
+                break
+        if failing is None:
+            return mu
+        todo = [failing] + [s for s in todo if s is not failing]
+        mu *= 0.995 if spent < 1.1 * cfg.epsilon else 0.9
+    raise ValueError("adaptive calibration did not converge")
+
+
+def phase1_ledger(cfg: GeneratorConfig, mu: float) -> PrivacyLedger:
+    """Ledger holding the phase-1 mechanisms (sigmas fixed by mu)."""
+    ledger = PrivacyLedger(cfg.epsilon, cfg.delta, cfg.accountant)
+    weights = {"centre": PHASE1["centre"], "count": PHASE1["count"]}
+    for m in _mechanisms(phase1_slots(cfg), weights, mu):
+        ledger.register(m)
+    return ledger
+
+
+def add_phase2(ledger: PrivacyLedger, cfg: GeneratorConfig, s: Structure,
+               mu: float) -> PrivacyLedger:
+    """Registers the chosen structure's phase-2 mechanisms."""
+    slots = phase2_slots(cfg, s)
+    weights = {k: v for k, v in s.weights().items()
+               if k not in ("centre", "count")}
+    # _mechanisms splits a stage's weight among its slots per partition;
+    # phase-1 stages are not in these slots, so pass only phase-2 weights.
+    for m in _mechanisms(slots, weights, mu):
+        ledger.register(m)
+    if not math.isinf(cfg.epsilon):
+        spent = _worst_epsilon(ledger.mechanisms, cfg.delta, cfg.accountant)
+        if spent > cfg.epsilon * (1 + 1e-9):
+            raise AssertionError(f"adaptive plan overspends: {spent}")
+    return ledger
+
+
+# ------------------------------------------------------ post-processing
+
+def class_means(noisy_sums: np.ndarray, noisy_counts: np.ndarray,
+                clip_norm: float) -> tuple[np.ndarray, np.ndarray]:
+    """(counts >= 1, means in the clip ball) from the DP sums and counts."""
+    n = np.maximum(np.asarray(noisy_counts, float), 1.0)
+    means = noisy_sums / n[:, None]
+    norms = np.linalg.norm(means, axis=1, keepdims=True)
+    return n, means * np.minimum(1.0, clip_norm / np.maximum(norms, 1e-300))
+
+
+def shared_within(noisy_m: np.ndarray, n: np.ndarray,
+                  means: np.ndarray) -> np.ndarray:
+    """Pooled within-class covariance (M - sum_c n_c mu_c mu_c^T) / N."""
+    between = (means * n[:, None]).T @ means
+    w = (noisy_m - between) / n.sum()
+    return (w + w.T) / 2
+
+
+def eigen(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eigenpairs, largest first."""
+    vals, vecs = np.linalg.eigh((matrix + matrix.T) / 2)
+    order = np.argsort(vals)[::-1]
+    return vals[order], vecs[:, order]
+
+
+def subspace_basis(w_vals: np.ndarray, w_vecs: np.ndarray,
+                   rank: int) -> np.ndarray:
+    """[d, r]: the top-r eigenvectors of the noisy shared W."""
+    return w_vecs[:, :rank]
+
+
+def noisy_projected_moment(exact_m: np.ndarray, basis: np.ndarray,
+                           sigma: float, noise, name: str) -> np.ndarray:
+    """The class-subspace mechanism: P^T M P + isometric Gaussian noise."""
+    proj = basis.T @ exact_m @ basis
+    up = covariance.upper(proj)
+    up = up + noise.gaussian(sigma, up.shape, name)
+    return covariance.symmetric_from_upper(up, proj.shape[0])
+
+
+@dataclasses.dataclass
+class SharedModel:
+    """W's eigenpairs and its parts outside the class subspace."""
+
+    vals: np.ndarray
+    vecs: np.ndarray
+    outside_factors: np.ndarray  # [d, r_out]
+    residual: np.ndarray         # [d] diagonal
+    rank_in: int
+
+    @property
+    def basis(self) -> np.ndarray:
+        return self.vecs[:, :self.rank_in]
+
+
+def shared_model(w: np.ndarray, rank_in: int, shared_rank: int,
+                 floor: float) -> SharedModel:
+    """W = (top rank_in block) + (components rank_in..shared_rank as
+    factors) + diagonal residual max(diag(W) - diag(factors), floor)."""
+    vals, vecs = eigen(w)
+    idx = np.arange(rank_in, max(shared_rank, rank_in))
+    idx = idx[vals[idx] > 0]
+    f_out = vecs[:, idx] * np.sqrt(vals[idx])
+    inside = (vecs[:, :rank_in] ** 2) @ np.maximum(vals[:rank_in], 0)
+    resid = np.maximum(np.diag(w) - inside - (f_out ** 2).sum(1), floor)
+    return SharedModel(vals, vecs, f_out, resid, rank_in)
+
+
+def class_factors(shared: SharedModel, class_block: Optional[np.ndarray]
+                  ) -> np.ndarray:
+    """Factors [d, rank_in + r_out] of one class: inside the subspace the
+    class's block (the shared block if None), PSD-repaired by clipping
+    negative eigenvalues; outside, the shared factors."""
+    r = shared.rank_in
+    if r == 0:
+        return shared.outside_factors
+    block = (np.diag(shared.vals[:r]) if class_block is None
+             else (class_block + class_block.T) / 2)
+    bv, bu = np.linalg.eigh(block)
+    f_in = shared.basis @ (bu * np.sqrt(np.maximum(bv, 0.0)))
+    return np.hstack([f_in, shared.outside_factors])
+
+
+def spike_shrink(vals: np.ndarray, edge: float) -> np.ndarray:
+    """Eigenvalues of (signal + symmetric Gaussian noise with spectrum
+    edge ``edge``): an outlier lambda > edge comes from a spike theta =
+    (lambda + sqrt(lambda^2 - edge^2)) / 2 (rank-one perturbation of a
+    Wigner matrix); bulk eigenvalues carry no detectable signal: 0."""
+    a = np.abs(vals)
+    theta = np.where(a > edge,
+                     (a + np.sqrt(np.maximum(a * a - edge * edge, 0))) / 2, 0)
+    return np.sign(vals) * theta
+
+
+def noise_edge(sigma: float, n: float, dim: int) -> float:
+    """Spectrum edge of (isometric-upper Gaussian noise of std sigma) / n
+    on a dim x dim matrix: off-diagonal std sigma / sqrt(2) / n, edge
+    2 sqrt(dim) times that."""
+    return math.sqrt(2.0 * dim) * sigma / max(n, 1.0)
+
+
+def shrink_deviation(block: np.ndarray, shared_block: np.ndarray,
+                     edge: float) -> np.ndarray:
+    """shared + spectrally shrunk (block - shared) (the "spectral" option)."""
+    dv, du = np.linalg.eigh((block - shared_block + (block - shared_block).T)
+                            / 2)
+    return shared_block + (du * spike_shrink(dv, edge)) @ du.T
+
+
+def class_block(noisy_projected: np.ndarray, n_c: float,
+                mean_c: np.ndarray, basis: np.ndarray) -> np.ndarray:
+    """The class's own covariance inside the subspace: P^T M_c P / n_c -
+    (P^T mu_c)(P^T mu_c)^T (a raw, noisy estimate; the noise is kept: it
+    was measured to regularise the downstream classifier, see
+    benchmarks/results/utility_study-issue13.md)."""
+    m = basis.T @ mean_c
+    return noisy_projected / n_c - np.outer(m, m)

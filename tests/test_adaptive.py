@@ -1,0 +1,167 @@
+"""Adaptive two-phase plan (issue 13): the rule, its calibration, the new
+mechanism's sensitivity and noise, and the in-memory reference."""
+
+import inspect
+import math
+
+import numpy as np
+import pytest
+
+from dp_ops import adaptive, covariance, reference
+from dp_ops.config import GeneratorConfig
+from dp_ops.ledger import compose_epsilon
+from dp_ops.noise import SeededNoise
+from tests.conftest import gmm_data
+
+
+class RecordingNoise:
+    """SeededNoise that records (key, sigma) of every draw."""
+
+    def __init__(self, seed=0):
+        self.inner, self.draws = SeededNoise(seed), {}
+
+    def gaussian(self, sigma, shape, key):
+        self.draws[key] = sigma
+        return self.inner.gaussian(sigma, shape, key)
+
+
+def test_rule_reads_only_public_inputs():
+    params = list(inspect.signature(adaptive.choose_structure).parameters)
+    assert params == ["epsilon", "delta", "d", "noisy_counts", "constants",
+                      "mu"]
+    counts = [480.3, 512.9, 300.1]
+    a = adaptive.choose_structure(4.0, 1e-5, 384, counts)
+    b = adaptive.choose_structure(4.0, 1e-5, 384, list(counts))
+    assert a == b and a.to_manifest() == b.to_manifest()
+    inputs = a.to_manifest()["rule_inputs"]
+    assert inputs["noisy_counts"] == counts and inputs["d"] == 384
+
+
+def test_rule_adapts_to_class_size_and_epsilon():
+    small = adaptive.choose_structure(1.0, 1e-5, 1280, [300.0] * 10)
+    mid = adaptive.choose_structure(1.0, 1e-5, 1280, [4500.0] * 10)
+    big = adaptive.choose_structure(8.0, 1e-5, 1280, [5000.0] * 10)
+    assert (small.mode, mid.mode, big.mode) == ("shared", "subspace",
+                                                "per-class")
+    assert mid.class_rank == 128
+    # two classes never get one d x d matrix each
+    assert adaptive.choose_structure(8.0, 1e-5, 384,
+                                     [5000.0] * 2).mode == "subspace"
+    # Few rows per class, many dimensions: the noisy means need more.
+    few = adaptive.choose_structure(2.0, 1e-5, 384, [450.0] * 20)
+    many = adaptive.choose_structure(2.0, 1e-5, 384, [5000.0] * 2)
+    assert few.sum_share > many.sum_share
+
+
+@pytest.mark.parametrize("counts", [[300.0] * 20, [5000.0] * 10,
+                                    [1350.0, 1350.0], [-3.0, 9000.0]])
+def test_rule_output_is_in_the_certified_menu(counts):
+    for eps in (1.0, 2.0, 4.0, 8.0):
+        s = adaptive.choose_structure(eps, 1e-5, 384, counts)
+        assert s in adaptive.menu(384)
+
+
+@pytest.mark.parametrize("eps", [1.0, 8.0])
+def test_every_structure_meets_the_target(eps):
+    cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=eps)
+    mu = adaptive.calibrate_mu(cfg, 64)
+    spent = []
+    for s in adaptive.menu(64):
+        # add_phase2 itself refuses an overspending ledger (dp_accounting)
+        ledger = adaptive.add_phase2(adaptive.phase1_ledger(cfg, mu), cfg,
+                                     s, mu)
+        spent.append(adaptive._worst_epsilon(ledger.mechanisms, cfg.delta,
+                                             cfg.accountant))
+        # phase 1 sigmas do not depend on the structure
+        assert ledger.get("class=1/count").sigma == pytest.approx(
+            adaptive.phase1_ledger(cfg, mu).get("class=1/count").sigma)
+        # GDP identity: every structure uses the whole mu^2 of a class
+        z2 = sum(1 / m.noise_multiplier ** 2 for m in
+                 ledger.mechanisms_affecting("class=0"))
+        assert z2 == pytest.approx(mu ** 2)
+    assert max(spent) <= eps
+    assert min(spent) >= 0.97 * eps
+
+
+def test_phase1_share_is_fixed_and_small():
+    assert sum(adaptive.PHASE1.values()) < 0.05
+
+
+def test_subspace_mechanism_sensitivity_worst_case():
+    rng = np.random.default_rng(0)
+    d, r, clip = 12, 4, 0.7
+    basis, _ = np.linalg.qr(rng.normal(size=(d, r)))
+    rows = rng.normal(size=(30, d))
+    rows *= clip / np.linalg.norm(rows, axis=1, keepdims=True)
+    m = rows.T @ rows
+    # worst case: a record at the clip radius inside the subspace
+    x = basis[:, 0] * clip
+    zero = 0.0
+
+    def released(mat):
+        return covariance.upper(
+            adaptive.noisy_projected_moment(mat, basis, zero, SeededNoise(0),
+                                            "k"))
+    change = np.linalg.norm(released(m + np.outer(x, x)) - released(m))
+    assert change == pytest.approx(clip ** 2)
+    for _ in range(50):  # and never more, whatever the record
+        y = rng.normal(size=d)
+        y *= clip * rng.uniform() / np.linalg.norm(y)
+        assert np.linalg.norm(released(m + np.outer(y, y))
+                              - released(m)) <= clip ** 2 + 1e-12
+
+
+def test_subspace_mechanism_noise_has_the_ledger_sigma():
+    rng = np.random.default_rng(1)
+    d, r = 40, 30
+    basis, _ = np.linalg.qr(rng.normal(size=(d, r)))
+    exact = np.zeros((d, d))
+    sigma = 0.37
+    out = adaptive.noisy_projected_moment(exact, basis, sigma,
+                                          SeededNoise(3), "class=0/x")
+    noise = covariance.upper(out)
+    assert noise.size == r * (r + 1) // 2
+    assert np.std(noise) == pytest.approx(sigma, rel=0.06)
+
+
+# per-class: 2000-row classes at epsilon 8 (s = 2000 mu / 4 >> 50);
+# subspace and shared forced through the rule's constants.
+MODES = {"per-class": adaptive.RuleConstants(),
+         "subspace": adaptive.RuleConstants(per_class_min_signal=math.inf,
+                                            subspace_dim_fraction=4),
+         "shared": adaptive.RuleConstants(subspace_min_signal=math.inf,
+                                          per_class_min_signal=math.inf)}
+
+
+@pytest.fixture(scope="module", params=list(MODES))
+def release(request):
+    x, y = gmm_data(6000, d=16, classes=3, spread=0.2)
+    cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=8.0)
+    noise = RecordingNoise(5)
+    out = reference.generate_adaptive(x, y, cfg, noise, MODES[request.param])
+    assert out[4].mode == request.param
+    return x, y, cfg, noise, out
+
+
+def test_ledger_lists_exactly_the_mechanisms_that_ran(release):
+    _, _, cfg, noise, (_, _, _, ledger, structure) = release
+    assert set(noise.draws) == {m.name for m in ledger.mechanisms}
+    for m in ledger.mechanisms:
+        assert noise.draws[m.name] == m.sigma
+    assert ledger.spent_epsilon() <= cfg.epsilon
+    assert compose_epsilon(ledger.mechanisms_affecting("class=2"), cfg.delta
+                           ) == pytest.approx(ledger.spent_epsilon())
+
+
+def test_adaptive_release_is_useful(release):
+    from models.classifiers import LogRegConfig, train_logreg
+    from dp_ops.clipping import normalize_rows
+    x, y, cfg, _, (mixes, xs, ys, _, _) = release
+    assert set(mixes) == set(cfg.labels)
+    assert np.allclose(np.linalg.norm(xs, axis=1), 1.0)
+    clf = train_logreg(xs, ys, list(cfg.labels), LogRegConfig(C=1.0))
+    xt, yt = gmm_data(900, d=16, classes=3, seed=3, spread=0.2)
+    assert clf.accuracy(normalize_rows(xt, "unit"), yt) > 0.9
+    for mix in mixes.values():
+        assert mix.factors.shape[0] == x.shape[1]
+        assert math.isfinite(mix.noisy_count)
