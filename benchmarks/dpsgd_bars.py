@@ -34,14 +34,21 @@ SCHEDULES = [(512, 5), (2048, 5), (512, 20), (2048, 20)]
 LRS = {"linear": [1.0, 4.0, 16.0], "mlp": [0.5, 2.0, 8.0]}
 
 
-def run(model: str, eps: float, seed: int, split, **hp) -> dict:
-    from models.baselines.dpsgd import DPSGD
+def run(model: str, eps: float, seed: int, split, variant: str = "tuned",
+        **hp) -> dict:
+    from models.baselines import make_method
     t = time.time()
-    m = DPSGD(linear=(model == "linear"), **hp)
+    name = {"tuned": "dpsgd", "default": "dpsgd-default",
+            "private": "dpsgd-private-tuning"}[variant]
+    if model == "linear":
+        name = name.replace("dpsgd", "dpsgd-linear", 1)
+    m = make_method(name, **hp)
     out = m.fit(split.x_fit, split.y_fit, list(range(split.classes)), eps,
                 1e-5, seed=seed, noise_seed=10_000 + seed)
     acc = out.classifier.accuracy(split.x_val, split.y_val)
-    return {"accuracy": acc, "seconds": round(time.time() - t, 1)}
+    return {"accuracy": acc, "seconds": round(time.time() - t, 1),
+            "spent_epsilon": out.spent_epsilon,
+            "chosen": out.info.get("chosen"), "trials": out.info.get("trials")}
 
 
 def main() -> int:
@@ -54,6 +61,9 @@ def main() -> int:
                     help="batch:epochs,... (default: the module's grid)")
     ap.add_argument("--lrs", default=None,
                     help="model=lr/lr/...;... e.g. linear=2/4/8;mlp=1/2/4")
+    ap.add_argument("--variants", default="tuned",
+                    help="tuned (grid on validation, unaccounted), default "
+                    "(library defaults), private (Papernot-Steinke)")
     args = ap.parse_args()
     schedules = SCHEDULES
     if args.schedules:
@@ -65,6 +75,19 @@ def main() -> int:
             m, _, vals = item.partition("=")
             lrs[m] = [float(v) for v in vals.split("/")]
     split = selection_split(args.dataset)
+    variants = args.variants.split(",")
+    for variant in [v for v in variants if v != "tuned"]:
+        for model in args.models.split(","):
+            for eps in [float(e) for e in args.epsilons.split(",")]:
+                for seed in range(args.seeds):
+                    r = run(model, eps, seed, split, variant)
+                    rec = {"dataset": args.dataset, "stage": variant,
+                           "model": model, "epsilon": eps, "seed": seed, **r}
+                    print(json.dumps(rec), flush=True)
+                    with open(LOG, "a") as fh:
+                        fh.write(json.dumps(rec) + "\n")
+    if "tuned" not in variants:
+        return 0
     for model in args.models.split(","):
         for eps in [float(e) for e in args.epsilons.split(",")]:
             grid = []

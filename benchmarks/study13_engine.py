@@ -47,6 +47,10 @@ class Recipe:
     mean_shrink: bool = False
     inflate: float = 0.0         # + inflate * (mean noise var) * I
     ridge_trace: float = 0.0     # + ridge_trace * tr(W)/d * I (isotropic)
+    pe_rounds: int = 0           # Private-Evolution rounds on top
+    pe_share: float = 0.0        # of mu^2, taken from cov_global
+    pe_candidates: int = 64      # per class and round
+    pe_variation: float = 0.5    # variation ~ N(0, a * class covariance)
     mean_denoise: str = "none"   # none | eb (empirical Bayes, shared eigenbasis)
     subspace: int = 0            # r > 0: per-class r x r matrices in the
                                  # top-r eigen-subspace of the shared W
@@ -54,7 +58,8 @@ class Recipe:
     exact: str = ""              # study only: noiseless parts (count,sum,cov)
 
     def check(self) -> None:
-        total = self.centre + self.count + self.sum + self.cov_global + self.cov_class
+        total = (self.centre + self.count + self.sum + self.cov_global
+                 + self.cov_class + self.pe_share)
         assert abs(total - 1) < 1e-6, total
 
 
@@ -158,12 +163,53 @@ class Engine:
         out.basis = basis
         return out
 
+    def evolve(self, xs, ys, model, noisy, eps, seed, r: Recipe):
+        """PE rounds per class: candidates drawn from the current synthetic
+        rows, real rows vote for their nearest candidate (histogram,
+        sensitivity 1 per round, Gaussian noise from pe_share / rounds),
+        the next population is drawn by noisy vote and varied with
+        N(0, a * (class covariance)) noise (its factor matrix)."""
+        ex = self.exact(eps, seed, r)
+        mu = mu_total(eps)
+        sig = sigma_of(r.pe_share / r.pe_rounds, mu, 1.0)
+        noise = SeededNoise(1000 + seed)
+        rng = np.random.default_rng([seed, 99])
+        x, y = self.split.x_fit, self.split.y_fit
+        xc, _ = clip_rows(x - ex.centre, r.clip)
+        out_x, out_y = [], []
+        for c in range(self.split.classes):
+            real = xc[y == c]
+            pop = xs[ys == c] - ex.centre  # approx. centred space
+            m = len(pop)
+            if m == 0:
+                continue
+            kind, f, diag = model["factors"][c]
+            for rnd in range(r.pe_rounds):
+                cand = pop[rng.choice(m, min(r.pe_candidates, m), replace=False)]
+                d2 = ((real ** 2).sum(1)[:, None] - 2 * real @ cand.T
+                      + (cand ** 2).sum(1)[None, :])
+                votes = np.bincount(np.argmin(d2, 1), minlength=len(cand))
+                votes = votes + noise.gaussian(sig, len(cand), f"class={c}/pe-{rnd}")
+                w = np.maximum(votes, 0)
+                if w.sum() <= 0:
+                    w = np.ones(len(cand))
+                pick = cand[rng.choice(len(cand), m, p=w / w.sum())]
+                z = rng.standard_normal((m, f.shape[1])) @ f.T
+                if diag is not None:
+                    z += rng.standard_normal((m, len(diag))) * diag
+                pop = pick + math.sqrt(r.pe_variation) * z
+            out_x.append(normalize_rows(pop + ex.centre, "unit"))
+            out_y.append(np.full(m, c))
+        return np.vstack(out_x), np.concatenate(out_y)
+
     def run(self, eps: float, seed: int, r: Recipe) -> dict:
         t = time.time()
         noisy = self.release(eps, seed, r)
         model = (build_subspace_model(noisy, r) if r.subspace
                  else build_model(noisy, r))
         xs, ys = sample(model, noisy, seed)
+        if r.pe_rounds:
+            xs, ys = self.evolve(xs, ys, model, noisy, eps, seed, r)
         acc = probe(xs, ys, self.split)
         return {"accuracy": acc, "seconds": round(time.time() - t, 1),
                 "info": model["info"]}

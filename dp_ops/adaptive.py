@@ -82,16 +82,16 @@ class RuleConstants:
 
     # Mean-versus-covariance split (``sum_share_rule``).
     mean_weight: float = 2.2
-    sum_min: float = 0.3
+    sum_min: float = 0.4
     sum_max: float = 0.75
     sum_levels: int = 6
     # Covariance structure from the per-class signal s = n_typ mu / sqrt(d)
-    # (``class_signal``): shared below subspace_min_signal, shared + class
-    # subspace below per_class_min_signal, else one d x d matrix per class
-    # (the latter only with >= per_class_min_classes classes).
-    subspace_min_signal: float = 10.0
+    # (``class_signal``) and the number of classes K: with K >= 3, shared
+    # + class subspace from subspace_min_signal, one d x d matrix per
+    # class from per_class_min_signal; otherwise shared.
+    subspace_min_signal: float = 25.0
     per_class_min_signal: float = 50.0
-    per_class_min_classes: int = 3
+    class_modes_min_classes: int = 3
     subspace_dim_fraction: int = 6  # rank min(subspace_rank, d // 6)
     subspace_rank: int = 128
     subspace_share: float = 0.5  # of the covariance part of phase 2
@@ -179,23 +179,26 @@ def class_signal(n_typ: float, mu: float, d: int) -> float:
 
 
 def sum_share_rule(d: int, noisy_counts: Sequence[float],
-                   k: RuleConstants) -> float:
+                   k: RuleConstants, mode: str = "shared") -> float:
     """Phase-2 fraction for the class sums.
 
     A class mean's noise norm relative to the clip radius is
-    sqrt(d) / (n_c mu_sum); the shared matrix's noise edge relative to
-    its average eigenvalue R^2 / d is ~ d^1.5 / (N mu_cov). Minimising
+    sqrt(d) / (n_c mu_sum); a covariance matrix's noise edge relative to
+    its average eigenvalue R^2 / d is ~ d^1.5 / (n mu_cov), n the rows it
+    sums (N for the shared matrix, n_typ for a class's). Minimising
     w A / mu_sum^2 + B / mu_cov^2 at fixed mu_sum^2 + mu_cov^2 gives
     mu_sum^2 : mu_cov^2 = sqrt(w A) : sqrt(B); in these units the ratio is
-    w' sqrt(d) / n_typ : d / N with ``mean_weight`` w' (how much more
-    a unit of mean noise costs the classifier; set so that CIFAR-10, the
-    old default split, stays at ~0.38). Clipped to [sum_min, sum_max]
-    and snapped to a grid of ``sum_levels`` values (a finite menu).
+    w' sqrt(d) / n_typ : d / n with ``mean_weight`` w' (how much more a
+    unit of mean noise costs the classifier; 2.2 keeps CIFAR-10's shared
+    split at the measured 0.38). With class matrices (n = n_typ) the
+    ratio is w' : sqrt(d), i.e. the floor. Clipped to [sum_min,
+    sum_max] and snapped to a grid of ``sum_levels`` values (a finite
+    menu).
     """
     n_typ = typical_count(noisy_counts)
     total = max(float(np.sum(np.maximum(noisy_counts, 1.0))), 1.0)
     a = k.mean_weight * math.sqrt(d) / n_typ
-    b = d / total
+    b = d / (total if mode == "shared" else n_typ)
     share = float(np.clip(a / (a + b), k.sum_min, k.sum_max))
     grid = sum_grid(k)
     return float(grid[np.argmin(np.abs(grid - share))])
@@ -224,7 +227,9 @@ def make_structure(mode: str, sum_fraction: float, d: int,
 
 
 def choose_mode(signal: float, classes: int, k: RuleConstants) -> str:
-    if signal >= k.per_class_min_signal and classes >= k.per_class_min_classes:
+    if classes < k.class_modes_min_classes:
+        return "shared"
+    if signal >= k.per_class_min_signal:
         return "per-class"
     if signal >= k.subspace_min_signal:
         return "subspace"
@@ -241,11 +246,10 @@ def choose_structure(epsilon: float, delta: float, d: int,
 
     1. n_typ = lower quartile of the noisy counts; K = number of classes;
        s = n_typ mu / sqrt(d) (``class_signal``).
-    2. mode: "per-class" if s >= per_class_min_signal and K >=
-       per_class_min_classes; else "subspace" (rank min(128, d // 6)) if
-       s >= subspace_min_signal; else "shared".
-    3. The sums get ``sum_share_rule`` of phase 2, the covariance the rest
-       (``make_structure``).
+    2. mode: "shared" if K < 3; else "per-class" if s >= 50; else
+       "subspace" (rank min(128, d // 6)) if s >= 25; else "shared".
+    3. The sums get ``sum_share_rule`` of phase 2 (for the mode), the
+       covariance the rest (``make_structure``).
     """
     k = constants or RuleConstants()
     mu = gdp_mu(epsilon, delta) if mu is None else mu
@@ -255,8 +259,8 @@ def choose_structure(epsilon: float, delta: float, d: int,
     inputs = (("epsilon", epsilon), ("delta", delta), ("d", d),
               ("noisy_counts", [float(c) for c in noisy_counts]),
               ("typical_count", n_typ), ("mu", mu), ("signal", signal))
-    return make_structure(mode, sum_share_rule(d, noisy_counts, k), d, k,
-                          inputs)
+    return make_structure(mode, sum_share_rule(d, noisy_counts, k, mode), d,
+                          k, inputs)
 
 
 def menu(d: int, constants: Optional[RuleConstants] = None
@@ -420,12 +424,6 @@ def eigen(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     vals, vecs = np.linalg.eigh((matrix + matrix.T) / 2)
     order = np.argsort(vals)[::-1]
     return vals[order], vecs[:, order]
-
-
-def subspace_basis(w_vals: np.ndarray, w_vecs: np.ndarray,
-                   rank: int) -> np.ndarray:
-    """[d, r]: the top-r eigenvectors of the noisy shared W."""
-    return w_vecs[:, :rank]
 
 
 def noisy_projected_moment(exact_m: np.ndarray, basis: np.ndarray,

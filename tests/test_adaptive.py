@@ -44,9 +44,9 @@ def test_rule_adapts_to_class_size_and_epsilon():
     assert (small.mode, mid.mode, big.mode) == ("shared", "subspace",
                                                 "per-class")
     assert mid.class_rank == 128
-    # two classes never get one d x d matrix each
+    # two classes always share one covariance
     assert adaptive.choose_structure(8.0, 1e-5, 384,
-                                     [5000.0] * 2).mode == "subspace"
+                                     [5000.0] * 2).mode == "shared"
     # Few rows per class, many dimensions: the noisy means need more.
     few = adaptive.choose_structure(2.0, 1e-5, 384, [450.0] * 20)
     many = adaptive.choose_structure(2.0, 1e-5, 384, [5000.0] * 2)

@@ -110,11 +110,16 @@ def repeat_and_select_rdp(orders: Sequence[float], rdp: Sequence[float],
     return np.minimum.accumulate(out[::-1])[::-1]
 
 
+# The search grids of the unaccounted tuning (benchmarks/dpsgd_bars.py).
+LINEAR_LEARNING_RATES = (1.0, 4.0, 16.0)
+MLP_LEARNING_RATES = (0.5, 2.0, 8.0)
+
+
 @dataclasses.dataclass(frozen=True)
 class TuningConfig:
     """The public search space and selection parameters."""
 
-    learning_rates: tuple = (1.0, 4.0, 16.0)
+    learning_rates: tuple = LINEAR_LEARNING_RATES
     input_scales: tuple = (2.0, 4.0, 8.0)
     shape: float = 1.0            # eta: 1 = truncated geometric
     mean_trials: Optional[float] = None  # None: number of candidates
@@ -197,7 +202,9 @@ class DPSGDPrivateTuning(dpsgd.DPSGD):
     def __init__(self, linear: bool = False,
                  tuning: Optional[TuningConfig] = None, **overrides) -> None:
         super().__init__(linear=linear, **overrides)
-        self.tuning = tuning or TuningConfig()
+        self.tuning = tuning or TuningConfig(
+            learning_rates=(LINEAR_LEARNING_RATES if self.cfg.hidden == 0
+                            else MLP_LEARNING_RATES))
         self.name += "-private-tuning"
         self.display += ", privately tuned"
 
