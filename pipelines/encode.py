@@ -15,6 +15,9 @@ a release. `encoded_blocks` gives the same stage to `dpsynth generate --images` 
 
 from __future__ import annotations
 
+# First: it quiets the libraries' start-up logs before Beam is imported.
+from pipelines import console  # noqa: I001  isort:skip
+
 import argparse
 import io
 import json
@@ -29,6 +32,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from pipelines.options import beam_options
 from models.encoders import EncoderError, EncoderUnavailableError, get_encoder, list_encoders
 from transforms.images import (BAD_IMAGES_MARKER, LAYOUTS, CheckBadImages, ImageInputError, ReadImages,
                                gate_on)
@@ -309,7 +313,6 @@ def _default_threads(options) -> Optional[int]:
 
 def run(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> dict:
     """Builds and runs the encode pipeline; returns the labels JSON it wrote (with `labels_json` path)."""
-    from pipelines.generate import beam_options  # lazy: generate may import this module
     fmt = output_format(args.output)
     if fmt == "npz" and args.num_shards != 1:
         raise ImageInputError("--num-shards only applies to TFRecord output")

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import release_dir
+
 REPO = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("DPSYNTH_AIRFLOW_VENV") or REPO / ".venv-airflow")
 SETUP = REPO / "deploy" / "airflow" / "setup_airflow_env.sh"
@@ -108,7 +110,7 @@ def test_one_nightly_run_end_to_end(nightly):
     manifest = json.loads((release / "manifest.json").read_text())
     assert manifest["run_id"] == f"digits-demo-{DATE}"
     assert manifest["privacy"]["target"]["epsilon"] == 1.0
-    assert list((release / "data").glob("synthetic-*.tfrecord"))
+    assert list((release_dir(release) / "data").glob("synthetic-*.tfrecord"))
     latest = json.loads((root / "releases" / "LATEST.json").read_text())
     assert latest["release"] == str(release)
     assert latest["run_id"] == manifest["run_id"]

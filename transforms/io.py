@@ -432,13 +432,19 @@ class ReadEmbeddingBlocks(beam.PTransform):
 
     The file list and the embedding dimension (schema) are read when the
     graph is built, so a missing input fails before the pipeline starts.
+    ``dim`` (public configuration, ``--embedding-dim``) skips reading the
+    dimension from the first row: every row is checked against it, and an
+    input with no rows is still a valid (empty) dataset.
     """
 
-    def __init__(self, spec: InputSpec) -> None:
+    def __init__(self, spec: InputSpec, dim: Optional[int] = None) -> None:
         super().__init__()
         self.spec = spec
         self.paths = match_files(spec.pattern)
-        self.dim, self.dim_source = input_schema(self.paths, spec)
+        if dim is None:
+            self.dim, self.dim_source = input_schema(self.paths, spec)
+        else:
+            self.dim, self.dim_source = int(dim), "--embedding-dim"
 
     def expand(self, pbegin):
         return (pbegin

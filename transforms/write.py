@@ -91,6 +91,13 @@ def tfrecord_bytes(x: np.ndarray, label: int,
     return frame.tobytes()
 
 
+def record_bytes(dim: int, label: int, embedding_feature: str = "embedding",
+                 label_feature: str = "label") -> int:
+    """Bytes of one row's TFRecord (every row of a class has this size)."""
+    return len(tfrecord_bytes(np.zeros((1, dim)), label, embedding_feature,
+                              label_feature))
+
+
 class _WriteClassShards(beam.DoFn):
     def __init__(self, staging: str, rows_per_shard: int,
                  embedding_feature: str, label_feature: str) -> None:
