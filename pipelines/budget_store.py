@@ -203,6 +203,8 @@ def _set_status(reservation: Reservation, status: str,
                 f"run {reservation.run_id!r} (attempt {reservation.attempt}) "
                 f"is {entry['status']}; it cannot become {status}")
         entry.update(status=status, updated_at=_now(), **fields)
+        if status == PUBLISHED:
+            entry["committed_at"] = entry["updated_at"]
         return doc
 
     _transact(reservation.store_uri, reservation.dataset_id, update)
@@ -222,8 +224,7 @@ def commit_staged(reservation: Reservation) -> None:
 
 def commit(reservation: Reservation, release_uri: str) -> None:
     """Marks the attempt as published at ``release_uri``."""
-    _set_status(reservation, PUBLISHED, (STAGED,), release_uri=release_uri,
-                committed_at=_now())
+    _set_status(reservation, PUBLISHED, (STAGED,), release_uri=release_uri)
 
 
 def mark_published(store_uri: str, dataset_id: str, run_id: str,

@@ -76,12 +76,11 @@ def setup_logging(verbose: bool = False) -> None:
                                          else logging.ERROR)
 
 
-def fail(message: str, command: str = "") -> int:
+def fail(message: str) -> int:
     """Prints a one-line error; returns exit code 2."""
     # Beam appends " [while running '<step>']" to worker errors: noise here.
     message = message.split(" [while running '", 1)[0].strip()
-    prog = f"dpsynth {command}".strip()
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    print(f"dpsynth: error: {message}", file=sys.stderr)
     return 2
 
 
@@ -106,11 +105,11 @@ def run_command(fn: Callable[[], int], command: str,
               file=sys.stderr)
         return 130
     except tuple(input_errors) as err:
-        return fail(str(err), command)
+        return fail(str(err))
     except Exception as err:
         inner = inner_error(err)
         if inner is not None:
-            return fail(inner, command)
+            return fail(inner)
         raise
 
 

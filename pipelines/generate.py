@@ -258,7 +258,7 @@ def prepare(args: argparse.Namespace) -> Job:
         io.match_files(spec.pattern)  # lists names only: no data is read
     ledger = plan.make_ledger(cfg)  # refuses impossible targets
     return Job(cfg, ledger, spec, output, release.staging_dir(output, run_id),
-               run_id, version=f"v-{uuid.uuid4().hex[:12]}",
+               run_id, version=f"{release.VERSION_PREFIX}{uuid.uuid4().hex[:12]}",
                created_utc=_timestamp(),
                noise=make_noise_source(args.noise_seed))
 

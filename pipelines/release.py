@@ -34,6 +34,7 @@ from apache_beam.io.filesystems import FileSystems
 from transforms import io
 
 MANIFEST = "manifest.json"
+VERSION_PREFIX = "v-"  # version folders: v-<random hex>
 
 
 class ReleaseError(RuntimeError):
@@ -99,7 +100,11 @@ def check_output(output: str, overwrite: bool) -> None:
         raise ReleaseError(f"--output {output} already holds a release; pass "
                            f"--overwrite to replace it")
     if is_local(output) and os.path.exists(output) and not release_exists(output):
-        if os.path.isfile(output) or os.listdir(output):
+        # Version folders without a manifest: a crashed publish (no release).
+        leftovers = os.path.isdir(output) and all(
+            e.startswith(VERSION_PREFIX) and os.path.isdir(
+                os.path.join(output, e)) for e in os.listdir(output))
+        if not leftovers:
             raise ReleaseError(f"--output {output} exists and is not a release; "
                                f"choose an empty or new path")
 

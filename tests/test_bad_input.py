@@ -17,7 +17,7 @@ import os
 import numpy as np
 import pytest
 
-from pipelines import cli
+from pipelines import cli, console
 from tests.conftest import gmm_data
 
 
@@ -203,16 +203,19 @@ def test_output_that_is_a_file_is_refused(good, tmp_path, capsys):
     assert out.read_text() == "not a directory"
 
 
-def test_stale_staging_directory_is_refused(good, tmp_path, capsys):
+def test_partial_staging_of_a_crashed_attempt_is_discarded(good, tmp_path,
+                                                           capsys):
+    """A crashed attempt's partial files (no staged manifest) never reach a
+    release: the retry of that run id starts a fresh staging directory."""
     out = tmp_path / "out"
     stale = tmp_path / "out.staging-run1"
-    stale.mkdir()
-    (stale / "old-shard.tfrecord").write_bytes(b"stale")
+    (stale / "data").mkdir(parents=True)
+    (stale / "data" / "old-shard.tfrecord").write_bytes(b"stale")
     rc = _generate("--input", good, "--num-classes", 2, "--output", out,
                    "--run-id", "run1")
-    err = capsys.readouterr().err
-    assert rc == 2 and "staging directory" in err and "--run-id" in err
-    assert not out.exists() and os.listdir(stale) == ["old-shard.tfrecord"]
+    assert rc == 0, capsys.readouterr().err
+    assert not stale.exists()
+    assert not list(out.rglob("old-shard.tfrecord"))
 
 
 # ------------------------------------------- input refused before Beam runs
@@ -463,7 +466,7 @@ def test_wrapped_worker_error_is_unwrapped():
             "\"transforms/io.py\", line 1, in process\ntransforms.io."
             "InputError: /data/a.npz: row 5 has NaN or infinite values "
             "[while running 'Read/ReadBlocks']\n\nmore worker noise")
-    assert cli._inner_error(RuntimeError(text)) == (
+    assert console.inner_error(RuntimeError(text)) == (
         "/data/a.npz: row 5 has NaN or infinite values "
         "[while running 'Read/ReadBlocks']")
 
