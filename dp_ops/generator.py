@@ -201,6 +201,10 @@ def single_cluster_centres(cfg: GeneratorConfig, dim: int) -> np.ndarray:
 
 
 def num_samples(mix: ClassMixture, cfg: GeneratorConfig) -> int:
+    """Rows to sample: --samples-per-class, or the noisy class count; none
+    when no component kept any mass (every noisy component count < 1)."""
+    if mix.weights.sum() <= 0:
+        return 0
     if cfg.samples_per_class is not None:
         return cfg.samples_per_class
     return int(round(mix.noisy_count))

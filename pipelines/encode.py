@@ -56,8 +56,19 @@ def _size(text: str) -> tuple[int, int]:
     return size
 
 
-def add_image_arguments(parser: argparse.ArgumentParser, images_required: bool = True) -> None:
-    """Flags for reading and encoding images; shared by `encode` and `generate --images`."""
+class _EncodeOnly(argparse.Action):
+    """--max-bad-images given to `generate`: say why it is not there."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is an encode-only flag: a release skips unreadable images one by one "
+                     "(whether a release exists must not depend on how many there are)")
+
+
+def add_image_arguments(parser: argparse.ArgumentParser, images_required: bool = True,
+                        for_release: bool = False) -> None:
+    """Flags for reading and encoding images; shared by `encode` and `generate --images` (``for_release``:
+    unreadable images are skipped per record, so there is no --max-bad-images, and --classes is required for
+    a folder layout)."""
     g = parser.add_argument_group("images and encoder")
     g.add_argument("--images", required=images_required,
                    help="ROOT of a folder-per-class layout (ROOT/<class>/*.jpg|png), or a glob of .tfrecord "
@@ -80,12 +91,20 @@ def add_image_arguments(parser: argparse.ArgumentParser, images_required: bool =
     g.add_argument("--batch-size", type=int, default=64, help="images per RunInference batch (default 64)")
     g.add_argument("--l2-normalize", action="store_true",
                    help="L2-normalise each embedding (public, per-row)")
-    g.add_argument("--max-bad-images", type=int, default=0,
-                   help="stop the run if more images than this cannot be read or decoded (default 0)")
+    if not for_release:
+        g.add_argument("--max-bad-images", type=int, default=0,
+                       help="stop the run if more images than this cannot be read or decoded")
+    else:
+        g.add_argument("--max-bad-images", action=_EncodeOnly, help=argparse.SUPPRESS)
     g.add_argument("--bad-images-report", default=None,
-                   help="write the unreadable files (name, reason) here (default for encode: next to output)")
+                   help="write the unreadable files (name, reason) here: an operator file naming private "
+                        "files" + (", never part of the release; unreadable images are skipped one by one"
+                                   if for_release else " (default for encode: next to output)"))
     g.add_argument("--classes", default=None,
-                   help="comma-separated class folder names in label order (default: all folders, sorted)")
+                   help=("class names in label order (label i = the i-th name); required with a folder layout: "
+                         "the label set is public, the private folders are not listed to find it"
+                         if for_release else
+                         "comma-separated class folder names in label order (default: all folders, sorted)"))
     g.add_argument("--image-feature", default=None, help="TFRecord image bytes feature (default: auto)")
     g.add_argument("--label-feature", default=None, help="TFRecord int64 label feature (default: auto)")
 
@@ -137,7 +156,7 @@ def encoder_from_args(args: argparse.Namespace, num_threads: Optional[int] = Non
 class _EncodedRows(beam.PTransform):
     """PBegin → (source, label, embedding) rows, released only after the bad-image check passed."""
 
-    def __init__(self, reader: ReadImages, encode, max_bad_images: int, bad_report_path: Optional[str]):
+    def __init__(self, reader: ReadImages, encode, max_bad_images: Optional[int], bad_report_path: Optional[str]):
         super().__init__()
         self.reader, self.encode = reader, encode
         self.check = CheckBadImages(max_bad_images, bad_report_path)
@@ -150,7 +169,7 @@ class _EncodedRows(beam.PTransform):
 
 
 def encoded_rows(pipeline, images_pattern: str, encoder, *, batch_size: int = 64, l2_normalize: bool = False,
-                 max_bad_images: int = 0, bad_report_path: Optional[str] = None,
+                 max_bad_images: Optional[int] = 0, bad_report_path: Optional[str] = None,
                  classes: Optional[Sequence[str]] = None, layout: Optional[str] = None,
                  image_key: Optional[str] = None, label_key: Optional[str] = None, label: str = "EncodeImages"):
     """→ (rows, reader): rows are (source, label, float32 embedding), released only after the bad-image check."""
@@ -162,7 +181,7 @@ def encoded_rows(pipeline, images_pattern: str, encoder, *, batch_size: int = 64
 
 
 def encoded_blocks(pipeline, images_pattern: str, encoder_name: str, *, encoder_weights: Optional[str] = None,
-                   batch_size: int = 64, l2_normalize: bool = False, max_bad_images: int = 0,
+                   batch_size: int = 64, l2_normalize: bool = False, max_bad_images: Optional[int] = 0,
                    bad_report_path: Optional[str] = None, classes: Optional[Sequence[str]] = None,
                    block_size: int = 2048, layout: Optional[str] = None, image_key: Optional[str] = None,
                    label_key: Optional[str] = None, image_size: Optional[tuple[int, int]] = None,
@@ -190,7 +209,7 @@ def encoded_blocks_from_args(pipeline, args: argparse.Namespace, num_threads: Op
     """`encoded_blocks` driven by the flags of `add_image_arguments` (for `generate --images`)."""
     return encoded_blocks(
         pipeline, args.images, args.encoder, encoder_weights=args.encoder_weights, batch_size=args.batch_size,
-        l2_normalize=args.l2_normalize, max_bad_images=args.max_bad_images,
+        l2_normalize=args.l2_normalize, max_bad_images=getattr(args, "max_bad_images", None),
         bad_report_path=args.bad_images_report, classes=_classes(args.classes), layout=args.image_layout,
         image_key=args.image_feature, label_key=args.label_feature, image_size=args.image_size,
         pixel_scale=args.pixel_scale, resize_mode=args.resize_mode,

@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # Image flags first: generate's own --label-feature (embedding files)
     # then replaces the image reader's one.
     parser.conflict_handler = "resolve"
-    add_image_arguments(parser, images_required=False)
+    add_image_arguments(parser, images_required=False, for_release=True)
     parser.add_argument("--embedding-dim", type=int,
                         help="the embedding dimension (public). Embedding "
                         "files: every row must have it, and an input with no "

@@ -270,6 +270,20 @@ def test_all_matched_files_empty(tmp_path, capsys):
            "--num-classes", 2, expect=("all 2 matched files hold no rows",))
 
 
+@pytest.mark.parametrize("rows", [0, 1])
+def test_with_a_public_dimension_n0_and_n1_are_both_released(tmp_path, rows):
+    """Whether a release exists never depends on an exact count: with
+    --embedding-dim (public) an empty input is released like one row."""
+    x = np.full((rows, 6), 0.5)
+    path = _npz(tmp_path / "in.npz", x, np.zeros(rows, int))
+    out = tmp_path / "out"
+    assert _generate("--input", path, "--num-classes", 2, "--embedding-dim",
+                     6, "--output", out) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [c["label"] for c in manifest["classes"]] == [0, 1]
+    assert manifest["embedding_dim"] == 6
+
+
 def test_truncated_npz(good, tmp_path, capsys):
     data = open(good, "rb").read()
     path = tmp_path / "cut.npz"
@@ -456,6 +470,21 @@ def test_worker_error_prints_one_clear_line_and_no_traceback(tmp_path,
     lines = [l for l in err.splitlines() if l.startswith("dpsynth: error:")]
     assert lines == [f"dpsynth: error: {path}: row 99 has NaN or infinite "
                      f"values (use --non-finite drop to drop such rows)"]
+    assert _left_behind(tmp_path / "out") == []
+
+
+def test_a_runner_failure_is_not_reported_as_bad_input(good, tmp_path,
+                                                       monkeypatch):
+    """Only bad input gets exit 2 and one line; a failure inside the runner
+    (here a ValueError from a worker step) keeps its traceback (exit 1)."""
+    from transforms import write
+
+    def broken(*args, **kwargs):
+        raise ValueError("simulated runner failure")
+    monkeypatch.setattr(write, "_write_summary", broken)
+    with pytest.raises(ValueError, match="simulated runner failure"):
+        _generate("--input", good, "--num-classes", 2, "--output",
+                  tmp_path / "out")
     assert _left_behind(tmp_path / "out") == []
 
 

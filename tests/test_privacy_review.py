@@ -463,10 +463,9 @@ LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception",
 # (file, first words of the message, verdict). Each names input files or
 # folders, like bad-input errors do; none prints data values or aggregates.
 REVIEWED_LOG_CALLS = {
-    ("transforms/images.py", "--images %s: skipping class folders"):
-        "names configured-away folders of the input tree (operator input)",
     ("transforms/images.py", "unreadable image %s"):
-        "names one unreadable input file, like a bad-input error",
+        "encode only (no release): names one unreadable input file, like a "
+        "bad-input error; generate --images skips them with no log line",
     ("transforms/encode.py", "encoder %s loaded in"):
         "encoder name, load time and pid: public/operational",
 }

@@ -389,7 +389,9 @@ def input_schema(paths: Sequence[str], spec: InputSpec) -> tuple[int, str]:
     files = (f"{paths[0]} holds" if len(paths) == 1
              else f"all {len(paths)} matched files hold")
     raise InputError(f"--input {spec.pattern!r}: {files} no rows "
-                     f"(empty input)")
+                     f"(empty input), so the embedding dimension is unknown; "
+                     f"pass --embedding-dim to release it (empty classes get "
+                     f"noisy outputs like any other)")
 
 
 def load_arrays(pattern: str, fmt: Optional[str] = None,
