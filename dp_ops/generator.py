@@ -222,7 +222,11 @@ def sample(mix: ClassMixture, cfg: GeneratorConfig,
 
 
 def candidates(mix: ClassMixture, cfg: GeneratorConfig) -> np.ndarray:
-    return sample(mix, cfg, cfg.vote_oversample if cfg.vote_filter else 1.0)
+    """The candidate samples of one class mixture (all, if no vote filter):
+    ``vote_oversample`` per wanted sample, capped at
+    ``vote_max_candidates`` (see ``vote.candidate_oversample``)."""
+    return sample(mix, cfg, vote.candidate_oversample(num_samples(mix, cfg),
+                                                      cfg))
 
 
 def noisy_centre(exact_sum: np.ndarray, exact_count: float,

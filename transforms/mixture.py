@@ -180,7 +180,7 @@ class _Votes:
             self._index = {k: v for k, v in self._index.items()
                            if k[0] != mix.label}
             self._index[key] = vote.CandidateIndex(generator.centred(
-                vote.candidates(mix, self._cfg), mix))
+                generator.candidates(mix, self._cfg), mix))
         return self._index[key]
 
     def __call__(self, label: int, block: Block, mixtures: dict) -> np.ndarray:
@@ -216,11 +216,11 @@ class SampleSynthetic(beam.PTransform):
         cfg, ledger, noise = self._cfg, self._ledger, self._noise
         if not cfg.vote_filter:
             return mixtures | "Candidates" >> beam.MapTuple(
-                lambda l, mix: (l, vote.candidates(mix, cfg)))
+                lambda l, mix: (l, generator.candidates(mix, cfg)))
 
         def keep(kv, mixes):
             label, votes = kv
-            c = vote.candidates(mixes[label], cfg)
+            c = generator.candidates(mixes[label], cfg)
             if votes is None:
                 votes = np.zeros(len(c))
             return label, generator.filter_by_votes(
