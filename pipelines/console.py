@@ -9,15 +9,23 @@ anything else is a bug or an infrastructure failure and shows its traceback
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import shutil
 import sys
-from typing import Callable, Optional, Sequence
+import tempfile
+import threading
+import time
+from typing import Callable, Iterator, Optional, Sequence
 
 # TensorFlow's C++ start-up chatter drowns our progress lines.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 log = logging.getLogger("dpsynth")
+# Exact row counts of a running job: the operator's console only (like
+# Beam's counters), never the release, the manifest or dpsynth's own log.
+operator_log = logging.getLogger("dpsynth.operator")
 
 # Log records from other libraries that say nothing a dpsynth user can act on.
 _NOISE = ("apitools not found", "Discarding unparseable args",
@@ -111,6 +119,139 @@ def run_command(fn: Callable[[], int], command: str,
         if inner is not None:
             return fail(inner)
         raise
+
+
+@contextlib.contextmanager
+def quiet_stderr(verbose: bool, keep_as: Optional[str] = None
+                 ) -> Iterator[None]:
+    """Sends what other code writes to file descriptor 2 (Beam's worker
+    processes, TensorFlow's C++ start-up banners) to a log file instead of
+    the console; dpsynth's own lines still reach the console. On failure the
+    log is kept (its path is printed); on success it is deleted."""
+    global _QUIET
+    if verbose or _QUIET:  # nested: the outer capture is in place
+        yield
+        return
+    _QUIET = True
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd, path = tempfile.mkstemp(prefix="dpsynth-", suffix=".log")
+    console = os.fdopen(os.dup(saved), "w", buffering=1)
+    old_stderr, streams = sys.stderr, _our_streams()
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stderr = console
+    for handler in streams:
+        handler.setStream(console)
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        _QUIET = False
+        os.dup2(saved, 2)
+        os.close(saved)
+        sys.stderr = old_stderr
+        for handler in streams:
+            handler.setStream(old_stderr)
+        console.close()
+        if ok or os.path.getsize(path) == 0:
+            os.unlink(path)
+        else:
+            target = keep_as or path
+            if target != path:
+                shutil.move(path, target)
+            print(f"dpsynth: the runner's own log is in {target}",
+                  file=sys.stderr)
+
+
+_QUIET = False
+
+
+def _our_streams() -> list:
+    return [h for h in logging.getLogger().handlers
+            if getattr(h, "_dpsynth", False)]
+
+
+class ProgressPrinter:
+    """Tails a ``transforms.progress.ProgressFile`` in a thread and prints,
+    every ``every`` seconds or when a new pass starts, one line: elapsed
+    time, the pass and the rows it has read so far (operator console only).
+    Without a file (remote runners) it prints the elapsed time only."""
+
+    LABELS = {"Centre": "DP centre", "Read": "reading the input",
+              "TreeCounts": "tree counts", "LeafSums": "tree leaf sums",
+              "Moments": "moments", "SecondMoment": "second moment",
+              "Votes": "vote filter"}
+
+    def __init__(self, path: Optional[str], passes: Sequence[str],
+                 every: float = 10.0) -> None:
+        self.path, self.passes, self.every = path, list(passes), every
+        self._rows: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._start = time.time()
+        self._offset = 0
+        self._shown: Optional[str] = None
+        self._last = 0.0
+
+    def label(self, name: str) -> str:
+        if name.startswith("Lloyd"):
+            return f"Lloyd round {name[5:]}"
+        return self.LABELS.get(name, name)
+
+    def __enter__(self) -> "ProgressPrinter":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._poll(final=not any(exc))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            self._poll()
+
+    def _read(self) -> Optional[str]:
+        """Adds new lines to the row counts; returns the latest pass."""
+        if not self.path or not os.path.exists(self.path):
+            return None
+        latest = None
+        with open(self.path) as f:
+            f.seek(self._offset)
+            for line in f:
+                if not line.endswith("\n"):
+                    break
+                self._offset += len(line.encode())
+                name, _, rows = line.rstrip("\n").partition("\t")
+                self._rows[name] = self._rows.get(name, 0) + int(rows)
+                latest = name
+        return latest
+
+    def _poll(self, final: bool = False) -> None:
+        latest = self._read() or self._shown
+        now = time.time()
+        if final:
+            operator_log.info("[%s] pipeline finished",
+                              _clock(now - self._start))
+            return
+        if latest == self._shown and now - self._last < self.every:
+            return
+        self._shown, self._last = latest, now
+        if latest is None:
+            operator_log.info("[%s] running", _clock(now - self._start))
+            return
+        index = (f" {self.passes.index(latest) + 1}/{len(self.passes)}"
+                 if latest in self.passes else "")
+        operator_log.info("[%s] pass%s, %s: %s rows read",
+                 _clock(now - self._start), index, self.label(latest),
+                 f"{self._rows.get(latest, 0):,}")
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}:{secs:02d}"
 
 
 class Parser(argparse.ArgumentParser):

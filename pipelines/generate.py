@@ -16,8 +16,10 @@ import datetime
 import json
 import logging
 import math
+import os
 import re
 import sys
+import tempfile
 import time
 import uuid
 from typing import Optional, Sequence
@@ -31,13 +33,14 @@ from dp_ops.config import (COVARIANCE_MODES, GeneratorConfig, labels_from,
                             parse_weights)
 from dp_ops.ledger import ACCOUNTANTS, PrivacyLedger
 from dp_ops.noise import NoiseSource, make_noise_source
-from pipelines import consistency, demo, release
+from pipelines import consistency, demo, release, summary
 from pipelines.options import UsageError, beam_options, check_beam_args
 from transforms import io
 from transforms.aggregate import PrepareBlocks, RereadBlocks
 from transforms.centre import DPCentre
 from transforms.dp_kmeans import DPKMeans
 from transforms.mixture import DPMixture, SampleSynthetic
+from transforms.progress import ProgressFile, ReportProgress
 from transforms.write import SUMMARY_FILE, WriteRelease
 
 log = logging.getLogger("dpsynth")
@@ -368,7 +371,8 @@ def image_labels(args: argparse.Namespace) -> list[int]:
 
 
 def build(p: beam.Pipeline, job: Job, reader: beam.PTransform,
-          args: argparse.Namespace) -> None:
+          args: argparse.Namespace,
+          progress: Optional[ProgressFile] = None) -> None:
     """The whole DP generation graph, from the blocks to the staged files.
 
     Embedding files are re-read by every pass (``RereadBlocks``): worker
@@ -379,7 +383,8 @@ def build(p: beam.Pipeline, job: Job, reader: beam.PTransform,
     cfg, ledger, dim, noise = job.cfg, job.ledger, reader.dim, job.noise
     centre = None
     if isinstance(reader, ImageSource) or args.materialise_blocks:
-        raw = p | "Read" >> reader
+        raw = (p | "Read" >> reader
+               | "ReadProgress" >> ReportProgress(progress, "Read"))
         if cfg.center:
             centre = raw | "DPCentre" >> DPCentre(cfg, ledger, dim, noise)
         blocks = (raw
@@ -388,8 +393,9 @@ def build(p: beam.Pipeline, job: Job, reader: beam.PTransform,
     else:
         if cfg.center:
             centre = (p | "CentreRead" >> reader
+                      | "CentreProgress" >> ReportProgress(progress, "Centre")
                       | "DPCentre" >> DPCentre(cfg, ledger, dim, noise))
-        blocks = RereadBlocks(p, reader, cfg, dim, centre)
+        blocks = RereadBlocks(p, reader, cfg, dim, centre, progress)
     centres = p | "DPKMeans" >> DPKMeans(cfg, ledger, dim, noise,
                                          blocks=blocks)
     mixtures = p | "DPMixture" >> DPMixture(cfg, ledger, dim, centres,
@@ -467,6 +473,32 @@ def _make_reader(job: Job, args: argparse.Namespace) -> beam.PTransform:
     return io.ReadEmbeddingBlocks(job.spec, dim=args.embedding_dim)
 
 
+def pass_names(cfg: GeneratorConfig, args: argparse.Namespace) -> list[str]:
+    """The passes over the private rows, in order (progress lines)."""
+    if args.images or args.materialise_blocks:
+        return ["Read"]
+    names = ["Centre"] if cfg.center else []
+    if cfg.clusters > 1:
+        names += ["TreeCounts", "LeafSums"]
+        names += [f"Lloyd{r}" for r in range(1, cfg.lloyd_rounds + 1)]
+    names.append("Moments")
+    if cfg.covariance_rank:
+        names.append("SecondMoment")
+    if cfg.vote_filter:
+        names.append("Votes")
+    return names
+
+
+def _progress_file(options, job: Job) -> ProgressFile:
+    """A local progress file when the workers run on this machine."""
+    from pipelines.options import is_local
+    if not is_local(options):
+        return ProgressFile(None)
+    fd, path = tempfile.mkstemp(prefix=f"dpsynth-progress-{job.run_id}-")
+    os.close(fd)
+    return ProgressFile(path)
+
+
 def _stage(job: Job, args: argparse.Namespace, beam_argv: Sequence[str],
            reservation, timings: dict) -> dict:
     """Runs the pipeline into staging and writes the staged manifest."""
@@ -487,9 +519,14 @@ def _stage(job: Job, args: argparse.Namespace, beam_argv: Sequence[str],
         budget_store.mark_running(reservation)
     _checkpoint("running")
     t1 = time.time()
-    p = beam.Pipeline(options=options)
-    build(p, job, reader, args)
-    p.run().wait_until_finish()
+    progress = _progress_file(options, job)
+    with console.quiet_stderr(args.verbose), console.ProgressPrinter(
+            progress.path, pass_names(job.cfg, args)):
+        p = beam.Pipeline(options=options)
+        build(p, job, reader, args, progress)
+        p.run().wait_until_finish()
+    if progress.path:
+        os.unlink(progress.path)
     timings["pipeline"] = round(time.time() - t1, 3)
     _checkpoint("pipeline-done")
     summary = _read_summary(job.staging)
@@ -563,11 +600,6 @@ def run(args: argparse.Namespace, beam_argv: Sequence[str]) -> str:
     timings["total"] = round(time.time() - t0, 3)
     if args.record_timings:
         log.info("wall times (s, operator only, not DP): %s", timings)
-    for warning in doc["warnings"]:
-        log.warning(warning)
-    log.info("release: %d synthetic rows, epsilon spent %.4g (target %g), "
-             "delta %g", doc["samples_total"], doc["privacy"]["spent"]["epsilon"],
-             job.cfg.epsilon, job.cfg.delta)
     return job.output
 
 
@@ -621,16 +653,28 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
         check_beam_args(beam_argv, parser(), "generate")
         demo_run = args.input is None and not args.images
         output = run(args, beam_argv)
-        print(f"release written to {output}")
+        print(summary.render(output, release.read_manifest(output),
+                             _lifetime(args)))
         if demo_run:
             train, test = demo.demo_files()
             print(demo.utility_line(output, test, train))
         return 0
 
-    return console.run_command(
-        go, "generate", (UsageError, io.InputError, release.ReleaseError,
-                         budget_store.BudgetExceeded, budget_store.RunConflict,
-                         ImageInputError))
+    with console.quiet_stderr(args.verbose):
+        return console.run_command(
+            go, "generate", (UsageError, io.InputError, release.ReleaseError,
+                             budget_store.BudgetExceeded,
+                             budget_store.RunConflict, ImageInputError))
+
+
+def _lifetime(args: argparse.Namespace):
+    if args.budget_store is None:
+        return None
+    from pipelines import budget_store
+    spent = budget_store.lifetime_spent(
+        args.budget_store, args.dataset_id, args.lifetime_delta or args.delta,
+        args.accountant)
+    return spent, args.lifetime_epsilon, args.dataset_id
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

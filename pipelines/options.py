@@ -20,27 +20,44 @@ class UsageError(ValueError):
     """A bad flag or flag combination, found before any data is read."""
 
 
+LOCAL_RUNNERS = ("directrunner", "direct", "fnapirunner")
+
+
 def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
     """Pipeline options with safe DirectRunner defaults.
 
     DirectRunner's ``multi_threading`` mode corrupted data in our tests, so
-    it is refused; several workers default to ``multi_processing``.
+    it is refused; several workers default to ``multi_processing``. The
+    DirectRunner first tries Beam's Prism runner, which it downloads (no
+    network here: it fails, and leaves temporary folders behind), then falls
+    back to Beam's FnApiRunner; dpsynth asks for the FnApiRunner directly.
     """
     argv = list(beam_argv)
     joined = " ".join(argv)
     if "multi_threading" in joined:
         raise UsageError("--direct_running_mode=multi_threading is not "
                          "supported (it corrupts data); use multi_processing")
-    if "--runner" not in joined:
-        argv.append("--runner=DirectRunner")
     options = PipelineOptions(argv)
     all_opts = options.get_all_options()
-    runner = (all_opts.get("runner") or "").lower()
-    if runner in ("directrunner", "direct") and "direct_running_mode" not in joined:
+    runner = (all_opts.get("runner") or "DirectRunner").lower()
+    if runner not in LOCAL_RUNNERS:
+        return options
+    argv = [a for a in argv if not a.startswith("--runner")]
+    if "--runner" in argv:  # "--runner X" as two arguments
+        i = argv.index("--runner")
+        del argv[i:i + 2]
+    argv.append("--runner=FnApiRunner")
+    if "direct_running_mode" not in joined:
         workers = all_opts.get("direct_num_workers") or 1
         mode = "multi_processing" if workers > 1 else "in_memory"
-        options = PipelineOptions(argv + [f"--direct_running_mode={mode}"])
-    return options
+        argv.append(f"--direct_running_mode={mode}")
+    return PipelineOptions(argv)
+
+
+def is_local(options: PipelineOptions) -> bool:
+    """The job runs on this machine (its workers can write local files)."""
+    runner = options.get_all_options().get("runner") or ""
+    return str(runner).lower() in LOCAL_RUNNERS
 
 
 def _beam_parser() -> argparse.ArgumentParser:
