@@ -15,7 +15,8 @@ from typing import Optional, Sequence
 from pipelines import generate
 
 # Sub-commands living in their own modules: (module, description).
-_EXTRA_COMMANDS = ("pipelines.encode", "pipelines.evaluate")
+_EXTRA_COMMANDS = ("pipelines.encode", "pipelines.evaluate",
+                   "pipelines.report")
 
 
 def _setup_logging() -> None:

@@ -34,7 +34,8 @@ from transforms.aggregate import PrepareBlocks, RereadBlocks
 from transforms.centre import DPCentre
 from transforms.dp_kmeans import DPKMeans
 from transforms.mixture import DPMixture, SampleSynthetic
-from transforms.write import SUMMARY_FILE, WriteRelease
+from transforms.write import (OUTPUT_FORMATS, SUMMARY_FILE, WriteRelease,
+                              describe_outputs)
 
 log = logging.getLogger("dpsynth")
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -96,6 +97,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--block-size", type=int, default=4096,
                       help="rows per numpy block moved between stages")
     data.add_argument("--rows-per-shard", type=int, default=50_000)
+    data.add_argument("--output-format", choices=OUTPUT_FORMATS,
+                      default="tfrecord", help="data shards: TFRecord of "
+                      "tf.train.Example (default) or Parquet; schema.json "
+                      "describes either")
     data.add_argument("--materialise-blocks", action="store_true",
                       help="read the input once and keep the blocks in the "
                       "runner between passes (default: every pass re-reads "
@@ -386,7 +391,7 @@ def build(p: beam.Pipeline, job: Job, reader: beam.PTransform,
                                                        noise_seed)
     _ = synthetic | "Write" >> WriteRelease(
         job.staging, mixtures, args.rows_per_shard, args.embedding_feature,
-        args.label_feature)
+        args.label_feature, output_format=args.output_format, cfg=cfg, dim=dim)
 
 
 def manifest(job: Job, reader: beam.PTransform, summary: list,
@@ -417,7 +422,9 @@ def manifest(job: Job, reader: beam.PTransform, summary: list,
         "embedding_dim": reader.dim,
         "classes": summary,
         "samples_total": sum(c["samples"] for c in summary),
-        "outputs": {"data": "data/", "gmm": "gmm.npz"},
+        "outputs": describe_outputs(cfg, reader.dim, summary,
+                                    job.spec.embedding_feature,
+                                    job.spec.label_feature),
         "versions": release.versions(),
         "timings_s": timings if record_timings else
         "not recorded (wall times grow with n; --record-timings)",

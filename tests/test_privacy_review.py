@@ -53,7 +53,15 @@ EPSILON = 1.0
 PUBLIC = [
     r"format", r"run_id", r"created_utc", r"noise", r"config\.\w+(\[\])?",
     r"config\.budget_weights\.\w+", r"input\.(pattern|format|non_finite)",
-    r"input\.files\[\]", r"embedding_dim", r"outputs\.(data|gmm)",
+    r"input\.files\[\]", r"embedding_dim",
+    # What the release holds and how to read it: file names, format,
+    # feature names/dtypes/shape (the input's schema), the normalisation
+    # and the requested covariance rank (all configuration).
+    r"outputs\.(data|gmm|summary|schema|format|files)",
+    r"outputs\.features\.\w+\.(dtype|role|shape(\[\])?)",
+    r"outputs\.normalisation\.(normalize|clip_norm|apply_to_real_inputs|"
+    r"python)",
+    r"outputs\.covariance\.(mode|requested_rank|stored_as)",
     r"versions\.[\w-]+", r"privacy\.(accountant|neighbouring_relation|"
     r"composition)", r"privacy\.(target|spent)\.(epsilon|delta)",
     r"privacy\.mechanisms\[\]\.(name|stage|partition|sensitivity|sigma|"
@@ -65,7 +73,13 @@ PUBLIC = [
     r"lifetime_epsilon_spent|retry_of_recorded_run)",
     r"lifetime_budget\.lifetime_cap\.(epsilon|delta)",
 ]
-DP = [r"classes\[\]\.(noisy_count|components_with_mass|samples)",
+DP = [r"classes\[\]\.(noisy_count|components_with_mass|samples|"
+      r"covariance_rank)",
+      # Factor columns kept (eigenvalues > 0 of the noisy covariance) and
+      # the sentence saying why fewer than requested: post-processing of
+      # the noisy second-moment matrix and noisy moments.
+      r"outputs\.covariance\.effective_rank\.(min|max)",
+      r"outputs\.covariance\.why_smaller",
       r"classes\[\]\.shards\[\]", r"samples_total", r"warnings\[\]"]
 # Durations are not DP: they grow with n, a timing side channel at the
 # resolution of seconds. Tagged separately so that no other non-DP field
@@ -74,7 +88,8 @@ TIMING = [r"timings_s\.\w+"]
 # Without --record-timings the field only holds a public sentence.
 PUBLIC.append(r"timings_s")
 SUMMARY_KEYS = {"label": "public", "noisy_count": "dp",
-                "components_with_mass": "dp", "samples": "dp", "shards": "dp"}
+                "components_with_mass": "dp", "covariance_rank": "dp",
+                "samples": "dp", "shards": "dp"}
 
 
 def _tag(path: str) -> str | None:
