@@ -357,6 +357,30 @@ def test_exact_counts_appear_nowhere(run, expected):
                 f"exact private count {value} found in {where}"
 
 
+def test_schema_file_is_public_configuration(run, expected):
+    from transforms.write import release_schema
+    schema = json.loads((run["out"] / "schema.json").read_text())
+    assert schema == json.loads(json.dumps(release_schema(expected["cfg"],
+                                                          DIM)))
+
+
+def test_report_page_shows_no_exact_count(run, expected, tmp_path):
+    """`dpsynth report` reads the release only: its page (numbers in text
+    and tables; the charts are drawn from the same values) holds no exact
+    class size, n or clipped count."""
+    page = tmp_path / "page"
+    assert cli.main(["report", str(run["out"]), "--output", str(page)]) == 0
+    text = (page / "index.html").read_text()
+    text = re.sub(r"data:image/png;base64,[^\"]+", "", text)
+    text = re.sub(r"\d{8}T\d{6}Z|\d{4}-\d\d-\d\d \d\d:\d\d", "", text)
+    text = _scrub(text, run)
+    priv = expected["private"]
+    for value in [*priv["sizes"], priv["n"], priv["clipped"]]:
+        assert not _int_token(value).search(text), \
+            f"exact private count {value} in the report page"
+    assert f"{run['manifest']['samples_total']:,}" in text
+
+
 def test_exact_sums_and_means_appear_nowhere(run, expected):
     """Text outputs: no exact value in any rendering down to 4 decimals.
     Arrays (gmm.npz: thousands of floats, where a 4-decimal substring

@@ -237,8 +237,8 @@ def describe_covariance(cfg: GeneratorConfig, dim: int,
         reasons.append("only eigenvalues > 0 of the noisy within-class "
                        "covariance are kept as factors (DP noise on the "
                        "second-moment matrix pushes the small ones below "
-                       "0; see dp_ops/covariance.py); their variance stays "
-                       "in the diagonal residual")
+                       "0; see dp_ops/covariance.py); the rest of each "
+                       "coordinate's variance is in the diagonal residual")
     return {"mode": cfg.covariance, "requested_rank": requested,
             "effective_rank": {"min": low, "max": high},
             "stored_as": ("shared_factors" if cfg.covariance == "shared"
