@@ -32,6 +32,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+DESCRIPTION = ("Draws a release on one self-contained HTML page (plus its "
+               "PNGs), from the release's own files: privacy budget, noisy "
+               "class sizes, a 2-D projection, how to read it, its "
+               "configuration, and the `dpsynth evaluate` table if found.")
 PAGE = "index.html"
 MAX_POINTS = 5000
 EVALUATION_NAMES = ("evaluation.json",)
@@ -77,7 +81,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     """Adds `report` to the `dpsynth` sub-commands."""
     p = subparsers.add_parser(
         "report", help="HTML page (and PNGs) describing a release",
-        description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+        description=DESCRIPTION)
     add_arguments(p)
     p.set_defaults(handler=run)
     return p
@@ -85,7 +89,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dpsynth report",
-                                description=__doc__.split("\n\n")[0])
+                                description=DESCRIPTION)
     add_arguments(p)
     return p
 

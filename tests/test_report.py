@@ -13,8 +13,14 @@ import subprocess
 import numpy as np
 import pytest
 
+import sys
+from pathlib import Path
+
 from pipelines import cli, report
 from tests.conftest import gmm_data
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
 
 HEADINGS = ("dpsynth release report", "Privacy budget", "Classes",
             "Synthetic rows in 2-D", "Utility (dpsynth evaluate)",
@@ -192,3 +198,18 @@ def test_missing_release_is_one_clear_line(tmp_path, capsys):
     assert "nope" in err and "manifest.json" in err
     assert len(err.splitlines()) == 1
     assert not (tmp_path / "nope-report").exists()
+
+
+def test_report_of_a_gcs_release(release, gcs, tmp_path):
+    from apache_beam.io.filesystems import FileSystems
+    for path in release.rglob("*"):
+        if path.is_file():
+            rel = path.relative_to(release).as_posix()
+            with FileSystems.create(gcs.uri("rel", rel)) as f:
+                f.write(path.read_bytes())
+    assert report.default_output(gcs.uri("rel")) == "rel-report"
+    out = tmp_path / "page"
+    assert cli.main(["report", gcs.uri("rel"), "--output", str(out),
+                     "--max-points", "300"]) == 0
+    text = (out / "index.html").read_text()
+    assert gcs.uri("rel") in text and "projection.png" in os.listdir(out)
