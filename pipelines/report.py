@@ -704,7 +704,7 @@ def run(args: argparse.Namespace) -> int:
         files = build_report(rel, evaluation, args.max_points, args.seed)
         check_output(output, args.overwrite)  # nobody wrote there meanwhile
         write_atomically(output, files)
-    except (ReportError, InputError, release.ReleaseError) as err:
+    except (ReportError, InputError, release.ReleaseError, OSError) as err:
         print(f"dpsynth: error: {err}", file=sys.stderr)
         return 2
     print(f"report written to {os.path.join(output, PAGE)}")
