@@ -173,3 +173,12 @@ def test_unknown_output_format_is_refused(tmp_path, capsys):
                   str(tmp_path / "r")])
     assert "--output-format" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_demo_utility_line_reads_a_parquet_release(releases):
+    from pipelines import demo
+    tmp = releases["tmp"]
+    line = demo.utility_line(str(releases["parquet"]), str(tmp / "test.npz"),
+                             str(tmp / "train.npz"))
+    synth = float(re.search(r"trained on synthetic ([\d.]+)", line).group(1))
+    assert synth > 0.8, line
