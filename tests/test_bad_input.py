@@ -78,8 +78,10 @@ def _example(embedding=None, label=None, emb_name="embedding",
 
 
 def _tfrecord(path, records) -> str:
-    from transforms import io
-    io.write_tfrecord(str(path), records)
+    import tensorflow as tf  # arbitrary (also malformed) records
+    with tf.io.TFRecordWriter(str(path)) as w:
+        for record in records:
+            w.write(record)
     return str(path)
 
 

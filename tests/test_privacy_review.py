@@ -66,7 +66,17 @@ FIELDS = {
     r"config\.budget_weights\.\w+": ("public", "--budget-weights"),
     r"input\.(pattern|format|non_finite)": ("public", "the user's input flags"),
     r"embedding_dim": ("public", "the input's schema (or --embedding-dim)"),
-    r"outputs\.(data|gmm)": ("public", "layout constants"),
+    # What the release holds and how to read it: file names, format,
+    # feature names/dtypes/shape (the input's schema), the normalisation
+    # and the requested covariance rank (all configuration).
+    r"outputs\.(data|gmm|summary|schema|format|files)":
+        ("public", "layout constants and the output format"),
+    r"outputs\.features\.\w+\.(dtype|role|shape(\[\])?)":
+        ("public", "feature names, dtypes, shape: config and schema"),
+    r"outputs\.normalisation\.(normalize|clip_norm|apply_to_real_inputs|"
+    r"python)": ("public", "the per-record transform users must apply"),
+    r"outputs\.covariance\.(mode|requested_rank|stored_as)":
+        ("public", "covariance configuration"),
     r"versions\.[\w-]+": ("public", "package versions"),
     r"privacy\.(accountant|neighbouring_relation|composition)":
         ("public", "accounting configuration"),
@@ -80,8 +90,13 @@ FIELDS = {
     r"lifetime_budget\.(store|dataset_id)": ("public", "budget-store flags"),
     r"lifetime_budget\.lifetime_cap\.(epsilon|delta)":
         ("public", "--lifetime-epsilon/--lifetime-delta"),
-    r"classes\[\]\.(noisy_count|components_with_mass|samples)":
-        ("dp", "noisy counts and post-processing of them"),
+    r"classes\[\]\.(noisy_count|components_with_mass|samples|"
+    r"covariance_rank)": ("dp", "noisy counts and post-processing of the "
+                          "noisy moments and second-moment matrix"),
+    r"outputs\.covariance\.effective_rank\.(min|max)":
+        ("dp", "factor columns kept: eigenvalues > 0 of the noisy covariance"),
+    r"outputs\.covariance\.why_smaller":
+        ("dp", "the sentence saying why fewer factors than requested"),
     r"classes\[\]\.shards\[\]":
         ("dp", "shard names: label and index; their number follows samples"),
     r"samples_total": ("dp", "sum of the DP sample counts"),
@@ -90,7 +105,8 @@ FIELDS = {
 PUBLIC = [p for p, (tag, _) in FIELDS.items() if tag == "public"]
 DP = [p for p, (tag, _) in FIELDS.items() if tag == "dp"]
 SUMMARY_KEYS = {"label": "public", "noisy_count": "dp",
-                "components_with_mass": "dp", "samples": "dp", "shards": "dp"}
+                "components_with_mass": "dp", "covariance_rank": "dp",
+                "samples": "dp", "shards": "dp"}
 
 
 def _tag(path: str) -> str | None:
@@ -380,6 +396,30 @@ def test_exact_counts_appear_nowhere(run, expected):
         for value in exact:
             assert not _int_token(value).search(text), \
                 f"exact private count {value} found in {where}"
+
+
+def test_schema_file_is_public_configuration(run, expected):
+    from transforms.write import release_schema
+    schema = json.loads((run["out"] / "schema.json").read_text())
+    assert schema == json.loads(json.dumps(release_schema(expected["cfg"],
+                                                          DIM)))
+
+
+def test_report_page_shows_no_exact_count(run, expected, tmp_path):
+    """`dpsynth report` reads the release only: its page (numbers in text
+    and tables; the charts are drawn from the same values) holds no exact
+    class size, n or clipped count."""
+    page = tmp_path / "page"
+    assert cli.main(["report", str(run["out"]), "--output", str(page)]) == 0
+    text = (page / "index.html").read_text()
+    text = re.sub(r"data:image/png;base64,[^\"]+", "", text)
+    text = re.sub(r"\d{8}T\d{6}Z|\d{4}-\d\d-\d\d \d\d:\d\d", "", text)
+    text = _scrub(text, run)
+    priv = expected["private"]
+    for value in [*priv["sizes"], priv["n"], priv["clipped"]]:
+        assert not _int_token(value).search(text), \
+            f"exact private count {value} in the report page"
+    assert f"{run['manifest']['samples_total']:,}" in text
 
 
 def test_exact_sums_and_means_appear_nowhere(run, expected):

@@ -456,39 +456,7 @@ class ReadEmbeddingBlocks(beam.PTransform):
                                                          self.dim_source)))
 
 
-# ---------------------------------------------------------------- writing
-
-def serialize_examples(x: np.ndarray, y: np.ndarray,
-                       embedding_feature: str = "embedding",
-                       label_feature: str = "label") -> list[bytes]:
-    import tensorflow as tf
-    out = []
-    for row, label in zip(np.asarray(x, np.float32), np.asarray(y, np.int64)):
-        feature = {
-            embedding_feature: tf.train.Feature(
-                float_list=tf.train.FloatList(value=row)),
-            label_feature: tf.train.Feature(
-                int64_list=tf.train.Int64List(value=[int(label)])),
-        }
-        out.append(tf.train.Example(
-            features=tf.train.Features(feature=feature)).SerializeToString())
-    return out
-
-
-def write_tfrecord(path: str, records: Sequence[bytes]) -> None:
-    """Writes TFRecord framing through FileSystems (works on gs:// too)."""
-    from apache_beam.io.tfrecordio import _TFRecordUtil
-    with FileSystems.create(path, compression_type="uncompressed") as f:
-        for record in records:
-            _TFRecordUtil.write_record(f, record)
-
-
-def write_npz(path: str, **arrays: np.ndarray) -> None:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    with FileSystems.create(path, compression_type="uncompressed") as f:
-        f.write(buf.getvalue())
-
+# ---------------------------------------------------------------- paths
 
 def join(*parts: str) -> str:
     return FileSystems.join(*parts) if "://" in parts[0] else os.path.join(*parts)
