@@ -72,6 +72,7 @@ def setup_logging(verbose: bool = False) -> None:
         handler._dpsynth = True  # type: ignore[attr-defined]
         handler.addFilter(_DropNoise())
         root.addHandler(handler)
+    _point(handler, sys.stderr)  # the current one (tests swap it)
     handler.setFormatter(_Format("%(levelname)s:%(name)s: %(message)s"))
     for other in list(root.handlers):  # a basicConfig's: lines twice
         if type(other) is logging.StreamHandler and other is not handler:
@@ -136,13 +137,16 @@ def quiet_stderr(verbose: bool, keep_as: Optional[str] = None
     sys.stderr.flush()
     saved = os.dup(2)
     fd, path = tempfile.mkstemp(prefix="dpsynth-", suffix=".log")
-    console = os.fdopen(os.dup(saved), "w", buffering=1)
     old_stderr, streams = sys.stderr, _our_streams()
+    # Python-level writers keep their stream unless it is file descriptor 2
+    # itself (then they get a copy of the real console).
+    console = (os.fdopen(os.dup(saved), "w", buffering=1)
+               if _writes_fd2(old_stderr) else old_stderr)
     os.dup2(fd, 2)
     os.close(fd)
     sys.stderr = console
     for handler in streams:
-        handler.setStream(console)
+        _point(handler, console)
     ok = False
     try:
         yield
@@ -153,8 +157,9 @@ def quiet_stderr(verbose: bool, keep_as: Optional[str] = None
         os.close(saved)
         sys.stderr = old_stderr
         for handler in streams:
-            handler.setStream(old_stderr)
-        console.close()
+            _point(handler, old_stderr)
+        if console is not old_stderr:
+            console.close()
         if ok or os.path.getsize(path) == 0:
             os.unlink(path)
         else:
@@ -166,6 +171,23 @@ def quiet_stderr(verbose: bool, keep_as: Optional[str] = None
 
 
 _QUIET = False
+
+
+def _writes_fd2(stream) -> bool:
+    try:
+        return stream.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _point(handler: logging.StreamHandler, stream) -> None:
+    """handler.setStream without flushing the old stream (it may be closed:
+    a finished test's capture, or our console copy)."""
+    handler.acquire()
+    try:
+        handler.stream = stream
+    finally:
+        handler.release()
 
 
 def _our_streams() -> list:

@@ -35,7 +35,7 @@ def stage_shares(mechanisms: list[dict]) -> dict[str, float]:
 
 
 def _classes_line(classes: list[dict]) -> str:
-    shown = ", ".join(f"{c['label']}: {c['samples']:,}"
+    shown = ", ".join(f"{c['label']}: {c['samples']}"
                       for c in classes[:SHOWN_CLASSES])
     more = (f", ... ({len(classes) - SHOWN_CLASSES} more classes)"
             if len(classes) > SHOWN_CLASSES else "")
@@ -52,7 +52,7 @@ def render(output: str, manifest: dict,
                          sorted(shares.items(), key=lambda kv: -kv[1]))
     lines = [
         f"release: {output}  (run {manifest['run_id']}, "
-        f"{manifest['samples_total']:,} synthetic rows, "
+        f"{manifest['samples_total']} synthetic rows, "
         f"{len(manifest['classes'])} classes, d={manifest['embedding_dim']})",
         f"privacy: epsilon {spent['epsilon']:.4g} spent of {target['epsilon']:g}"
         f" at delta {target['delta']:g} ({privacy['accountant']} accountant, "

@@ -22,7 +22,7 @@ def test_demo_runs_with_no_input_and_prints_utility(tmp_path, capsys):
     out = tmp_path / "release"
     assert _run("--output", out) == 0
     printed = capsys.readouterr().out
-    assert f"release written to {out}" in printed
+    assert f"release: {out}" in printed
     assert "trained on real" in printed and "trained on synthetic" in printed
     manifest = json.loads((out / "manifest.json").read_text())
     spent = manifest["privacy"]["spent"]["epsilon"]

@@ -369,10 +369,30 @@ def _texts(run) -> dict[str, str]:
                         for k in z.files)
             else:
                 texts[name] = path.read_bytes().decode("latin-1")
-    texts["logs"] = "\n".join(f"{n}: {m}" for n, m in run["logs"])
+    texts["logs"] = "\n".join(f"{n}: {m}" for n, m in run["logs"]
+                              if n != OPERATOR)
     texts["stdout"] = run["stdout"]
-    texts["stderr"] = run["stderr"]
+    texts["stderr"] = "\n".join(l for l in run["stderr"].splitlines()
+                                if not _PROGRESS.match(l))
     return texts
+
+
+# Progress lines of a running job (16.2): elapsed time, pass and the rows it
+# has read so far. Exact counts, like Beam's counters: for the operator who
+# runs the job (and holds the raw data), on the console only; logged under
+# their own logger and never written to any release file.
+OPERATOR = "dpsynth.operator"
+_PROGRESS = re.compile(r"^dpsynth: \[\d+:\d\d\] ")
+
+
+def test_operator_progress_stays_on_the_console(run):
+    progress = [m for n, m in run["logs"] if n == OPERATOR]
+    assert any("rows read" in m for m in progress)
+    console = [l for l in run["stderr"].splitlines() if _PROGRESS.match(l)]
+    assert len(console) == len(progress)
+    for path in Path(run["out"]).rglob("*"):
+        if path.is_file() and path.suffix == ".json":
+            assert "rows read" not in path.read_text()
 
 
 def _scrub(text: str, run) -> str:
@@ -400,7 +420,7 @@ def test_exact_counts_appear_nowhere(run, expected):
 
 def test_schema_file_is_public_configuration(run, expected):
     from transforms.write import release_schema
-    schema = json.loads((run["out"] / "schema.json").read_text())
+    schema = json.loads((release_dir(run["out"]) / "schema.json").read_text())
     assert schema == json.loads(json.dumps(release_schema(expected["cfg"],
                                                           DIM)))
 
@@ -461,6 +481,10 @@ def _allowed_numbers(run) -> list[float]:
               and _tag(p) in ("public", "dp")]
     values += [len(m["privacy"]["mechanisms"]),
                sum(max(c["noisy_count"], 0) for c in m["classes"])]
+    # The summary's budget shares by stage: a function of the plan.
+    from pipelines.summary import stage_shares
+    values += [100 * v for v in stage_shares(m["privacy"]["mechanisms"])
+               .values()]
     return values
 
 
@@ -476,7 +500,8 @@ def _explained(token: str, allowed: list[float]) -> bool:
 
 def test_every_number_in_our_logs_is_public_or_dp(run):
     allowed = _allowed_numbers(run)
-    ours = [(n, m) for n, m in run["logs"] if n.startswith("dpsynth")]
+    ours = [(n, m) for n, m in run["logs"]
+            if n.startswith("dpsynth") and n != OPERATOR]
     lines = [m for _, m in ours] + run["stdout"].splitlines()
     assert any("release:" in l for l in lines)
     for line in lines:
