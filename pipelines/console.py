@@ -34,7 +34,7 @@ _NOISE = ("apitools not found", "Discarding unparseable args",
           "Prism", "is not installed")
 # Markers of our own error types inside Beam's wrapped worker exceptions.
 ERROR_MARKERS = ("InputError: ", "ImageInputError: ", "EncoderError: ",
-                 "EncoderUnavailableError: ")
+                 "EncoderUnavailableError: ", "BadImagesError: ")
 
 
 class _DropNoise(logging.Filter):

@@ -23,7 +23,6 @@ import io
 import json
 import logging
 import os
-import re
 import sys
 import zlib
 from typing import Optional, Sequence
@@ -32,10 +31,10 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.options import beam_options
+from pipelines.options import UsageError, beam_options, check_beam_args
 from models.encoders import EncoderError, EncoderUnavailableError, get_encoder, list_encoders
-from transforms.images import (BAD_IMAGES_MARKER, LAYOUTS, CheckBadImages, ImageInputError, ReadImages,
-                               gate_on)
+from transforms.images import (BAD_IMAGES_MARKER, LAYOUTS, BadImagesError, CheckBadImages, ImageInputError,
+                               ReadImages, gate_on)
 
 log = logging.getLogger("dpsynth")
 
@@ -111,6 +110,7 @@ def add_image_arguments(parser: argparse.ArgumentParser, images_required: bool =
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_image_arguments(parser)
+    parser.add_argument("--verbose", action="store_true", help="also show Beam's and other libraries' logs")
     parser.add_argument("--output", required=True,
                         help="OUT.npz or OUT.tfrecord (local or gs://); a labels JSON is written next to it")
     parser.add_argument("--num-shards", type=int, default=1,
@@ -130,8 +130,8 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dpsynth encode", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = console.Parser(prog="dpsynth encode", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     return p
 
@@ -353,34 +353,19 @@ def run(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> dict:
     return info
 
 
-def _worker_message(err: BaseException) -> Optional[str]:
-    """Beam wraps worker exceptions in long tracebacks; pull out our own one-line messages."""
-    text = str(err)
-    for marker in (BAD_IMAGES_MARKER + ": ", "ImageInputError: ", "EncoderUnavailableError: ", "EncoderError: "):
-        if marker in text:
-            line = text.split(marker, 1)[1].splitlines()[0].strip()
-            return re.sub(r" \[while running '[^']*'\]$", "", line)
-    return None
-
-
 def handle(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> int:
     """CLI entry for `dpsynth encode` (argparse handler)."""
-    logging.basicConfig(level=logging.INFO, format="dpsynth: %(message)s", stream=sys.stderr)
-    for noisy in ("apache_beam", "absl", "tensorflow", "root"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    try:
+    console.setup_logging(getattr(args, "verbose", False))
+
+    def go() -> int:
+        check_beam_args(beam_argv, parser(), "encode")
         info = run(args, beam_argv)
-    except (ImageInputError, EncoderError, EncoderUnavailableError) as err:
-        print(f"dpsynth encode: error: {err}", file=sys.stderr)
-        return 2
-    except Exception as err:  # raised inside a Beam worker
-        message = _worker_message(err)
-        if message is None:
-            raise
-        print(f"dpsynth encode: error: {message}", file=sys.stderr)
-        return 2
-    print(f"embeddings written to {args.output} (labels: {info['labels_json']})")
-    return 0
+        print(f"embeddings written to {args.output} (labels: {info['labels_json']})")
+        return 0
+
+    with console.quiet_stderr(getattr(args, "verbose", False)):
+        return console.run_command(go, "encode", (UsageError, ImageInputError, EncoderError,
+                                                  EncoderUnavailableError, BadImagesError))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -137,8 +137,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dp.add_argument("--delta", type=float, default=1e-5)
     dp.add_argument("--accountant", choices=ACCOUNTANTS, default="pld")
     dp.add_argument("--budget-weights", type=_weights,
-                    help="share of the budget per stage, summing to 1, e.g. "
-                    "tree=0.15,lloyd=0.25,moments=0.5,vote=0.1")
+                    help="share of the budget per stage, naming exactly the "
+                    "enabled stages and summing to 1; the default stages are "
+                    "centre, moments, covariance, e.g. centre=0.02,moments=0.38,"
+                    "covariance=0.6 (+tree, lloyd with --clusters > 1, +vote "
+                    "with --vote-filter; defaults: centre 0.01, tree 0.1, "
+                    "lloyd 0.15, moments 0.3, covariance 0.45, vote 0.1, "
+                    "renormalised over the enabled stages)")
     dp.add_argument("--noise-seed", type=int, help="SECRET seed for "
                     "reproducible noise (testing/audits); never recorded. "
                     "Default: secure non-reproducible noise")
