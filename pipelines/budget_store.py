@@ -548,7 +548,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     c = sub.choices["check"]
     c.add_argument("--lifetime-epsilon", type=float, required=True)
     c.add_argument("--run-id", default=None,
-                   help="a run already recorded under this id spends nothing")
+                   help="a run recorded under this id before reading data, "
+                   "or staged, spends nothing more; one that crashed after "
+                   "reading data is charged again")
     c.add_argument("--epsilon", type=float, default=4.0)
     c.add_argument("--delta", type=float, default=1e-5)
     c.add_argument("--num-classes", type=int, default=None)
@@ -570,8 +572,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(json.dumps(report, indent=1))
         return 0
     _check_cap(args.lifetime_epsilon, args.lifetime_delta)
-    if args.run_id and any(e["run_id"] == args.run_id for e in entries):
-        report.update(fits=True, note=f"run {args.run_id} already recorded")
+    latest = None
+    if args.run_id:
+        latest = _find({"releases": entries}, args.run_id)
+    if latest is not None and latest["status"] in (RESERVED, STAGED,
+                                                   PUBLISHED):
+        # reserved: no data read yet; staged: the retry re-publishes the
+        # staged files; published: generate finds it and does nothing.
+        report.update(fits=True, note=f"run {args.run_id} attempt "
+                      f"{latest.get('attempt', 1)} is {latest['status']}: "
+                      "a re-run spends nothing more")
         print(json.dumps(report, indent=1))
         return 0
     planned = {"mechanisms": [_mechanism_to_dict(m)

@@ -321,7 +321,14 @@ def test_cli_show_and_check(tmp_path):
     assert refused.returncode == 3 and "refusing" in refused.stderr
     same_run = cli("check", *common, "--lifetime-epsilon", str(cap),
                    "--mechanisms-json", str(manifest), "--run-id", "run-1")
-    assert same_run.returncode == 0, same_run.stderr
+    assert same_run.returncode == 0, same_run.stderr  # no data read yet
+    (entry,) = bs.history(store, "digits")
+    r1 = bs._reservation(store, "digits", entry, False, 0.0, DELTA)
+    bs.mark_running(r1)
+    bs.release_failed(r1)  # crashed after reading: a retry is charged again
+    retry = cli("check", *common, "--lifetime-epsilon", str(cap),
+                "--mechanisms-json", str(manifest), "--run-id", "run-1")
+    assert retry.returncode == 3, retry.stdout
     planned = cli("check", *common, "--lifetime-epsilon", "1000",
                   "--epsilon", "1.0", "--num-classes", "3")
     assert planned.returncode == 0, planned.stderr
