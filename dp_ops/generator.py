@@ -210,15 +210,42 @@ def num_samples(mix: ClassMixture, cfg: GeneratorConfig) -> int:
     return int(round(mix.noisy_count))
 
 
-def sample(mix: ClassMixture, cfg: GeneratorConfig,
-           oversample: float = 1.0) -> np.ndarray:
-    m = int(round(num_samples(mix, cfg) * oversample))
-    rng = np.random.default_rng([cfg.seed, mix.label, 1])
-    out = sampling.sample_mixture(mix.weights, mix.means, mix.variances, m,
-                                  rng, mix.factors)
+# Rows per random stream: the synthetic rows of a class are the same
+# whatever the shard size or the worker that draws them.
+SAMPLE_CHUNK = 1024
+
+
+def _sample_chunk(mix: ClassMixture, cfg: GeneratorConfig, chunk: int,
+                  size: int) -> np.ndarray:
+    rng = np.random.default_rng([cfg.seed, mix.label, 1, chunk])
+    out = sampling.sample_mixture(mix.weights, mix.means, mix.variances,
+                                  size, rng, mix.factors)
     if cfg.normalize == "unit":
         out = sampling.project_to_sphere(out, cfg.sample_radius)
     return out
+
+
+def sample_rows(mix: ClassMixture, cfg: GeneratorConfig, total: int,
+                start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) of the class's ``total`` synthetic rows (float32):
+    drawn chunk by chunk, one public random stream per chunk, so a writer
+    can draw just its shard."""
+    d = mix.means.shape[1]
+    if total <= 0 or mix.weights.sum() <= 0 or stop <= start:
+        return np.zeros((0, d), np.float32)
+    first, last = start // SAMPLE_CHUNK, (stop - 1) // SAMPLE_CHUNK
+    parts = [_sample_chunk(mix, cfg, c, min(SAMPLE_CHUNK,
+                                            total - c * SAMPLE_CHUNK))
+             for c in range(first, last + 1)]
+    rows = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    offset = start - first * SAMPLE_CHUNK
+    return rows[offset:offset + stop - start]
+
+
+def sample(mix: ClassMixture, cfg: GeneratorConfig,
+           oversample: float = 1.0) -> np.ndarray:
+    m = int(round(num_samples(mix, cfg) * oversample))
+    return sample_rows(mix, cfg, m, 0, m)
 
 
 def candidates(mix: ClassMixture, cfg: GeneratorConfig) -> np.ndarray:

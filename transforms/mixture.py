@@ -16,6 +16,7 @@ from dp_ops.noise import NoiseSource
 from transforms.aggregate import (Block, Blocks, PerClassSum, pass_blocks,
                                   sum_present)
 from transforms.noise import AddNoise
+from transforms.write import DrawRows
 
 
 def _moments(k: int, bound: float, sumsq: bool):
@@ -197,7 +198,9 @@ def _fingerprint(mix: generator.ClassMixture) -> str:
 
 
 class SampleSynthetic(beam.PTransform):
-    """(label, ClassMixture) -> (label, synthetic rows), vote-filtered if on.
+    """(label, ClassMixture) -> (label, what to write): ``DrawRows`` (the
+    writers draw the rows shard by shard) or, with the vote filter, the
+    kept candidates.
 
     The vote histogram is dense over all candidates of a class (L2
     sensitivity 1 under add/remove one record: one record casts one vote).
@@ -215,8 +218,8 @@ class SampleSynthetic(beam.PTransform):
     def expand(self, mixtures):
         cfg, ledger, noise = self._cfg, self._ledger, self._noise
         if not cfg.vote_filter:
-            return mixtures | "Candidates" >> beam.MapTuple(
-                lambda l, mix: (l, generator.candidates(mix, cfg)))
+            return mixtures | "RowsToDraw" >> beam.MapTuple(
+                lambda l, mix: (l, DrawRows(generator.num_samples(mix, cfg))))
 
         def keep(kv, mixes):
             label, votes = kv

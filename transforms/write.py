@@ -10,6 +10,7 @@ so local paths and gs:// work the same.
 
 from __future__ import annotations
 
+import dataclasses
 import io as stdio
 import json
 import struct
@@ -21,7 +22,9 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from dp_ops import generator
 from dp_ops.config import GeneratorConfig
+from dp_ops.kmeans import blas_threads
 from models.gmm import MixtureRelease
 from transforms import io
 
@@ -154,29 +157,54 @@ def parquet_bytes(x: np.ndarray, label: int,
 _ENCODERS = {"tfrecord": tfrecord_bytes, "parquet": parquet_bytes}
 
 
-class _WriteClassShards(beam.DoFn):
-    def __init__(self, staging: str, rows_per_shard: int,
-                 embedding_feature: str, label_feature: str,
-                 fmt: str = "tfrecord") -> None:
-        self._staging, self._rows, self._fmt = staging, rows_per_shard, fmt
+@dataclasses.dataclass(frozen=True)
+class DrawRows:
+    """The rows of a class are drawn where its shards are written: the
+    class's ``total`` synthetic rows (``generator.sample_rows``)."""
+
+    total: int
+
+
+def shard_tasks(kv, rows_per_shard: int):
+    """(label, DrawRows | rows) -> (label, shard index, (start, stop) |
+    rows) for each shard; a class with no rows gets one empty shard."""
+    label, rows = kv
+    total = rows.total if isinstance(rows, DrawRows) else len(rows)
+    for i, start in enumerate(range(0, max(total, 1), rows_per_shard)):
+        stop = min(start + rows_per_shard, total)
+        part = ((start, stop, total) if isinstance(rows, DrawRows)
+                else np.asarray(rows[start:stop], np.float32))
+        yield label, i, part
+
+
+class _WriteShard(beam.DoFn):
+    """(label, index, rows or a range to draw) -> one shard file.
+
+    Drawing here (float32, two matrix products per chunk) means no worker
+    samples a whole class and no synthetic row crosses the network."""
+
+    def __init__(self, staging: str, embedding_feature: str,
+                 label_feature: str, fmt: str,
+                 cfg: Optional[GeneratorConfig]) -> None:
+        self._staging, self._fmt, self._cfg = staging, fmt, cfg
         self._features = (embedding_feature, label_feature)
         self._kept = Metrics.counter("dpsynth", "samples_written")
 
-    def process(self, kv):
-        label, x = kv
-        x = np.asarray(x, np.float32)
-        encode = _ENCODERS[self._fmt]
-        shards = []
-        for i, start in enumerate(range(0, max(len(x), 1), self._rows)):
-            rows = x[start:start + self._rows]
-            path = io.join(self._staging, DATA_DIR,
-                           shard_name(label, i, self._fmt))
-            with FileSystems.create(path, compression_type="uncompressed") as f:
-                f.write(encode(rows, int(label), *self._features))
-            shards.append(path)
+    def process(self, task, mixtures=None):
+        label, index, part = task
+        if isinstance(part, tuple):
+            with blas_threads(1):
+                x = generator.sample_rows(mixtures[label], self._cfg,
+                                          part[2], part[0], part[1])
+        else:
+            x = part
+        name = shard_name(label, index, self._fmt)
+        with FileSystems.create(io.join(self._staging, DATA_DIR, name),
+                                compression_type="uncompressed") as f:
+            f.write(_ENCODERS[self._fmt](x, int(label), *self._features))
         self._kept.inc(len(x))
-        yield {"label": int(label), "samples": int(len(x)),
-               "shards": [p.rsplit("/", 1)[-1] for p in shards]}
+        yield {"label": int(label), "index": index, "samples": int(len(x)),
+               "shard": name}
 
 
 # ------------------------------------------------- what the release holds
@@ -278,7 +306,12 @@ def _write_summary(staging: str, mixtures: list, shard_info: list,
     release = MixtureRelease.from_list(mixtures)
     with FileSystems.create(io.join(staging, GMM_FILE)) as f:
         f.write(release.to_npz_bytes())
-    per_class = {d["label"]: d for d in shard_info}
+    per_class: dict = {}
+    for info in sorted(shard_info, key=lambda d: (d["label"], d["index"])):
+        entry = per_class.setdefault(info["label"],
+                                     {"samples": 0, "shards": []})
+        entry["samples"] += info["samples"]
+        entry["shards"].append(info["shard"])
     ranks = covariance_ranks(release.mixtures.values())
     summary = []
     for label, mix in sorted(release.mixtures.items()):
@@ -298,9 +331,11 @@ def _write_summary(staging: str, mixtures: list, shard_info: list,
 
 
 class WriteRelease(beam.PTransform):
-    """(label, synthetic rows) + (label, ClassMixture) -> files in staging.
+    """(label, rows or DrawRows) + (label, ClassMixture) -> files in staging.
 
-    With ``cfg`` (and ``dim``, else read from the mixtures' means) it also
+    Each shard is its own element (spread over the workers); ``DrawRows``
+    shards are sampled by the worker that writes them (needs ``cfg``). With
+    ``cfg`` (and ``dim``, else read from the mixtures' means) it also
     writes schema.json.
     """
 
@@ -327,9 +362,13 @@ class WriteRelease(beam.PTransform):
                 return None
             d = dim or (mixes[0].means.shape[1] if mixes else 0)
             return release_schema(cfg, d, fmt, emb, lab)
+        rows_per_shard = self._args[0]
         shard_info = (synthetic
+                      | "Shards" >> beam.FlatMap(shard_tasks, rows_per_shard)
+                      | "SpreadShards" >> beam.Reshuffle()
                       | "WriteShards" >> beam.ParDo(
-                          _WriteClassShards(staging, *self._args))
+                          _WriteShard(staging, emb, lab, fmt, cfg),
+                          beam.pvalue.AsDict(self._mixtures))
                       | "ShardList" >> beam.combiners.ToList())
         mixtures = (self._mixtures
                     | "MixtureValues" >> beam.Values()
