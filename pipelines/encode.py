@@ -30,6 +30,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from models.encoders import EncoderError, EncoderUnavailableError, get_encoder, list_encoders
+from pipelines.help_format import DefaultsHelpFormatter
 from transforms.images import (BAD_IMAGES_MARKER, LAYOUTS, CheckBadImages, ImageInputError, ReadImages,
                                gate_on)
 
@@ -100,7 +101,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     """Adds the `encode` sub-command to an argparse subparsers object."""
     p = subparsers.add_parser("encode", help="labelled images -> embeddings (Beam RunInference)",
                               description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              formatter_class=DefaultsHelpFormatter)
     add_arguments(p)
     p.set_defaults(handler=handle, command="encode")
     return p
@@ -108,7 +109,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dpsynth encode", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=DefaultsHelpFormatter)
     add_arguments(p)
     return p
 
