@@ -180,7 +180,7 @@ def test_default_quick_protocol_reports_progress_per_model_and_seed(files, capsy
 def test_protocols_and_explicit_overrides():
     parser = evaluate.parser()
     base = ["--synthetic", "s", "--real-train", "a", "--real-test", "b"]
-    assert evaluate.protocol_settings(parser.parse_args(base)) == (1, 10)
+    assert evaluate.protocol_settings(parser.parse_args(base)) == (1, 50)
     full = parser.parse_args(base + ["--protocol", "full"])
     assert evaluate.protocol_settings(full) == (3, 50) == (
         evaluate.PROTOCOLS["full"]["seeds"], classifiers_epochs())
@@ -191,6 +191,24 @@ def test_protocols_and_explicit_overrides():
     helptext = parser.format_help()
     assert "(default: quick)" in helptext and "(default: 2000)" in helptext
     assert "full: the paper's protocol, 3 seeds, MLP 50 epochs" in " ".join(helptext.split())
+
+
+def test_a_deterministic_fit_on_seed_independent_rows_runs_once(monkeypatch):
+    calls = []
+
+    def fake(model, x, y, *rest):
+        calls.append(model)
+        return 0.5 + 0.1 * len(calls)
+    monkeypatch.setattr(evaluate, "train_and_score", fake)
+    x, y = np.zeros((10, 2)), np.arange(10) % 2
+    args = (np.zeros((4, 2)), np.arange(4) % 2, [0, 1], ["logreg", "mlp"],
+            [0, 1, 2], None, None)
+    out = evaluate.utility(x, y, 10, *args, size_policy="paper")
+    assert calls == ["logreg", "mlp", "mlp", "mlp"]
+    assert out["logreg"]["accuracies"] == [0.6] * 3 and out["logreg"]["std"] == 0
+    calls.clear()
+    evaluate.utility(x, y, 5, *args, size_policy="paper")  # cut to 5 rows: seeded
+    assert calls == ["logreg"] * 3 + ["mlp"] * 3
 
 
 def classifiers_epochs():
