@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -92,6 +93,7 @@ def main(argv=None) -> int:
             runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
             outputs[route] = np.load(out)
         print(json.dumps(runs[-1]), flush=True)
+    shutil.rmtree(work, ignore_errors=True)
     base = next((r for r in runs if "cpu_ms_per_image" in r), None)
     for r in runs:
         if base and "cpu_ms_per_image" in r:
