@@ -439,13 +439,18 @@ def format_table(report: dict) -> str:
     syn = report["synthetic_trained"]
     ceil = report.get("real_trained_ceiling", {})
     seeds = len(report["protocol"]["seeds"])
+    what = (f"mean ± std over {seeds} seeds" if seeds > 1 else
+            "1 seed; --protocol full for mean ± std over 3")
+
+    def cell(res: dict) -> str:
+        if seeds == 1:
+            return f"{res['mean']:.4f}"
+        return f"{res['mean']:.4f} ± {res['std']:.4f}"
     lines = [f"{'model':<8} {'trained on synthetic':>24} {'real-data ceiling':>20}"
-             f"   (test accuracy, mean ± std over {seeds} seeds)"]
+             f"   (test accuracy, {what})"]
     for model, res in syn.items():
-        left = ("error: " + res["error"]) if "error" in res else \
-            f"{res['mean']:.4f} ± {res['std']:.4f}"
-        right = (f"{ceil[model]['mean']:.4f} ± {ceil[model]['std']:.4f}"
-                 if model in ceil else "-")
+        left = ("error: " + res["error"]) if "error" in res else cell(res)
+        right = cell(ceil[model]) if model in ceil else "-"
         lines.append(f"{model:<8} {left:>24} {right:>20}")
     dist = report.get("distribution")
     if dist:
