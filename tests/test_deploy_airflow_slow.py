@@ -43,9 +43,11 @@ DATE = "2026-01-02"
 def airflow_venv(request) -> Path:
     if not (VENV / "bin" / "airflow").exists():
         # Past pytest's capture: the first run sits here for minutes.
-        request.config.pluginmanager.get_plugin("terminalreporter").write_line(
-            f"building the Airflow test virtualenv in {VENV} (a few minutes, "
-            f"~2 GB; DPSYNTH_AIRFLOW_VENV moves it)")
+        capture = request.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled():
+            print(f"\nbuilding the Airflow test virtualenv in {VENV} (a few "
+                  f"minutes, ~2 GB; DPSYNTH_AIRFLOW_VENV moves it)",
+                  file=sys.stderr, flush=True)
     proc = subprocess.run(["bash", str(SETUP), str(VENV)], cwd=REPO,
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:

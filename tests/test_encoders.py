@@ -281,8 +281,13 @@ def test_torch_checkpoint_reader_without_torch():
     assert len(state) == 296 and state["_conv_stem.weight"].shape == (32, 3, 3, 3)
     assert state["_blocks.15._project_conv.weight"].shape == (320, 1152, 1, 1)
     assert state["_bn1.running_var"].dtype == np.float32 and (state["_bn1.running_var"] > 0).all()
-    # A checkpoint that would run code (any global but tensors) is refused, not executed.
+
+
+def test_torch_checkpoint_reader_refuses_code():
+    """A checkpoint that would run code (any global but tensors) is refused, not executed."""
     import pickle
+
+    from models.encoders.torch_state import TorchStateError, read_state_dict
     evil = b"".join(pickle.dumps(v, protocol=2) for v in (0x1950A86A20F9469CFC6C, 1001, {}))
     evil += pickle.dumps({"w": (os.system, ("true",))}, protocol=2)
     with pytest.raises(TorchStateError, match="unsupported object"):
