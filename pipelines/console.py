@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Callable, Iterator, Optional, Sequence
 
+from pipelines.help_format import DefaultsHelpFormatter
+
 # TensorFlow's C++ start-up chatter drowns our progress lines.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -282,8 +284,7 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
-        kwargs.setdefault("formatter_class",
-                          argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]

@@ -33,6 +33,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.options import UsageError, beam_options, check_beam_args
 from models.encoders import EncoderError, EncoderUnavailableError, get_encoder, list_encoders
+from pipelines.help_format import DefaultsHelpFormatter
 from transforms.images import (BAD_IMAGES_MARKER, LAYOUTS, BadImagesError, CheckBadImages, ImageInputError,
                                ReadImages, gate_on)
 
@@ -123,7 +124,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     """Adds the `encode` sub-command to an argparse subparsers object."""
     p = subparsers.add_parser("encode", help="labelled images -> embeddings (Beam RunInference)",
                               description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              formatter_class=DefaultsHelpFormatter)
     add_arguments(p)
     p.set_defaults(handler=handle, command="encode")
     return p
@@ -131,7 +132,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def parser() -> argparse.ArgumentParser:
     p = console.Parser(prog="dpsynth encode", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=DefaultsHelpFormatter)
     add_arguments(p)
     return p
 

@@ -29,8 +29,8 @@ import apache_beam as beam
 from dp_ops import generator, plan
 from dp_ops.calibration import validate_weights
 from dp_ops.clipping import NORMALIZATIONS
-from dp_ops.config import (COVARIANCE_MODES, GeneratorConfig, labels_from,
-                            parse_weights)
+from dp_ops.config import (COVARIANCE_MODES, GeneratorConfig, check_delta,
+                            labels_from, parse_weights)
 from dp_ops.ledger import ACCOUNTANTS, PrivacyLedger
 from dp_ops.noise import NoiseSource, make_noise_source
 from pipelines import consistency, demo, release, summary
@@ -134,7 +134,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dp.add_argument("--epsilon", type=_epsilon, default=4.0,
                     help="total epsilon of the release ('inf': no noise, "
                     "NOT private, for debugging)")
-    dp.add_argument("--delta", type=float, default=1e-5)
+    dp.add_argument("--delta", type=float, default=1e-5,
+                    help="delta of the release; values above 1e-4 are "
+                    "refused unless --allow-large-delta (delta must be far "
+                    "below 1/n, and n is private)")
+    dp.add_argument("--allow-large-delta", action="store_true",
+                    help="accept a delta above 1e-4 (testing only)")
     dp.add_argument("--accountant", choices=ACCOUNTANTS, default="pld")
     dp.add_argument("--budget-weights", type=_weights,
                     help="share of the budget per stage, naming exactly the "
@@ -246,6 +251,7 @@ def prepare(args: argparse.Namespace) -> Job:
         if args.num_classes is None and not args.labels:
             args.labels = list(demo.DEMO_LABELS)
     labels = labels_from(args.num_classes, args.labels)
+    check_delta(args.delta, args.allow_large_delta)
     # Cheap checks first: calibration (below) takes seconds.
     cfg = config_from(args, labels)
     if args.block_size < 1 or args.rows_per_shard < 1:

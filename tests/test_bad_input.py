@@ -110,6 +110,8 @@ FLAG_CASES = {
     "delta-one": (["--delta", "1"], ["--delta must be in (0, 1)"]),
     "delta-above-one": (["--delta", "2"], ["--delta must be in (0, 1)"]),
     "delta-nan": (["--delta", "nan"], ["--delta must be in (0, 1)"]),
+    "delta-large": (["--delta", "0.5"], ["--delta 0.5 is larger than 1e-04",
+                                         "--allow-large-delta"]),
     "clip-norm-zero": (["--clip-norm", "0"], ["--clip-norm", "> 0"]),
     "clip-norm-negative": (["--clip-norm", "-2"], ["--clip-norm", "> 0"]),
     "clip-norm-inf": (["--clip-norm", "inf"], ["--clip-norm", "finite"]),
@@ -526,7 +528,8 @@ def test_empty_class_succeeds_with_a_noisy_mixture_and_delta_warning(
     path = _npz(tmp_path / "in.npz", x, y)
     out = tmp_path / "out"
     assert _generate("--input", path, "--labels", "0,1,2", "--output", out,
-                     "--delta", 0.01, "--clusters", 3, "--noise-seed", 3) == 0
+                     "--delta", 0.01, "--allow-large-delta", "--clusters", 3,
+                     "--noise-seed", 3) == 0
     manifest = _manifest(out)
     assert [c["label"] for c in manifest["classes"]] == [0, 1, 2]
     gmm = load_gmm(str(out))
