@@ -110,7 +110,7 @@ FLAG_CASES = {
     "delta-one": (["--delta", "1"], ["--delta must be in (0, 1)"]),
     "delta-above-one": (["--delta", "2"], ["--delta must be in (0, 1)"]),
     "delta-nan": (["--delta", "nan"], ["--delta must be in (0, 1)"]),
-    "delta-large": (["--delta", "0.5"], ["--delta 0.5 is larger than 1e-04",
+    "delta-large": (["--delta", "0.5"], ["--delta 0.5 is larger than 0.0001",
                                          "--allow-large-delta"]),
     "clip-norm-zero": (["--clip-norm", "0"], ["--clip-norm", "> 0"]),
     "clip-norm-negative": (["--clip-norm", "-2"], ["--clip-norm", "> 0"]),
