@@ -116,7 +116,7 @@ def run_command(fn: Callable[[], int], command: str,
               file=sys.stderr)
         return 130
     except tuple(input_errors) as err:
-        return fail(str(err))
+        return fail(inner_error(err) or str(err))
     except Exception as err:
         inner = inner_error(err)
         if inner is not None:

@@ -305,7 +305,7 @@ def test_cli_stops_on_bad_image_budget(cifar_subset, tmp_path, capsys):
             "--runner=FnApiRunner"]
     assert encode.main(argv) == 2
     err = capsys.readouterr().err
-    assert "dpsynth encode: error: 1 unreadable images, more than --max-bad-images=0" in err
+    assert "dpsynth: error: 1 unreadable images, more than --max-bad-images=0" in err
     assert "cat/broken.jpg" in err
     assert not os.path.exists(out) and not os.path.exists(str(tmp_path / "emb.labels.json"))
     assert "cat/broken.jpg" in open(str(tmp_path / "emb.bad_images.tsv")).read()

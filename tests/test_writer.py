@@ -99,13 +99,15 @@ def test_one_writer_in_the_product_code():
 def test_shards_are_written_to_gcs_and_read_back(gcs, fmt):
     x = _rows(250, 4)
     staging = gcs.uri("rel.staging")
-    fn = write._WriteClassShards(staging, 100, "embedding", "label", fmt)
-    [info] = list(fn.process((6, x)))
-    assert info == {"label": 6, "samples": 250,
-                    "shards": [write.shard_name(6, i, fmt) for i in range(3)]}
+    fn = write._WriteShard(staging, "embedding", "label", fmt, None)
+    infos = [i for task in write.shard_tasks((6, x), 100)
+             for i in fn.process(task)]
+    names = [write.shard_name(6, i, fmt) for i in range(3)]
+    assert [i["shard"] for i in infos] == names
+    assert [i["samples"] for i in infos] == [100, 100, 50]
     assert gcs.names("rel.staging/data/") == [
-        f"rel.staging/data/{name}" for name in info["shards"]]
-    got = [b for name in info["shards"]
+        f"rel.staging/data/{name}" for name in names]
+    got = [b for name in names
            for b in tio.read_file_blocks(
                f"{staging}/data/{name}",
                tio.InputSpec(name, tio.detect_format(name)))]
