@@ -538,13 +538,15 @@ def _stage(job: Job, args: argparse.Namespace, beam_argv: Sequence[str],
     _checkpoint("running")
     t1 = time.time()
     progress = _progress_file(options, job)
-    with console.quiet_stderr(args.verbose), console.ProgressPrinter(
-            progress.path, pass_names(job.cfg, args)):
-        p = beam.Pipeline(options=options)
-        build(p, job, reader, args, progress)
-        p.run().wait_until_finish()
-    if progress.path:
-        os.unlink(progress.path)
+    try:
+        with console.quiet_stderr(args.verbose), console.ProgressPrinter(
+                progress.path, pass_names(job.cfg, args)):
+            p = beam.Pipeline(options=options)
+            build(p, job, reader, args, progress)
+            p.run().wait_until_finish()
+    finally:
+        if progress.path:
+            os.unlink(progress.path)
     timings["pipeline"] = round(time.time() - t1, 3)
     _checkpoint("pipeline-done")
     summary = _read_summary(job.staging)
