@@ -63,7 +63,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from dp_ops import covariance, plan
+from dp_ops import clipping, covariance, generator, moments, plan
 from dp_ops.calibration import Slot, _mechanisms, gdp_mu
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger, compose_epsilon
@@ -426,15 +426,6 @@ def eigen(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return vals[order], vecs[:, order]
 
 
-def noisy_projected_moment(exact_m: np.ndarray, basis: np.ndarray,
-                           sigma: float, noise, name: str) -> np.ndarray:
-    """The class-subspace mechanism: P^T M P + isometric Gaussian noise."""
-    proj = basis.T @ exact_m @ basis
-    up = covariance.upper(proj)
-    up = up + noise.gaussian(sigma, up.shape, name)
-    return covariance.symmetric_from_upper(up, proj.shape[0])
-
-
 @dataclasses.dataclass
 class SharedModel:
     """W's eigenpairs and its parts outside the class subspace."""
@@ -512,3 +503,161 @@ def class_block(noisy_projected: np.ndarray, n_c: float,
     benchmarks/results/utility_study-issue13.md)."""
     m = basis.T @ mean_c
     return noisy_projected / n_c - np.outer(m, m)
+
+
+# ------------------------------------- mechanisms on exact aggregates
+# Shared by the in-memory reference and the Beam job (transforms/adaptive.py):
+# each takes exact aggregates, adds its ledger mechanisms' keyed noise
+# exactly (generator.add_noise: the aggregates lie on public grids) and
+# returns DP outputs only.
+
+def applies(cfg: GeneratorConfig) -> bool:
+    """Whether ``--covariance auto`` runs the adaptive plan: one Gaussian
+    per class with factors, the DP centre, the plan's own budget shares
+    (a public function of the configuration). Otherwise "auto" means the
+    fixed "shared" plan."""
+    return (cfg.covariance == "auto" and cfg.clusters == 1
+            and cfg.covariance_rank > 0 and cfg.center
+            and not cfg.vote_filter and cfg.budget_weights is None)
+
+
+def constants_for(cfg: GeneratorConfig) -> RuleConstants:
+    """The rule's constants with the factor rank of ``--covariance-rank``."""
+    return RuleConstants(shared_rank=cfg.covariance_rank)
+
+
+def reserved_mechanisms(cfg: GeneratorConfig, mu: float,
+                        constants: Optional[RuleConstants] = None
+                        ) -> list[Mechanism]:
+    """What the lifetime budget store is charged before any data is read:
+    phase 1 + the menu structure that dp_accounting finds most expensive.
+    Data-independent (a retry reserves the same list). Every structure has
+    the same per-class mu^2, so under GDP they all cost the same; this
+    takes the accountant's worst case."""
+    worst, spent = None, -1.0
+    for s in menu(1, constants):  # the mechanism list does not depend on d
+        mechs = mechanisms(cfg, s, mu)
+        eps = (0.0 if math.isinf(mu) else
+               _worst_epsilon(mechs, cfg.delta, cfg.accountant))
+        if eps > spent:
+            worst, spent = mechs, eps
+    return worst
+
+
+def exact_class_counts(y: np.ndarray, labels: Sequence[int]) -> np.ndarray:
+    """Rows per configured label (float, exact integers)."""
+    return np.array([float(np.sum(y == c)) for c in labels])
+
+
+def noisy_counts(exact: np.ndarray, labels: Sequence[int],
+                 ledger: PrivacyLedger, noise) -> np.ndarray:
+    """Phase 1's class counts. Mechanism ``class=<c>/count``: the number
+    of rows of class c, L2 sensitivity 1 under add/remove one record (the
+    record is in one class; classes compose in parallel)."""
+    return np.array([generator.add_noise(ledger, noise, count_name(c),
+                                         np.array([exact[i]]))[0]
+                     for i, c in enumerate(labels)])
+
+
+def block_class_sum(x: np.ndarray, clip_norm: float) -> np.ndarray:
+    """Exact sum of a class's clipped rows on the sums' grid (truncation
+    towards zero keeps every row's norm <= R: sensitivity R)."""
+    return moments.quantize(x, clip_norm).sum(axis=0)
+
+
+def noisy_class_sums(exact: np.ndarray, labels: Sequence[int],
+                     ledger: PrivacyLedger, noise) -> np.ndarray:
+    """Mechanism ``class=<c>/moments/sum``: the sum of class c's centred
+    rows clipped to R, L2 sensitivity R (add/remove one record)."""
+    return np.stack([generator.add_noise(ledger, noise, sum_name(c),
+                                         exact[i])
+                     for i, c in enumerate(labels)])
+
+
+def shared_stage(exact_m: np.ndarray, n: np.ndarray, means: np.ndarray,
+                 structure: Structure, cfg: GeneratorConfig,
+                 ledger: PrivacyLedger, noise) -> SharedModel:
+    """Mechanism ``global/covariance/second-moment`` (sum_i x_i x_i^T of
+    all clipped rows, isometric upper triangle, sensitivity R^2), then
+    W and its split inside / outside the class subspace (post-processing)."""
+    noisy_m = generator.noisy_second_moment(exact_m, ledger, noise,
+                                            plan.COVARIANCE)
+    w = shared_within(noisy_m, n, means)
+    return shared_model(w, structure.class_rank, structure.shared_rank,
+                        variance_floor(cfg, means.shape[1]))
+
+
+def variance_floor(cfg: GeneratorConfig, d: int) -> float:
+    return cfg.variance_floor * cfg.clip_norm ** 2 / d
+
+
+def projected_block_moment(x: np.ndarray, basis: np.ndarray,
+                           clip_norm: float) -> np.ndarray:
+    """Exact sum_i z_i z_i^T [r, r] of one block, z_i = P^T x_i clipped to
+    R (guards against rounding above ||x_i|| <= R) and truncated onto the
+    second moment's grid, so the sum is exact and order-independent."""
+    z, _ = clipping.clip_rows(x @ basis, clip_norm)
+    zq = moments.quantize(z, clip_norm, covariance.COV_GRID_BITS)
+    return zq.T @ zq
+
+
+def noisy_class_block(exact_proj: np.ndarray, label: int, n_c: float,
+                      mean_c: np.ndarray, shared: SharedModel,
+                      ledger: PrivacyLedger, noise,
+                      deviation: str = "raw") -> np.ndarray:
+    """Mechanism ``class=<c>/covariance/subspace``: sum over class c of
+    z z^T, z = P^T x (``projected_block_moment``; P public: the top
+    eigenvectors of the noisy W), as its isometric upper triangle;
+    ||z z^T||_F = ||z||^2 <= R^2: L2 sensitivity R^2 under add/remove one
+    record. Then the class's block inside the subspace (post-processing)."""
+    name = class_matrix_name(label)
+    proj = generator.noisy_second_moment(exact_proj, ledger, noise, name)
+    block = class_block(proj, n_c, mean_c, shared.basis)
+    if deviation == "spectral":
+        r = shared.rank_in
+        block = shrink_deviation(block, np.diag(shared.vals[:r]),
+                                 noise_edge(ledger.get(name).sigma, n_c, r))
+    return block
+
+
+def _mixture(label: int, count: float, mean: np.ndarray,
+             residual: np.ndarray, factors: np.ndarray,
+             centre: np.ndarray) -> generator.ClassMixture:
+    mix = generator.ClassMixture(
+        label=label, weights=np.array([max(count, 0.0)]),
+        means=mean[None, :], variances=residual[None, :].copy(),
+        noisy_count=float(max(count, 0.0)), factors=factors)
+    return generator.with_centre(mix, centre)
+
+
+def shared_mixtures(noisy_n: np.ndarray, n: np.ndarray, means: np.ndarray,
+                    shared: SharedModel, blocks: Optional[Sequence],
+                    centre: np.ndarray, cfg: GeneratorConfig) -> dict:
+    """Shared and subspace modes: one Gaussian per class (factors +
+    diagonal), the class's own block inside the subspace if given."""
+    return {c: _mixture(c, noisy_n[i], means[i], shared.residual,
+                        class_factors(shared, None if blocks is None
+                                      else blocks[i]), centre)
+            for i, c in enumerate(cfg.labels)}
+
+
+def per_class_mixtures(exact_m: np.ndarray, noisy_n: np.ndarray,
+                       n: np.ndarray, means: np.ndarray, centre: np.ndarray,
+                       structure: Structure, cfg: GeneratorConfig,
+                       ledger: PrivacyLedger, noise) -> dict:
+    """Per-class mode. Mechanism ``class=<c>/covariance/second-moment``:
+    class c's d x d second moment (isometric upper triangle), sensitivity
+    R^2 (add/remove one record); factors (top ``shared_rank`` eigenpairs)
+    and residual from it (post-processing)."""
+    floor = variance_floor(cfg, means.shape[1])
+    out = {}
+    for i, c in enumerate(cfg.labels):
+        noisy_m = generator.noisy_second_moment(
+            exact_m[i], ledger, noise, plan.class_covariance(c))
+        factors, residual = covariance.factors_and_residual(
+            noisy_m, [np.array([n[i]])], [means[i][None, :]],
+            structure.shared_rank, floor)
+        if residual is None:
+            residual = np.full(means.shape[1], floor)
+        out[c] = _mixture(c, noisy_n[i], means[i], residual, factors, centre)
+    return out

@@ -10,9 +10,10 @@ from dp_ops.clipping import NORMALIZATIONS
 
 # "per-class" needs large classes: it won on CIFAR-10 (5,000 rows a class)
 # from epsilon 2 up and lost on the 140-row classes of the demo
-# (benchmarks/results/utility_study.md, README). Class sizes are private,
-# so the choice is the user's.
-COVARIANCE_MODES = ("shared", "per-class")
+# (benchmarks/results/utility_study.md, README). Class sizes are private:
+# "auto" (the CLI's default) spends a small budget on noisy class counts and
+# lets a public rule choose (dp_ops/adaptive.py, issue 13).
+COVARIANCE_MODES = ("auto", "shared", "per-class")
 
 # Default share of the privacy budget (of mu^2, see calibration.py) per stage.
 DEFAULT_WEIGHTS = {"centre": 0.01, "tree": 0.1, "lloyd": 0.15,
@@ -61,7 +62,9 @@ class GeneratorConfig:
     samples_per_class: Optional[int] = None  # None: the noisy class count
     variance_floor: float = 1e-6  # as a fraction of clip_norm^2 / d
     covariance_rank: int = 128  # 0: diagonal clusters; r: + rank-r factors
-    covariance: str = "shared"  # factors from one "shared" or "per-class" matrix
+    # factors from one "shared" or "per-class" matrix; "auto": the adaptive
+    # plan (dp_ops/adaptive.py), run by pipelines.generate
+    covariance: str = "shared"
     vote_filter: bool = False
     vote_threshold: float = 6.0
     vote_oversample: float = 6.0

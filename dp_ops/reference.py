@@ -157,30 +157,26 @@ def generate(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
 
 # ------------------------------------------------- adaptive plan (issue 13)
 
-def class_second_moments(xc: np.ndarray, y: np.ndarray, labels,
-                         clip_norm: float) -> np.ndarray:
-    """Exact per-class x^T x [K, d, d] of the centred, clipped rows (one
-    pass; the shared second moment is their sum)."""
-    return np.stack([covariance.block_second_moment(xc[y == c], clip_norm)
-                     for c in labels])
-
-
 def generate_adaptive(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
                       noise: NoiseSource,
                       constants: Optional[adaptive.RuleConstants] = None,
                       timings: Optional[dict] = None):
-    """The adaptive two-phase generator (dp_ops.adaptive), in memory.
+    """The adaptive two-phase generator (dp_ops.adaptive), in memory: the
+    same exact aggregates, mechanism names and keyed noise as the Beam job
+    (``transforms.adaptive``), so a ``SeededNoise`` gives the same release.
 
     Returns (mixtures per label, synthetic x, synthetic y, ledger,
     structure). Uses cfg's labels, epsilon, delta, clip_norm, normalize,
-    accountant, seed and samples_per_class; the rest of the structure
-    comes from the rule. The ledger is built in two phases and ends up
-    holding exactly the mechanisms that ran.
+    accountant, seed, variance_floor and samples_per_class; the rest of
+    the structure comes from the rule (``constants`` default:
+    ``adaptive.constants_for(cfg)``). The ledger is built in two phases and
+    ends up holding exactly the mechanisms that ran.
     """
     unknown = np.setdiff1d(np.unique(y), np.array(cfg.labels))
     if unknown.size:
         raise ValueError(f"labels {unknown.tolist()} are not in --labels")
     labels = list(cfg.labels)
+    constants = constants or adaptive.constants_for(cfg)
     with _timed(timings, "clip"):
         xn = clipping.normalize_rows(np.asarray(x, np.float64), cfg.normalize)
         d = xn.shape[1]
@@ -189,23 +185,25 @@ def generate_adaptive(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
     with _timed(timings, "phase1"):  # pass 1: centre + class counts
         total, count = clipping.centre_sum(xn, "none", cfg.centre_bound)
         centre = generator.noisy_centre(total, count, cfg, ledger, noise)
-        counts = np.array([float(np.sum(y == c)) for c in labels])
-        noisy_counts = np.array([
-            counts[i] + noise.gaussian(
-                ledger.get(adaptive.count_name(c)).sigma, 1,
-                adaptive.count_name(c))[0] for i, c in enumerate(labels)])
+        noisy_n = adaptive.noisy_counts(
+            adaptive.exact_class_counts(y, labels), labels, ledger, noise)
     structure = adaptive.choose_structure(cfg.epsilon, cfg.delta, d,
-                                          noisy_counts, constants, mu)
+                                          noisy_n, constants, mu)
     adaptive.add_phase2(ledger, cfg, structure, mu)
-    with _timed(timings, "phase2"):  # pass 2: sums + second moments
+    with _timed(timings, "phase2"):  # pass 2: sums + second moment(s)
         xc, _ = clipping.preprocess(xn, "none", cfg.clip_norm, centre)
-        sums = np.stack([moments.quantize(xc[y == c], cfg.clip_norm).sum(0)
-                         for c in labels])
-        exact_m = class_second_moments(xc, y, labels, cfg.clip_norm)
+        rows = [xc[y == c] for c in labels]
+        sums = np.stack([adaptive.block_class_sum(r, cfg.clip_norm)
+                         for r in rows])
+        if structure.mode == "per-class":
+            exact_m = np.stack([covariance.block_second_moment(
+                r, cfg.clip_norm) for r in rows])
+        else:
+            exact_m = covariance.block_second_moment(xc, cfg.clip_norm)
     with _timed(timings, "covariance"):
-        mixes = adaptive_mixtures(
-            sums, exact_m, noisy_counts, centre, structure, cfg, ledger,
-            noise, (constants or adaptive.RuleConstants()).deviation)
+        mixes = _adaptive_mixtures(rows, sums, exact_m, noisy_n, centre,
+                                   structure, cfg, ledger, noise,
+                                   constants.deviation)
     xs, ys = [], []
     with _timed(timings, "sample"):
         for c in labels:
@@ -215,67 +213,26 @@ def generate_adaptive(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
     return mixes, np.vstack(xs), np.concatenate(ys), ledger, structure
 
 
-def adaptive_mixtures(exact_sums: np.ndarray, exact_m: np.ndarray,
-                      noisy_counts: np.ndarray, centre: np.ndarray,
-                      structure, cfg: GeneratorConfig, ledger: PrivacyLedger,
-                      noise: NoiseSource, deviation: str = "raw") -> dict:
-    """Phase-2 mechanisms on the exact aggregates, then post-processing
-    into one Gaussian per class (factors + diagonal)."""
-    labels = list(cfg.labels)
-    d = exact_sums.shape[1]
-    noisy_sums = np.stack([
-        exact_sums[i] + noise.gaussian(ledger.get(adaptive.sum_name(c)).sigma,
-                                       d, adaptive.sum_name(c))
-        for i, c in enumerate(labels)])
-    n, means = adaptive.class_means(noisy_sums, noisy_counts, cfg.clip_norm)
-    floor = cfg.variance_floor * cfg.clip_norm ** 2 / d
+def _adaptive_mixtures(rows: list, exact_sums: np.ndarray,
+                       exact_m: np.ndarray, noisy_n: np.ndarray,
+                       centre: np.ndarray, structure, cfg: GeneratorConfig,
+                       ledger: PrivacyLedger, noise: NoiseSource,
+                       deviation: str = "raw") -> dict:
+    """Phase-2 mechanisms on the exact aggregates (and, in the subspace
+    mode, pass 3 over the rows), then one Gaussian per class."""
+    noisy_sums = adaptive.noisy_class_sums(exact_sums, cfg.labels, ledger,
+                                           noise)
+    n, means = adaptive.class_means(noisy_sums, noisy_n, cfg.clip_norm)
     if structure.mode == "per-class":
-        return per_class_mixtures(exact_m, n, means, noisy_counts, centre,
-                                  structure, cfg, ledger, noise, floor)
-    noisy_m = generator.noisy_second_moment(exact_m.sum(axis=0), ledger,
-                                            noise)
-    w = adaptive.shared_within(noisy_m, n, means)
-    shared = adaptive.shared_model(w, structure.class_rank,
-                                   structure.shared_rank, floor)
-    mixes = {}
-    for i, c in enumerate(labels):
-        block = None
-        if structure.class_rank:
-            name = adaptive.class_matrix_name(c)
-            proj = adaptive.noisy_projected_moment(
-                exact_m[i], shared.basis, ledger.get(name).sigma, noise, name)
-            block = adaptive.class_block(proj, n[i], means[i], shared.basis)
-            if deviation == "spectral":
-                block = adaptive.shrink_deviation(
-                    block, np.diag(shared.vals[:structure.class_rank]),
-                    adaptive.noise_edge(ledger.get(name).sigma, n[i],
-                                        structure.class_rank))
-        mix = generator.ClassMixture(
-            label=c, weights=np.array([max(noisy_counts[i], 0.0)]),
-            means=means[i][None, :], variances=shared.residual[None, :].copy(),
-            noisy_count=float(max(noisy_counts[i], 0.0)),
-            factors=adaptive.class_factors(shared, block))
-        mixes[c] = generator.with_centre(mix, centre)
-    return mixes
-
-
-def per_class_mixtures(exact_m, n, means, noisy_counts, centre, structure,
-                       cfg: GeneratorConfig, ledger: PrivacyLedger,
-                       noise: NoiseSource, floor: float) -> dict:
-    """Per-class mode: each class's factors (top ``shared_rank``
-    eigenpairs) and diagonal residual from its own noisy d x d matrix."""
-    mixes = {}
-    for i, c in enumerate(cfg.labels):
-        noisy_m = generator.noisy_second_moment(
-            exact_m[i], ledger, noise, plan.class_covariance(c))
-        factors, residual = covariance.factors_and_residual(
-            noisy_m, [np.array([n[i]])], [means[i][None, :]],
-            structure.shared_rank, floor)
-        if residual is None:
-            residual = np.full(means.shape[1], floor)
-        mix = generator.ClassMixture(
-            label=c, weights=np.array([max(noisy_counts[i], 0.0)]),
-            means=means[i][None, :], variances=residual[None, :].copy(),
-            noisy_count=float(max(noisy_counts[i], 0.0)), factors=factors)
-        mixes[c] = generator.with_centre(mix, centre)
-    return mixes
+        return adaptive.per_class_mixtures(exact_m, noisy_n, n, means, centre,
+                                           structure, cfg, ledger, noise)
+    shared = adaptive.shared_stage(exact_m, n, means, structure, cfg, ledger,
+                                   noise)
+    blocks = None
+    if structure.mode == "subspace":  # pass 3: the class subspace moments
+        blocks = [adaptive.noisy_class_block(
+            adaptive.projected_block_moment(r, shared.basis, cfg.clip_norm),
+            c, n[i], means[i], shared, ledger, noise, deviation)
+            for i, (c, r) in enumerate(zip(cfg.labels, rows))]
+    return adaptive.shared_mixtures(noisy_n, n, means, shared, blocks, centre,
+                                    cfg)

@@ -206,7 +206,9 @@ class ProgressPrinter:
     LABELS = {"Centre": "DP centre", "Read": "reading the input",
               "TreeCounts": "tree counts", "LeafSums": "tree leaf sums",
               "Moments": "moments", "SecondMoment": "second moment",
-              "Votes": "vote filter"}
+              "Votes": "vote filter",
+              "Counts": "DP centre + class counts",
+              "ClassSubspace": "class subspace moments"}
 
     def __init__(self, path: Optional[str], passes: Sequence[str],
                  every: float = 10.0) -> None:

@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 import apache_beam as beam
 
-from dp_ops import generator, plan
+from dp_ops import adaptive, generator, plan
 from dp_ops.calibration import validate_weights
 from dp_ops.clipping import NORMALIZATIONS
 from dp_ops.config import (COVARIANCE_MODES, GeneratorConfig, check_delta,
@@ -36,6 +36,8 @@ from dp_ops.noise import NoiseSource, make_noise_source
 from pipelines import consistency, demo, release, summary
 from pipelines.options import UsageError, beam_options, check_beam_args
 from transforms import io
+from transforms.adaptive import (PHASE1_FILE, AdaptiveMixture, AdaptivePhase1,
+                                 read_phase1, write_json)
 from transforms.aggregate import PrepareBlocks, RereadBlocks
 from transforms.centre import DPCentre
 from transforms.dp_kmeans import DPKMeans
@@ -187,11 +189,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument("--covariance-rank", type=int, default=128,
                      help="add rank-r covariance factors (DP second-moment "
                      "matrix, stage 'covariance'); 0: diagonal only")
-    gen.add_argument("--covariance", choices=COVARIANCE_MODES,
-                     default=GeneratorConfig.covariance,
-                     help="factors from one 'shared' matrix of all records or "
-                     "one 'per-class' matrix per class (better with large "
-                     "classes: thousands of rows at epsilon >= 2)")
+    gen.add_argument("--covariance", choices=COVARIANCE_MODES, default="auto",
+                     help="'auto' (default): a small budget on noisy class "
+                     "counts, then a public rule picks shared, shared + "
+                     "class subspace or per-class matrices and the mean / "
+                     "covariance split (README: covariance defaults; needs "
+                     "--clusters 1, --center, no --vote-filter or "
+                     "--budget-weights, embedding input, else it is "
+                     "'shared'); 'shared': one matrix of all records; "
+                     "'per-class': one matrix per class")
     gen.add_argument("--samples-per-class", type=int,
                      help="default: the noisy class count")
     gen.add_argument("--seed", type=int, default=0,
@@ -237,6 +243,12 @@ class Job:
     created_utc: str = ""  # taken before any data is read
     noise: Optional[NoiseSource] = None
     already_published: bool = False
+    # --covariance auto: the per-class GDP mu of the adaptive plan, the
+    # lifetime reservation (data-independent) and, after phase 1, the
+    # rule's structure; None for the fixed plans.
+    adaptive_mu: Optional[float] = None
+    reserved: Optional[list] = None
+    structure: Optional[adaptive.Structure] = None
 
 
 def prepare(args: argparse.Namespace) -> Job:
@@ -272,14 +284,40 @@ def prepare(args: argparse.Namespace) -> Job:
     spec = io.InputSpec(args.input, args.input_format, args.embedding_feature,
                         args.label_feature, tuple(labels), args.non_finite,
                         args.block_size)
-    validate_weights(cfg.weights(), cfg.stages)
+    cfg = _resolve_covariance(cfg, args)
+    if cfg.covariance != "auto":
+        validate_weights(cfg.weights(), cfg.stages)
     if not args.images:
         io.match_files(spec.pattern)  # lists names only: no data is read
-    ledger = plan.make_ledger(cfg)  # refuses impossible targets
-    return Job(cfg, ledger, spec, output, release.staging_dir(output, run_id),
-               run_id, version=f"{release.VERSION_PREFIX}{uuid.uuid4().hex[:12]}",
-               created_utc=_timestamp(),
-               noise=make_noise_source(args.noise_seed))
+    job = Job(cfg, PrivacyLedger(cfg.epsilon, cfg.delta), spec, output,
+              release.staging_dir(output, run_id), run_id,
+              version=f"{release.VERSION_PREFIX}{uuid.uuid4().hex[:12]}",
+              created_utc=_timestamp(),
+              noise=make_noise_source(args.noise_seed))
+    if cfg.covariance == "auto":  # phase 1 now, phase 2 after the rule
+        constants = adaptive.constants_for(cfg)
+        job.adaptive_mu = adaptive.calibrate_mu(cfg, args.embedding_dim or 1,
+                                                constants)
+        job.ledger = adaptive.phase1_ledger(cfg, job.adaptive_mu)
+        job.reserved = adaptive.reserved_mechanisms(cfg, job.adaptive_mu,
+                                                    constants)
+    else:
+        job.ledger = plan.make_ledger(cfg)  # refuses impossible targets
+    return job
+
+
+def _resolve_covariance(cfg: GeneratorConfig,
+                        args: argparse.Namespace) -> GeneratorConfig:
+    """``--covariance auto`` outside the adaptive plan's scope (a public
+    function of the flags, ``adaptive.applies``; images: phase 1 would
+    encode them twice) is the fixed "shared" plan."""
+    if cfg.covariance != "auto" or (adaptive.applies(cfg)
+                                    and not args.images):
+        return cfg
+    log.info("--covariance auto: the adaptive plan needs --clusters 1, "
+             "--center, no --vote-filter / --budget-weights and embedding "
+             "input; running the fixed 'shared' plan")
+    return dataclasses.replace(cfg, covariance="shared")
 
 
 def _check_budget_flags(args: argparse.Namespace) -> None:
@@ -313,7 +351,8 @@ def _reserve(job: Job, args: argparse.Namespace, staged_available: bool):
         return None
     from pipelines import budget_store
     return budget_store.reserve(
-        args.budget_store, args.dataset_id, job.run_id, job.ledger.mechanisms,
+        args.budget_store, args.dataset_id, job.run_id,
+        job.reserved or job.ledger.mechanisms,
         job.cfg.epsilon, job.cfg.delta, args.lifetime_epsilon,
         args.lifetime_delta or job.cfg.delta, job.cfg.accountant,
         staged_available=staged_available)
@@ -427,6 +466,72 @@ def build(p: beam.Pipeline, job: Job, reader: beam.PTransform,
         args.label_feature, output_format=args.output_format, cfg=cfg, dim=dim)
 
 
+def build_adaptive(p: beam.Pipeline, job: Job, reader: beam.PTransform,
+                   args: argparse.Namespace, centre, noisy_counts,
+                   progress: Optional[ProgressFile] = None) -> None:
+    """Phase 2 of ``--covariance auto``, from the blocks to the staged
+    files; ``centre`` and ``noisy_counts`` are phase 1's DP outputs and
+    ``job.structure`` the rule's choice (public constants of this graph)."""
+    cfg, dim = job.cfg, reader.dim
+    centre_pc = p | "PublicCentre" >> beam.Create([centre])
+    if args.materialise_blocks:
+        blocks = (p | "Read" >> reader
+                  | "ReadProgress" >> ReportProgress(progress, "Read")
+                  | "Prepare" >> PrepareBlocks(cfg, dim, centre_pc)
+                  | "Materialise" >> beam.Reshuffle())
+    else:
+        blocks = RereadBlocks(p, reader, cfg, dim, centre_pc, progress)
+    mixtures = p | "AdaptiveMixture" >> AdaptiveMixture(
+        cfg, job.ledger, dim, job.structure, noisy_counts, centre, job.noise,
+        blocks)
+    synthetic = mixtures | "Sample" >> SampleSynthetic(cfg, job.ledger,
+                                                       blocks, job.noise)
+    _ = synthetic | "Write" >> WriteRelease(
+        job.staging, mixtures, args.rows_per_shard, args.embedding_feature,
+        args.label_feature, output_format=args.output_format, cfg=cfg, dim=dim)
+
+
+def run_phase1(job: Job, reader: beam.PTransform, options,
+               progress: Optional[ProgressFile] = None):
+    """Phase 1 of ``--covariance auto`` as its own pipeline run: one pass
+    ("Counts"); returns its DP outputs (centre, noisy class counts)."""
+    path = io.join(job.staging, PHASE1_FILE)
+    p = beam.Pipeline(options=options)
+    _ = (p | "CountsRead" >> reader
+         | "CountsProgress" >> ReportProgress(progress, "Counts")
+         | "Phase1" >> AdaptivePhase1(job.cfg, job.ledger, reader.dim,
+                                      job.noise)
+         | "WritePhase1" >> beam.Map(write_json, path))
+    p.run().wait_until_finish()
+    from apache_beam.io.filesystems import FileSystems
+    centre, counts = read_phase1(path)
+    FileSystems.delete([path])
+    return centre, counts
+
+
+def choose_phase2(job: Job, dim: int, noisy_counts) -> adaptive.Structure:
+    """The public rule on phase 1's noisy counts; registers the chosen
+    phase-2 mechanisms in the run's ledger."""
+    cfg = job.cfg
+    job.structure = adaptive.choose_structure(
+        cfg.epsilon, cfg.delta, dim, noisy_counts,
+        adaptive.constants_for(cfg), job.adaptive_mu)
+    adaptive.add_phase2(job.ledger, cfg, job.structure, job.adaptive_mu)
+    log.info("covariance rule: %s, sums %.2f of mu^2 (signal %.1f from the "
+             "noisy counts)", job.structure.name, job.structure.sum_share,
+             dict(job.structure.inputs)["signal"])
+    return job.structure
+
+
+def adaptive_pass_names(structure: adaptive.Structure,
+                        args: argparse.Namespace) -> list[str]:
+    """Phase 2's passes over the private rows (progress lines)."""
+    if args.materialise_blocks:
+        return ["Read"]
+    return ["Moments"] + (["ClassSubspace"] if structure.mode == "subspace"
+                          else [])
+
+
 NOISE_DESCRIPTION = (
     "{kind}: exact discrete Gaussian on each aggregate's fixed-point lattice "
     "(Canonne-Kamath-Steinke), drawn from an AES-256-CTR keystream under "
@@ -452,6 +557,7 @@ def manifest(job: Job, args: argparse.Namespace, dim: int,
         warnings.append(f"delta={cfg.delta:g} is larger than 1/n for the noisy "
                         f"record count n~{noisy_n:.0f}; choose delta << 1/n")
     config = dataclasses.asdict(cfg)
+    plan_doc = None if job.structure is None else job.structure.to_manifest()
     config["labels"] = list(cfg.labels)
     noise = (NOISE_DESCRIPTION.format(kind="seeded",
                                       key="a key from the secret --noise-seed")
@@ -464,6 +570,7 @@ def manifest(job: Job, args: argparse.Namespace, dim: int,
         "root": job.version,
         "created_utc": job.created_utc,
         "privacy": job.ledger.to_manifest(),
+        "adaptive_plan": plan_doc,
         "noise": "none (epsilon=inf)" if cfg.noiseless else noise,
         "config": config,
         "input": {"pattern": job.spec.pattern, "format": job.spec.fmt,
@@ -473,7 +580,8 @@ def manifest(job: Job, args: argparse.Namespace, dim: int,
         "samples_total": sum(c["samples"] for c in summary),
         "outputs": describe_outputs(cfg, dim, summary,
                                     job.spec.embedding_feature,
-                                    job.spec.label_feature),
+                                    job.spec.label_feature,
+                                    plan_doc and plan_doc["mode"]),
         "lifetime_budget": _budget_manifest(args),
         "versions": release.versions(),
         "warnings": warnings,
@@ -495,6 +603,8 @@ def pass_names(cfg: GeneratorConfig, args: argparse.Namespace) -> list[str]:
     """The passes over the private rows, in order (progress lines)."""
     if args.images or args.materialise_blocks:
         return ["Read"]
+    if cfg.covariance == "auto":  # phase 1; phase 2: adaptive_pass_names
+        return ["Counts"]
     names = ["Centre"] if cfg.center else []
     if cfg.clusters > 1:
         names += ["TreeCounts", "LeafSums"]
@@ -539,11 +649,15 @@ def _stage(job: Job, args: argparse.Namespace, beam_argv: Sequence[str],
     t1 = time.time()
     progress = _progress_file(options, job)
     try:
-        with console.quiet_stderr(args.verbose), console.ProgressPrinter(
-                progress.path, pass_names(job.cfg, args)):
-            p = beam.Pipeline(options=options)
-            build(p, job, reader, args, progress)
-            p.run().wait_until_finish()
+        with console.quiet_stderr(args.verbose):
+            if job.adaptive_mu is None:
+                with console.ProgressPrinter(progress.path,
+                                             pass_names(job.cfg, args)):
+                    p = beam.Pipeline(options=options)
+                    build(p, job, reader, args, progress)
+                    p.run().wait_until_finish()
+            else:
+                _run_adaptive(job, args, options, reader, progress)
     finally:
         if progress.path:
             os.unlink(progress.path)
@@ -556,6 +670,21 @@ def _stage(job: Job, args: argparse.Namespace, beam_argv: Sequence[str],
     doc = manifest(job, args, reader.dim, summary)
     release.write_manifest(job.staging, doc)
     return doc
+
+
+def _run_adaptive(job: Job, args: argparse.Namespace, options,
+                  reader: beam.PTransform, progress: ProgressFile) -> None:
+    """Phase 1 run -> the rule -> phase 2 run (adaptive composition)."""
+    with console.ProgressPrinter(progress.path, ["Counts"]):
+        centre, counts = run_phase1(job, reader, options, progress)
+    structure = choose_phase2(job, reader.dim, counts)
+    progress.reset()
+    reader = _make_reader(job, args)  # a transform belongs to one pipeline
+    with console.ProgressPrinter(progress.path,
+                                 adaptive_pass_names(structure, args)):
+        p = beam.Pipeline(options=options)
+        build_adaptive(p, job, reader, args, centre, counts, progress)
+        p.run().wait_until_finish()
 
 
 def run(args: argparse.Namespace, beam_argv: Sequence[str]) -> str:

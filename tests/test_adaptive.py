@@ -15,14 +15,17 @@ from tests.conftest import gmm_data
 
 
 class RecordingNoise:
-    """SeededNoise that records (key, sigma) of every draw."""
+    """SeededNoise that records (mechanism, sigma) of every draw (a
+    matrix's off-diagonal part is drawn with sigma / sqrt(2))."""
 
     def __init__(self, seed=0):
         self.inner, self.draws = SeededNoise(seed), {}
 
-    def gaussian(self, sigma, shape, key):
-        self.draws[key] = sigma
-        return self.inner.gaussian(sigma, shape, key)
+    def add(self, value, sigma, key, grid):
+        name, _, part = key.partition("#")
+        if part != "off-diagonal":
+            self.draws[name] = sigma
+        return self.inner.add(value, sigma, key, grid)
 
 
 def test_rule_reads_only_public_inputs():
@@ -88,40 +91,30 @@ def test_phase1_share_is_fixed_and_small():
 
 
 def test_subspace_mechanism_sensitivity_worst_case():
+    """The exact aggregate of ``class=<c>/covariance/subspace``: one
+    record changes it by z z^T, ||z||^2 <= R^2, whatever the record."""
     rng = np.random.default_rng(0)
     d, r, clip = 12, 4, 0.7
     basis, _ = np.linalg.qr(rng.normal(size=(d, r)))
     rows = rng.normal(size=(30, d))
     rows *= clip / np.linalg.norm(rows, axis=1, keepdims=True)
-    m = rows.T @ rows
+
+    def released(x):
+        return covariance.upper(adaptive.projected_block_moment(x, basis,
+                                                                clip))
+    base = released(rows)
     # worst case: a record at the clip radius inside the subspace
-    x = basis[:, 0] * clip
-    zero = 0.0
-
-    def released(mat):
-        return covariance.upper(
-            adaptive.noisy_projected_moment(mat, basis, zero, SeededNoise(0),
-                                            "k"))
-    change = np.linalg.norm(released(m + np.outer(x, x)) - released(m))
-    assert change == pytest.approx(clip ** 2)
+    x = (basis[:, 0] * clip)[None, :]
+    change = np.linalg.norm(released(np.vstack([rows, x])) - base)
+    assert change == pytest.approx(clip ** 2, rel=1e-3)  # grid truncation
     for _ in range(50):  # and never more, whatever the record
-        y = rng.normal(size=d)
-        y *= clip * rng.uniform() / np.linalg.norm(y)
-        assert np.linalg.norm(released(m + np.outer(y, y))
-                              - released(m)) <= clip ** 2 + 1e-12
-
-
-def test_subspace_mechanism_noise_has_the_ledger_sigma():
-    rng = np.random.default_rng(1)
-    d, r = 40, 30
-    basis, _ = np.linalg.qr(rng.normal(size=(d, r)))
-    exact = np.zeros((d, d))
-    sigma = 0.37
-    out = adaptive.noisy_projected_moment(exact, basis, sigma,
-                                          SeededNoise(3), "class=0/x")
-    noise = covariance.upper(out)
-    assert noise.size == r * (r + 1) // 2
-    assert np.std(noise) == pytest.approx(sigma, rel=0.06)
+        y = rng.normal(size=(1, d)) * rng.uniform(0.1, 3)
+        assert np.linalg.norm(released(np.vstack([rows, y])) - base
+                              ) <= clip ** 2
+    # exact: block order does not matter
+    def exact(x):
+        return adaptive.projected_block_moment(x, basis, clip)
+    assert np.array_equal(exact(rows[:10]) + exact(rows[10:]), exact(rows))
 
 
 # per-class: 2000-row classes at epsilon 8 (s = 2000 mu / 4 >> 50);

@@ -23,6 +23,12 @@ class ProgressFile:
     def __init__(self, path: Optional[str]) -> None:
         self.path = path
 
+    def reset(self) -> None:
+        """Empties the file (between the pipeline runs of one job)."""
+        if self.path:
+            with open(self.path, "w"):
+                pass
+
     def add(self, stage: str, rows: int) -> None:
         if not self.path:
             return

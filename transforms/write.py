@@ -255,9 +255,13 @@ def covariance_ranks(mixtures: Sequence) -> dict[int, int]:
 
 
 def describe_covariance(cfg: GeneratorConfig, dim: int,
-                        ranks: Sequence[int]) -> dict:
-    """Requested vs effective covariance rank, and why it is smaller."""
+                        ranks: Sequence[int],
+                        mode: Optional[str] = None) -> dict:
+    """Requested vs effective covariance rank, and why it is smaller.
+    ``mode``: the structure that ran (``--covariance auto``: the rule's
+    choice), default ``cfg.covariance``."""
     requested = cfg.covariance_rank
+    mode = mode or cfg.covariance
     if not requested:
         return {"mode": "diagonal", "requested_rank": 0,
                 "effective_rank": {"min": 0, "max": 0},
@@ -275,16 +279,17 @@ def describe_covariance(cfg: GeneratorConfig, dim: int,
                        "second-moment matrix pushes the small ones below "
                        "0; see dp_ops/covariance.py); the rest of each "
                        "coordinate's variance is in the diagonal residual")
-    return {"mode": cfg.covariance, "requested_rank": requested,
+    return {"mode": mode, "requested_rank": requested,
             "effective_rank": {"min": low, "max": high},
-            "stored_as": ("shared_factors" if cfg.covariance == "shared"
+            "stored_as": ("shared_factors" if mode == "shared"
                           else "class_<label>_factors") + " in gmm.npz",
             "why_smaller": "; ".join(reasons) or None}
 
 
 def describe_outputs(cfg: GeneratorConfig, dim: int, summary: Sequence[dict],
                      embedding_feature: str = "embedding",
-                     label_feature: str = "label") -> dict:
+                     label_feature: str = "label",
+                     covariance_mode: Optional[str] = None) -> dict:
     """The manifest's ``outputs`` block: files, format, features, the
     normalisation real inputs need, and the effective covariance rank
     (from ``summary``: every value is public or DP)."""
@@ -297,7 +302,8 @@ def describe_outputs(cfg: GeneratorConfig, dim: int, summary: Sequence[dict],
         "features": schema["features"],
         "normalisation": schema["normalisation"],
         "covariance": describe_covariance(
-            cfg, dim, [c.get("covariance_rank", 0) for c in summary]),
+            cfg, dim, [c.get("covariance_rank", 0) for c in summary],
+            covariance_mode),
     }
 
 

@@ -1,0 +1,157 @@
+"""`dpsynth generate --covariance auto` (the default, issue 13): the Beam
+job against ``reference.generate_adaptive``, its mechanism list per mode,
+neighbouring datasets and the noise of the new mechanisms."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from dp_ops import adaptive, generator, reference
+from dp_ops.config import GeneratorConfig
+from dp_ops.noise import SeededNoise
+from pipelines import cli
+from pipelines.release import load_gmm
+from tests.conftest import gmm_data
+
+# Each mode forced through the rule's public constants (the test hook:
+# ``adaptive.constants_for``); per-class is what the rule picks here anyway.
+FORCE = {
+    "per-class": {},
+    "subspace": {"per_class_min_signal": math.inf,
+                 "subspace_dim_fraction": 4},
+    "shared": {"subspace_min_signal": math.inf,
+               "per_class_min_signal": math.inf},
+}
+EPS, SEED = 8.0, 5
+
+
+def _force(monkeypatch, mode):
+    def constants(cfg):
+        return adaptive.RuleConstants(shared_rank=cfg.covariance_rank,
+                                      **FORCE[mode])
+    monkeypatch.setattr(adaptive, "constants_for", constants)
+
+
+def _expected_names(labels, mode):
+    names = {"global/centre/sum", "global/centre/count"}
+    for c in labels:
+        names |= {f"class={c}/count", f"class={c}/moments/sum"}
+        if mode == "subspace":
+            names.add(f"class={c}/covariance/subspace")
+        if mode == "per-class":
+            names.add(f"class={c}/covariance/second-moment")
+    if mode != "per-class":
+        names.add("global/covariance/second-moment")
+    return names
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    x, y = gmm_data(2400, d=16, classes=3, spread=0.2)
+    path = tmp_path_factory.mktemp("adaptive") / "in.npz"
+    np.savez(path, embeddings=x, labels=y)
+    return x, y, str(path)
+
+
+@pytest.mark.parametrize("mode", list(FORCE))
+def test_beam_release_equals_reference(tmp_path, monkeypatch, data, mode):
+    x, y, path = data
+    _force(monkeypatch, mode)
+    out = tmp_path / "rel"
+    assert cli.main(["generate", "--input", path, "--output", str(out),
+                     "--num-classes", "3", "--epsilon", str(EPS),
+                     "--noise-seed", str(SEED), "--block-size", "500"]) == 0
+    cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=EPS)
+    mixes, _, _, ledger, structure = reference.generate_adaptive(
+        x, y, cfg, SeededNoise(SEED), adaptive.constants_for(cfg))
+    assert structure.mode == mode
+    gmm = load_gmm(str(out))
+    for c in cfg.labels:
+        got, want = gmm.mixtures[c], mixes[c]
+        assert got.noisy_count == pytest.approx(want.noisy_count, abs=1e-9)
+        for field in ("means", "weights", "variances", "centre", "factors"):
+            np.testing.assert_allclose(getattr(got, field),
+                                       getattr(want, field), atol=1e-6,
+                                       err_msg=f"{mode} {c} {field}")
+    manifest = json.loads((out / "manifest.json").read_text())
+    mechs = {m["name"]: m for m in manifest["privacy"]["mechanisms"]}
+    # exactly phase 1 + the chosen phase 2, with the reference's sigmas
+    assert set(mechs) == _expected_names(cfg.labels, mode)
+    assert set(mechs) == {m.name for m in ledger.mechanisms}
+    for m in ledger.mechanisms:
+        assert mechs[m.name]["sigma"] == pytest.approx(m.sigma)
+        assert mechs[m.name]["sensitivity"] == pytest.approx(m.sensitivity)
+    assert manifest["privacy"]["spent"]["epsilon"] <= EPS
+    plan_doc = manifest["adaptive_plan"]
+    assert plan_doc["mode"] == mode
+    assert plan_doc["rule_inputs"]["noisy_counts"] == pytest.approx(
+        [gmm.mixtures[c].noisy_count for c in cfg.labels])
+    assert manifest["outputs"]["covariance"]["mode"] == mode
+
+
+@pytest.mark.parametrize("mode", list(FORCE))
+def test_mechanism_list_matches_the_plan(monkeypatch, data, mode):
+    x, y, _ = data
+    _force(monkeypatch, mode)
+    cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=EPS)
+    *_, ledger, structure = reference.generate_adaptive(
+        x, y, cfg, SeededNoise(1), adaptive.constants_for(cfg))
+    assert structure.mode == mode
+    assert {m.name for m in ledger.mechanisms} == _expected_names(
+        cfg.labels, mode)
+    sens = {m.name: m.sensitivity for m in ledger.mechanisms}
+    r = cfg.clip_norm
+    for name, value in sens.items():
+        want = (1.0 if name.endswith("count")
+                else cfg.centre_bound if name == "global/centre/sum"
+                else r if name.endswith("moments/sum")
+                else r * r)
+        assert value == pytest.approx(want), name
+
+
+@pytest.mark.parametrize("mode", list(FORCE))
+def test_neighbours_get_the_same_mechanisms(monkeypatch, data, mode):
+    """Add/remove one record: when the rule picks the same structure, the
+    mechanism list (names, sensitivities, sigmas) is identical."""
+    x, y, _ = data
+    _force(monkeypatch, mode)
+    cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=EPS)
+    lists = []
+    for xs, ys in ((x, y), (x[1:], y[1:]),
+                   (np.vstack([x, x[:1] * 3]), np.append(y, y[0]))):
+        *_, ledger, structure = reference.generate_adaptive(
+            xs, ys, cfg, SeededNoise(2), adaptive.constants_for(cfg))
+        assert structure.mode == mode
+        lists.append(sorted((m.name, m.sensitivity, m.sigma)
+                            for m in ledger.mechanisms))
+    assert lists[0] == lists[1] == lists[2]
+
+
+def test_count_mechanism_noise_has_the_ledger_sigma():
+    labels = tuple(range(3000))
+    cfg = GeneratorConfig(labels=labels, epsilon=1.0)
+    ledger = adaptive.phase1_ledger(cfg, 0.3)
+    sigma = ledger.get("class=0/count").sigma
+    noisy = adaptive.noisy_counts(np.full(len(labels), 7.0), labels, ledger,
+                                  SeededNoise(4))
+    assert np.mean(noisy) == pytest.approx(7.0, abs=4 * sigma / 50)
+    assert np.std(noisy) == pytest.approx(sigma, rel=0.05)
+
+
+def test_subspace_mechanism_noise_has_the_ledger_sigma():
+    cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=2.0)
+    mu = 0.5
+    s = adaptive.make_structure("subspace", 0.5, 384,
+                                adaptive.RuleConstants())
+    ledger = adaptive.add_phase2(adaptive.phase1_ledger(cfg, mu), cfg, s, mu)
+    name = adaptive.class_matrix_name(1)
+    sigma = ledger.get(name).sigma
+    r = 60
+    out = generator.noisy_second_moment(np.zeros((r, r)), ledger,
+                                        SeededNoise(8), name)
+    off = out[np.triu_indices(r, 1)]
+    assert np.std(np.diag(out)) == pytest.approx(sigma, rel=0.2)
+    # isometric upper triangle: sigma / sqrt(2) off the diagonal
+    assert np.std(off) == pytest.approx(sigma / math.sqrt(2), rel=0.05)

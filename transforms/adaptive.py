@@ -1,0 +1,207 @@
+"""The adaptive two-phase plan (``--covariance auto``, dp_ops/adaptive.py)
+as Beam transforms.
+
+Phase 1 (``AdaptivePhase1``, one pass "Counts" over the raw rows): the DP
+centre (``transforms.centre``) and each class's noisy row count. The
+launcher reads these DP outputs back, the public rule
+(``adaptive.choose_structure``) picks phase 2's structure from them, and
+phase 2 runs as a second pipeline (fully adaptive composition: the ledger
+holds phase 1 + exactly the chosen phase-2 mechanisms).
+
+Phase 2 (``AdaptiveMixture``): one pass "Moments" computes every exact
+aggregate the structure needs (per-class clipped sums and either the
+global second moment or each class's d x d second moment); in the
+subspace mode one more pass "ClassSubspace" computes each class's r x r
+moment in the subspace of the noisy shared covariance (a side input:
+public by then). The mechanisms and the post-processing are the pure
+functions of ``dp_ops.adaptive``, shared with ``reference.generate_adaptive``
+(same names, same keyed noise: the same release for a ``SeededNoise``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional, Sequence
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.pvalue import AsDict, AsSingleton
+
+from dp_ops import adaptive, covariance
+from dp_ops.config import GeneratorConfig
+from dp_ops.ledger import PrivacyLedger
+from dp_ops.noise import NoiseSource
+from transforms.aggregate import Blocks, PerClassSum, pass_blocks, sum_present
+from transforms.centre import DPCentre
+
+PHASE1_FILE = "phase1.json"  # in the staging folder; DP outputs only
+
+
+class AdaptivePhase1(beam.PTransform):
+    """Raw (x, y) blocks -> one element {"centre": [d], "noisy_counts":
+    [K]} (DP outputs). Mechanisms: ``global/centre/sum`` (B) and
+    ``global/centre/count`` (1) of ``DPCentre``; ``class=<c>/count``, the
+    class's row count, L2 sensitivity 1 under add/remove one record."""
+
+    def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
+                 noise: NoiseSource) -> None:
+        super().__init__()
+        self._cfg, self._ledger, self._dim = cfg, ledger, dim
+        self._noise = noise
+
+    def expand(self, raw_blocks):
+        cfg, ledger, noise = self._cfg, self._ledger, self._noise
+        labels = list(cfg.labels)
+        centre = raw_blocks | "DPCentre" >> DPCentre(cfg, ledger, self._dim,
+                                                     noise)
+        counts = (raw_blocks
+                  | "ClassCounts" >> beam.Map(
+                      lambda b: adaptive.exact_class_counts(b[1], labels))
+                  | "TotalCounts" >> beam.CombineGlobally(sum_present)
+                  | "NoiseCounts" >> beam.Map(
+                      lambda c: adaptive.noisy_counts(
+                          np.zeros(len(labels)) if c is None else c, labels,
+                          ledger, noise)))
+        return centre | "Phase1" >> beam.Map(
+            lambda c, n: {"centre": [float(v) for v in c],
+                          "noisy_counts": [float(v) for v in n]},
+            AsSingleton(counts))
+
+
+def write_json(doc: dict, path: str) -> None:
+    from apache_beam.io.filesystems import FileSystems
+    with FileSystems.create(path) as f:
+        f.write(json.dumps(doc).encode())
+
+
+def read_phase1(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """(centre, noisy counts) as written by the phase-1 pipeline."""
+    from apache_beam.io.filesystems import FileSystems
+    with FileSystems.open(path) as f:
+        doc = json.loads(f.read().decode())
+    return (np.array(doc["centre"], np.float64),
+            np.array(doc["noisy_counts"], np.float64))
+
+
+def _class_moments(clip_norm: float, per_class: bool):
+    """A block's exact partial aggregate of one class: the clipped sum
+    [d], followed in the per-class mode by its d x d second moment
+    (flattened: one array, so the combiner adds in place)."""
+    def fn(_label: int, block) -> np.ndarray:
+        s = adaptive.block_class_sum(block.x, clip_norm)
+        if not per_class:
+            return s
+        m = covariance.block_second_moment(block.x, clip_norm)
+        return np.concatenate([s, m.ravel()])
+    return fn
+
+
+def _exact(parts: dict, labels: Sequence[int], size: int) -> np.ndarray:
+    return np.stack([np.zeros(size) if parts.get(c) is None else parts[c]
+                     for c in labels])
+
+
+class _Phase2:
+    """The noise and post-processing steps of phase 2 (picklable: DP
+    outputs and public configuration only)."""
+
+    def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
+                 structure: adaptive.Structure, noisy_counts: np.ndarray,
+                 centre: np.ndarray, noise: NoiseSource,
+                 deviation: str) -> None:
+        self.cfg, self.ledger, self.dim = cfg, ledger, dim
+        self.structure, self.noise, self.deviation = structure, noise, deviation
+        self.counts = np.asarray(noisy_counts, np.float64)
+        self.centre = np.asarray(centre, np.float64)
+
+    def moments(self, _, sums: dict, total: Optional[np.ndarray] = None
+                ) -> dict:
+        """Noise on the pass-"Moments" aggregates; the mixtures unless the
+        subspace pass is still to come."""
+        cfg, d, s = self.cfg, self.dim, self.structure
+        ledger, noise, labels = self.ledger, self.noise, list(cfg.labels)
+        per_class = s.mode == "per-class"
+        exact = _exact(sums, labels, d + d * d if per_class else d)
+        noisy_sums = adaptive.noisy_class_sums(exact[:, :d], labels, ledger,
+                                               noise)
+        n, means = adaptive.class_means(noisy_sums, self.counts,
+                                        cfg.clip_norm)
+        if per_class:
+            return {"mixtures": adaptive.per_class_mixtures(
+                exact[:, d:].reshape(len(labels), d, d), self.counts, n,
+                means, self.centre, s, cfg, ledger, noise)}
+        shared = adaptive.shared_stage(
+            np.zeros((d, d)) if total is None else total, n, means, s, cfg,
+            ledger, noise)
+        out = {"n": n, "means": means, "shared": shared}
+        if s.mode == "shared":
+            out["mixtures"] = adaptive.shared_mixtures(
+                self.counts, n, means, shared, None, self.centre, cfg)
+        return out
+
+    def subspace(self, _, projected: dict, st: dict) -> dict:
+        """Noise on the pass-"ClassSubspace" moments; the mixtures."""
+        labels, r = list(self.cfg.labels), self.structure.class_rank
+        exact = _exact({c: None if v is None else v.ravel()
+                        for c, v in projected.items()}, labels, r * r)
+        blocks = [adaptive.noisy_class_block(
+            exact[i].reshape(r, r), c, st["n"][i], st["means"][i],
+            st["shared"], self.ledger, self.noise, self.deviation)
+            for i, c in enumerate(labels)]
+        return {"mixtures": adaptive.shared_mixtures(
+            self.counts, st["n"], st["means"], st["shared"], blocks,
+            self.centre, self.cfg)}
+
+
+def _projected(clip_norm: float):
+    def fn(_label: int, block, st: dict) -> np.ndarray:
+        return adaptive.projected_block_moment(block.x, st["shared"].basis,
+                                               clip_norm)
+    return fn
+
+
+class AdaptiveMixture(beam.PTransform):
+    """PBegin -> (label, ClassMixture) of the chosen ``structure``, given
+    the phase-1 outputs (``centre``, ``noisy_counts``: public constants by
+    now). Mechanisms (``dp_ops.adaptive``, add/remove one record):
+    ``class=<c>/moments/sum`` (R); ``global/covariance/second-moment``
+    (R^2, shared and subspace modes); ``class=<c>/covariance/subspace``
+    (R^2, subspace mode); ``class=<c>/covariance/second-moment`` (R^2,
+    per-class mode)."""
+
+    def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
+                 structure: adaptive.Structure, noisy_counts: np.ndarray,
+                 centre: np.ndarray, noise: NoiseSource, blocks: Blocks,
+                 deviation: str = "raw") -> None:
+        super().__init__()
+        self._cfg, self._blocks = cfg, blocks
+        self._steps = _Phase2(cfg, ledger, dim, structure, noisy_counts,
+                              centre, noise, deviation)
+
+    def expand(self, pbegin):
+        cfg, steps = self._cfg, self._steps
+        mode = steps.structure.mode
+        blocks = pass_blocks(self._blocks, "Moments")  # one read, two sums
+        sums = blocks | "ClassMoments" >> PerClassSum(
+            list(cfg.labels), _class_moments(cfg.clip_norm,
+                                             mode == "per-class"))
+        side = [AsDict(sums)]
+        if mode != "per-class":
+            clip = cfg.clip_norm
+            total = (blocks
+                     | "SecondMoment" >> beam.Map(
+                         lambda b: covariance.block_second_moment(b.x, clip))
+                     | "Total" >> beam.CombineGlobally(sum_present))
+            side.append(AsSingleton(total))
+        stats = (pbegin | "Once" >> beam.Create([None])
+                 | "Phase2Noise" >> beam.Map(steps.moments, *side))
+        if mode == "subspace":
+            proj = (pass_blocks(self._blocks, "ClassSubspace")
+                    | "ClassSubspace" >> PerClassSum(
+                        list(cfg.labels), _projected(cfg.clip_norm),
+                        [AsSingleton(stats)]))
+            stats = (pbegin | "OnceSubspace" >> beam.Create([None])
+                     | "SubspaceNoise" >> beam.Map(
+                         steps.subspace, AsDict(proj), AsSingleton(stats)))
+        return stats | "PerClass" >> beam.FlatMap(
+            lambda st: sorted(st["mixtures"].items()))
