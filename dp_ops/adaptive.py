@@ -428,10 +428,11 @@ def eigen(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclasses.dataclass
 class SharedModel:
-    """W's eigenpairs and its parts outside the class subspace."""
+    """W's top eigenvalues, its top ``rank_in`` eigenvectors (the class
+    subspace) and its parts outside the class subspace."""
 
     vals: np.ndarray
-    vecs: np.ndarray
+    vecs: np.ndarray  # [d, rank_in]
     outside_factors: np.ndarray  # [d, r_out]
     residual: np.ndarray         # [d] diagonal
     rank_in: int
@@ -451,7 +452,10 @@ def shared_model(w: np.ndarray, rank_in: int, shared_rank: int,
     f_out = vecs[:, idx] * np.sqrt(vals[idx])
     inside = (vecs[:, :rank_in] ** 2) @ np.maximum(vals[:rank_in], 0)
     resid = np.maximum(np.diag(w) - inside - (f_out ** 2).sum(1), floor)
-    return SharedModel(vals, vecs, f_out, resid, rank_in)
+    # keep only what sampling needs: it travels as a side input
+    keep = max(rank_in, shared_rank)
+    return SharedModel(vals[:keep], vecs[:, :rank_in].copy(), f_out, resid,
+                       rank_in)
 
 
 def class_factors(shared: SharedModel, class_block: Optional[np.ndarray]

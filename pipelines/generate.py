@@ -214,7 +214,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from(args: argparse.Namespace, labels: Sequence[int]) -> GeneratorConfig:
-    return GeneratorConfig(
+    """The run's configuration (``--covariance auto`` resolved to "shared"
+    where the adaptive plan does not apply)."""
+    cfg = GeneratorConfig(
         labels=tuple(labels), epsilon=args.epsilon, delta=args.delta,
         clusters=args.clusters, clip_norm=args.clip_norm,
         normalize=args.normalize, center=args.center, cluster_dim=args.cluster_dim,
@@ -227,6 +229,7 @@ def config_from(args: argparse.Namespace, labels: Sequence[int]) -> GeneratorCon
         vote_max_candidates=args.vote_max_candidates,
         budget_weights=args.budget_weights, accountant=args.accountant,
         seed=args.seed)
+    return _resolve_covariance(cfg, args)
 
 
 @dataclasses.dataclass
@@ -284,7 +287,6 @@ def prepare(args: argparse.Namespace) -> Job:
     spec = io.InputSpec(args.input, args.input_format, args.embedding_feature,
                         args.label_feature, tuple(labels), args.non_finite,
                         args.block_size)
-    cfg = _resolve_covariance(cfg, args)
     if cfg.covariance != "auto":
         validate_weights(cfg.weights(), cfg.stages)
     if not args.images:
@@ -299,8 +301,9 @@ def prepare(args: argparse.Namespace) -> Job:
         job.adaptive_mu = adaptive.calibrate_mu(cfg, args.embedding_dim or 1,
                                                 constants)
         job.ledger = adaptive.phase1_ledger(cfg, job.adaptive_mu)
-        job.reserved = adaptive.reserved_mechanisms(cfg, job.adaptive_mu,
-                                                    constants)
+        if args.budget_store is not None:  # dp_accounting: seconds
+            job.reserved = adaptive.reserved_mechanisms(
+                cfg, job.adaptive_mu, constants)
     else:
         job.ledger = plan.make_ledger(cfg)  # refuses impossible targets
     return job
@@ -312,7 +315,7 @@ def _resolve_covariance(cfg: GeneratorConfig,
     function of the flags, ``adaptive.applies``; images: phase 1 would
     encode them twice) is the fixed "shared" plan."""
     if cfg.covariance != "auto" or (adaptive.applies(cfg)
-                                    and not args.images):
+                                    and not getattr(args, "images", None)):
         return cfg
     log.info("--covariance auto: the adaptive plan needs --clusters 1, "
              "--center, no --vote-filter / --budget-weights and embedding "
@@ -657,7 +660,7 @@ def _stage(job: Job, args: argparse.Namespace, beam_argv: Sequence[str],
                     build(p, job, reader, args, progress)
                     p.run().wait_until_finish()
             else:
-                _run_adaptive(job, args, options, reader, progress)
+                _run_adaptive(job, args, options, reader, progress, timings)
     finally:
         if progress.path:
             os.unlink(progress.path)
@@ -673,10 +676,13 @@ def _stage(job: Job, args: argparse.Namespace, beam_argv: Sequence[str],
 
 
 def _run_adaptive(job: Job, args: argparse.Namespace, options,
-                  reader: beam.PTransform, progress: ProgressFile) -> None:
+                  reader: beam.PTransform, progress: ProgressFile,
+                  timings: dict) -> None:
     """Phase 1 run -> the rule -> phase 2 run (adaptive composition)."""
+    t0 = time.time()
     with console.ProgressPrinter(progress.path, ["Counts"]):
         centre, counts = run_phase1(job, reader, options, progress)
+    timings["phase1"] = round(time.time() - t0, 3)
     structure = choose_phase2(job, reader.dim, counts)
     progress.reset()
     reader = _make_reader(job, args)  # a transform belongs to one pipeline

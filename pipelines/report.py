@@ -50,6 +50,11 @@ STAGE_NOTES = {
     "covariance": "noisy second-moment matrix Σxxᵀ of the clipped rows: "
                   "the covariance factors",
     "vote": "noisy nearest-neighbour vote histogram of the candidates",
+    "count": "noisy row count of each class (--covariance auto, phase 1): "
+             "the public rule picks the covariance structure from them",
+    "class-covariance": "each class's noisy second moment (d x d, or r x r "
+                        "inside the shared covariance's top subspace): "
+                        "the class's own covariance factors",
 }
 
 

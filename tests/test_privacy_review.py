@@ -100,6 +100,16 @@ FIELDS = {
     r"classes\[\]\.shards\[\]":
         ("dp", "shard names: label and index; their number follows samples"),
     r"samples_total": ("dp", "sum of the DP sample counts"),
+    # --covariance auto: the rule's choice is post-processing of the noisy
+    # class counts (phase 1 mechanisms); null for the fixed plans.
+    r"adaptive_plan": ("public", "null: a fixed plan ran"),
+    r"adaptive_plan\.rule_inputs\.(epsilon|delta|d|mu)":
+        ("public", "the target, the input's schema, the calibrated GDP mu"),
+    r"adaptive_plan\.(structure|mode|class_subspace_rank|shared_rank|"
+    r"shares_of_mu2\.[\w-]+)": ("dp", "the rule's output: a public "
+                                "function of the noisy class counts"),
+    r"adaptive_plan\.rule_inputs\.(noisy_counts\[\]|typical_count|signal)":
+        ("dp", "the noisy class counts and functions of them"),
     r"warnings\[\]": ("dp", "config, or the noisy record count"),
 }
 PUBLIC = [p for p, (tag, _) in FIELDS.items() if tag == "public"]
