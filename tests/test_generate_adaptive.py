@@ -55,14 +55,18 @@ def data(tmp_path_factory):
     return x, y, str(path)
 
 
-@pytest.mark.parametrize("mode", list(FORCE))
-def test_beam_release_equals_reference(tmp_path, monkeypatch, data, mode):
+@pytest.mark.parametrize("mode,layout", [
+    ("per-class", []), ("subspace", []), ("shared", []),
+    ("subspace", ["--materialise-blocks"])])
+def test_beam_release_equals_reference(tmp_path, monkeypatch, data, mode,
+                                       layout):
     x, y, path = data
     _force(monkeypatch, mode)
     out = tmp_path / "rel"
     assert cli.main(["generate", "--input", path, "--output", str(out),
                      "--num-classes", "3", "--epsilon", str(EPS),
-                     "--noise-seed", str(SEED), "--block-size", "500"]) == 0
+                     "--noise-seed", str(SEED), "--block-size", "500",
+                     *layout]) == 0
     cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=EPS)
     mixes, _, _, ledger, structure = reference.generate_adaptive(
         x, y, cfg, SeededNoise(SEED), adaptive.constants_for(cfg))
@@ -155,3 +159,20 @@ def test_subspace_mechanism_noise_has_the_ledger_sigma():
     assert np.std(np.diag(out)) == pytest.approx(sigma, rel=0.2)
     # isometric upper triangle: sigma / sqrt(2) off the diagonal
     assert np.std(off) == pytest.approx(sigma / math.sqrt(2), rel=0.05)
+
+
+def test_beam_neighbours_get_the_same_mechanisms(tmp_path, data):
+    """The default job on D and on D minus one record: same structure from
+    the rule, so the same manifest mechanism list."""
+    x, y, _ = data
+    docs = []
+    for i, (xs, ys) in enumerate(((x, y), (x[1:], y[1:]))):
+        path = tmp_path / f"in{i}.npz"
+        np.savez(path, embeddings=xs, labels=ys)
+        out = tmp_path / f"rel{i}"
+        assert cli.main(["generate", "--input", str(path), "--output",
+                         str(out), "--num-classes", "3", "--epsilon", "2",
+                         "--noise-seed", "9"]) == 0
+        docs.append(json.loads((out / "manifest.json").read_text()))
+    assert docs[0]["adaptive_plan"]["mode"] == docs[1]["adaptive_plan"]["mode"]
+    assert docs[0]["privacy"]["mechanisms"] == docs[1]["privacy"]["mechanisms"]
