@@ -198,6 +198,23 @@ def section_table(rows: list, items: list) -> list:
     return out
 
 
+def beam_table(rows: list) -> list:
+    """The Beam job (benchmarks/adaptive_beam.py): one line per
+    (dataset, epsilon, mode), validation accuracy and wall times in the
+    order they ran (with the 1-minute load average)."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["dataset"], r["epsilon"], r["mode"]), []).append(r)
+    out = ["| dataset | ε | `--covariance` | structure that ran | validation % "
+           "| wall s (load) |", "|---|---|---|---|---|---|"]
+    for (ds, eps, mode), rs in sorted(groups.items()):
+        accs = sorted({r["val_accuracy"] for r in rs})
+        walls = ", ".join(f"{r['wall_s']:.1f} ({r['load']:.0f})" for r in rs)
+        out.append(f"| {ds} | {eps:g} | {mode} | {rs[0]['structure']} | "
+                   f"{' / '.join(f'{a:.1f}' for a in accs)} | {walls} |")
+    return out
+
+
 def write_md(path: str) -> None:
     gen = read_jsonl("utility_study-issue13.jsonl")
     bars = read_jsonl("dpsgd_bars-issue13.jsonl")
@@ -219,6 +236,8 @@ def write_md(path: str) -> None:
     for ds in ("20news", "cifar10"):
         blocks[f"MLP-{ds}"] = "\n".join(generator_table(
             gen, ds, FINAL[:2], {"mlp1"}, "mlp_accuracy"))
+    blocks["BEAM"] = "\n".join(beam_table(
+        read_jsonl("adaptive_beam-issue13.jsonl")))
     for key, table in blocks.items():
         text = text.replace("{{" + key + "}}", table)
     with open(path, "w") as fh:
