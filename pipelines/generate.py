@@ -640,8 +640,10 @@ def _stage(job: Job, args: argparse.Namespace, beam_argv: Sequence[str],
         raise
     except ValueError as err:
         raise UsageError(str(err)) from None
-    log.info("plan: %d mechanisms, target (eps=%g, delta=%g), accountant %s; "
-             "dim %d", len(job.ledger.mechanisms), job.cfg.epsilon,
+    log.info("plan: %d mechanisms%s, target (eps=%g, delta=%g), accountant "
+             "%s; dim %d", len(job.ledger.mechanisms),
+             "" if job.adaptive_mu is None else " in phase 1 (phase 2: "
+             "chosen from its noisy counts)", job.cfg.epsilon,
              job.cfg.delta, job.cfg.accountant, reader.dim)
     log.debug("input files: %s", ", ".join(reader.paths))
     release.discard(job.staging)  # a crashed attempt's partial files
