@@ -28,7 +28,7 @@ from dp_ops.clipping import NORMALIZATIONS
 from dp_ops.config import (COVARIANCE_MODES, GeneratorConfig, labels_from,
                             parse_weights)
 from dp_ops.ledger import ACCOUNTANTS, PrivacyLedger
-from pipelines import demo, release
+from pipelines import demo, release, runner_names
 from transforms import io
 from transforms.aggregate import PrepareBlocks, RereadBlocks
 from transforms.centre import DPCentre
@@ -96,6 +96,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--block-size", type=int, default=4096,
                       help="rows per numpy block moved between stages")
     data.add_argument("--rows-per-shard", type=int, default=50_000)
+    data.add_argument("--split-bytes", type=int, default=io.SPLIT_BYTES,
+                      help="TFRecord/Parquet files are read in byte ranges "
+                      "of this size, spread over the workers (default 64 "
+                      "MiB); .npz files are read whole")
     data.add_argument("--materialise-blocks", action="store_true",
                       help="read the input once and keep the blocks in the "
                       "runner between passes (default: every pass re-reads "
@@ -198,8 +202,9 @@ def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
 
     DirectRunner's ``multi_threading`` mode corrupted data in our tests, so
     it is refused; several workers default to ``multi_processing``.
+    ``--runner dask`` selects ``pipelines.dask_runner`` (deploy/README.md).
     """
-    argv = list(beam_argv)
+    argv = runner_names.resolve_dask(beam_argv)
     joined = " ".join(argv)
     if "multi_threading" in joined:
         raise ValueError("--direct_running_mode=multi_threading is not "
@@ -257,7 +262,7 @@ def prepare(args: argparse.Namespace) -> Job:
     release.check_output(output, args.overwrite)
     spec = io.InputSpec(args.input, args.input_format, args.embedding_feature,
                         args.label_feature, tuple(labels), args.non_finite,
-                        args.block_size)
+                        args.block_size, args.split_bytes)
     validate_weights(cfg.weights(), cfg.stages)
     if not args.images:
         io.match_files(spec.pattern)  # lists names only: no data is read
