@@ -66,6 +66,7 @@ DEFAULT_MODES = ("reference", "direct", "direct2")
 CLASSES = 10
 SHARD_ROWS = 100_000
 MIN_SHARDS = 4
+MIN_CHUNKS = 10  # make_files: up to 10 files hold the same rows
 
 
 # ------------------------------------------------------------------- data
@@ -90,8 +91,10 @@ def _chunk(n: int, d: int, i: int, bounds, centres, classes: int,
 
 def make_files(cache: str, n: int, d: int, files: int, fmt: str,
                classes: int = CLASSES, comps: int = 4, seed: int = 0) -> str:
-    """The rows of ``make_data`` (chunks of SHARD_ROWS) as ``files`` files
-    of ``fmt``; a file is written chunk by chunk (bounded memory)."""
+    """n rows in chunks of at most SHARD_ROWS (at least MIN_CHUNKS: the
+    same rows whatever ``files`` up to that), written as ``files`` files of
+    ``fmt`` chunk by chunk (bounded memory). At n >= 1M the rows are those
+    of ``make_data``."""
     out = data_dir(cache, n, d, files, fmt)
     done = os.path.join(out, "DONE")
     if os.path.exists(done):
@@ -100,7 +103,9 @@ def make_files(cache: str, n: int, d: int, files: int, fmt: str,
     os.makedirs(out)
     centres = np.random.default_rng([seed, d]).normal(
         size=(classes, comps, d)) / math.sqrt(d)
-    chunks = max(MIN_SHARDS, math.ceil(n / SHARD_ROWS))
+    chunks = max(MIN_CHUNKS, math.ceil(n / SHARD_ROWS))
+    if files > chunks:
+        raise SystemExit(f"--files {files}: at most {chunks} files at n={n}")
     bounds = np.linspace(0, n, chunks + 1).astype(int)
     for f, part in enumerate(np.array_split(np.arange(chunks), files)):
         path = os.path.join(out, f"part-{f:04d}.{EXTENSIONS[fmt]}")

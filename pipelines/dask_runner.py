@@ -12,19 +12,26 @@ rewrites all of them to ``pipelines.dask_runner.DaskRunner``). Needs the
   no dashboard; it is closed when the job ends. That is for trying the
   runner; a real deployment runs ``dask scheduler`` / ``dask worker``.
 * Upstream bug workaround (Beam 2.77, see deploy/README.md "Dask"): Beam's
-  Dask ``ParDo`` keeps one receiver list per step, filled by every bundle
-  and never emptied, so a step executed twice in one worker process returns
-  its earlier outputs again; a singleton side input then fails with
+  Dask ``ParDo`` keeps one output list per step, filled by every bundle and
+  never emptied, so a step executed twice in one worker process returns its
+  earlier outputs again (a singleton side input then fails with
   "PCollection of size 2 with more than one element accessed as a singleton
-  view". ``install_workaround`` points Beam's Dask translation at
-  ``apply_dofn_to_bundle`` below, which empties the list before each bundle.
-  It is installed only when this runner runs, in the submitting process;
-  the workers get it with the task graph, which names this module's
-  function (they import this module to unpickle it).
-* Side inputs are computed once (``_persisting``), not once per task that
-  reads them; each created element (e.g. a read range) is its own Dask
-  partition unless ``--dask_npartitions`` / ``--dask_partition_size`` say
-  otherwise, so the reads spread over the workers.
+  view"); and it reads that list before ``finish_bundle``, dropping what
+  ``finish_bundle`` emits. ``install_workaround`` points Beam's Dask
+  translation at ``apply_dofn_to_bundle`` below, which fixes both. It is
+  installed only when this runner runs, in the submitting process; the
+  workers get it with the task graph, which names this module's function
+  (they import this module to unpickle it).
+* Combines are lifted (``_LiftCombinePerKey``: partial results per bundle,
+  then a GroupByKey), as on Beam's DirectRunner; Beam's Dask translation
+  would shuffle and hold every per-block partial aggregate.
+* Every collection read as a side input or by several transforms is
+  computed once, when the graph is built, and kept on the cluster
+  (``_shared_collections``): Beam's translation recomputes it per reading
+  task, redrawing secure noise and holding the readers' inputs meanwhile.
+* Each created element (e.g. a read range) is its own Dask partition unless
+  ``--dask_npartitions`` / ``--dask_partition_size`` say otherwise, so the
+  reads spread over the workers.
 * ``metrics()`` returns empty results instead of raising
   ``NotImplementedError``: Beam's DaskRunner collects no counters, so the
   operator counters (rows_read, rows_clipped, ...) are not available there.
@@ -38,10 +45,14 @@ import threading
 import weakref
 from typing import Any, Optional, Sequence
 
+import apache_beam as beam
 from apache_beam.metrics.metric import MetricResults
+from apache_beam.pipeline import PipelineVisitor, PTransformOverride
 from apache_beam.runners.dask import dask_runner as beam_dask
 from apache_beam.runners.dask import transform_evaluator
+from apache_beam.runners.common import DoFnInvoker
 from apache_beam.runners.runner import PipelineResult, PipelineState
+from apache_beam.transforms.combiners import LiftedCombinePerKey
 
 log = logging.getLogger("dpsynth")
 
@@ -62,23 +73,24 @@ def _lock_for(receivers: Any) -> threading.Lock:
     return lock
 
 
-def _beam_apply_dofn_to_bundle():
-    """Beam's own function (also where this process installed the patch)."""
-    fn = transform_evaluator.apply_dofn_to_bundle
-    return getattr(fn, "beam_original", fn)
-
-
 def apply_dofn_to_bundle(items, invoker_args, invoker_kwargs, receivers):
-    """Beam's ``apply_dofn_to_bundle``, starting from an empty output list.
-
-    ``receivers`` (Beam's ``OneReceiver``) belongs to the step, not to the
-    bundle: without the reset a second run of the step in this process
-    returns the first run's outputs too.
-    """
+    """Runs one bundle (a Dask partition) through a DoFn, as Beam's function
+    of that name does, with two fixes: the step's output list (Beam's
+    ``OneReceiver``, which belongs to the step, not to the bundle) is
+    emptied first, and read after ``finish_bundle``, whose outputs Beam's
+    version drops (and then returns with the next bundle)."""
     with _lock_for(receivers):
         del receivers.values[:]
-        return _beam_apply_dofn_to_bundle()(items, invoker_args,
-                                            invoker_kwargs, receivers)
+        invoker = DoFnInvoker.create_invoker(*invoker_args, **invoker_kwargs)
+        invoker.invoke_setup()
+        invoker.invoke_start_bundle()
+        for item in items:
+            invoker.invoke_process(item)
+        invoker.invoke_finish_bundle()
+        invoker.invoke_teardown()
+        results = [v.value for v in receivers.values]
+        del receivers.values[:]
+        return results
 
 
 def install_workaround() -> None:
@@ -99,6 +111,22 @@ def install_workaround() -> None:
                            "pipelines/dask_runner.py")
     apply_dofn_to_bundle.beam_original = current
     transform_evaluator.apply_dofn_to_bundle = apply_dofn_to_bundle
+
+
+class _LiftCombinePerKey(PTransformOverride):
+    """CombinePerKey as a per-bundle pre-combine, a GroupByKey and a merge
+    (Beam's ``LiftedCombinePerKey``, which its DirectRunner also uses).
+    Beam's DaskRunner expands CombinePerKey into GroupByKey + CombineValues,
+    so every partial aggregate (e.g. a d x d second moment per block and
+    class) would be shuffled and held until the merge."""
+
+    def matches(self, applied_ptransform) -> bool:
+        return (isinstance(applied_ptransform.transform, beam.CombinePerKey)
+                and applied_ptransform.inputs[0].windowing.is_default())
+
+    def get_replacement_transform_for_applied_ptransform(self, applied):
+        t = applied.transform
+        return LiftedCombinePerKey(t.fn, t.args, t.kwargs)
 
 
 def start_local_cluster(workers: Optional[int] = None):
@@ -123,10 +151,12 @@ class DaskRunResult(PipelineResult):
     """Beam's Dask result, closing the client (and a local cluster) after."""
 
     def __init__(self, inner: beam_dask.DaskRunnerResult, cluster=None,
-                 persisted: Sequence = ()) -> None:
+                 computed: Sequence = ()) -> None:
         super().__init__(PipelineState.RUNNING)
         self._inner, self._cluster = inner, cluster
-        self._persisted = list(persisted)  # side inputs held in the cluster
+        # Shared collections held in the cluster until the job ends: tasks
+        # read them as side inputs, which the scheduler cannot see.
+        self._computed = list(computed)
 
     def wait_until_finish(self, duration=None):
         try:
@@ -149,7 +179,7 @@ class DaskRunResult(PipelineResult):
         return _NoMetrics()
 
     def close(self) -> None:
-        self._persisted = []
+        self._computed = []
         self._inner.client.close()
         if self._cluster is not None:
             self._cluster.close()
@@ -157,12 +187,13 @@ class DaskRunResult(PipelineResult):
 
 
 class DaskRunner(beam_dask.DaskRunner):
-    """Beam's DaskRunner with the receiver workaround, side inputs computed
-    once, one Dask partition per created element by default, and a local
-    cluster when no scheduler is given."""
+    """Beam's DaskRunner with the bundle fixes, lifted combines, shared
+    collections computed once, one Dask partition per created element by
+    default, and a local cluster when no scheduler is given."""
 
     def run_pipeline(self, pipeline, options):
         install_workaround()
+        pipeline.replace_all([_LiftCombinePerKey()])
         dask_options = options.view_as(beam_dask.DaskOptions)
         if not dask_options.npartitions and not dask_options.partition_size:
             # Beam's default puts up to 128 created elements in one
@@ -177,32 +208,68 @@ class DaskRunner(beam_dask.DaskRunner):
                      "cluster start `dask scheduler` and `dask worker "
                      "tcp://HOST:8786` and pass --dask_client_address",
                      len(cluster.workers), cluster.scheduler_address)
-        persisted: list = []
+        self._pipeline, self._computed = pipeline, []
         try:
-            beam_dask.DaskBagWindowedIterator = _persisting(persisted)
             inner = super().run_pipeline(pipeline, options)
         except BaseException:
+            _close_default_client()
             if cluster is not None:
                 cluster.close()
             raise
-        finally:
-            beam_dask.DaskBagWindowedIterator = \
-                transform_evaluator.DaskBagWindowedIterator
-        return DaskRunResult(inner, cluster, persisted)
+        return DaskRunResult(inner, cluster, self._computed)
+
+    def to_dask_bag_visitor(self, bag_kwargs=None):
+        """Beam's visitor, computing each shared collection once (below)."""
+        base = beam_dask.DaskRunner.to_dask_bag_visitor(bag_kwargs)
+        shared, computed = _shared_collections(self._pipeline), self._computed
+
+        class ComputeShared(type(base)):
+            def visit_transform(self, node):
+                super().visit_transform(node)
+                if any(out in shared for out in node.outputs.values()):
+                    self.bags[node] = _compute(self.bags[node])
+                    computed.append(self.bags[node])
+        return ComputeShared()
 
 
-def _persisting(persisted: list):
-    """Side-input views that compute their collection once.
+def _shared_collections(pipeline) -> set:
+    """PCollections read as a side input or by more than one transform.
 
     Beam's DaskRunner hands a ParDo its side inputs as Dask bags that each
-    task computes again when it first reads them: a side input's whole
-    branch (here: passes over the data) runs once per reading task, and
-    side inputs of side inputs multiply that. Persisting the bag when the
-    graph is built computes it once on the cluster; ``persisted`` keeps the
-    results alive until the job ends.
+    task computes again when it first reads them, and a collection with
+    several readers is computed once per reader: a pass's model (and every
+    pass behind it) ran once per reading task, secure noise was redrawn,
+    and tasks waiting for a side input held their whole input meanwhile.
     """
-    def view(bag, window_fn):
-        bag = bag.persist()
-        persisted.append(bag)
-        return transform_evaluator.DaskBagWindowedIterator(bag, window_fn)
-    return view
+    readers: dict = {}
+    side: set = set()
+
+    class Count(PipelineVisitor):
+        def visit_transform(self, node):
+            for pcoll in node.inputs:
+                readers[pcoll] = readers.get(pcoll, 0) + 1
+            side.update(si.pvalue for si in node.side_inputs)
+    pipeline.visit(Count())
+    return side | {pcoll for pcoll, n in readers.items() if n > 1}
+
+
+def _compute(bag):
+    """The bag computed on the cluster now and kept there (the graph built
+    after it reads the stored result); a failure is raised here."""
+    import distributed
+    bag = bag.persist()
+    futures = distributed.futures_of(bag)
+    distributed.wait(futures)
+    for future in futures:
+        if future.status == "error":
+            future.result()  # raises the worker's exception
+    return bag
+
+
+def _close_default_client() -> None:
+    """Closes the client Beam's run_pipeline opened, if it got that far."""
+    import distributed
+    try:
+        distributed.default_client().close()
+    except ValueError:  # no client
+        pass
