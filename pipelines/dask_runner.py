@@ -27,8 +27,10 @@ rewrites all of them to ``pipelines.dask_runner.DaskRunner``). Needs the
   would shuffle and hold every per-block partial aggregate.
 * Every collection read as a side input or by several transforms is
   computed once, when the graph is built, and kept on the cluster
-  (``_shared_collections``): Beam's translation recomputes it per reading
+  (``_Readers``): Beam's translation recomputes it per reading
   task, redrawing secure noise and holding the readers' inputs meanwhile.
+* Every output is computed: Beam's runner computes only the ancestors of
+  the last transform, so a second sink silently did not run.
 * Each created element (e.g. a read range) is its own Dask partition unless
   ``--dask_npartitions`` / ``--dask_partition_size`` say otherwise, so the
   reads spread over the workers.
@@ -219,38 +221,73 @@ class DaskRunner(beam_dask.DaskRunner):
         return DaskRunResult(inner, cluster, self._computed)
 
     def to_dask_bag_visitor(self, bag_kwargs=None):
-        """Beam's visitor, computing each shared collection once (below)."""
+        """Beam's visitor, computing each shared collection once and, at
+        the end, every output of the graph (see _Readers)."""
         base = beam_dask.DaskRunner.to_dask_bag_visitor(bag_kwargs)
-        shared, computed = _shared_collections(self._pipeline), self._computed
+        readers, computed = _Readers(self._pipeline), self._computed
 
-        class ComputeShared(type(base)):
+        class Visitor(type(base)):
             def visit_transform(self, node):
                 super().visit_transform(node)
-                if any(out in shared for out in node.outputs.values()):
+                if readers.shared(node):
                     self.bags[node] = _compute(self.bags[node])
                     computed.append(self.bags[node])
-        return ComputeShared()
+
+            def leave_composite_transform(self, node):
+                if node.parent is None:  # the end: Beam computes the last
+                    self.bags[_ALL_OUTPUTS] = _all_of(
+                        [self.bags[n] for n in self.bags
+                         if readers.unread(n)])
+        return Visitor()
 
 
-def _shared_collections(pipeline) -> set:
-    """PCollections read as a side input or by more than one transform.
+_ALL_OUTPUTS = "dpsynth: every output of the graph"
 
-    Beam's DaskRunner hands a ParDo its side inputs as Dask bags that each
-    task computes again when it first reads them, and a collection with
-    several readers is computed once per reader: a pass's model (and every
-    pass behind it) ran once per reading task, secure noise was redrawn,
-    and tasks waiting for a side input held their whole input meanwhile.
+
+class _Readers:
+    """Who reads each PCollection, as Beam's DaskRunner needs to know.
+
+    Shared (read as a side input or by several transforms): Beam's Dask
+    translation computes a side input again in every task that reads it,
+    and a collection once per reader: a pass's model (and every pass behind
+    it) ran once per reading task, secure noise was redrawn, and tasks
+    waiting for a side input held their whole input meanwhile. dpsynth
+    computes them once, when the graph is built.
+    Unread: Beam computes only the last transform's ancestors, so a
+    transform nothing reads (a second sink) would silently not run.
     """
-    readers: dict = {}
-    side: set = set()
 
-    class Count(PipelineVisitor):
-        def visit_transform(self, node):
-            for pcoll in node.inputs:
-                readers[pcoll] = readers.get(pcoll, 0) + 1
-            side.update(si.pvalue for si in node.side_inputs)
-    pipeline.visit(Count())
-    return side | {pcoll for pcoll, n in readers.items() if n > 1}
+    def __init__(self, pipeline) -> None:
+        self._count: dict = {}
+        self._side: set = set()
+        count, side = self._count, self._side
+
+        class Count(PipelineVisitor):
+            def visit_transform(self, node):
+                for pcoll in node.inputs:
+                    count[pcoll] = count.get(pcoll, 0) + 1
+                side.update(si.pvalue for si in node.side_inputs)
+        pipeline.visit(Count())
+
+    def shared(self, node) -> bool:
+        return any(out in self._side or self._count.get(out, 0) > 1
+                   for out in node.outputs.values())
+
+    def unread(self, node) -> bool:
+        return not isinstance(node, str) and all(
+            out not in self._side and not self._count.get(out, 0)
+            for out in node.outputs.values())
+
+
+def _all_of(bags: list):
+    """One bag that computes every bag given and holds nothing."""
+    import dask.bag as db
+    return db.concat([b.map_partitions(_nothing) for b in bags
+                      if b is not None])
+
+
+def _nothing(partition) -> list:
+    return []
 
 
 def _compute(bag):
