@@ -45,7 +45,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import apache_beam as beam
 from apache_beam.metrics.metric import MetricResults
@@ -150,15 +150,14 @@ class _NoMetrics(MetricResults):
 
 
 class DaskRunResult(PipelineResult):
-    """Beam's Dask result, closing the client (and a local cluster) after."""
+    """Beam's Dask result; when the job ends it drops the shared
+    collections it stored on the cluster and closes the client (and a local
+    cluster it started)."""
 
-    def __init__(self, inner: beam_dask.DaskRunnerResult, cluster=None,
-                 computed: Sequence = ()) -> None:
+    def __init__(self, inner: beam_dask.DaskRunnerResult, cluster,
+                 stored: "_Stored") -> None:
         super().__init__(PipelineState.RUNNING)
-        self._inner, self._cluster = inner, cluster
-        # Shared collections held in the cluster until the job ends: tasks
-        # read them as side inputs, which the scheduler cannot see.
-        self._computed = list(computed)
+        self._inner, self._cluster, self._stored = inner, cluster, stored
 
     def wait_until_finish(self, duration=None):
         try:
@@ -181,7 +180,7 @@ class DaskRunResult(PipelineResult):
         return _NoMetrics()
 
     def close(self) -> None:
-        self._computed = []
+        self._stored.drop(self._inner.client)
         self._inner.client.close()
         if self._cluster is not None:
             self._cluster.close()
@@ -190,8 +189,9 @@ class DaskRunResult(PipelineResult):
 
 class DaskRunner(beam_dask.DaskRunner):
     """Beam's DaskRunner with the bundle fixes, lifted combines, shared
-    collections computed once, one Dask partition per created element by
-    default, and a local cluster when no scheduler is given."""
+    collections computed once, every output computed, one Dask partition
+    per created element by default, and a local cluster when no scheduler
+    is given."""
 
     def run_pipeline(self, pipeline, options):
         install_workaround()
@@ -210,28 +210,32 @@ class DaskRunner(beam_dask.DaskRunner):
                      "cluster start `dask scheduler` and `dask worker "
                      "tcp://HOST:8786` and pass --dask_client_address",
                      len(cluster.workers), cluster.scheduler_address)
-        self._pipeline, self._computed = pipeline, []
+        self._pipeline, self._stored = pipeline, _Stored()
         try:
+            beam_dask.DaskBagWindowedIterator = self._stored.side_input
             inner = super().run_pipeline(pipeline, options)
         except BaseException:
+            self._stored.drop()
             _close_default_client()
             if cluster is not None:
                 cluster.close()
             raise
-        return DaskRunResult(inner, cluster, self._computed)
+        finally:
+            beam_dask.DaskBagWindowedIterator = \
+                transform_evaluator.DaskBagWindowedIterator
+        return DaskRunResult(inner, cluster, self._stored)
 
     def to_dask_bag_visitor(self, bag_kwargs=None):
         """Beam's visitor, computing each shared collection once and, at
         the end, every output of the graph (see _Readers)."""
         base = beam_dask.DaskRunner.to_dask_bag_visitor(bag_kwargs)
-        readers, computed = _Readers(self._pipeline), self._computed
+        readers, stored = _Readers(self._pipeline), self._stored
 
         class Visitor(type(base)):
             def visit_transform(self, node):
                 super().visit_transform(node)
                 if readers.shared(node):
-                    self.bags[node] = _compute(self.bags[node])
-                    computed.append(self.bags[node])
+                    self.bags[node] = stored.compute(self.bags[node])
 
             def leave_composite_transform(self, node):
                 if node.parent is None:  # the end: Beam computes the last
@@ -252,7 +256,7 @@ class _Readers:
     and a collection once per reader: a pass's model (and every pass behind
     it) ran once per reading task, secure noise was redrawn, and tasks
     waiting for a side input held their whole input meanwhile. dpsynth
-    computes them once, when the graph is built.
+    computes them once, when the graph is built (``_Stored``).
     Unread: Beam computes only the last transform's ancestors, so a
     transform nothing reads (a second sink) would silently not run.
     """
@@ -279,6 +283,82 @@ class _Readers:
             for out in node.outputs.values())
 
 
+class _Stored:
+    """Shared collections computed on the cluster while the graph is built,
+    kept there as published Dask datasets until the job ends.
+
+    A later step reads them as stored results (its graph names their keys),
+    and a task reads a side input with ``Client.get_dataset`` and
+    ``Future.result``. Beam's side-input view instead computes the bag
+    inside the reading task with ``Client.get``, which secedes from the
+    worker's thread pool: while one task waits the worker starts the next,
+    and every such task holds its whole input (all read ranges at once).
+    """
+
+    def __init__(self) -> None:
+        self._names: set = set()
+
+    def compute(self, bag):
+        """The bag computed now; a failure is raised here."""
+        import distributed
+        client = distributed.default_client()
+        name = _dataset_name(bag)
+        if name in self._names:  # e.g. a Reshuffle: the same bag again
+            return bag
+        bag = bag.persist()
+        futures = distributed.futures_of(bag)
+        distributed.wait(futures)
+        for future in futures:
+            if future.status == "error":
+                future.result()  # raises the worker's exception
+        client.publish_dataset(bag, name=name)
+        self._names.add(name)
+        return bag
+
+    def side_input(self, bag, window_fn):
+        """Replaces Beam's DaskBagWindowedIterator for stored bags."""
+        name = _dataset_name(bag)
+        if name not in self._names:  # cannot happen: side inputs are shared
+            return transform_evaluator.DaskBagWindowedIterator(bag, window_fn)
+        return _StoredSideInput(name, window_fn)
+
+    def drop(self, client=None) -> None:
+        """Frees the cluster's copies (datasets outlive the client)."""
+        import distributed
+        try:
+            client = client or distributed.default_client()
+        except ValueError:  # no client was opened
+            return
+        for name in self._names:
+            try:
+                client.unpublish_dataset(name)
+            except Exception:  # a scheduler already gone
+                pass
+        self._names = set()
+
+
+def _dataset_name(bag) -> str:
+    import distributed
+    return f"dpsynth-{distributed.default_client().id}-{bag.name}"
+
+
+class _StoredSideInput:
+    """A side input read from its published dataset (Future objects cannot
+    travel in a task: the scheduler unpickles the graph outside any
+    client)."""
+
+    def __init__(self, name: str, window_fn) -> None:
+        self._name, self._window_fn = name, window_fn
+
+    def __iter__(self):
+        import distributed
+        stored = distributed.get_client().get_dataset(self._name)
+        for future in distributed.futures_of(stored):
+            for item in future.result():
+                yield transform_evaluator.get_windowed_value(
+                    item, self._window_fn)
+
+
 def _all_of(bags: list):
     """One bag that computes every bag given and holds nothing."""
     import dask.bag as db
@@ -288,19 +368,6 @@ def _all_of(bags: list):
 
 def _nothing(partition) -> list:
     return []
-
-
-def _compute(bag):
-    """The bag computed on the cluster now and kept there (the graph built
-    after it reads the stored result); a failure is raised here."""
-    import distributed
-    bag = bag.persist()
-    futures = distributed.futures_of(bag)
-    distributed.wait(futures)
-    for future in futures:
-        if future.status == "error":
-            future.result()  # raises the worker's exception
-    return bag
 
 
 def _close_default_client() -> None:
