@@ -100,7 +100,8 @@ def install_workaround() -> None:
 
     Idempotent. Only Beam's Dask runner module is touched (it reads the
     module global when it builds a ParDo's task), so other runners are
-    unaffected. Drop it once Beam empties the list itself (deploy/README.md).
+    unaffected. Drop it once Beam empties the list per bundle and keeps
+    ``finish_bundle`` outputs itself (deploy/README.md "Dask").
     """
     current = getattr(transform_evaluator, "apply_dofn_to_bundle", None)
     if current is apply_dofn_to_bundle:
