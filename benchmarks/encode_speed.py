@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     result = {"encoder": args.encoder, "batch_size": args.batch_size, "per_class": args.per_class,
               "cpu_count": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0],
               "machine": platform.platform(), "runs": runs, "determinism": determinism,
-              "vs_shared_embeddings": compare_shared(parts) if args.encoder == "efficientnet-lite0" else None,
+              "vs_shared_embeddings": compare_shared(parts) if args.encoder.startswith("efficientnet-lite0") else None,
               "probe": probe(parts)}
     print(json.dumps(result, indent=2))
     os.makedirs(os.path.dirname(args.results), exist_ok=True)

@@ -251,3 +251,61 @@ def canary_audit(cfg: GeneratorConfig, trials: int, calibration_trials: int,
     bound = bound_at(s_in[c:], s_out[c:], threshold, cfg.delta, alpha)
     return CanaryAuditResult(cfg.epsilon, cfg.delta, bound, threshold, c,
                              records)
+
+
+# ------------------------------------- the Beam arm: classes as trials
+
+def multiclass_audit_data(classes: int, per_class: int, dim: int, seed: int,
+                          canaries: Sequence[int]
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) for the Beam arm: ``classes`` classes of unit-norm records
+    with x[:, 0] == 0, in +/- pairs (so the data's mean is 0 and the DP
+    centre is noise only); the classes in ``canaries`` also hold the canary
+    e_0 (unit norm, on the clip sphere once centred and clipped)."""
+    rng = np.random.default_rng([seed, 0xBEA3])
+    half = rng.normal(size=(classes, per_class // 2, dim))
+    half[..., 0] = 0.0
+    rows = np.concatenate([half, -half], axis=1)
+    rows /= np.linalg.norm(rows, axis=2, keepdims=True)
+    x = rows.reshape(-1, dim)
+    y = np.repeat(np.arange(classes), rows.shape[1])
+    extra = np.zeros((len(canaries), dim))
+    extra[:, 0] = 1.0
+    return (np.vstack([x, extra]),
+            np.concatenate([y, np.asarray(canaries, np.int64)]).astype(np.int64))
+
+
+def release_canary_scores(mixtures: dict, centre: np.ndarray,
+                          x: np.ndarray, y: np.ndarray,
+                          cfg: GeneratorConfig, ledger: PrivacyLedger
+                          ) -> dict[int, float]:
+    """Per class: the likelihood-ratio score for "the canary is in this
+    class", from the release (noisy count and mean of the class, the DP
+    centre) and what the auditor knows (the other records x, y).
+
+    The released mean times the noisy count gives back the noisy sum (up to
+    the public clipping of the mean); along axis 0 it is the exact sum of the
+    class's known records (centred and clipped as the pipeline does, with
+    the released centre) plus Gaussian noise, plus the canary's clipped
+    coordinate if present. Count likewise. Scores weigh each residual by
+    shift / sigma^2."""
+    xc, _ = clipping.preprocess(x, cfg.normalize, cfg.clip_norm, centre)
+    canary = np.zeros((1, x.shape[1]))
+    canary[0, 0] = 1.0
+    shift_sum = float(clipping.preprocess(canary, cfg.normalize,
+                                          cfg.clip_norm, centre)[0][0, 0])
+    def weight(name: str) -> float:
+        sigma = ledger.get(name).sigma
+        return 1.0 / sigma ** 2 if sigma > 0 else 1.0
+
+    scores = {}
+    for label, mix in mixtures.items():
+        known = y == label
+        n = max(mix.noisy_count, 1.0)  # the divisor of the released mean
+        noisy_sum = n * float(mix.means[0, 0] - centre[0])
+        residual_sum = noisy_sum - float(xc[known, 0].sum())
+        residual_count = mix.noisy_count - float(known.sum())
+        scores[label] = (
+            residual_sum * shift_sum * weight(plan.name(label, "moments", "sum"))
+            + residual_count * weight(plan.name(label, "moments", "count")))
+    return scores

@@ -19,6 +19,28 @@ DEFAULT_WEIGHTS = {"centre": 0.01, "tree": 0.1, "lloyd": 0.15,
                    "moments": 0.3, "covariance": 0.45, "vote": 0.10}
 
 
+# Largest delta accepted without --allow-large-delta. delta must be far below
+# 1/n (a mechanism may fail completely with probability delta, e.g. release
+# one record in the clear), but n is private and unknown before the data is
+# read, so the rule is a public constant: 1e-4 is already 1/n for n = 10,000
+# records; larger values are almost always a typo (0.5 for 1e-5) or a
+# misunderstanding. After the run, the manifest still warns when delta > 1/n
+# for the noisy record count.
+MAX_DELTA = 1e-4
+
+
+def check_delta(delta: float, allow_large: bool = False) -> float:
+    """Returns `delta` if it is in (0, 1) and, unless `allow_large`, at most
+    MAX_DELTA; raises ValueError naming --delta otherwise."""
+    if not (0 < delta < 1):  # also rejects NaN
+        raise ValueError(f"--delta must be in (0, 1), got {delta}")
+    if delta > MAX_DELTA and not allow_large:
+        raise ValueError(f"--delta {delta:g} is larger than {MAX_DELTA:g}: "
+                         f"delta must be far below 1/n (1e-5 or smaller is "
+                         f"usual); pass --allow-large-delta to run anyway")
+    return delta
+
+
 @dataclasses.dataclass(frozen=True)
 class GeneratorConfig:
     labels: tuple[int, ...]

@@ -9,6 +9,7 @@ exact aggregates never leave these functions.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional, Sequence
 
 import numpy as np
@@ -45,9 +46,27 @@ def branch_threshold(cfg: GeneratorConfig, ledger: PrivacyLedger,
     return max(3.0 * sigma, 2.0)
 
 
+def aggregate_grid(sensitivity: float) -> float:
+    """The grid every exact aggregate with this L2 sensitivity lies on:
+    counts are integers, sums of rows clipped to B are on ``grid(B)``
+    (moments.quantize) and the second moment's grid(R, 12)^2 is a multiple
+    of grid(R^2). Noise on a lattice no coarser than it adds exactly."""
+    return moments.grid(sensitivity)
+
+
 def _noise(ledger: PrivacyLedger, noise: NoiseSource, name: str,
            shape) -> np.ndarray:
-    return noise.gaussian(ledger.get(name).sigma, shape, name)
+    mech = ledger.get(name)
+    return noise.gaussian(mech.sigma, shape, name,
+                          aggregate_grid(mech.sensitivity))
+
+
+def add_noise(ledger: PrivacyLedger, noise: NoiseSource, name: str,
+           exact: np.ndarray) -> np.ndarray:
+    """exact + the draw of mechanism ``name``, exactly."""
+    mech = ledger.get(name)
+    return noise.add(exact, mech.sigma, name,
+                     aggregate_grid(mech.sensitivity))
 
 
 def grow_tree(exact_levels: list[dict[int, int]], label: int,
@@ -66,7 +85,7 @@ def coreset_centres(tree: lsh_tree.Tree, exact_leaf_sums: np.ndarray,
                     noise: NoiseSource) -> np.ndarray:
     """k initial centres: weighted k-means on noisy leaf means."""
     name = plan.name(label, "tree", "leaf-sum")
-    sums = exact_leaf_sums + _noise(ledger, noise, name, exact_leaf_sums.shape)
+    sums = add_noise(ledger, noise, name, exact_leaf_sums)
     counts = tree.leaf_counts()
     floor = max(branch_threshold(cfg, ledger, label) / 2, 1.0)
     keep = counts >= floor
@@ -85,9 +104,8 @@ def lloyd_update(exact_counts: np.ndarray, exact_sums: np.ndarray,
                  cfg: GeneratorConfig, ledger: PrivacyLedger,
                  noise: NoiseSource) -> np.ndarray:
     base = plan.name(label, "lloyd", f"round-{rnd}")
-    counts = exact_counts + _noise(ledger, noise, base + "/count",
-                                   exact_counts.shape)
-    sums = exact_sums + _noise(ledger, noise, base + "/sum", exact_sums.shape)
+    counts = add_noise(ledger, noise, base + "/count", exact_counts)
+    sums = add_noise(ledger, noise, base + "/sum", exact_sums)
     min_count = 3.0 * ledger.get(base + "/count").sigma
     return kmeans.update_centres(counts, sums, centres, min_count)
 
@@ -100,8 +118,7 @@ def add_moment_noise(exact: moments.Moments, label: int,
         name = plan.name(label, "moments", field)
         if name not in ledger:
             return None
-        value = getattr(exact, field)
-        return value + _noise(ledger, noise, name, value.shape)
+        return add_noise(ledger, noise, name, getattr(exact, field))
     return moments.Moments(noisy("count"), noisy("sum"), noisy("sumsq"))
 
 
@@ -128,12 +145,23 @@ def mixture(noisy: moments.Moments, label: int,
 def noisy_second_moment(exact: np.ndarray, ledger: PrivacyLedger,
                         noise: NoiseSource,
                         name: str = plan.COVARIANCE) -> np.ndarray:
-    """A second-moment mechanism (global, or one class's): noise on the
-    isometric upper triangle (sensitivity R^2, see covariance.py)."""
+    """A second-moment mechanism (global, or one class's), sensitivity R^2
+    for its isometric upper triangle (see covariance.py): noise of sigma on
+    each diagonal entry and sigma / sqrt(2) on each off-diagonal entry, the
+    same mechanism as sigma on the isometric vector (entries scaled by
+    sqrt(2) off the diagonal) but on the matrix's own grid, so exact."""
+    mech = ledger.get(name)
+    sigma, grid = mech.sigma, aggregate_grid(mech.sensitivity)
     d = exact.shape[0]
-    upper = covariance.upper(exact)
-    upper = upper + _noise(ledger, noise, name, upper.shape)
-    return covariance.symmetric_from_upper(upper, d)
+    rows, cols = np.triu_indices(d, 1)
+    out = np.zeros((d, d))
+    out[np.diag_indices(d)] = noise.add(np.diag(exact), sigma,
+                                        name + "#diagonal", grid)
+    off = noise.add(exact[rows, cols], sigma / math.sqrt(2),
+                    name + "#off-diagonal", grid)
+    out[rows, cols] = off
+    out[cols, rows] = off
+    return out
 
 
 def add_factors(mixes: Sequence[ClassMixture], noisy_m: np.ndarray,
@@ -173,34 +201,68 @@ def single_cluster_centres(cfg: GeneratorConfig, dim: int) -> np.ndarray:
 
 
 def num_samples(mix: ClassMixture, cfg: GeneratorConfig) -> int:
+    """Rows to sample: --samples-per-class, or the noisy class count; none
+    when no component kept any mass (every noisy component count < 1)."""
+    if mix.weights.sum() <= 0:
+        return 0
     if cfg.samples_per_class is not None:
         return cfg.samples_per_class
     return int(round(mix.noisy_count))
 
 
-def sample(mix: ClassMixture, cfg: GeneratorConfig,
-           oversample: float = 1.0) -> np.ndarray:
-    m = int(round(num_samples(mix, cfg) * oversample))
-    rng = np.random.default_rng([cfg.seed, mix.label, 1])
-    out = sampling.sample_mixture(mix.weights, mix.means, mix.variances, m,
-                                  rng, mix.factors)
+# Rows per random stream: the synthetic rows of a class are the same
+# whatever the shard size or the worker that draws them.
+SAMPLE_CHUNK = 1024
+
+
+def _sample_chunk(mix: ClassMixture, cfg: GeneratorConfig, chunk: int,
+                  size: int) -> np.ndarray:
+    rng = np.random.default_rng([cfg.seed, mix.label, 1, chunk])
+    out = sampling.sample_mixture(mix.weights, mix.means, mix.variances,
+                                  size, rng, mix.factors)
     if cfg.normalize == "unit":
         out = sampling.project_to_sphere(out, cfg.sample_radius)
     return out
 
 
+def sample_rows(mix: ClassMixture, cfg: GeneratorConfig, total: int,
+                start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) of the class's ``total`` synthetic rows (float32):
+    drawn chunk by chunk, one public random stream per chunk, so a writer
+    can draw just its shard."""
+    d = mix.means.shape[1]
+    if total <= 0 or mix.weights.sum() <= 0 or stop <= start:
+        return np.zeros((0, d), np.float32)
+    first, last = start // SAMPLE_CHUNK, (stop - 1) // SAMPLE_CHUNK
+    parts = [_sample_chunk(mix, cfg, c, min(SAMPLE_CHUNK,
+                                            total - c * SAMPLE_CHUNK))
+             for c in range(first, last + 1)]
+    rows = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    offset = start - first * SAMPLE_CHUNK
+    return rows[offset:offset + stop - start]
+
+
+def sample(mix: ClassMixture, cfg: GeneratorConfig,
+           oversample: float = 1.0) -> np.ndarray:
+    m = int(round(num_samples(mix, cfg) * oversample))
+    return sample_rows(mix, cfg, m, 0, m)
+
+
 def candidates(mix: ClassMixture, cfg: GeneratorConfig) -> np.ndarray:
-    return sample(mix, cfg, cfg.vote_oversample if cfg.vote_filter else 1.0)
+    """The candidate samples of one class mixture (all, if no vote filter):
+    ``vote_oversample`` per wanted sample, capped at
+    ``vote_max_candidates`` (see ``vote.candidate_oversample``)."""
+    return sample(mix, cfg, vote.candidate_oversample(num_samples(mix, cfg),
+                                                      cfg))
 
 
 def noisy_centre(exact_sum: np.ndarray, exact_count: float,
                  cfg: GeneratorConfig, ledger: PrivacyLedger,
                  noise: NoiseSource) -> np.ndarray:
     """The DP centre: noisy sum / noisy count, kept in the B-ball."""
-    total = exact_sum + _noise(ledger, noise, plan.CENTRE_SUM,
-                               exact_sum.shape)
+    total = add_noise(ledger, noise, plan.CENTRE_SUM, exact_sum)
     count = np.asarray(exact_count, np.float64).reshape(1)
-    count = count + _noise(ledger, noise, plan.CENTRE_COUNT, count.shape)
+    count = add_noise(ledger, noise, plan.CENTRE_COUNT, count)
     return centre_from(total, float(count[0]), cfg)
 
 
@@ -215,5 +277,5 @@ def filter_by_votes(cands: np.ndarray, exact_votes: np.ndarray, label: int,
                     cfg: GeneratorConfig, ledger: PrivacyLedger,
                     noise: NoiseSource) -> np.ndarray:
     name = plan.name(label, "vote", "histogram")
-    noisy = exact_votes + _noise(ledger, noise, name, exact_votes.shape)
+    noisy = add_noise(ledger, noise, name, exact_votes)
     return cands[vote.keep_mask(noisy, cfg.vote_threshold)]

@@ -20,10 +20,16 @@ from dp_ops.kmeans import one_hot
 GRID_BITS = 24
 
 
+def grid(bound: float, bits: int = GRID_BITS) -> float:
+    """The public grid step 2^(e - bits), 2^e the power of two >= bound."""
+    return 2.0 ** (math.ceil(math.log2(bound)) - bits)
+
+
 def quantize(x: np.ndarray, bound: float, bits: int = GRID_BITS) -> np.ndarray:
-    """Truncates onto the grid 2^(e - bits), 2^e the power of two >= bound
-    (a power-of-two step keeps every grid value and sum exact in float64)."""
-    q = 2.0 ** (math.ceil(math.log2(bound)) - bits)
+    """Truncates onto ``grid(bound, bits)`` (a power-of-two step keeps every
+    grid value and sum exact in float64, and lets the noise be added
+    exactly, see dp_ops/noise.py)."""
+    q = grid(bound, bits)
     return np.trunc(np.asarray(x, np.float64) / q) * q
 
 

@@ -78,7 +78,7 @@ def sample_class(mix: generator.ClassMixture, x: np.ndarray,
                  ) -> np.ndarray:
     """Synthetic rows of one class (vote-filtered against x if enabled)."""
     with _timed(timings, "sample"):
-        cands = vote.candidates(mix, cfg)
+        cands = generator.candidates(mix, cfg)
     if cfg.vote_filter:
         with _timed(timings, "vote"):
             votes = vote.block_votes(x, generator.centred(cands, mix))

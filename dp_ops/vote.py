@@ -96,10 +96,3 @@ def candidate_oversample(wanted: int, cfg) -> float:
     if cap is not None and wanted > 0 and wanted * over > cap:
         over = cap / wanted
     return over
-
-
-def candidates(mix, cfg) -> np.ndarray:
-    """The candidate samples of one class mixture (all, if no vote filter)."""
-    from dp_ops import generator  # generator imports this module
-    return generator.sample(
-        mix, cfg, candidate_oversample(generator.num_samples(mix, cfg), cfg))

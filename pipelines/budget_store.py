@@ -25,20 +25,26 @@ a ``gs://`` store uses a compare-and-swap on the object generation
 (``if_generation_match``) and re-runs the whole check when another writer won.
 Two concurrent runs therefore cannot both spend the last of the budget.
 
-Life of a reservation: ``reserve`` (status ``reserved``, the spend counts from
-now on) -> ``commit`` (``published``) or ``release_failed`` (``failed``). A
-failed run keeps its spend: it may already have drawn noise and computed
-noisy values from the private data (and its temporary outputs or logs may
-exist), so forgetting it could hide a real privacy loss. Re-running the same
-``run_id`` with the same mechanisms spends nothing more (``already_spent``):
-this is what makes retries of a scheduled run idempotent. That is sound as long
-as the failed attempt published nothing (dpsynth publishes atomically, only
-after the spend is recorded, and its temporary outputs are not a release).
-A run id that is already *published* is refused (``RunConflict``): its
-release is out, and running it again would draw fresh noise for a second
-release while recording nothing; the idempotent re-run of a published run
-stops earlier, when ``dpsynth generate`` finds that run's release at
-``--output``.
+Life of one attempt of a run (statuses, in order):
+
+  reserved   recorded before any data is read; the spend counts from now on
+  running    the pipeline is about to read private data
+  staged     the release is complete in staging: its noise is fixed in files
+             (the spend is committed before any byte reaches --output)
+  published  the manifest at --output names the release
+  failed     the pipeline failed after reading data (never published)
+
+Invariant: the composed spend of all recorded attempts >= the composition of
+every release whose bytes ever became readable. Every attempt's spend stays
+recorded forever, whatever happened to it. A retry of a run id (the nightly
+DAG retries with the same --run-id) reuses an attempt only when that costs
+nothing new: an attempt still ``reserved`` read no data; a complete staged
+release of the run id is re-published from its files, byte for byte (no new
+noise). Any other retry (the crashed attempt read data and may have drawn
+noise, and nothing of it is staged) is a new attempt, charged again and
+refused when it no longer fits under the cap. A ``published`` run id is
+refused (``RunConflict``): its release is out; ``dpsynth generate`` stops
+earlier when it finds that run's release at --output.
 """
 
 from __future__ import annotations
@@ -63,7 +69,8 @@ from typing import Callable, Iterator, Optional
 from dp_ops.ledger import Mechanism, PrivacyLedger
 
 FORMAT = "dpsynth-budget-ledger/1"
-RESERVED, PUBLISHED, FAILED = "reserved", "published", "failed"
+RESERVED, RUNNING, STAGED = "reserved", "running", "staged"
+PUBLISHED, FAILED = "published", "failed"
 # Accountants are numerical (PLD discretisation): a cap met to within this
 # relative tolerance is met.
 _REL_TOL = 1e-9
@@ -81,15 +88,16 @@ class RunConflict(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Reservation:
-    """A recorded spend of one run against a dataset's lifetime budget."""
+    """One recorded attempt of a run against a dataset's lifetime budget."""
 
     store_uri: str
     dataset_id: str
     run_id: str
+    attempt: int
     epsilon: float
     delta: float
     mechanisms: tuple[Mechanism, ...]
-    already_spent: bool
+    already_spent: bool  # reused an attempt: nothing new was charged
     status: str
     lifetime_epsilon_spent: float
     lifetime_delta: float
@@ -102,16 +110,18 @@ class Reservation:
 def reserve(store_uri: str, dataset_id: str, run_id: str,
             mechanisms: list[Mechanism], epsilon: float, delta: float,
             lifetime_epsilon: float, lifetime_delta: float,
-            accountant: str = "pld") -> Reservation:
-    """Records the spend of ``run_id`` if it fits under the lifetime cap.
+            accountant: str = "pld",
+            staged_available: bool = False) -> Reservation:
+    """Records (or reuses) an attempt of ``run_id`` under the lifetime cap.
 
-    Raises ``BudgetExceeded`` (nothing is written) when the composition of
-    every recorded release with ``mechanisms`` exceeds ``lifetime_epsilon`` at
-    ``lifetime_delta``; ``RunConflict`` when ``run_id`` is recorded with other
-    mechanisms. A ``run_id`` recorded with the same mechanisms returns its
-    reservation with ``already_spent=True`` and spends nothing (a retry of a
-    reserved or failed run); ``RunConflict`` when that run is already
-    published (a re-run would release new noise without a new spend).
+    Reuses the latest attempt, charging nothing, when it is ``reserved`` (no
+    data read) or when ``staged_available``: the caller found this run id's
+    complete staged release and re-publishes it byte for byte (its noise was
+    drawn by a recorded attempt: every attempt is charged). Otherwise records a new attempt, which must
+    fit: ``BudgetExceeded`` (nothing written) when the composition of every
+    recorded attempt with ``mechanisms`` exceeds ``lifetime_epsilon`` at
+    ``lifetime_delta``. ``RunConflict`` when ``run_id`` is recorded with other
+    mechanisms or is already published.
     """
     _check_ids(dataset_id, run_id)
     _check_cap(lifetime_epsilon, lifetime_delta)
@@ -124,52 +134,33 @@ def reserve(store_uri: str, dataset_id: str, run_id: str,
         doc = _new_document(dataset_id) if doc is None else doc
         entry = _find(doc, run_id)
         if entry is not None:
-            if _canonical(entry["mechanisms"]) != _canonical(new):
-                raise RunConflict(
-                    f"budget store {_document_uri(store_uri, dataset_id)}: "
-                    f"run id {run_id!r} is already recorded with different "
-                    "mechanisms (another configuration); use a new --run-id")
-            if entry["status"] == PUBLISHED:
-                # Its release is out. Running it again would draw new noise
-                # and publish a second, different release of the same data
-                # while recording no new spend. (An idempotent re-run finds
-                # the release at its --output and never gets here.)
-                raise RunConflict(
-                    f"run id {run_id!r} of dataset {dataset_id!r} is already "
-                    f"published at {entry['release_uri']}; re-running it "
-                    "would publish a second release without recording its "
-                    "spend. Read that release, or start a new run with a new "
-                    "--run-id (it will be charged).")
-            result.update(already_spent=True, entry=copy.deepcopy(entry),
-                          spent=_compose(doc["releases"], lifetime_delta,
-                                         accountant))
-            if entry["status"] != FAILED:
+            _check_retry(entry, new, store_uri, dataset_id)
+            if entry["status"] == RESERVED or staged_available:
+                result.update(already_spent=True, entry=copy.deepcopy(entry),
+                              spent=_compose(doc["releases"], lifetime_delta,
+                                             accountant))
                 return None  # nothing to write
-            # A retry of a failed attempt: same spend, one more attempt.
-            entry["status"] = RESERVED
-            entry["attempts"] = entry.get("attempts", 1) + 1
-            entry["updated_at"] = _now()
-            result["entry"] = copy.deepcopy(entry)
-            return doc
+        attempt = 1 if entry is None else entry.get("attempt", 1) + 1
         entry = {
-            "run_id": run_id, "status": RESERVED,
+            "run_id": run_id, "attempt": attempt, "status": RESERVED,
             "epsilon": float(epsilon), "delta": float(delta),
             "accountant": accountant, "mechanisms": new,
             "lifetime_cap": {"epsilon": float(lifetime_epsilon),
                              "delta": float(lifetime_delta)},
-            "release_uri": None, "attempts": 1,
-            "reserved_at": _now(), "updated_at": _now(),
+            "release_uri": None, "reserved_at": _now(), "updated_at": _now(),
         }
         spent = _compose(doc["releases"] + [entry], lifetime_delta, accountant)
         if spent > lifetime_epsilon * (1 + _REL_TOL):
             before = _compose(doc["releases"], lifetime_delta, accountant)
+            again = (f" (attempt {attempt}: an earlier attempt of this run id "
+                     "read the data and stays charged)" if attempt > 1 else "")
             raise BudgetExceeded(
-                f"dataset {dataset_id!r}: release {run_id!r} (epsilon="
+                f"dataset {dataset_id!r}: release {run_id!r}{again} (epsilon="
                 f"{epsilon:g}, delta={delta:g}) would bring the lifetime "
                 f"epsilon to {spent:.4f} at delta={lifetime_delta:g}, over the "
                 f"lifetime cap --lifetime-epsilon {lifetime_epsilon:g} "
                 f"(already spent {before:.4f} by {len(doc['releases'])} "
-                f"earlier release(s), see {_document_uri(store_uri, dataset_id)}"
+                f"earlier attempt(s), see {_document_uri(store_uri, dataset_id)}"
                 "). Nothing was run or written; lower --epsilon or raise the "
                 "cap deliberately.")
         entry["lifetime_epsilon_after"] = spent
@@ -184,39 +175,88 @@ def reserve(store_uri: str, dataset_id: str, run_id: str,
                         lifetime_delta)
 
 
-def commit(reservation: Reservation, release_uri: str) -> None:
-    """Marks the reserved run as published at ``release_uri``."""
+def _check_retry(entry: dict, new: list[dict], store_uri: str,
+                 dataset_id: str) -> None:
+    run_id = entry["run_id"]
+    if _canonical(entry["mechanisms"]) != _canonical(new):
+        raise RunConflict(
+            f"budget store {_document_uri(store_uri, dataset_id)}: "
+            f"run id {run_id!r} is already recorded with different "
+            "mechanisms (another configuration); use a new --run-id")
+    if entry["status"] == PUBLISHED:
+        raise RunConflict(
+            f"run id {run_id!r} of dataset {dataset_id!r} is already "
+            f"published at {entry['release_uri']}; re-running it would "
+            "publish a second release. Read that release, or start a new "
+            "run with a new --run-id (it will be charged).")
 
+
+def _set_status(reservation: Reservation, status: str,
+                allowed_from: tuple[str, ...], **fields) -> None:
     def update(doc: Optional[dict]) -> Optional[dict]:
         entry = _require(doc, reservation)
-        if entry["status"] == PUBLISHED:
-            if entry["release_uri"] != release_uri:
-                raise ValueError(
-                    f"run {reservation.run_id!r} is already published at "
-                    f"{entry['release_uri']}, not {release_uri}")
+        if entry["status"] == status and all(
+                entry.get(k) == v for k, v in fields.items()):
             return None
-        entry.update(status=PUBLISHED, release_uri=release_uri,
-                     committed_at=_now(), updated_at=_now())
+        if entry["status"] not in allowed_from:
+            raise ValueError(
+                f"run {reservation.run_id!r} (attempt {reservation.attempt}) "
+                f"is {entry['status']}; it cannot become {status}")
+        entry.update(status=status, updated_at=_now(), **fields)
+        if status == PUBLISHED:
+            entry["committed_at"] = entry["updated_at"]
         return doc
 
     _transact(reservation.store_uri, reservation.dataset_id, update)
 
 
+def mark_running(reservation: Reservation) -> None:
+    """The attempt is about to read private data: from now on a retry of
+    this run id is charged again unless this attempt gets staged."""
+    _set_status(reservation, RUNNING, (RESERVED,))
+
+
+def commit_staged(reservation: Reservation) -> None:
+    """The attempt's release is complete in staging: recorded before any of
+    its bytes are placed under --output."""
+    _set_status(reservation, STAGED, (RESERVED, RUNNING, FAILED, STAGED))
+
+
+def commit(reservation: Reservation, release_uri: str) -> None:
+    """Marks the attempt as published at ``release_uri``."""
+    _set_status(reservation, PUBLISHED, (STAGED,), release_uri=release_uri)
+
+
+def mark_published(store_uri: str, dataset_id: str, run_id: str,
+                   release_uri: str) -> None:
+    """Records that ``run_id``'s staged attempt is published at
+    ``release_uri`` (a retry found its manifest there: the crash came
+    between that write and ``commit``)."""
+    def update(doc: Optional[dict]) -> Optional[dict]:
+        entry = None if doc is None else _find(doc, run_id)
+        if entry is None:
+            raise ValueError(f"budget store {_document_uri(store_uri, dataset_id)}"
+                             f" has no record of run {run_id!r}, whose release "
+                             f"is at {release_uri}")
+        if entry["status"] == PUBLISHED:
+            return None
+        if entry["status"] != STAGED:
+            raise ValueError(f"run {run_id!r} is {entry['status']}, not staged; "
+                             f"its release at {release_uri} was not recorded")
+        entry.update(status=PUBLISHED, release_uri=release_uri,
+                     committed_at=_now(), updated_at=_now())
+        return doc
+
+    _transact(store_uri, dataset_id, update)
+
+
 def release_failed(reservation: Reservation) -> None:
-    """Marks a run that failed before publishing; its spend stays recorded.
-
-    The spend is kept because a failed run may already have drawn noise and
-    computed noisy statistics of the private data (in workers, temporary files
-    or logs); only a successful retry under the same run id reuses it.
-    """
-
+    """Marks an attempt that failed while running; its spend stays recorded
+    (it read data and may have drawn noise). Reserved and staged attempts
+    keep their status: a retry reuses them at no new cost."""
     def update(doc: Optional[dict]) -> Optional[dict]:
         entry = _require(doc, reservation)
-        if entry["status"] == PUBLISHED:
-            raise ValueError(
-                f"run {reservation.run_id!r} is already published at "
-                f"{entry['release_uri']}; it cannot be marked failed")
-        if entry["status"] == FAILED:
+        if entry["status"] != RUNNING:
             return None
         entry.update(status=FAILED, updated_at=_now())
         return doc
@@ -288,12 +328,17 @@ def _new_document(dataset_id: str) -> dict:
     return {"format": FORMAT, "dataset_id": dataset_id, "releases": []}
 
 
-def _find(doc: dict, run_id: str) -> Optional[dict]:
-    return next((e for e in doc["releases"] if e["run_id"] == run_id), None)
+def _find(doc: dict, run_id: str, attempt: Optional[int] = None
+          ) -> Optional[dict]:
+    """The latest attempt of ``run_id`` (or the given one)."""
+    found = [e for e in doc["releases"] if e["run_id"] == run_id and (
+        attempt is None or e.get("attempt", 1) == attempt)]
+    return found[-1] if found else None
 
 
 def _require(doc: Optional[dict], reservation: Reservation) -> dict:
-    entry = None if doc is None else _find(doc, reservation.run_id)
+    entry = (None if doc is None
+             else _find(doc, reservation.run_id, reservation.attempt))
     if entry is None:
         raise ValueError(
             f"budget store {_document_uri(reservation.store_uri, reservation.dataset_id)}"
@@ -306,7 +351,7 @@ def _reservation(store_uri: str, dataset_id: str, entry: dict,
                  lifetime_delta: float) -> Reservation:
     return Reservation(
         store_uri=store_uri, dataset_id=dataset_id, run_id=entry["run_id"],
-        epsilon=entry["epsilon"], delta=entry["delta"],
+        attempt=entry.get("attempt", 1), epsilon=entry["epsilon"], delta=entry["delta"],
         mechanisms=tuple(_mechanism_from_dict(d) for d in entry["mechanisms"]),
         already_spent=already_spent, status=entry["status"],
         lifetime_epsilon_spent=spent, lifetime_delta=lifetime_delta,
@@ -503,7 +548,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     c = sub.choices["check"]
     c.add_argument("--lifetime-epsilon", type=float, required=True)
     c.add_argument("--run-id", default=None,
-                   help="a run already recorded under this id spends nothing")
+                   help="a run recorded under this id before reading data, "
+                   "or staged, spends nothing more; one that crashed after "
+                   "reading data is charged again")
     c.add_argument("--epsilon", type=float, default=4.0)
     c.add_argument("--delta", type=float, default=1e-5)
     c.add_argument("--num-classes", type=int, default=None)
@@ -520,13 +567,21 @@ def main(argv: Optional[list[str]] = None) -> int:
               "lifetime_delta": args.lifetime_delta}
     if args.command == "show":
         report["history"] = [{k: e.get(k) for k in (
-            "run_id", "status", "epsilon", "delta", "release_uri",
+            "run_id", "attempt", "status", "epsilon", "delta", "release_uri",
             "reserved_at", "lifetime_epsilon_after")} for e in entries]
         print(json.dumps(report, indent=1))
         return 0
     _check_cap(args.lifetime_epsilon, args.lifetime_delta)
-    if args.run_id and any(e["run_id"] == args.run_id for e in entries):
-        report.update(fits=True, note=f"run {args.run_id} already recorded")
+    latest = None
+    if args.run_id:
+        latest = _find({"releases": entries}, args.run_id)
+    if latest is not None and latest["status"] in (RESERVED, STAGED,
+                                                   PUBLISHED):
+        # reserved: no data read yet; staged: the retry re-publishes the
+        # staged files; published: generate finds it and does nothing.
+        report.update(fits=True, note=f"run {args.run_id} attempt "
+                      f"{latest.get('attempt', 1)} is {latest['status']}: "
+                      "a re-run spends nothing more")
         print(json.dumps(report, indent=1))
         return 0
     planned = {"mechanisms": [_mechanism_to_dict(m)

@@ -15,12 +15,14 @@ a release. `encoded_blocks` gives the same stage to `dpsynth generate --images` 
 
 from __future__ import annotations
 
+# First: it quiets the libraries' start-up logs before Beam is imported.
+from pipelines import console  # noqa: I001  isort:skip
+
 import argparse
 import io
 import json
 import logging
 import os
-import re
 import sys
 import zlib
 from typing import Optional, Sequence
@@ -29,9 +31,11 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from pipelines.options import UsageError, beam_options, check_beam_args
 from models.encoders import EncoderError, EncoderUnavailableError, get_encoder, list_encoders
-from transforms.images import (BAD_IMAGES_MARKER, LAYOUTS, CheckBadImages, ImageInputError, ReadImages,
-                               gate_on)
+from pipelines.help_format import DefaultsHelpFormatter
+from transforms.images import (BAD_IMAGES_MARKER, LAYOUTS, BadImagesError, CheckBadImages, ImageInputError,
+                               ReadImages, gate_on)
 
 log = logging.getLogger("dpsynth")
 
@@ -52,8 +56,19 @@ def _size(text: str) -> tuple[int, int]:
     return size
 
 
-def add_image_arguments(parser: argparse.ArgumentParser, images_required: bool = True) -> None:
-    """Flags for reading and encoding images; shared by `encode` and `generate --images`."""
+class _EncodeOnly(argparse.Action):
+    """--max-bad-images given to `generate`: say why it is not there."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is an encode-only flag: a release skips unreadable images one by one "
+                     "(whether a release exists must not depend on how many there are)")
+
+
+def add_image_arguments(parser: argparse.ArgumentParser, images_required: bool = True,
+                        for_release: bool = False) -> None:
+    """Flags for reading and encoding images; shared by `encode` and `generate --images` (``for_release``:
+    unreadable images are skipped per record, so there is no --max-bad-images, and --classes is required for
+    a folder layout)."""
     g = parser.add_argument_group("images and encoder")
     g.add_argument("--images", required=images_required,
                    help="ROOT of a folder-per-class layout (ROOT/<class>/*.jpg|png), or a glob of .tfrecord "
@@ -76,18 +91,27 @@ def add_image_arguments(parser: argparse.ArgumentParser, images_required: bool =
     g.add_argument("--batch-size", type=int, default=64, help="images per RunInference batch (default 64)")
     g.add_argument("--l2-normalize", action="store_true",
                    help="L2-normalise each embedding (public, per-row)")
-    g.add_argument("--max-bad-images", type=int, default=0,
-                   help="stop the run if more images than this cannot be read or decoded (default 0)")
+    if not for_release:
+        g.add_argument("--max-bad-images", type=int, default=0,
+                       help="stop the run if more images than this cannot be read or decoded")
+    else:
+        g.add_argument("--max-bad-images", action=_EncodeOnly, help=argparse.SUPPRESS)
     g.add_argument("--bad-images-report", default=None,
-                   help="write the unreadable files (name, reason) here (default for encode: next to output)")
+                   help="write the unreadable files (name, reason) here: an operator file naming private "
+                        "files" + (", never part of the release; unreadable images are skipped one by one"
+                                   if for_release else " (default for encode: next to output)"))
     g.add_argument("--classes", default=None,
-                   help="comma-separated class folder names in label order (default: all folders, sorted)")
+                   help=("class names in label order (label i = the i-th name); required with a folder layout: "
+                         "the label set is public, the private folders are not listed to find it"
+                         if for_release else
+                         "comma-separated class folder names in label order (default: all folders, sorted)"))
     g.add_argument("--image-feature", default=None, help="TFRecord image bytes feature (default: auto)")
     g.add_argument("--label-feature", default=None, help="TFRecord int64 label feature (default: auto)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_image_arguments(parser)
+    parser.add_argument("--verbose", action="store_true", help="also show Beam's and other libraries' logs")
     parser.add_argument("--output", required=True,
                         help="OUT.npz or OUT.tfrecord (local or gs://); a labels JSON is written next to it")
     parser.add_argument("--num-shards", type=int, default=1,
@@ -100,15 +124,15 @@ def register(subparsers) -> argparse.ArgumentParser:
     """Adds the `encode` sub-command to an argparse subparsers object."""
     p = subparsers.add_parser("encode", help="labelled images -> embeddings (Beam RunInference)",
                               description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              formatter_class=DefaultsHelpFormatter)
     add_arguments(p)
     p.set_defaults(handler=handle, command="encode")
     return p
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dpsynth encode", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = console.Parser(prog="dpsynth encode", description=__doc__,
+                       formatter_class=DefaultsHelpFormatter)
     add_arguments(p)
     return p
 
@@ -133,7 +157,7 @@ def encoder_from_args(args: argparse.Namespace, num_threads: Optional[int] = Non
 class _EncodedRows(beam.PTransform):
     """PBegin → (source, label, embedding) rows, released only after the bad-image check passed."""
 
-    def __init__(self, reader: ReadImages, encode, max_bad_images: int, bad_report_path: Optional[str]):
+    def __init__(self, reader: ReadImages, encode, max_bad_images: Optional[int], bad_report_path: Optional[str]):
         super().__init__()
         self.reader, self.encode = reader, encode
         self.check = CheckBadImages(max_bad_images, bad_report_path)
@@ -146,7 +170,7 @@ class _EncodedRows(beam.PTransform):
 
 
 def encoded_rows(pipeline, images_pattern: str, encoder, *, batch_size: int = 64, l2_normalize: bool = False,
-                 max_bad_images: int = 0, bad_report_path: Optional[str] = None,
+                 max_bad_images: Optional[int] = 0, bad_report_path: Optional[str] = None,
                  classes: Optional[Sequence[str]] = None, layout: Optional[str] = None,
                  image_key: Optional[str] = None, label_key: Optional[str] = None, label: str = "EncodeImages"):
     """→ (rows, reader): rows are (source, label, float32 embedding), released only after the bad-image check."""
@@ -158,7 +182,7 @@ def encoded_rows(pipeline, images_pattern: str, encoder, *, batch_size: int = 64
 
 
 def encoded_blocks(pipeline, images_pattern: str, encoder_name: str, *, encoder_weights: Optional[str] = None,
-                   batch_size: int = 64, l2_normalize: bool = False, max_bad_images: int = 0,
+                   batch_size: int = 64, l2_normalize: bool = False, max_bad_images: Optional[int] = 0,
                    bad_report_path: Optional[str] = None, classes: Optional[Sequence[str]] = None,
                    block_size: int = 2048, layout: Optional[str] = None, image_key: Optional[str] = None,
                    label_key: Optional[str] = None, image_size: Optional[tuple[int, int]] = None,
@@ -186,7 +210,7 @@ def encoded_blocks_from_args(pipeline, args: argparse.Namespace, num_threads: Op
     """`encoded_blocks` driven by the flags of `add_image_arguments` (for `generate --images`)."""
     return encoded_blocks(
         pipeline, args.images, args.encoder, encoder_weights=args.encoder_weights, batch_size=args.batch_size,
-        l2_normalize=args.l2_normalize, max_bad_images=args.max_bad_images,
+        l2_normalize=args.l2_normalize, max_bad_images=getattr(args, "max_bad_images", None),
         bad_report_path=args.bad_images_report, classes=_classes(args.classes), layout=args.image_layout,
         image_key=args.image_feature, label_key=args.label_feature, image_size=args.image_size,
         pixel_scale=args.pixel_scale, resize_mode=args.resize_mode,
@@ -251,12 +275,11 @@ def shard_path(output: str, shard: int, num_shards: int) -> str:
 
 
 def _write_tfrecord_shard(item, output: str, num_shards: int, keep_sources: bool) -> int:
-    from apache_beam.io.tfrecordio import _TFRecordUtil
+    from transforms.write import frame_records
     shard, rows = item
     rows = sorted(rows, key=lambda r: r[0])  # deterministic file content
     with FileSystems.create(shard_path(output, shard, num_shards)) as out:
-        for row in rows:
-            _TFRecordUtil.write_record(out, _example_bytes(row, keep_sources))
+        out.write(frame_records(_example_bytes(row, keep_sources) for row in rows))
     return len(rows)
 
 
@@ -309,7 +332,6 @@ def _default_threads(options) -> Optional[int]:
 
 def run(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> dict:
     """Builds and runs the encode pipeline; returns the labels JSON it wrote (with `labels_json` path)."""
-    from pipelines.generate import beam_options  # lazy: generate may import this module
     fmt = output_format(args.output)
     if fmt == "npz" and args.num_shards != 1:
         raise ImageInputError("--num-shards only applies to TFRecord output")
@@ -332,34 +354,19 @@ def run(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> dict:
     return info
 
 
-def _worker_message(err: BaseException) -> Optional[str]:
-    """Beam wraps worker exceptions in long tracebacks; pull out our own one-line messages."""
-    text = str(err)
-    for marker in (BAD_IMAGES_MARKER + ": ", "ImageInputError: ", "EncoderUnavailableError: ", "EncoderError: "):
-        if marker in text:
-            line = text.split(marker, 1)[1].splitlines()[0].strip()
-            return re.sub(r" \[while running '[^']*'\]$", "", line)
-    return None
-
-
 def handle(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> int:
     """CLI entry for `dpsynth encode` (argparse handler)."""
-    logging.basicConfig(level=logging.INFO, format="dpsynth: %(message)s", stream=sys.stderr)
-    for noisy in ("apache_beam", "absl", "tensorflow", "root"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    try:
+    console.setup_logging(getattr(args, "verbose", False))
+
+    def go() -> int:
+        check_beam_args(beam_argv, parser(), "encode")
         info = run(args, beam_argv)
-    except (ImageInputError, EncoderError, EncoderUnavailableError) as err:
-        print(f"dpsynth encode: error: {err}", file=sys.stderr)
-        return 2
-    except Exception as err:  # raised inside a Beam worker
-        message = _worker_message(err)
-        if message is None:
-            raise
-        print(f"dpsynth encode: error: {message}", file=sys.stderr)
-        return 2
-    print(f"embeddings written to {args.output} (labels: {info['labels_json']})")
-    return 0
+        print(f"embeddings written to {args.output} (labels: {info['labels_json']})")
+        return 0
+
+    with console.quiet_stderr(getattr(args, "verbose", False)):
+        return console.run_command(go, "encode", (UsageError, ImageInputError, EncoderError,
+                                                  EncoderUnavailableError, BadImagesError))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

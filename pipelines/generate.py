@@ -7,34 +7,42 @@ flag this parser does not know is passed to Beam as a pipeline option
 
 from __future__ import annotations
 
+# First: it quiets the libraries' start-up logs before Beam is imported.
+from pipelines import console  # noqa: I001  isort:skip
+
 import argparse
 import dataclasses
 import datetime
 import json
 import logging
 import math
+import os
 import re
 import sys
+import tempfile
 import time
 import uuid
 from typing import Optional, Sequence
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from dp_ops import generator, plan
 from dp_ops.calibration import validate_weights
 from dp_ops.clipping import NORMALIZATIONS
-from dp_ops.config import (COVARIANCE_MODES, GeneratorConfig, labels_from,
-                            parse_weights)
+from dp_ops.config import (COVARIANCE_MODES, GeneratorConfig, check_delta,
+                            labels_from, parse_weights)
 from dp_ops.ledger import ACCOUNTANTS, PrivacyLedger
-from pipelines import demo, release, runner_names
+from dp_ops.noise import NoiseSource, make_noise_source
+from pipelines import consistency, demo, release, summary
+from pipelines.options import UsageError, beam_options, check_beam_args
 from transforms import io
 from transforms.aggregate import PrepareBlocks, RereadBlocks
 from transforms.centre import DPCentre
 from transforms.dp_kmeans import DPKMeans
 from transforms.mixture import DPMixture, SampleSynthetic
-from transforms.write import SUMMARY_FILE, WriteRelease
+from transforms.progress import ProgressFile, ReportProgress
+from transforms.write import (OUTPUT_FORMATS, SUMMARY_FILE, WriteRelease,
+                              describe_outputs)
 
 log = logging.getLogger("dpsynth")
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -71,10 +79,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # Image flags first: generate's own --label-feature (embedding files)
     # then replaces the image reader's one.
     parser.conflict_handler = "resolve"
-    add_image_arguments(parser, images_required=False)
+    add_image_arguments(parser, images_required=False, for_release=True)
     parser.add_argument("--embedding-dim", type=int,
-                        help="with --images and a keras:/onnx: encoder: its "
-                        "output dimension")
+                        help="the embedding dimension (public). Embedding "
+                        "files: every row must have it, and an input with no "
+                        "rows is still released (default: read from the "
+                        "first row). --images with a keras:/onnx: encoder: "
+                        "its output dimension")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show Beam's and other libraries' logs")
     data = parser.add_argument_group("input and output")
     data.add_argument("--input", help="glob of .npz / TFRecord / Parquet files "
                       "(local or gs://); default: the embedded digits demo")
@@ -88,10 +101,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       default="reject", help="rows with NaN/inf: fail the run "
                       "(default) or drop them (a per-record rule, DP-safe)")
     data.add_argument("--output", help="release directory (local or gs://); "
-                      "default: ./dpsynth-releases/<timestamp>")
+                      "default: ./dpsynth-releases/<run id>")
     data.add_argument("--overwrite", action="store_true",
                       help="replace an existing release at --output")
-    data.add_argument("--run-id", help="names this run in the manifest "
+    data.add_argument("--run-id", help="names this run in the manifest and "
+                      "the budget store; re-running a run id re-publishes "
+                      "its staged release or does nothing if published "
                       "(default: random)")
     data.add_argument("--block-size", type=int, default=4096,
                       help="rows per numpy block moved between stages")
@@ -100,14 +115,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="TFRecord/Parquet files are read in byte ranges "
                       "of this size, spread over the workers (default 64 "
                       "MiB); .npz files are read whole")
+    data.add_argument("--output-format", choices=OUTPUT_FORMATS,
+                      default="tfrecord", help="data shards: TFRecord of "
+                      "tf.train.Example (default) or Parquet; schema.json "
+                      "describes either")
     data.add_argument("--materialise-blocks", action="store_true",
                       help="read the input once and keep the blocks in the "
                       "runner between passes (default: every pass re-reads "
                       "the files, so memory does not grow with n)")
     data.add_argument("--record-timings", action="store_true",
-                      help="put stage wall times in the manifest and log; "
-                      "they grow with n, so they are NOT differentially "
-                      "private (operator diagnostics only)")
+                      help="print the wall times of the run's steps on the "
+                      "console (operator diagnostics: they grow with n, so "
+                      "they are NOT differentially private and never go "
+                      "into the release)")
 
     cls = parser.add_argument_group("classes (public configuration)")
     cls.add_argument("--num-classes", type=int, help="labels are 0..N-1")
@@ -118,11 +138,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dp.add_argument("--epsilon", type=_epsilon, default=4.0,
                     help="total epsilon of the release ('inf': no noise, "
                     "NOT private, for debugging)")
-    dp.add_argument("--delta", type=float, default=1e-5)
+    dp.add_argument("--delta", type=float, default=1e-5,
+                    help="delta of the release; values above 1e-4 are "
+                    "refused unless --allow-large-delta (delta must be far "
+                    "below 1/n, and n is private)")
+    dp.add_argument("--allow-large-delta", action="store_true",
+                    help="accept a delta above 1e-4 (testing only)")
     dp.add_argument("--accountant", choices=ACCOUNTANTS, default="pld")
     dp.add_argument("--budget-weights", type=_weights,
-                    help="share of the budget per stage, summing to 1, e.g. "
-                    "tree=0.15,lloyd=0.25,moments=0.5,vote=0.1")
+                    help="share of the budget per stage, naming exactly the "
+                    "enabled stages and summing to 1; the default stages are "
+                    "centre, moments, covariance, e.g. centre=0.02,moments=0.38,"
+                    "covariance=0.6 (+tree, lloyd with --clusters > 1, +vote "
+                    "with --vote-filter; defaults: centre 0.01, tree 0.1, "
+                    "lloyd 0.15, moments 0.3, covariance 0.45, vote 0.1, "
+                    "renormalised over the enabled stages)")
     dp.add_argument("--noise-seed", type=int, help="SECRET seed for "
                     "reproducible noise (testing/audits); never recorded. "
                     "Default: secure non-reproducible noise")
@@ -197,40 +227,19 @@ def config_from(args: argparse.Namespace, labels: Sequence[int]) -> GeneratorCon
         seed=args.seed)
 
 
-def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
-    """Pipeline options with safe DirectRunner defaults.
-
-    DirectRunner's ``multi_threading`` mode corrupted data in our tests, so
-    it is refused; several workers default to ``multi_processing``.
-    ``--runner dask`` selects ``pipelines.dask_runner`` (deploy/README.md).
-    """
-    argv = runner_names.resolve_dask(beam_argv)
-    joined = " ".join(argv)
-    if "multi_threading" in joined:
-        raise ValueError("--direct_running_mode=multi_threading is not "
-                         "supported (it corrupts data); use multi_processing")
-    if "--runner" not in joined:
-        argv.append("--runner=DirectRunner")
-    options = PipelineOptions(argv)
-    all_opts = options.get_all_options()
-    runner = (all_opts.get("runner") or "").lower()
-    if runner in ("directrunner", "direct") and "direct_running_mode" not in joined:
-        workers = all_opts.get("direct_num_workers") or 1
-        mode = "multi_processing" if workers > 1 else "in_memory"
-        options = PipelineOptions(argv + [f"--direct_running_mode={mode}"])
-    return options
-
-
 @dataclasses.dataclass
 class Job:
     """Everything decided before any private data is read."""
 
     cfg: GeneratorConfig
     ledger: PrivacyLedger
-    spec: io.InputSpec
+    spec: Optional[io.InputSpec]
     output: str
     staging: str
     run_id: str
+    version: str = ""  # the release's folder under --output (random)
+    created_utc: str = ""  # taken before any data is read
+    noise: Optional[NoiseSource] = None
     already_published: bool = False
 
 
@@ -239,25 +248,29 @@ def prepare(args: argparse.Namespace) -> Job:
     if args.images:
         if args.input:
             raise ValueError("pass either --input (embeddings) or --images")
-        args.labels = args.labels or image_labels(args)
+        args.labels = image_labels(args)
         args.input = args.images  # named in the manifest; not read as embeddings
     elif args.input is None:
         args.input, _ = demo.demo_files()
         if args.num_classes is None and not args.labels:
             args.labels = list(demo.DEMO_LABELS)
     labels = labels_from(args.num_classes, args.labels)
+    check_delta(args.delta, args.allow_large_delta)
     # Cheap checks first: calibration (below) takes seconds.
     cfg = config_from(args, labels)
     if args.block_size < 1 or args.rows_per_shard < 1:
         raise ValueError("--block-size and --rows-per-shard must be >= 1")
+    if args.embedding_dim is not None and args.embedding_dim < 1:
+        raise ValueError(f"--embedding-dim must be >= 1, got {args.embedding_dim}")
     if args.run_id is not None and not _RUN_ID.fullmatch(args.run_id):
         raise ValueError(f"--run-id must match {_RUN_ID.pattern} (it names "
                          f"the staging directory), got {args.run_id!r}")
-    output = args.output or f"dpsynth-releases/{_timestamp()}"
+    run_id = args.run_id or uuid.uuid4().hex[:12]
+    output = args.output or f"dpsynth-releases/{run_id}"
     _check_budget_flags(args)
-    if _published_by(output, args.run_id):
+    if _published_by(output, run_id):
         return Job(cfg, PrivacyLedger(cfg.epsilon, cfg.delta), None, output,
-                   "", args.run_id,
+                   release.staging_dir(output, run_id), run_id,
                    already_published=True)
     release.check_output(output, args.overwrite)
     spec = io.InputSpec(args.input, args.input_format, args.embedding_feature,
@@ -267,10 +280,10 @@ def prepare(args: argparse.Namespace) -> Job:
     if not args.images:
         io.match_files(spec.pattern)  # lists names only: no data is read
     ledger = plan.make_ledger(cfg)  # refuses impossible targets
-    run_id = args.run_id or uuid.uuid4().hex[:12]
-    staging = release.staging_dir(output, run_id)
-    release.check_staging(staging)
-    return Job(cfg, ledger, spec, output, staging, run_id)
+    return Job(cfg, ledger, spec, output, release.staging_dir(output, run_id),
+               run_id, version=f"{release.VERSION_PREFIX}{uuid.uuid4().hex[:12]}",
+               created_utc=_timestamp(),
+               noise=make_noise_source(args.noise_seed))
 
 
 def _check_budget_flags(args: argparse.Namespace) -> None:
@@ -290,33 +303,35 @@ def _check_budget_flags(args: argparse.Namespace) -> None:
 def _published_by(output: str, run_id: Optional[str]) -> bool:
     """True when --output already holds the release of this --run-id.
 
-    Re-running a scheduled run (same --run-id) then spends nothing and
-    writes nothing: one run id, one release.
+    Re-running a published run spends nothing and writes nothing: one run
+    id, one release.
     """
     if run_id is None or not release.release_exists(output):
         return False
     return release.read_manifest(output).get("run_id") == run_id
 
 
-def _reserve(job: Job, args: argparse.Namespace):
-    """Records this run's spend in the lifetime ledger (or refuses)."""
+def _reserve(job: Job, args: argparse.Namespace, staged_available: bool):
+    """Records this attempt's spend in the lifetime ledger (or refuses)."""
     if args.budget_store is None:
         return None
     from pipelines import budget_store
     return budget_store.reserve(
         args.budget_store, args.dataset_id, job.run_id, job.ledger.mechanisms,
         job.cfg.epsilon, job.cfg.delta, args.lifetime_epsilon,
-        args.lifetime_delta or job.cfg.delta, job.cfg.accountant)
+        args.lifetime_delta or job.cfg.delta, job.cfg.accountant,
+        staged_available=staged_available)
 
 
-def _budget_manifest(reservation, args: argparse.Namespace) -> Optional[dict]:
-    if reservation is None:
+def _budget_manifest(args: argparse.Namespace) -> Optional[dict]:
+    """Public configuration of the lifetime budget. (What earlier runs and
+    attempts spent is not released: how many attempts a run needed may
+    depend on the data, e.g. one that ran out of memory.)"""
+    if args.budget_store is None:
         return None
     return {"store": args.budget_store, "dataset_id": args.dataset_id,
             "lifetime_cap": {"epsilon": args.lifetime_epsilon,
-                             "delta": reservation.lifetime_delta},
-            "lifetime_epsilon_spent": reservation.lifetime_epsilon_spent,
-            "retry_of_recorded_run": reservation.already_spent}
+                             "delta": args.lifetime_delta or args.delta}}
 
 
 def _timestamp() -> str:
@@ -347,17 +362,37 @@ class ImageSource(beam.PTransform):
         return encoded_blocks_from_args(pbegin.pipeline, self._args)
 
 
-def image_labels(args: argparse.Namespace) -> Optional[list[int]]:
-    """Labels of a folder-per-class image layout: one per class folder."""
-    if args.num_classes is not None or args.labels:
-        return None
-    from transforms.images import list_classes
-    names = args.classes.split(",") if args.classes else list_classes(args.images)
-    return list(range(len(names)))
+def image_labels(args: argparse.Namespace) -> list[int]:
+    """The label set of ``--images``, from public configuration only.
+
+    A folder-per-class layout needs ``--classes`` (folder names in label
+    order: label i is the i-th name); folders are never listed to find the
+    classes, since a class folder that holds no image would then change the
+    label set and the numbering of every other class. A missing or empty
+    class folder is an empty class, which still gets its noisy outputs.
+    TFRecord/npz layouts store integer labels: the set comes from
+    ``--classes``, ``--num-classes`` or ``--labels``.
+    """
+    from pipelines.encode import _classes
+    from transforms.images import detect_layout
+    names = _classes(args.classes)
+    layout = detect_layout(args.images, args.image_layout)
+    if names:
+        if args.num_classes is not None or args.labels:
+            raise ValueError("--images: pass the label set once: --classes, "
+                             "or --num-classes/--labels")
+        return list(range(len(names)))
+    if layout == "folder":
+        raise ValueError("--images with a folder-per-class layout needs "
+                         "--classes NAME,NAME,... (the class folders in label "
+                         "order): the label set is public configuration, so "
+                         "the private folders are not listed to find it")
+    return list(labels_from(args.num_classes, args.labels))
 
 
 def build(p: beam.Pipeline, job: Job, reader: beam.PTransform,
-          noise_seed: Optional[int], args: argparse.Namespace) -> None:
+          args: argparse.Namespace,
+          progress: Optional[ProgressFile] = None) -> None:
     """The whole DP generation graph, from the blocks to the staged files.
 
     Embedding files are re-read by every pass (``RereadBlocks``): worker
@@ -365,38 +400,52 @@ def build(p: beam.Pipeline, job: Job, reader: beam.PTransform,
     benchmarks/results/scaling.md). Images are encoded once and the blocks
     materialised, since re-encoding per pass would cost far more.
     """
-    cfg, ledger, dim = job.cfg, job.ledger, reader.dim
+    cfg, ledger, dim, noise = job.cfg, job.ledger, reader.dim, job.noise
     centre = None
     if isinstance(reader, ImageSource) or args.materialise_blocks:
-        raw = p | "Read" >> reader
+        raw = (p | "Read" >> reader
+               | "ReadProgress" >> ReportProgress(progress, "Read"))
         if cfg.center:
-            centre = raw | "DPCentre" >> DPCentre(cfg, ledger, dim, noise_seed)
+            centre = raw | "DPCentre" >> DPCentre(cfg, ledger, dim, noise)
         blocks = (raw
                   | "Prepare" >> PrepareBlocks(cfg, dim, centre)
                   | "Materialise" >> beam.Reshuffle())
     else:
         if cfg.center:
             centre = (p | "CentreRead" >> reader
-                      | "DPCentre" >> DPCentre(cfg, ledger, dim, noise_seed))
-        blocks = RereadBlocks(p, reader, cfg, dim, centre)
-    centres = p | "DPKMeans" >> DPKMeans(cfg, ledger, dim, noise_seed,
+                      | "CentreProgress" >> ReportProgress(progress, "Centre")
+                      | "DPCentre" >> DPCentre(cfg, ledger, dim, noise))
+        blocks = RereadBlocks(p, reader, cfg, dim, centre, progress)
+    centres = p | "DPKMeans" >> DPKMeans(cfg, ledger, dim, noise,
                                          blocks=blocks)
     mixtures = p | "DPMixture" >> DPMixture(cfg, ledger, dim, centres,
-                                            noise_seed, blocks=blocks)
+                                            noise, blocks=blocks)
     if centre is not None:  # means back to the input space (post-processing)
         mixtures = mixtures | "AddCentre" >> beam.Map(
             lambda kv, c: (kv[0], generator.with_centre(kv[1], c)),
             beam.pvalue.AsSingleton(centre))
     synthetic = mixtures | "Sample" >> SampleSynthetic(cfg, ledger, blocks,
-                                                       noise_seed)
+                                                       noise)
     _ = synthetic | "Write" >> WriteRelease(
         job.staging, mixtures, args.rows_per_shard, args.embedding_feature,
-        args.label_feature)
+        args.label_feature, output_format=args.output_format, cfg=cfg, dim=dim)
 
 
-def manifest(job: Job, reader: beam.PTransform, summary: list,
-             timings: dict, noise_seed: Optional[int],
-             record_timings: bool = False) -> dict:
+NOISE_DESCRIPTION = (
+    "{kind}: exact discrete Gaussian on each aggregate's fixed-point lattice "
+    "(Canonne-Kamath-Steinke), drawn from an AES-256-CTR keystream under "
+    "{key} (never recorded), so re-executed steps redraw nothing")
+
+
+def manifest(job: Job, args: argparse.Namespace, dim: int,
+             summary: list) -> dict:
+    """The release's manifest: public configuration and DP outputs only.
+
+    Not in it: the matched input file names (one file per person would
+    reveal membership; they go to the operator's console with --verbose),
+    wall times (they grow with n), how many attempts the run took.
+    ``created_utc`` is taken before any data is read.
+    """
     cfg = job.cfg
     noisy_n = sum(max(c["noisy_count"], 0.0) for c in summary)
     warnings = []
@@ -408,78 +457,186 @@ def manifest(job: Job, reader: beam.PTransform, summary: list,
                         f"record count n~{noisy_n:.0f}; choose delta << 1/n")
     config = dataclasses.asdict(cfg)
     config["labels"] = list(cfg.labels)
+    noise = (NOISE_DESCRIPTION.format(kind="seeded",
+                                      key="a key from the secret --noise-seed")
+             if args.noise_seed is not None else
+             NOISE_DESCRIPTION.format(kind="secure",
+                                      key="a per-run key from os.urandom"))
     return {
-        "format": "dpsynth-release/1",
+        "format": "dpsynth-release/2",
         "run_id": job.run_id,
-        "created_utc": _timestamp(),
+        "root": job.version,
+        "created_utc": job.created_utc,
         "privacy": job.ledger.to_manifest(),
-        "noise": ("none (epsilon=inf)" if cfg.noiseless else
-                  "seeded (secret seed, not recorded)" if noise_seed is not None
-                  else "secure (PyDP Gaussian; PipelineDP for moments)"),
+        "noise": "none (epsilon=inf)" if cfg.noiseless else noise,
         "config": config,
-        "input": {"pattern": job.spec.pattern, "files": reader.paths,
-                  "format": job.spec.fmt, "non_finite": job.spec.non_finite},
-        "embedding_dim": reader.dim,
+        "input": {"pattern": job.spec.pattern, "format": job.spec.fmt,
+                  "non_finite": job.spec.non_finite},
+        "embedding_dim": dim,
         "classes": summary,
         "samples_total": sum(c["samples"] for c in summary),
-        "outputs": {"data": "data/", "gmm": "gmm.npz"},
+        "outputs": describe_outputs(cfg, dim, summary,
+                                    job.spec.embedding_feature,
+                                    job.spec.label_feature),
+        "lifetime_budget": _budget_manifest(args),
         "versions": release.versions(),
-        "timings_s": timings if record_timings else
-        "not recorded (wall times grow with n; --record-timings)",
         "warnings": warnings,
     }
 
 
+def _checkpoint(step: str) -> None:
+    """A named point of the stage -> commit -> publish protocol (tests
+    inject crashes here)."""
+
+
+def _make_reader(job: Job, args: argparse.Namespace) -> beam.PTransform:
+    if args.images:
+        return ImageSource(args)
+    return io.ReadEmbeddingBlocks(job.spec, dim=args.embedding_dim)
+
+
+def pass_names(cfg: GeneratorConfig, args: argparse.Namespace) -> list[str]:
+    """The passes over the private rows, in order (progress lines)."""
+    if args.images or args.materialise_blocks:
+        return ["Read"]
+    names = ["Centre"] if cfg.center else []
+    if cfg.clusters > 1:
+        names += ["TreeCounts", "LeafSums"]
+        names += [f"Lloyd{r}" for r in range(1, cfg.lloyd_rounds + 1)]
+    names.append("Moments")
+    if cfg.covariance_rank:
+        names.append("SecondMoment")
+    if cfg.vote_filter:
+        names.append("Votes")
+    return names
+
+
+def _progress_file(options, job: Job) -> ProgressFile:
+    """A local progress file when the workers run on this machine."""
+    from pipelines.options import is_local
+    if not is_local(options):
+        return ProgressFile(None)
+    fd, path = tempfile.mkstemp(prefix=f"dpsynth-progress-{job.run_id}-")
+    os.close(fd)
+    return ProgressFile(path)
+
+
+def _stage(job: Job, args: argparse.Namespace, beam_argv: Sequence[str],
+           reservation, timings: dict) -> dict:
+    """Runs the pipeline into staging and writes the staged manifest."""
+    options = beam_options(beam_argv)
+    try:
+        reader = _make_reader(job, args)
+    except (io.InputError, release.ReleaseError):
+        raise
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    log.info("plan: %d mechanisms, target (eps=%g, delta=%g), accountant %s; "
+             "dim %d", len(job.ledger.mechanisms), job.cfg.epsilon,
+             job.cfg.delta, job.cfg.accountant, reader.dim)
+    log.debug("input files: %s", ", ".join(reader.paths))
+    release.discard(job.staging)  # a crashed attempt's partial files
+    if reservation is not None:
+        from pipelines import budget_store
+        budget_store.mark_running(reservation)
+    _checkpoint("running")
+    t1 = time.time()
+    progress = _progress_file(options, job)
+    try:
+        with console.quiet_stderr(args.verbose), console.ProgressPrinter(
+                progress.path, pass_names(job.cfg, args)):
+            p = beam.Pipeline(options=options)
+            build(p, job, reader, args, progress)
+            p.run().wait_until_finish()
+    finally:
+        if progress.path:
+            os.unlink(progress.path)
+    timings["pipeline"] = round(time.time() - t1, 3)
+    _checkpoint("pipeline-done")
+    summary = _read_summary(job.staging)
+    consistency.check_staged(job.staging, job.cfg, summary, reader.dim,
+                             args.embedding_feature, args.label_feature,
+                             args.output_format)
+    doc = manifest(job, args, reader.dim, summary)
+    release.write_manifest(job.staging, doc)
+    return doc
+
+
 def run(args: argparse.Namespace, beam_argv: Sequence[str]) -> str:
-    """Runs the job; returns the published release path."""
+    """Runs the job; returns the published release path.
+
+    Protocol (see pipelines/budget_store.py for the lifetime ledger's side):
+    reserve the spend -> run into staging -> staged manifest -> commit the
+    spend as staged -> place the files under --output/<version> -> write
+    --output/manifest.json (the commit point for readers) -> record the
+    release as published. A retry of a run id whose release is complete in
+    staging re-publishes those files (same noise, no new spend).
+    """
     t0 = time.time()
-    job = prepare(args)
+    try:
+        job = prepare(args)
+    except (io.InputError, release.ReleaseError):
+        raise
+    except ValueError as err:  # flags and configuration: before any data
+        raise UsageError(str(err)) from None
     if job.already_published:
+        _finish_published(job, args)
         log.info("run %s is already published at %s: nothing to do, no "
                  "budget spent", job.run_id, job.output)
         return job.output
-    options = beam_options(beam_argv)
     if job.cfg.noiseless:
         log.warning("!!! --epsilon inf: running WITHOUT NOISE. The output is "
                     "NOT differentially private. Debugging only. !!!")
-    reader = (ImageSource(args) if args.images
-              else io.ReadEmbeddingBlocks(job.spec))
-    log.info("plan: %d mechanisms, target (eps=%g, delta=%g), accountant %s; "
-             "input %d file(s), dim %d", len(job.ledger.mechanisms),
-             job.cfg.epsilon, job.cfg.delta, job.cfg.accountant,
-             len(reader.paths), reader.dim)
-    reservation = _reserve(job, args)  # refuses before any data is read
+    staged = release.staged_manifest(job.staging)
+    if staged is not None and staged.get("run_id") != job.run_id:
+        staged = None
+    reservation = _reserve(job, args, staged_available=staged is not None)
+    _checkpoint("reserved")
     timings = {"plan": round(time.time() - t0, 3)}
+    from pipelines import budget_store
     try:
-        t1 = time.time()
-        p = beam.Pipeline(options=options)
-        build(p, job, reader, args.noise_seed, args)
-        p.run().wait_until_finish()
-        timings["pipeline"] = round(time.time() - t1, 3)
-        if args.record_timings:
-            log.info("pipeline finished in %.1f s", timings["pipeline"])
-        summary = _read_summary(job.staging)
-        timings["total"] = round(time.time() - t0, 3)
-        doc = manifest(job, reader, summary, timings, args.noise_seed,
-                       args.record_timings)
-        doc["lifetime_budget"] = _budget_manifest(reservation, args)
-        release.write_manifest(job.staging, doc)
-        release.publish(job.staging, job.output, args.overwrite)
-    except BaseException:
-        release.discard(job.staging)
+        if staged is None:
+            doc = _stage(job, args, beam_argv, reservation, timings)
+        else:
+            doc = staged
+            log.info("run %s: re-publishing its staged release (no new noise, "
+                     "no new spend)", job.run_id)
+        _checkpoint("staged")
         if reservation is not None:
-            from pipelines import budget_store
+            budget_store.commit_staged(reservation)
+        _checkpoint("committed")
+        release.publish(job.staging, job.output, args.overwrite)
+        _checkpoint("published")
+        if reservation is not None:
+            budget_store.commit(reservation, job.output)
+        _checkpoint("recorded")
+    except BaseException:
+        if reservation is not None:
             budget_store.release_failed(reservation)
+        if release.staged_manifest(job.staging) is None:
+            release.discard(job.staging)
+        else:
+            log.warning("the staged release of run %s is kept at %s: re-run "
+                        "with --run-id %s to publish it (no new spend)",
+                        job.run_id, job.staging, job.run_id)
         raise
-    if reservation is not None:
-        from pipelines import budget_store
-        budget_store.commit(reservation, job.output)
-    for warning in doc["warnings"]:
-        log.warning(warning)
-    log.info("release: %d synthetic rows, epsilon spent %.4g (target %g), "
-             "delta %g", doc["samples_total"], doc["privacy"]["spent"]["epsilon"],
-             job.cfg.epsilon, job.cfg.delta)
+    release.remove_unreferenced(job.output)
+    release.discard(job.staging)
+    timings["total"] = round(time.time() - t0, 3)
+    if args.record_timings:
+        log.info("wall times (s, operator only, not DP): %s", timings)
     return job.output
+
+
+def _finish_published(job: Job, args: argparse.Namespace) -> None:
+    """A retry after the manifest was written: record the publication (if
+    the crash came before that) and clean up; nothing is recomputed."""
+    if args.budget_store is not None:
+        from pipelines import budget_store
+        budget_store.mark_published(args.budget_store, args.dataset_id,
+                                    job.run_id, job.output)
+    release.remove_unreferenced(job.output)
+    release.discard(job.staging)
 
 
 def _read_summary(staging: str) -> list:
@@ -488,19 +645,66 @@ def _read_summary(staging: str) -> list:
         return json.loads(f.read().decode())
 
 
+DESCRIPTION = ("Generate a differentially private synthetic embedding "
+               "release (no flags: the embedded demo). Flags this command "
+               "does not define must be Beam pipeline options (--runner, "
+               "--direct_num_workers, --project, ...); anything else is "
+               "refused before any data is read.")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="dpsynth generate",
-        description="Generate a differentially private synthetic embedding "
-                    "release. Unknown flags are Beam pipeline options.")
+    p = console.Parser(prog="dpsynth generate", description=DESCRIPTION)
     add_arguments(p)
     return p
 
 
+def register(subparsers) -> argparse.ArgumentParser:
+    """Adds the `generate` sub-command to the `dpsynth` parser."""
+    p = subparsers.add_parser(
+        "generate", help="private embeddings -> DP synthetic release "
+        "(no flags: embedded demo)", description=DESCRIPTION)
+    add_arguments(p)
+    p.set_defaults(handler=handle, command="generate")
+    return p
+
+
+def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
+    """`dpsynth generate`: runs the job with dpsynth's error policy."""
+    console.setup_logging(args.verbose)
+    from pipelines import budget_store
+    from transforms.images import ImageInputError
+
+    def go() -> int:
+        check_beam_args(beam_argv, parser(), "generate")
+        demo_run = args.input is None and not args.images
+        output = run(args, beam_argv)
+        print(summary.render(output, release.read_manifest(output),
+                             _lifetime(args)))
+        if demo_run:
+            train, test = demo.demo_files()
+            print(demo.utility_line(output, test, train))
+        return 0
+
+    with console.quiet_stderr(args.verbose):
+        return console.run_command(
+            go, "generate", (UsageError, io.InputError, release.ReleaseError,
+                             budget_store.BudgetExceeded,
+                             budget_store.RunConflict, ImageInputError))
+
+
+def _lifetime(args: argparse.Namespace):
+    if args.budget_store is None:
+        return None
+    from pipelines import budget_store
+    spent = budget_store.lifetime_spent(
+        args.budget_store, args.dataset_id, args.lifetime_delta or args.delta,
+        args.accountant)
+    return spent, args.lifetime_epsilon, args.dataset_id
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from pipelines.cli import run_generate
     args, beam_argv = parser().parse_known_args(argv)
-    return run_generate(args, beam_argv)
+    return handle(args, beam_argv)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,23 @@
-"""Atomic publication and reading of a release directory.
+"""Staging, atomic publication and reading of a release.
 
-A run writes everything under a staging directory next to the output and
-publishes it last. Locally the publish is one ``rename`` (atomic). On object
-stores (gs://) there is no rename: data objects are copied first and
-``manifest.json`` last, so a release is *readable* only once its manifest
-exists; ``load_release`` refuses a prefix without one.
+Layout of a published release at ``--output``::
+
+    <output>/manifest.json          the commit point: written last
+    <output>/<version>/gmm.npz      the files the manifest's "root" names
+    <output>/<version>/summary.json
+    <output>/<version>/data/...
+
+A run writes everything under a staging directory beside the output
+(``<output>.staging-<run_id>``), then writes the staged manifest there: a
+complete staged release. Publishing links (local) or copies (object
+stores) the staged files into a fresh version folder ``<output>/<version>``
+(``version`` is random, fixed when the run is planned) and then writes
+``<output>/manifest.json``, which names that folder, as one atomic write
+(local: temp file + rename; GCS: one object). Before that write nothing
+under ``--output`` is a release: ``read_manifest`` / ``load_release`` read
+only what the manifest names, and a version folder without a manifest
+naming it belongs to no release. Publishing the same staged release again
+(a retry after a crash) writes identical bytes into the same version folder.
 """
 
 from __future__ import annotations
@@ -12,7 +25,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
+import tempfile
+from typing import Optional
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
@@ -20,6 +34,7 @@ from apache_beam.io.filesystems import FileSystems
 from transforms import io
 
 MANIFEST = "manifest.json"
+VERSION_PREFIX = "v-"  # version folders: v-<random hex>
 
 
 class ReleaseError(RuntimeError):
@@ -50,9 +65,33 @@ def read_manifest(release: str) -> dict:
         return json.loads(f.read().decode())
 
 
-def write_manifest(staging: str, manifest: dict) -> None:
-    with FileSystems.create(manifest_path(staging)) as f:
-        f.write(json.dumps(manifest, indent=1, sort_keys=True).encode())
+def release_root(release: str, manifest: Optional[dict] = None) -> str:
+    """The folder holding a release's files (its version folder)."""
+    manifest = read_manifest(release) if manifest is None else manifest
+    root = manifest.get("root")
+    return io.join(release, root) if root else release
+
+
+def write_manifest(folder: str, manifest: dict) -> None:
+    """Writes ``folder/manifest.json`` in one atomic step."""
+    data = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    path = manifest_path(folder)
+    if not is_local(path):  # one object write: atomic on GCS
+        with FileSystems.create(path) as f:
+            f.write(data)
+        return
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def check_output(output: str, overwrite: bool) -> None:
@@ -61,96 +100,130 @@ def check_output(output: str, overwrite: bool) -> None:
         raise ReleaseError(f"--output {output} already holds a release; pass "
                            f"--overwrite to replace it")
     if is_local(output) and os.path.exists(output) and not release_exists(output):
-        if os.path.isfile(output) or os.listdir(output):
+        # Version folders without a manifest: a crashed publish (no release).
+        leftovers = os.path.isdir(output) and all(
+            e.startswith(VERSION_PREFIX) and os.path.isdir(
+                os.path.join(output, e)) for e in os.listdir(output))
+        if not leftovers:
             raise ReleaseError(f"--output {output} exists and is not a release; "
                                f"choose an empty or new path")
 
 
-def check_staging(staging: str) -> None:
-    """Refuse to reuse a staging directory: stale files from a crashed run
-    with the same --run-id would otherwise end up in the new release."""
-    exists = (os.path.exists(staging) if is_local(staging)
-              else bool(_list(staging)))
-    if exists:
-        raise ReleaseError(f"staging directory {staging} already exists (left "
-                           f"by a crashed run with the same --run-id?); "
-                           f"remove it or choose another --run-id")
+def staged_manifest(staging: str) -> Optional[dict]:
+    """The manifest of a complete staged release, or None (nothing staged,
+    or a crashed run's partial files)."""
+    try:
+        return read_manifest(staging)
+    except ReleaseError:
+        return None
 
 
 def _list(prefix: str) -> list[str]:
+    if is_local(prefix):
+        out = []
+        for folder, _, files in os.walk(prefix):
+            out += [os.path.join(folder, f) for f in files]
+        return sorted(out)
     result = FileSystems.match([prefix.rstrip("/") + "/**"])[0]
     return sorted(m.path for m in result.metadata_list)
 
 
-def publish(staging: str, output: str, overwrite: bool = False) -> None:
-    """Moves a complete staging directory (manifest included) to ``output``."""
-    if not release_exists(staging):
+def publish(staging: str, output: str, overwrite: bool = False) -> dict:
+    """Publishes a complete staged release at ``output``; returns its
+    manifest. Safe to repeat after a crash (same bytes, same folder)."""
+    manifest = staged_manifest(staging)
+    if manifest is None:
         raise ReleaseError(f"{staging}: staging has no manifest; not publishing")
-    if is_local(output):
-        _publish_local(staging, output, overwrite)
-    else:
-        _publish_remote(staging, output, overwrite)
-
-
-def _publish_local(staging: str, output: str, overwrite: bool) -> None:
-    old = None
-    if os.path.exists(output):
-        if release_exists(output) and not overwrite:
-            raise ReleaseError(f"--output {output} already holds a release")
-        old = f"{output.rstrip('/')}.replaced-{int(time.time() * 1e3)}"
-        os.rename(output, old)
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-        os.rename(staging, output)
-    except BaseException:
-        if old:  # put the previous release back
-            os.rename(old, output)
-        raise
-    if old:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _publish_remote(staging: str, output: str, overwrite: bool) -> None:
     if release_exists(output):
+        current = read_manifest(output)
+        if current.get("root") == manifest["root"]:
+            return manifest  # this staged release is already the published one
         if not overwrite:
             raise ReleaseError(f"--output {output} already holds a release")
-        FileSystems.delete([manifest_path(output)])  # unreadable from now on
-    # No manifest here now: whatever is under the prefix (an old release's
-    # or a crashed publish's objects) is not part of any release.
-    stale = _list(output)
-    if stale:
+    root = io.join(output, manifest["root"])
+    prefix = staging.rstrip("/") + "/"
+    files = [p for p in _list(staging) if p != manifest_path(staging)]
+    _place(files, [io.join(root, p[len(prefix):]) for p in files])
+    write_manifest(output, manifest)  # the commit point
+    return manifest
+
+
+def _place(sources: list[str], targets: list[str]) -> None:
+    """Hard links locally (no copy, staging stays intact for a retry),
+    object copies elsewhere."""
+    if not sources:
+        return
+    if not is_local(sources[0]):
+        FileSystems.copy(sources, targets)
+        return
+    for src, dst in zip(sources, targets):
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        if os.path.exists(dst):
+            os.unlink(dst)
+        try:
+            os.link(src, dst)
+        except OSError:  # another filesystem: copy
+            shutil.copyfile(src, dst)
+
+
+def remove_unreferenced(output: str) -> None:
+    """Deletes version folders the published manifest does not name (an
+    overwritten release, a crashed attempt's partial copy)."""
+    manifest = read_manifest(output)
+    keep = io.join(output, manifest["root"]).rstrip("/") + "/"
+    stale = [p for p in _list(output)
+             if p != manifest_path(output) and not p.startswith(keep)]
+    if is_local(output):
+        for entry in os.listdir(output):
+            path = os.path.join(output, entry)
+            if os.path.isdir(path) and path + "/" != keep:
+                shutil.rmtree(path, ignore_errors=True)
+    elif stale:
         FileSystems.delete(stale)
-    src = _list(staging)
-    manifest = manifest_path(staging)
-    data = [p for p in src if p != manifest]
-    rel = [p[len(staging.rstrip("/")) + 1:] for p in data]
-    if data:
-        FileSystems.copy(data, [io.join(output, r) for r in rel])
-    FileSystems.copy([manifest], [manifest_path(output)])  # commit point
-    FileSystems.delete(src)
 
 
 def discard(staging: str) -> None:
-    """Best-effort removal of a failed run's staging directory."""
+    """Best-effort removal of a staging directory."""
     try:
         if is_local(staging):
             shutil.rmtree(staging, ignore_errors=True)
-        elif FileSystems.exists(staging) or _list(staging):
-            FileSystems.delete(_list(staging))
+        else:
+            stale = _list(staging)
+            if stale:
+                FileSystems.delete(stale)
     except Exception:  # cleanup must not hide the original error
         pass
+
+
+def release_files(path: str, manifest: Optional[dict] = None) -> list[str]:
+    """The data shard paths of a published release, class by class."""
+    manifest = read_manifest(path) if manifest is None else manifest
+    root = release_root(path, manifest)
+    return [io.join(root, "data", name)
+            for c in manifest["classes"] for name in c["shards"]]
+
+
+def release_blocks(path: str, manifest: dict):
+    """(file, x, y) blocks of a release's data shards, in either output
+    format (the manifest's ``outputs``; older releases: TFRecord)."""
+    outputs = manifest.get("outputs", {})
+    features = outputs.get("features") or {}
+    role = {f.get("role"): name for name, f in features.items()}
+    for f in release_files(path, manifest):
+        spec = io.InputSpec(f, io.detect_format(f, outputs.get("format")),
+                            role.get("embedding", "embedding"),
+                            role.get("label", "label"))
+        for x, y, _ in io.read_file_blocks(f, spec):
+            yield f, x, y
 
 
 def load_release(path: str) -> tuple[np.ndarray, np.ndarray, dict]:
     """(x, y, manifest) of a published release; refuses incomplete ones."""
     manifest = read_manifest(path)
-    files = [io.join(path, "data", name)
-             for c in manifest["classes"] for name in c["shards"]]
     xs, ys = [], []
-    for f in files:
-        for x, y, _ in io.read_file_blocks(f, io.InputSpec(f, "tfrecord")):
-            xs.append(x)
-            ys.append(y)
+    for _, x, y in release_blocks(path, manifest):
+        xs.append(x)
+        ys.append(y)
     dim = manifest.get("embedding_dim", 0)
     if not xs:
         return np.zeros((0, dim)), np.zeros(0, np.int64), manifest
@@ -159,16 +232,16 @@ def load_release(path: str) -> tuple[np.ndarray, np.ndarray, dict]:
 
 def load_gmm(path: str):
     from models.gmm import MixtureRelease
-    read_manifest(path)
-    with FileSystems.open(io.join(path, "gmm.npz")) as f:
+    root = release_root(path)
+    with FileSystems.open(io.join(root, "gmm.npz")) as f:
         return MixtureRelease.from_npz(f.read())
 
 
 def versions() -> dict:
     from importlib import metadata
     out = {}
-    for pkg in ("dpsynth", "apache-beam", "pipeline-dp", "dp-accounting",
-                "numpy", "tensorflow", "scikit-learn"):
+    for pkg in ("dpsynth", "apache-beam", "dp-accounting", "numpy",
+                "tensorflow", "scikit-learn"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

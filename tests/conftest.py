@@ -35,6 +35,14 @@ def assert_release_matches_reference(out, x, y, cfg, noise_seed: int,
     return mixes, xs, ys
 
 
+def release_dir(out):
+    """The folder holding a published release's files (gmm.npz, data/...):
+    the version folder its manifest names."""
+    from pathlib import Path
+    from pipelines.release import release_root
+    return Path(release_root(str(out)))
+
+
 def shared_image_subset(split: str, per_class: int, dest,
                         classes=("cat", "ship")):
     """Copies the first ``per_class`` shared CIFAR-10 JPEGs of each class

@@ -17,7 +17,7 @@ import os
 import numpy as np
 import pytest
 
-from pipelines import cli
+from pipelines import cli, console
 from tests.conftest import gmm_data
 
 
@@ -78,8 +78,10 @@ def _example(embedding=None, label=None, emb_name="embedding",
 
 
 def _tfrecord(path, records) -> str:
-    from transforms import io
-    io.write_tfrecord(str(path), records)
+    import tensorflow as tf  # arbitrary (also malformed) records
+    with tf.io.TFRecordWriter(str(path)) as w:
+        for record in records:
+            w.write(record)
     return str(path)
 
 
@@ -108,6 +110,8 @@ FLAG_CASES = {
     "delta-one": (["--delta", "1"], ["--delta must be in (0, 1)"]),
     "delta-above-one": (["--delta", "2"], ["--delta must be in (0, 1)"]),
     "delta-nan": (["--delta", "nan"], ["--delta must be in (0, 1)"]),
+    "delta-large": (["--delta", "0.5"], ["--delta 0.5 is larger than 0.0001",
+                                         "--allow-large-delta"]),
     "clip-norm-zero": (["--clip-norm", "0"], ["--clip-norm", "> 0"]),
     "clip-norm-negative": (["--clip-norm", "-2"], ["--clip-norm", "> 0"]),
     "clip-norm-inf": (["--clip-norm", "inf"], ["--clip-norm", "finite"]),
@@ -203,16 +207,19 @@ def test_output_that_is_a_file_is_refused(good, tmp_path, capsys):
     assert out.read_text() == "not a directory"
 
 
-def test_stale_staging_directory_is_refused(good, tmp_path, capsys):
+def test_partial_staging_of_a_crashed_attempt_is_discarded(good, tmp_path,
+                                                           capsys):
+    """A crashed attempt's partial files (no staged manifest) never reach a
+    release: the retry of that run id starts a fresh staging directory."""
     out = tmp_path / "out"
     stale = tmp_path / "out.staging-run1"
-    stale.mkdir()
-    (stale / "old-shard.tfrecord").write_bytes(b"stale")
+    (stale / "data").mkdir(parents=True)
+    (stale / "data" / "old-shard.tfrecord").write_bytes(b"stale")
     rc = _generate("--input", good, "--num-classes", 2, "--output", out,
                    "--run-id", "run1")
-    err = capsys.readouterr().err
-    assert rc == 2 and "staging directory" in err and "--run-id" in err
-    assert not out.exists() and os.listdir(stale) == ["old-shard.tfrecord"]
+    assert rc == 0, capsys.readouterr().err
+    assert not stale.exists()
+    assert not list(out.rglob("old-shard.tfrecord"))
 
 
 # ------------------------------------------- input refused before Beam runs
@@ -265,6 +272,20 @@ def test_all_matched_files_empty(tmp_path, capsys):
         _tfrecord(tmp_path / f"part-{i}.tfrecord", [])
     _fails(capsys, tmp_path / "out", "--input", tmp_path / "part-*.tfrecord",
            "--num-classes", 2, expect=("all 2 matched files hold no rows",))
+
+
+@pytest.mark.parametrize("rows", [0, 1])
+def test_with_a_public_dimension_n0_and_n1_are_both_released(tmp_path, rows):
+    """Whether a release exists never depends on an exact count: with
+    --embedding-dim (public) an empty input is released like one row."""
+    x = np.full((rows, 6), 0.5)
+    path = _npz(tmp_path / "in.npz", x, np.zeros(rows, int))
+    out = tmp_path / "out"
+    assert _generate("--input", path, "--num-classes", 2, "--embedding-dim",
+                     6, "--output", out) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [c["label"] for c in manifest["classes"]] == [0, 1]
+    assert manifest["embedding_dim"] == 6
 
 
 def test_truncated_npz(good, tmp_path, capsys):
@@ -456,6 +477,21 @@ def test_worker_error_prints_one_clear_line_and_no_traceback(tmp_path,
     assert _left_behind(tmp_path / "out") == []
 
 
+def test_a_runner_failure_is_not_reported_as_bad_input(good, tmp_path,
+                                                       monkeypatch):
+    """Only bad input gets exit 2 and one line; a failure inside the runner
+    (here a ValueError from a worker step) keeps its traceback (exit 1)."""
+    from transforms import write
+
+    def broken(*args, **kwargs):
+        raise ValueError("simulated runner failure")
+    monkeypatch.setattr(write, "_write_summary", broken)
+    with pytest.raises(ValueError, match="simulated runner failure"):
+        _generate("--input", good, "--num-classes", 2, "--output",
+                  tmp_path / "out")
+    assert _left_behind(tmp_path / "out") == []
+
+
 def test_wrapped_worker_error_is_unwrapped():
     """Portable runners wrap worker errors in a RuntimeError whose text holds
     the remote traceback; the CLI shows only our message."""
@@ -463,7 +499,7 @@ def test_wrapped_worker_error_is_unwrapped():
             "\"transforms/io.py\", line 1, in process\ntransforms.io."
             "InputError: /data/a.npz: row 5 has NaN or infinite values "
             "[while running 'Read/ReadBlocks']\n\nmore worker noise")
-    assert cli._inner_error(RuntimeError(text)) == (
+    assert console.inner_error(RuntimeError(text)) == (
         "/data/a.npz: row 5 has NaN or infinite values "
         "[while running 'Read/ReadBlocks']")
 
@@ -492,7 +528,8 @@ def test_empty_class_succeeds_with_a_noisy_mixture_and_delta_warning(
     path = _npz(tmp_path / "in.npz", x, y)
     out = tmp_path / "out"
     assert _generate("--input", path, "--labels", "0,1,2", "--output", out,
-                     "--delta", 0.01, "--clusters", 3, "--noise-seed", 3) == 0
+                     "--delta", 0.01, "--allow-large-delta", "--clusters", 3,
+                     "--noise-seed", 3) == 0
     manifest = _manifest(out)
     assert [c["label"] for c in manifest["classes"]] == [0, 1, 2]
     gmm = load_gmm(str(out))

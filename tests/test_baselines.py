@@ -29,15 +29,16 @@ TINY = {
 }
 
 
-class RecordingNoise:
-    """Delegates to SeededNoise and records (key, sigma, size) of draws."""
+class RecordingNoise(SeededNoise):
+    """SeededNoise that records (key, sigma, size) of every draw."""
 
     def __init__(self, seed=0):
-        self.inner, self.draws = SeededNoise(seed), []
+        super().__init__(seed)
+        self.draws = []
 
-    def gaussian(self, sigma, shape, key):
-        out = self.inner.gaussian(sigma, shape, key)
-        self.draws.append((key, sigma, out.size))
+    def lattice_draw(self, sigma, size, key, grid=None):
+        out = super().lattice_draw(sigma, size, key, grid)
+        self.draws.append((key, sigma, size))
         return out
 
 

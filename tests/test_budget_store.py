@@ -106,23 +106,15 @@ def test_refuses_first_release_over_cap_without_creating_the_store(tmp_path):
     assert bs.history(store, "digits") == []
 
 
-def test_idempotent_rerun_spends_nothing(store):
+def test_retry_before_any_data_was_read_spends_nothing(store):
     cap = eps_of(1) * 1.01
     first = bs.reserve(store, "digits", "nightly-2026-01-01", release(), 1.0,
                        DELTA, cap, DELTA)
     again = bs.reserve(store, "digits", "nightly-2026-01-01", release(), 1.0,
                        DELTA, cap, DELTA)
-    assert again.already_spent and again.run_id == first.run_id
+    assert again.already_spent and again.attempt == first.attempt == 1
     assert again.lifetime_epsilon_spent == pytest.approx(
         first.lifetime_epsilon_spent)
-    assert len(bs.history(store, "digits")) == 1
-    bs.commit(first, "gs://out/2026-01-01")
-    bs.commit(again, "gs://out/2026-01-01")  # committing twice is a no-op
-    # Published: a second run under that id would release new noise unpaid.
-    with pytest.raises(bs.RunConflict, match="already published at "
-                       "gs://out/2026-01-01"):
-        bs.reserve(store, "digits", "nightly-2026-01-01", release(), 1.0,
-                   DELTA, cap, DELTA)
     assert len(bs.history(store, "digits")) == 1
     # Same run id, other configuration: refused, not silently re-spent.
     with pytest.raises(bs.RunConflict, match="different mechanisms"):
@@ -130,26 +122,68 @@ def test_idempotent_rerun_spends_nothing(store):
                    1.0, DELTA, 100, DELTA)
 
 
-def test_failed_run_keeps_its_spend_and_retry_reuses_it(store):
-    cap = eps_of(1) * 1.01
-    r = bs.reserve(store, "digits", "run-1", release(), 1.0, DELTA, cap, DELTA)
+def test_published_run_id_is_refused(store):
+    r = bs.reserve(store, "digits", "n-1", release(), 1.0, DELTA, 10, DELTA)
+    bs.mark_running(r)
+    bs.commit_staged(r)
+    bs.commit(r, "gs://out/2026-01-01")
+    bs.commit(r, "gs://out/2026-01-01")  # committing twice is a no-op
+    with pytest.raises(bs.RunConflict, match="already published at "
+                       "gs://out/2026-01-01"):
+        bs.reserve(store, "digits", "n-1", release(), 1.0, DELTA, 10, DELTA)
+    with pytest.raises(ValueError, match="published"):
+        bs.commit(r, "/releases/other")
+    assert len(bs.history(store, "digits")) == 1
+
+
+def test_retry_after_data_was_read_is_charged_again(store):
+    """The crashed attempt read the data (its noise may have been drawn):
+    it stays charged, and the retry is a new attempt that must fit too."""
+    r = bs.reserve(store, "digits", "run-1", release(), 1.0, DELTA, 10, DELTA)
+    bs.mark_running(r)
     bs.release_failed(r)
     (entry,) = bs.history(store, "digits")
     assert entry["status"] == bs.FAILED
     assert bs.lifetime_spent(store, "digits", DELTA) == pytest.approx(
         eps_of(1), rel=1e-6)
-    with pytest.raises(bs.BudgetExceeded):  # the failed spend still counts
-        bs.reserve(store, "digits", "run-2", release(), 1.0, DELTA, cap, DELTA)
-    retry = bs.reserve(store, "digits", "run-1", release(), 1.0, DELTA, cap,
+    with pytest.raises(bs.BudgetExceeded, match="attempt 2"):
+        bs.reserve(store, "digits", "run-1", release(), 1.0, DELTA,
+                   eps_of(1) * 1.01, DELTA)
+    retry = bs.reserve(store, "digits", "run-1", release(), 1.0, DELTA, 10,
                        DELTA)
-    assert retry.already_spent and retry.status == bs.RESERVED
-    bs.commit(retry, "/releases/1")
+    assert not retry.already_spent and retry.attempt == 2
+    assert bs.lifetime_spent(store, "digits", DELTA) == pytest.approx(
+        eps_of(2), rel=1e-6)
+
+
+def test_staged_release_is_republished_at_no_new_cost(store):
+    r = bs.reserve(store, "digits", "run-1", release(), 1.0, DELTA,
+                   eps_of(1) * 1.01, DELTA)
+    bs.mark_running(r)
+    bs.commit_staged(r)
+    bs.release_failed(r)  # e.g. a crash while publishing: stays staged
+    again = bs.reserve(store, "digits", "run-1", release(), 1.0, DELTA,
+                       eps_of(1) * 1.01, DELTA, staged_available=True)
+    assert again.already_spent and again.attempt == 1
+    assert again.status == bs.STAGED
+    bs.commit(again, "/releases/1")
     (entry,) = bs.history(store, "digits")
-    assert entry["status"] == bs.PUBLISHED and entry["attempts"] == 2
-    with pytest.raises(ValueError, match="already published"):
-        bs.release_failed(retry)
-    with pytest.raises(ValueError, match="already published"):
-        bs.commit(retry, "/releases/other")
+    assert entry["status"] == bs.PUBLISHED
+    with pytest.raises(ValueError, match="published"):
+        bs.mark_running(again)
+
+
+def test_mark_published_finishes_a_crash_after_the_manifest(store):
+    r = bs.reserve(store, "digits", "run-1", release(), 1.0, DELTA, 10, DELTA)
+    with pytest.raises(ValueError, match="not staged"):
+        bs.mark_published(store, "digits", "run-1", "/releases/1")
+    bs.mark_running(r)
+    bs.commit_staged(r)
+    bs.mark_published(store, "digits", "run-1", "/releases/1")
+    bs.mark_published(store, "digits", "run-1", "/releases/1")  # no-op
+    (entry,) = bs.history(store, "digits")
+    assert entry["status"] == bs.PUBLISHED
+    assert entry["release_uri"] == "/releases/1"
 
 
 def test_bad_inputs_have_clear_errors(tmp_path):
@@ -287,7 +321,14 @@ def test_cli_show_and_check(tmp_path):
     assert refused.returncode == 3 and "refusing" in refused.stderr
     same_run = cli("check", *common, "--lifetime-epsilon", str(cap),
                    "--mechanisms-json", str(manifest), "--run-id", "run-1")
-    assert same_run.returncode == 0, same_run.stderr
+    assert same_run.returncode == 0, same_run.stderr  # no data read yet
+    (entry,) = bs.history(store, "digits")
+    r1 = bs._reservation(store, "digits", entry, False, 0.0, DELTA)
+    bs.mark_running(r1)
+    bs.release_failed(r1)  # crashed after reading: a retry is charged again
+    retry = cli("check", *common, "--lifetime-epsilon", str(cap),
+                "--mechanisms-json", str(manifest), "--run-id", "run-1")
+    assert retry.returncode == 3, retry.stdout
     planned = cli("check", *common, "--lifetime-epsilon", "1000",
                   "--epsilon", "1.0", "--num-classes", "3")
     assert planned.returncode == 0, planned.stderr

@@ -2,9 +2,10 @@
 
 Airflow's dependency pins clash with dpsynth's (TensorFlow, Beam...), so it
 lives in its own virtualenv, created here by deploy/airflow/setup_airflow_env.sh
-at ``$DPSYNTH_AIRFLOW_VENV`` (default ``<repo>/.venv-airflow``, git-ignored)
-and reused by later runs (~2-3 min and ~2 GB the first time). If pip cannot
-install Airflow, every test here is skipped with pip's message.
+at ``$DPSYNTH_AIRFLOW_VENV`` (default ``$XDG_CACHE_HOME/dpsynth/venv-airflow``,
+else ``~/.cache/dpsynth/venv-airflow``: outside the repository) and reused by
+later runs (~2-3 min and ~2 GB the first time, announced with one line). If
+pip cannot install Airflow, every test here is skipped with pip's message.
 
 The DAG's tasks run dpsynth itself with *this* interpreter (DPSYNTH_PYTHON).
 """
@@ -19,15 +20,36 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import release_dir
+
 REPO = Path(__file__).resolve().parent.parent
-VENV = Path(os.environ.get("DPSYNTH_AIRFLOW_VENV") or REPO / ".venv-airflow")
+
+
+def default_venv(env=os.environ) -> Path:
+    """Where the Airflow venv lives: $DPSYNTH_AIRFLOW_VENV, else a user cache
+    (the same rule as deploy/airflow/setup_airflow_env.sh)."""
+    if env.get("DPSYNTH_AIRFLOW_VENV"):
+        return Path(env["DPSYNTH_AIRFLOW_VENV"])
+    home = env.get("HOME") or os.path.expanduser("~")
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
+    return Path(cache) / "dpsynth" / "venv-airflow"
+
+
+VENV = default_venv()
 SETUP = REPO / "deploy" / "airflow" / "setup_airflow_env.sh"
 DAG_CHECK = REPO / "deploy" / "airflow" / "dag_check.py"
 DATE = "2026-01-02"
 
 
 @pytest.fixture(scope="module")
-def airflow_venv() -> Path:
+def airflow_venv(request) -> Path:
+    if not (VENV / "bin" / "airflow").exists():
+        # Past pytest's capture: the first run sits here for minutes.
+        capture = request.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled():
+            print(f"\nbuilding the Airflow test virtualenv in {VENV} (a few "
+                  f"minutes, ~2 GB; DPSYNTH_AIRFLOW_VENV moves it)",
+                  file=sys.stderr, flush=True)
     proc = subprocess.run(["bash", str(SETUP), str(VENV)], cwd=REPO,
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
@@ -108,7 +130,7 @@ def test_one_nightly_run_end_to_end(nightly):
     manifest = json.loads((release / "manifest.json").read_text())
     assert manifest["run_id"] == f"digits-demo-{DATE}"
     assert manifest["privacy"]["target"]["epsilon"] == 1.0
-    assert list((release / "data").glob("synthetic-*.tfrecord"))
+    assert list((release_dir(release) / "data").glob("synthetic-*.tfrecord"))
     latest = json.loads((root / "releases" / "LATEST.json").read_text())
     assert latest["release"] == str(release)
     assert latest["run_id"] == manifest["run_id"]

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import release_dir
 from apache_beam.options.pipeline_options import (
     DirectOptions, FlinkRunnerOptions, GoogleCloudOptions, PortableOptions,
     SetupOptions, StandardOptions, WorkerOptions)
@@ -216,5 +218,5 @@ def test_direct_runner_two_worker_processes_real_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["run_id"] == "direct-2proc"
-    assert (out / "gmm.npz").is_file()
-    assert list((out / "data").glob("synthetic-*.tfrecord"))
+    assert (release_dir(out) / "gmm.npz").is_file()
+    assert list((release_dir(out) / "data").glob("synthetic-*.tfrecord"))

@@ -162,3 +162,25 @@ def test_flink_submit_command():
     opts = runners.pipeline_options(cmd[3:-2])
     from apache_beam.options.pipeline_options import FlinkRunnerOptions
     assert opts.view_as(FlinkRunnerOptions).flink_master == "flink-jm:8081"
+
+
+def test_airflow_venv_defaults_to_a_user_cache_outside_the_repository(tmp_path):
+    """The slow Airflow test and setup_airflow_env.sh put the 2 GB venv in a user cache, never in the repo."""
+    from tests.test_deploy_airflow_slow import default_venv
+    assert default_venv({"HOME": "/h"}) == Path("/h/.cache/dpsynth/venv-airflow")
+    assert default_venv({"HOME": "/h", "XDG_CACHE_HOME": "/c"}) == Path("/c/dpsynth/venv-airflow")
+    assert default_venv({"HOME": "/h", "DPSYNTH_AIRFLOW_VENV": "/v"}) == Path("/v")
+    assert REPO not in default_venv({"HOME": str(tmp_path)}).parents
+    # The script agrees: with a finished venv at the default place it reuses it (and builds nothing).
+    venv = tmp_path / "cache" / "dpsynth" / "venv-airflow"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "airflow").write_text("#!/bin/sh\n")
+    (venv / "bin" / "airflow").chmod(0o755)
+    (venv / ".dpsynth-airflow-a-beam-b-google-c").touch()
+    env = {k: v for k, v in os.environ.items() if k != "DPSYNTH_AIRFLOW_VENV"}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), AIRFLOW_VERSION="a", BEAM_PROVIDER_VERSION="b",
+               GOOGLE_PROVIDER_VERSION="c")
+    proc = subprocess.run(["bash", str(REPO / "deploy" / "airflow" / "setup_airflow_env.sh")], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"reusing {venv} (Airflow a)"

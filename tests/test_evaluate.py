@@ -2,6 +2,8 @@
 
 import argparse
 import json
+import os
+import re
 
 import numpy as np
 import pytest
@@ -152,3 +154,94 @@ def test_real_rows_are_clipped_only_for_uncentred_releases():
     assert resolve_clip("auto", {"config": {"center": True,
                                             "clip_norm": 0.5}}) is None
     assert resolve_clip("unit", {"config": {"clip_norm": 0.5}}) is None
+
+
+def test_default_quick_protocol_reports_progress_per_model_and_seed(files, capsys):
+    rc = run_cli("--synthetic", files["syn"], "--real-train", files["train"],
+                 "--real-test", files["test"], "--normalize", "unit",
+                 "--metrics-max-rows", 300, "--output", files["out"],
+                 "--mlp-lr", "0.05", "--mlp-batch-size", "64")
+    assert rc == 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    steps = [l for l in lines if "trained on" in l]
+    assert [l.split(":")[1].strip() for l in steps] == [
+        "mlp trained on synthetic, seed 0", "logreg trained on synthetic, seed 0",
+        "mlp trained on real (ceiling), seed 0", "logreg trained on real (ceiling), seed 0"]
+    assert all(re.fullmatch(r"dpsynth evaluate: .*: test accuracy [01]\.\d{4} "
+                            r"\(\d+ s\) \[\d+:\d\d elapsed\]", l) for l in steps), steps
+    assert any("distribution metrics" in l for l in lines)
+    assert "protocol quick" in lines[0]
+    report = json.loads(open(files["out"]).read())
+    assert report["protocol"]["name"] == "quick"
+    assert report["protocol"]["seeds"] == [0]
+    assert report["protocol"]["mlp"]["epochs"] == evaluate.PROTOCOLS["quick"]["mlp_epochs"]
+
+
+def test_protocols_and_explicit_overrides():
+    parser = evaluate.parser()
+    base = ["--synthetic", "s", "--real-train", "a", "--real-test", "b"]
+    assert evaluate.protocol_settings(parser.parse_args(base)) == (1, 50)
+    full = parser.parse_args(base + ["--protocol", "full"])
+    assert evaluate.protocol_settings(full) == (3, 50) == (
+        evaluate.PROTOCOLS["full"]["seeds"], classifiers_epochs())
+    assert evaluate.protocol_settings(parser.parse_args(
+        base + ["--protocol", "full", "--seeds", "5", "--mlp-epochs", "7"])) == (5, 7)
+    with pytest.raises(ValueError, match="--seeds must be >= 1"):
+        evaluate.protocol_settings(parser.parse_args(base + ["--seeds", "0"]))
+    helptext = parser.format_help()
+    assert "(default: quick)" in helptext and "(default: 2000)" in helptext
+    assert "full: the paper's protocol, 3 seeds, MLP 50 epochs" in " ".join(helptext.split())
+
+
+def test_a_deterministic_fit_on_seed_independent_rows_runs_once(monkeypatch):
+    calls = []
+
+    def fake(model, x, y, *rest):
+        calls.append(model)
+        return 0.5 + 0.1 * len(calls)
+    monkeypatch.setattr(evaluate, "train_and_score", fake)
+    x, y = np.zeros((10, 2)), np.arange(10) % 2
+    args = (np.zeros((4, 2)), np.arange(4) % 2, [0, 1], ["logreg", "mlp"],
+            [0, 1, 2], None, None)
+    out = evaluate.utility(x, y, 10, *args, size_policy="paper")
+    assert calls == ["logreg", "mlp", "mlp", "mlp"]
+    assert out["logreg"]["accuracies"] == [0.6] * 3 and out["logreg"]["std"] == 0
+    calls.clear()
+    evaluate.utility(x, y, 5, *args, size_policy="paper")  # cut to 5 rows: seeded
+    assert calls == ["logreg"] * 3 + ["mlp"] * 3
+
+
+def classifiers_epochs():
+    from models.classifiers import MLPConfig
+    return MLPConfig().epochs  # the paper's 50
+
+
+def test_missing_inputs_name_their_own_flag(files, tmp_path, capsys):
+    common = ["--normalize", "unit", "--output", files["out"]]
+    assert run_cli("--synthetic", tmp_path / "missing/", "--real-train", files["train"],
+                   "--real-test", files["test"], *common) == 2
+    err = capsys.readouterr().err
+    assert "--synthetic" in err and "missing" in err and "--input" not in err
+    (tmp_path / "empty").mkdir()
+    assert run_cli("--synthetic", tmp_path / "empty", "--real-train", files["train"],
+                   "--real-test", files["test"], *common) == 2
+    assert "--synthetic" in capsys.readouterr().err
+    assert run_cli("--synthetic", files["syn"], "--real-train", files["train"],
+                   "--real-test", tmp_path / "nope-*.npz", *common) == 2
+    err = capsys.readouterr().err
+    assert "--real-test" in err and "no files match" in err and "--input" not in err
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_existing_report_is_not_overwritten_without_the_flag(files, capsys):
+    with open(files["out"], "w") as f:
+        f.write("earlier report")
+    argv = ["--synthetic", files["syn"], "--real-train", files["train"],
+            "--real-test", files["test"], "--normalize", "unit", "--models",
+            "logreg", "--no-ceiling", "--no-distribution", "--output", files["out"]]
+    assert run_cli(*argv) == 2
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
+    assert open(files["out"]).read() == "earlier report"
+    assert run_cli(*argv, "--overwrite") == 0
+    assert json.loads(open(files["out"]).read())["synthetic_trained"]["logreg"]["mean"] > 0.9
+    assert [p for p in os.listdir(os.path.dirname(files["out"])) if ".tmp-" in p] == []

@@ -85,16 +85,18 @@ def test_generate_reads_gs_input_and_publishes_gs_release(gcs):
 
     names = gcs.names("releases/")
     final = [n for n in names if n.startswith("releases/2026-01-01/")]
+    assert set(names) == set(final), "staging objects left behind"
     assert "releases/2026-01-01/manifest.json" in final
-    assert "releases/2026-01-01/gmm.npz" in final
-    shards = [n for n in final if n.startswith("releases/2026-01-01/data/")]
+    x, y, manifest = release.load_release(output)  # reads through gs://
+    root = f"releases/2026-01-01/{manifest['root']}/"
+    assert f"{root}gmm.npz" in final
+    shards = [n for n in final if n.startswith(f"{root}data/")]
     assert shards and all(n.rsplit("/", 1)[1].startswith("synthetic-")
                           and n.endswith(".tfrecord") for n in shards)
-    assert set(names) == set(final), "staging objects left behind"
-
-    x, y, manifest = release.load_release(output)  # reads through gs://
+    assert set(final) == {"releases/2026-01-01/manifest.json"} | {
+        n for n in final if n.startswith(root)}
     assert manifest["run_id"] == "gcs-e2e"
-    assert manifest["input"]["files"] == [gcs.uri("private/digits-train.npz")]
+    assert "files" not in manifest["input"]
     assert x.shape[0] == manifest["samples_total"] == len(y) > 0
     assert set(np.unique(y)) <= set(range(10))
 
@@ -104,7 +106,7 @@ def test_generate_reads_gs_input_and_publishes_gs_release(gcs):
 
 def _stage(release, gcs, run: str, shards: int) -> str:
     """A complete staging directory on gs:// (what a run leaves before
-    publishing): data shards, gmm.npz, manifest listing the shards."""
+    publishing): data shards, gmm.npz, the staged manifest naming them."""
     from apache_beam.io.filesystems import FileSystems
     staging = release.staging_dir(gcs.uri("rel/final"), run)
     names = [f"synthetic-{i:05d}-of-{shards:05d}.tfrecord"
@@ -117,7 +119,7 @@ def _stage(release, gcs, run: str, shards: int) -> str:
     with FileSystems.create(f"{staging}/gmm.npz") as f:
         f.write(buf.getvalue())
     release.write_manifest(staging, {
-        "run_id": run, "embedding_dim": 2,
+        "run_id": run, "root": f"v-{run}", "embedding_dim": 2,
         "classes": [{"label": 0, "shards": names}]})
     return staging
 
@@ -150,65 +152,69 @@ def test_manifest_is_committed_last_on_gcs(gcs, monkeypatch):
     final = gcs.uri("rel/final")
     staging = _stage(release, gcs, "run-a", shards=3)
     seen = CopySpy(monkeypatch, gcs).seen
+    before_manifest = []
+    real_write = release.write_manifest
+
+    def spy_write(folder, doc):
+        before_manifest.append(gcs.names("rel/final/"))
+        return real_write(folder, doc)
+    monkeypatch.setattr(release, "write_manifest", spy_write)
     release.publish(staging, final)
 
-    manifest_copies = [i for i, (dst, _) in enumerate(seen)
-                       if any(d.endswith("/manifest.json") for d in dst)]
-    assert manifest_copies == [len(seen) - 1], "manifest must be copied last"
-    before_commit = seen[-1][1]
-    assert "rel/final/manifest.json" not in before_commit
-    assert {f"rel/final/data/synthetic-{i:05d}-of-00003.tfrecord"
-            for i in range(3)} <= set(before_commit)
+    assert seen and len(before_manifest) == 1
+    assert "rel/final/manifest.json" not in before_manifest[0]
+    assert {f"rel/final/v-run-a/data/synthetic-{i:05d}-of-00003.tfrecord"
+            for i in range(3)} <= set(before_manifest[0])
     assert release.read_manifest(final)["run_id"] == "run-a"
-    assert not [n for n in gcs.names("rel/") if ".staging-" in n]
+    assert release.release_files(final)[0].startswith(
+        gcs.uri("rel/final/v-run-a/data/"))
 
 
-@pytest.mark.parametrize("crash_on", ["data", "manifest.json"])
-def test_crash_midway_leaves_no_readable_release(gcs, monkeypatch, crash_on):
+def test_crash_midway_leaves_no_readable_release(gcs, monkeypatch):
     release = _release_module()
     final = gcs.uri("rel/final")
     staging = _stage(release, gcs, "run-a", shards=3)
-    # "data": the crash hits the (batched) data copy; "manifest.json": all
-    # data is copied, the crash hits the commit itself.
-    CopySpy(monkeypatch, gcs, crash_on="manifest.json" if crash_on ==
-            "manifest.json" else ".tfrecord")
+    CopySpy(monkeypatch, gcs, crash_on=".tfrecord")
     with pytest.raises(Crash):
         release.publish(staging, final)
     assert not release.release_exists(final)
     with pytest.raises(release.ReleaseError):
         release.load_release(final)
-    with pytest.raises(release.ReleaseError):
-        release.read_manifest(final)
+    assert release.staged_manifest(staging)["run_id"] == "run-a"
 
 
-def test_crash_while_replacing_a_release_leaves_no_readable_mix(gcs,
-                                                                monkeypatch):
+def test_crash_while_replacing_keeps_the_old_release_whole(gcs, monkeypatch):
+    """The old manifest names the old version folder until the new one is
+    complete: readers see the old release or the new, never a mix."""
     release = _release_module()
     final = gcs.uri("rel/final")
     release.publish(_stage(release, gcs, "run-old", shards=2), final)
-    assert release.read_manifest(final)["run_id"] == "run-old"
-    CopySpy(monkeypatch, gcs, crash_on="manifest.json")
+    spy = CopySpy(monkeypatch, gcs, crash_on=".tfrecord")
     with pytest.raises(Crash):
         release.publish(_stage(release, gcs, "run-new", shards=3), final,
                         overwrite=True)
-    # Old manifest gone before any new object landed: neither the old nor a
-    # half-new release is readable.
-    assert not release.release_exists(final)
+    assert release.read_manifest(final)["run_id"] == "run-old"
+    assert all("v-run-old" in f for f in release.release_files(final))
+    spy.crash_on = None
+    release.publish(release.staging_dir(final, "run-new"), final,
+                    overwrite=True)
+    assert release.read_manifest(final)["run_id"] == "run-new"
 
 
 def test_republish_after_crash_leaves_no_orphan_objects(gcs, monkeypatch):
     release = _release_module()
     final = gcs.uri("rel/final")
-    spy = CopySpy(monkeypatch, gcs, crash_on="manifest.json")
+    spy = CopySpy(monkeypatch, gcs, crash_on=".tfrecord")
     with pytest.raises(Crash):
         release.publish(_stage(release, gcs, "run-crashed", shards=4), final)
     spy.crash_on = None  # the retry runs to completion
     release.publish(_stage(release, gcs, "run-retry", shards=2), final)
+    release.remove_unreferenced(final)
     manifest = release.read_manifest(final)
-    listed = {f"rel/final/data/{n}" for c in manifest["classes"]
+    listed = {f"rel/final/v-run-retry/data/{n}" for c in manifest["classes"]
               for n in c["shards"]}
-    on_gcs = {n for n in gcs.names("rel/final/data/")}
-    assert on_gcs == listed
+    assert set(gcs.names("rel/final/")) == listed | {
+        "rel/final/manifest.json", "rel/final/v-run-retry/gmm.npz"}
 
 
 def test_budget_store_document_is_json_on_gcs(gcs):

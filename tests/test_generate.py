@@ -10,7 +10,8 @@ from dp_ops import plan
 from dp_ops.config import GeneratorConfig
 from pipelines import cli
 from pipelines.release import load_gmm, load_release
-from tests.conftest import assert_release_matches_reference, gmm_data
+from tests.conftest import (assert_release_matches_reference, gmm_data,
+                            release_dir)
 
 
 def _run(*argv):
@@ -21,7 +22,7 @@ def test_demo_runs_with_no_input_and_prints_utility(tmp_path, capsys):
     out = tmp_path / "release"
     assert _run("--output", out) == 0
     printed = capsys.readouterr().out
-    assert f"release written to {out}" in printed
+    assert f"release: {out}" in printed
     assert "trained on real" in printed and "trained on synthetic" in printed
     manifest = json.loads((out / "manifest.json").read_text())
     spent = manifest["privacy"]["spent"]["epsilon"]
@@ -43,7 +44,7 @@ def test_release_reads_back_with_tf_data(tmp_path):
     assert _run("--input", tmp_path / "in.npz", "--output", out,
                 "--num-classes", 3, "--epsilon", 2, "--clusters", 3,
                 "--noise-seed", 1, "--rows-per-shard", 100) == 0
-    files = sorted(str(p) for p in (out / "data").glob("*.tfrecord"))
+    files = sorted(str(p) for p in (release_dir(out) / "data").glob("*.tfrecord"))
     feats = {"embedding": tf.io.FixedLenFeature([12], tf.float32),
              "label": tf.io.FixedLenFeature([], tf.int64)}
     ds = tf.data.TFRecordDataset(files).map(
@@ -156,5 +157,5 @@ def test_materialised_blocks_give_the_same_release(tmp_path):
         out = tmp_path / f"r{i}"
         assert _run("--input", tmp_path / "in.npz", "--output", out,
                     "--num-classes", 2, "--noise-seed", 3, *extra) == 0
-        outs.append((out / "gmm.npz").read_bytes())
+        outs.append((release_dir(out) / "gmm.npz").read_bytes())
     assert outs[0] == outs[1]

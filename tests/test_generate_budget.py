@@ -21,7 +21,11 @@ def test_lifetime_cap_refuses_the_release_that_would_exceed_it(tmp_path, capsys)
     np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
     assert _run(tmp_path, "r1", "--run-id", "2026-11-24") == 0
     manifest = json.loads((tmp_path / "r1" / "manifest.json").read_text())
-    assert manifest["lifetime_budget"]["lifetime_epsilon_spent"] <= 1.0 + 1e-9
+    assert manifest["lifetime_budget"] == {
+        "store": str(tmp_path / "b"), "dataset_id": "patients",
+        "lifetime_cap": {"epsilon": 1.3, "delta": 1e-5}}
+    assert budget_store.lifetime_spent(str(tmp_path / "b"), "patients",
+                                       1e-5) <= 1.0 + 1e-9
     capsys.readouterr()
     assert _run(tmp_path, "r2", "--run-id", "2026-11-25") == 2
     assert "lifetime" in capsys.readouterr().err

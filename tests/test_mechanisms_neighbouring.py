@@ -51,11 +51,11 @@ class RecordingNoise(SeededNoise):
         super().__init__(seed)
         self.draws: dict[str, tuple[float, np.ndarray]] = {}
 
-    def gaussian(self, sigma, shape, key):
-        out = super().gaussian(sigma, shape, key)
+    def lattice_draw(self, sigma, size, key, grid=None):
+        q, k = super().lattice_draw(sigma, size, key, grid)
         assert key not in self.draws, f"{key} drawn twice in one run"
-        self.draws[key] = (float(sigma), out)
-        return out
+        self.draws[key] = (float(sigma), k * q)
+        return q, k
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,9 @@ def experiment(setup):
         for side, seed in ((0, t), (1, TRIALS + t)):
             draws = _draw_all(cfg, ledger, exact, tree, centres, cands, seed)
             for name, (sigma, noise) in draws.items():
-                released[name][side].append(exact[name][side] + noise)
+                shape = np.shape(exact[name][side])
+                released[name][side].append(exact[name][side]
+                                            + noise.reshape(shape))
                 sigmas[name].add(sigma)
     return ledger, exact, released, sigmas
 
@@ -237,18 +239,21 @@ def test_second_moment_mechanism(setup, mode):
     m = ledger.get(name)
     assert m.partition == ("global" if mode == "shared" else f"class={LABEL}")
     assert m.sensitivity == R * R
-    a, b = (covariance.upper(covariance.block_second_moment(d, R))
-            for d in (x, x_plus))
+    full_a, full_b = (covariance.block_second_moment(d, R)
+                      for d in (x, x_plus))
+    a, b = covariance.upper(full_a), covariance.upper(full_b)
     gap = np.linalg.norm(b - a)
     assert m.sensitivity * (1 - 1e-3) <= gap <= m.sensitivity
-    dim = x.shape[1]
     released = [[], []]
     for t in range(TRIALS):
-        for side, exact in ((0, a), (1, b)):
+        for side, full in ((0, full_a), (1, full_b)):
             noise = RecordingNoise(t + side * TRIALS)
-            full = covariance.symmetric_from_upper(exact, dim)
             out = generator.noisy_second_moment(full, ledger, noise, name)
-            assert noise.draws[name][0] == m.sigma
+            # sigma on the diagonal, sigma / sqrt(2) off it: sigma on the
+            # isometric vector
+            assert noise.draws[name + "#diagonal"][0] == m.sigma
+            assert noise.draws[name + "#off-diagonal"][0] == pytest.approx(
+                m.sigma / math.sqrt(2))
             released[side].append(covariance.upper(out))
     out_a, out_b = np.array(released[0]), np.array(released[1])
     diff = out_b.mean(axis=0) - out_a.mean(axis=0)
@@ -312,10 +317,13 @@ def test_centre_mechanisms(setup):
             <= hi / draws.size
 
 
-def test_pipelinedp_noise_path_has_the_calibrated_sigma(tmp_path):
-    """The default (secure) Beam path hands PipelineDP the ledger's noise
-    multiplier; its draws must have the ledger's sigma too."""
+def test_beam_noise_path_has_the_calibrated_sigma_and_survives_reexecution(
+        tmp_path):
+    """The Beam path draws the ledger's sigma; a step executed twice (here:
+    the same transform applied twice, as a recomputing runner would) adds
+    the identical noise: one release, one draw."""
     import apache_beam as beam
+    from dp_ops.noise import SecureNoise
     from transforms.noise import AddNoise
     cfg = GeneratorConfig(labels=(0, 1), epsilon=2.0, clusters=3,
                           clip_norm=R, accountant="rdp", covariance_rank=0)
@@ -323,16 +331,20 @@ def test_pipelinedp_noise_path_has_the_calibrated_sigma(tmp_path):
     name_of = lambda l: plan.name(l, "moments", "sumsq")  # noqa: E731
     sigma = ledger.get(name_of(0)).sigma
     folder = str(tmp_path)
+    noise = SecureNoise()
 
-    def save(kv):
-        np.save(f"{folder}/noisy-{kv[0]}.npy", np.asarray(kv[1]))
+    def save(kv, tag):
+        np.save(f"{folder}/{tag}-{kv[0]}.npy", np.asarray(kv[1]))
 
     with beam.Pipeline(runner="FnApiRunner") as p:
-        _ = (p | beam.Create([(0, np.full(4000, 7.0)), (1, np.zeros(4000))])
-             | AddNoise(ledger, name_of, [0, 1], None)
-             | beam.Map(save))
+        exact = p | beam.Create([(0, np.full(4000, 7.0)), (1, np.zeros(4000))])
+        for tag in ("first", "again"):
+            _ = (exact | f"Noise{tag}" >> AddNoise(ledger, name_of, noise)
+                 | f"Save{tag}" >> beam.Map(save, tag))
     for label, centre in ((0, 7.0), (1, 0.0)):
-        r = np.load(tmp_path / f"noisy-{label}.npy") - centre
+        first = np.load(tmp_path / f"first-{label}.npy")
+        assert np.array_equal(first, np.load(tmp_path / f"again-{label}.npy"))
+        r = first - centre
         lo, hi = stats.chi2.ppf([0.0005, 0.9995], r.size)
         assert lo / r.size <= np.mean(r ** 2) / sigma ** 2 <= hi / r.size
         assert abs(r.mean()) <= 4 * sigma / math.sqrt(r.size)

@@ -4,10 +4,10 @@ configuration or the output of a registered DP mechanism.
 One real run (``dpsynth generate``, DirectRunner, seeded noise) is checked
 field by field:
 
-* manifest.json / summary.json: every leaf is tagged by an allow-list as
-  PUBLIC (a function of the configuration and the input's schema), DP (a
-  post-processed output of ledger mechanisms) or TIMING (wall-clock
-  durations; see ``TIMING``). An untagged field fails the test.
+* manifest.json / summary.json: every leaf is tagged by an allow-list
+  (``FIELDS``, with the reason for each) as PUBLIC (a function of the
+  configuration, the input's schema or public randomness) or DP (a
+  post-processed output of ledger mechanisms). An untagged field fails.
 * PUBLIC values are recomputed from the configuration alone (the whole
   privacy block is ``plan.make_ledger(cfg).to_manifest()``).
 * DP values (manifest, summary, gmm.npz, the TFRecord rows) are recomputed by
@@ -16,7 +16,7 @@ field by field:
   mechanism, with that mechanism's sigma, and every mechanism is drawn.
 * Exact private aggregates (class sizes, n, rows clipped, exact class sums
   and means) appear nowhere: not in any output file, log record or stdout.
-  Every number in our log lines is a public, DP or timing value.
+  Every number in our log lines is a public or DP value.
 
 A second, static guard scans the source: transforms/ and dp_ops/ may not
 log or print (Beam counters only), except reviewed diagnostics listed in
@@ -41,6 +41,7 @@ from dp_ops import clipping, plan, reference
 from dp_ops.config import GeneratorConfig
 from dp_ops.noise import SeededNoise
 from pipelines import cli
+from tests.conftest import release_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = (437, 289, 174)  # exact (private) class sizes: distinctive numbers
@@ -49,36 +50,67 @@ NOISE_SEED = 20250612
 EPSILON = 1.0
 
 # ------------------------------------------------------------- allow-lists
-# Paths of manifest leaves; "[]" stands for any list index.
-PUBLIC = [
-    r"format", r"run_id", r"created_utc", r"noise", r"config\.\w+(\[\])?",
-    r"config\.budget_weights\.\w+", r"input\.(pattern|format|non_finite)",
-    r"input\.files\[\]", r"embedding_dim", r"outputs\.(data|gmm)",
-    r"versions\.[\w-]+", r"privacy\.(accountant|neighbouring_relation|"
-    r"composition)", r"privacy\.(target|spent)\.(epsilon|delta)",
+# Every manifest leaf, by path ("[]" stands for any list index), with its
+# classification: PUBLIC (a function of the configuration, the input's
+# schema, or public randomness) or DP (post-processing of ledger mechanisms'
+# outputs). Nothing else may appear: no input file names (one file per
+# person would reveal membership), no sizes or hashes of private files, no
+# wall times (they grow with n), no count of attempts.
+FIELDS = {
+    r"format": ("public", "release format version"),
+    r"run_id": ("public", "--run-id, or random"),
+    r"root": ("public", "random version folder name, drawn before any read"),
+    r"created_utc": ("public", "one timestamp taken before any data is read"),
+    r"noise": ("public", "description of the noise sampler"),
+    r"config\.\w+(\[\])?": ("public", "the generator configuration"),
+    r"config\.budget_weights\.\w+": ("public", "--budget-weights"),
+    r"input\.(pattern|format|non_finite)": ("public", "the user's input flags"),
+    r"embedding_dim": ("public", "the input's schema (or --embedding-dim)"),
+    # What the release holds and how to read it: file names, format,
+    # feature names/dtypes/shape (the input's schema), the normalisation
+    # and the requested covariance rank (all configuration).
+    r"outputs\.(data|gmm|summary|schema|format|files)":
+        ("public", "layout constants and the output format"),
+    r"outputs\.features\.\w+\.(dtype|role|shape(\[\])?)":
+        ("public", "feature names, dtypes, shape: config and schema"),
+    r"outputs\.normalisation\.(normalize|clip_norm|apply_to_real_inputs|"
+    r"python)": ("public", "the per-record transform users must apply"),
+    r"outputs\.covariance\.(mode|requested_rank|stored_as)":
+        ("public", "covariance configuration"),
+    r"versions\.[\w-]+": ("public", "package versions"),
+    r"privacy\.(accountant|neighbouring_relation|composition)":
+        ("public", "accounting configuration"),
+    r"privacy\.(target|spent)\.(epsilon|delta)":
+        ("public", "target; spent = composition of the planned sigmas"),
     r"privacy\.mechanisms\[\]\.(name|stage|partition|sensitivity|sigma|"
-    r"neighbouring|count|sampling_probability|noise_multiplier)",
-    r"classes\[\]\.label",
-    # The lifetime budget store: caps and epsilons spent by earlier runs on
-    # the dataset (sums of ledger epsilons: functions of configurations).
-    r"lifetime_budget", r"lifetime_budget\.(store|dataset_id|"
-    r"lifetime_epsilon_spent|retry_of_recorded_run)",
-    r"lifetime_budget\.lifetime_cap\.(epsilon|delta)",
-]
-DP = [r"classes\[\]\.(noisy_count|components_with_mass|samples)",
-      r"classes\[\]\.shards\[\]", r"samples_total", r"warnings\[\]"]
-# Durations are not DP: they grow with n, a timing side channel at the
-# resolution of seconds. Tagged separately so that no other non-DP field
-# can slip in; see the report of ISSUE 7.
-TIMING = [r"timings_s\.\w+"]
-# Without --record-timings the field only holds a public sentence.
-PUBLIC.append(r"timings_s")
+    r"neighbouring|count|sampling_probability|noise_multiplier)":
+        ("public", "the plan: calibrated before any data is read"),
+    r"classes\[\]\.label": ("public", "the configured label set"),
+    r"lifetime_budget": ("public", "null without --budget-store"),
+    r"lifetime_budget\.(store|dataset_id)": ("public", "budget-store flags"),
+    r"lifetime_budget\.lifetime_cap\.(epsilon|delta)":
+        ("public", "--lifetime-epsilon/--lifetime-delta"),
+    r"classes\[\]\.(noisy_count|components_with_mass|samples|"
+    r"covariance_rank)": ("dp", "noisy counts and post-processing of the "
+                          "noisy moments and second-moment matrix"),
+    r"outputs\.covariance\.effective_rank\.(min|max)":
+        ("dp", "factor columns kept: eigenvalues > 0 of the noisy covariance"),
+    r"outputs\.covariance\.why_smaller":
+        ("dp", "the sentence saying why fewer factors than requested"),
+    r"classes\[\]\.shards\[\]":
+        ("dp", "shard names: label and index; their number follows samples"),
+    r"samples_total": ("dp", "sum of the DP sample counts"),
+    r"warnings\[\]": ("dp", "config, or the noisy record count"),
+}
+PUBLIC = [p for p, (tag, _) in FIELDS.items() if tag == "public"]
+DP = [p for p, (tag, _) in FIELDS.items() if tag == "dp"]
 SUMMARY_KEYS = {"label": "public", "noisy_count": "dp",
-                "components_with_mass": "dp", "samples": "dp", "shards": "dp"}
+                "components_with_mass": "dp", "covariance_rank": "dp",
+                "samples": "dp", "shards": "dp"}
 
 
 def _tag(path: str) -> str | None:
-    for tag, patterns in (("public", PUBLIC), ("dp", DP), ("timing", TIMING)):
+    for tag, patterns in (("public", PUBLIC), ("dp", DP)):
         if any(re.fullmatch(p, path) for p in patterns):
             return tag
     return None
@@ -100,15 +132,15 @@ def _leaves(doc, prefix=""):
 # ------------------------------------------------------------ the one run
 
 class RecordingNoise(SeededNoise):
-    """SeededNoise that remembers (key, sigma, shape) of every draw."""
+    """SeededNoise that remembers (key, sigma, size) of every draw."""
 
     def __init__(self, seed: int) -> None:
         super().__init__(seed)
-        self.draws: list[tuple[str, float, tuple]] = []
+        self.draws: list[tuple[str, float, int]] = []
 
-    def gaussian(self, sigma, shape, key):
-        out = super().gaussian(sigma, shape, key)
-        self.draws.append((key, float(sigma), out.shape))
+    def lattice_draw(self, sigma, size, key, grid=None):
+        out = super().lattice_draw(sigma, size, key, grid)
+        self.draws.append((key, float(sigma), size))
         return out
 
 
@@ -128,9 +160,10 @@ def run(tmp_path_factory):
     """Runs the CLI once, capturing logs (all loggers) and stdout/stderr."""
     tmp = tmp_path_factory.mktemp("review")
     x, y = _private_data()
-    np.savez(tmp / "private.npz", embeddings=x, labels=y)
+    # One file per person would be typical; the user passes a pattern.
+    np.savez(tmp / "patient-0001.npz", embeddings=x, labels=y)
     out = tmp / "release"
-    argv = ["generate", "--input", str(tmp / "private.npz"), "--output",
+    argv = ["generate", "--input", str(tmp / "patient-*.npz"), "--output",
             str(out), "--num-classes", "3", "--epsilon", str(EPSILON),
             "--clusters", "3", "--normalize", "none", "--clip-norm", "1.0",
             "--vote-filter", "--vote-threshold", "2", "--accountant", "rdp",
@@ -217,13 +250,31 @@ def test_public_fields_are_functions_of_the_configuration(run, expected):
     config["labels"] = list(cfg.labels)
     assert m["config"] == json.loads(json.dumps(config))
     assert m["embedding_dim"] == DIM  # the input's schema
-    assert m["input"]["files"] == [str(run["tmp"] / "private.npz")]
+    assert m["input"]["pattern"] == str(run["tmp"] / "patient-*.npz")
+    assert "files" not in m["input"]  # the matched file list stays out
     assert [c["label"] for c in m["classes"]] == list(cfg.labels)
+
+
+def test_no_private_file_metadata_in_the_release(run):
+    """Input file names, sizes and hashes stay out of every release file:
+    the release holds manifest.json and the one version folder it names."""
+    import hashlib
+    out, private = Path(run["out"]), run["tmp"] / "patient-0001.npz"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["manifest.json", run["manifest"]["root"]])
+    data = private.read_bytes()
+    needles = {private.name, str(len(data)), hashlib.sha256(data).hexdigest(),
+               hashlib.md5(data).hexdigest()}
+    for path in out.rglob("*.json"):
+        text = path.read_text()
+        for needle in needles:
+            assert needle not in text, f"{needle} in {path.name}"
 
 
 def test_dp_fields_are_mechanism_outputs(run, expected):
     m, mixes = run["manifest"], expected["mixes"]
-    summary = json.loads((run["out"] / "summary.json").read_text())
+    summary = json.loads((release_dir(run["out"]) / "summary.json")
+                         .read_text())
     for entry in summary:
         assert set(entry) == set(SUMMARY_KEYS), entry.keys()
     for c, s in zip(m["classes"], summary):
@@ -240,7 +291,7 @@ def test_dp_fields_are_mechanism_outputs(run, expected):
 
 
 def test_gmm_npz_holds_only_mechanism_outputs(run, expected):
-    with np.load(run["out"] / "gmm.npz") as z:
+    with np.load(release_dir(run["out"]) / "gmm.npz") as z:
         arrays = {k: z[k] for k in z.files}
     labels = expected["cfg"].labels
     allowed = {"labels"} | {f"class_{l}_{f}" for l in labels for f in
@@ -286,10 +337,15 @@ def test_every_noise_draw_is_a_registered_mechanism(expected):
     ledger, draws = expected["ledger"], expected["noise"].draws
     names = {m.name for m in ledger.mechanisms}
     drawn = {}
-    for key, sigma, shape in draws:
-        assert key in names, f"noise drawn under unregistered name {key}"
-        assert sigma == ledger.get(key).sigma, key
-        drawn[key] = drawn.get(key, 0) + 1
+    for key, sigma, _ in draws:
+        # A second-moment matrix is one mechanism drawn in two parts:
+        # sigma on its diagonal, sigma / sqrt(2) off it (see generator.py).
+        name, _, part = key.partition("#")
+        assert name in names, f"noise drawn under unregistered name {key}"
+        scale = math.sqrt(2) if part == "off-diagonal" else 1.0
+        assert sigma == pytest.approx(ledger.get(name).sigma / scale), key
+        if part != "off-diagonal":
+            drawn[name] = drawn.get(name, 0) + 1
     assert set(drawn) == names  # every registered mechanism is used ...
     for name, times in drawn.items():  # ... as often as it is accounted
         assert times == ledger.get(name).count, name
@@ -313,10 +369,30 @@ def _texts(run) -> dict[str, str]:
                         for k in z.files)
             else:
                 texts[name] = path.read_bytes().decode("latin-1")
-    texts["logs"] = "\n".join(f"{n}: {m}" for n, m in run["logs"])
+    texts["logs"] = "\n".join(f"{n}: {m}" for n, m in run["logs"]
+                              if n != OPERATOR)
     texts["stdout"] = run["stdout"]
-    texts["stderr"] = run["stderr"]
+    texts["stderr"] = "\n".join(l for l in run["stderr"].splitlines()
+                                if not _PROGRESS.match(l))
     return texts
+
+
+# Progress lines of a running job (16.2): elapsed time, pass and the rows it
+# has read so far. Exact counts, like Beam's counters: for the operator who
+# runs the job (and holds the raw data), on the console only; logged under
+# their own logger and never written to any release file.
+OPERATOR = "dpsynth.operator"
+_PROGRESS = re.compile(r"^dpsynth: \[\d+:\d\d\] ")
+
+
+def test_operator_progress_stays_on_the_console(run):
+    progress = [m for n, m in run["logs"] if n == OPERATOR]
+    assert any("rows read" in m for m in progress)
+    console = [l for l in run["stderr"].splitlines() if _PROGRESS.match(l)]
+    assert len(console) == len(progress)
+    for path in Path(run["out"]).rglob("*"):
+        if path.is_file() and path.suffix == ".json":
+            assert "rows read" not in path.read_text()
 
 
 def _scrub(text: str, run) -> str:
@@ -340,6 +416,30 @@ def test_exact_counts_appear_nowhere(run, expected):
         for value in exact:
             assert not _int_token(value).search(text), \
                 f"exact private count {value} found in {where}"
+
+
+def test_schema_file_is_public_configuration(run, expected):
+    from transforms.write import release_schema
+    schema = json.loads((release_dir(run["out"]) / "schema.json").read_text())
+    assert schema == json.loads(json.dumps(release_schema(expected["cfg"],
+                                                          DIM)))
+
+
+def test_report_page_shows_no_exact_count(run, expected, tmp_path):
+    """`dpsynth report` reads the release only: its page (numbers in text
+    and tables; the charts are drawn from the same values) holds no exact
+    class size, n or clipped count."""
+    page = tmp_path / "page"
+    assert cli.main(["report", str(run["out"]), "--output", str(page)]) == 0
+    text = (page / "index.html").read_text()
+    text = re.sub(r"data:image/png;base64,[^\"]+", "", text)
+    text = re.sub(r"\d{8}T\d{6}Z|\d{4}-\d\d-\d\d \d\d:\d\d", "", text)
+    text = _scrub(text, run)
+    priv = expected["private"]
+    for value in [*priv["sizes"], priv["n"], priv["clipped"]]:
+        assert not _int_token(value).search(text), \
+            f"exact private count {value} in the report page"
+    assert f"{run['manifest']['samples_total']:,}" in text
 
 
 def test_exact_sums_and_means_appear_nowhere(run, expected):
@@ -378,9 +478,13 @@ def _allowed_numbers(run) -> list[float]:
     m = run["manifest"]
     values = [float(v) for p, v in _leaves(m)
               if isinstance(v, (int, float)) and not isinstance(v, bool)
-              and _tag(p) in ("public", "dp", "timing")]
-    values += [len(m["privacy"]["mechanisms"]), len(m["input"]["files"]),
+              and _tag(p) in ("public", "dp")]
+    values += [len(m["privacy"]["mechanisms"]),
                sum(max(c["noisy_count"], 0) for c in m["classes"])]
+    # The summary's budget shares by stage: a function of the plan.
+    from pipelines.summary import stage_shares
+    values += [100 * v for v in stage_shares(m["privacy"]["mechanisms"])
+               .values()]
     return values
 
 
@@ -396,7 +500,8 @@ def _explained(token: str, allowed: list[float]) -> bool:
 
 def test_every_number_in_our_logs_is_public_or_dp(run):
     allowed = _allowed_numbers(run)
-    ours = [(n, m) for n, m in run["logs"] if n.startswith("dpsynth")]
+    ours = [(n, m) for n, m in run["logs"]
+            if n.startswith("dpsynth") and n != OPERATOR]
     lines = [m for _, m in ours] + run["stdout"].splitlines()
     assert any("release:" in l for l in lines)
     for line in lines:
@@ -423,10 +528,9 @@ LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception",
 # (file, first words of the message, verdict). Each names input files or
 # folders, like bad-input errors do; none prints data values or aggregates.
 REVIEWED_LOG_CALLS = {
-    ("transforms/images.py", "--images %s: skipping class folders"):
-        "names configured-away folders of the input tree (operator input)",
     ("transforms/images.py", "unreadable image %s"):
-        "names one unreadable input file, like a bad-input error",
+        "encode only (no release): names one unreadable input file, like a "
+        "bad-input error; generate --images skips them with no log line",
     ("transforms/encode.py", "encoder %s loaded in"):
         "encoder name, load time and pid: public/operational",
 }

@@ -123,18 +123,18 @@ def _mixture(label=0, d=6, count=1000.0):
 def test_vote_candidate_cap_is_public_and_respected():
     base = GeneratorConfig(labels=(0,), vote_filter=True, vote_oversample=6)
     mix = _mixture()
-    uncapped = vote.candidates(mix, base)
+    uncapped = generator.candidates(mix, base)
     np.testing.assert_array_equal(uncapped, generator.candidates(mix, base))
     assert len(uncapped) == 6000
     capped = dataclasses.replace(base, vote_max_candidates=2500)
-    assert len(vote.candidates(mix, capped)) == 2500
+    assert len(generator.candidates(mix, capped)) == 2500
     roomy = dataclasses.replace(base, vote_max_candidates=10 ** 6)
-    np.testing.assert_array_equal(vote.candidates(mix, roomy), uncapped)
+    np.testing.assert_array_equal(generator.candidates(mix, roomy), uncapped)
     no_vote = dataclasses.replace(base, vote_filter=False)
-    assert len(vote.candidates(mix, no_vote)) == 1000
+    assert len(generator.candidates(mix, no_vote)) == 1000
     with pytest.raises(ValueError, match="vote-max-candidates"):
         object.__setattr__(capped, "vote_max_candidates", 0)  # bypass config
-        vote.candidates(mix, capped)
+        generator.candidates(mix, capped)
 
 
 def test_blocks_are_sorted_by_label_and_split_into_views():

@@ -1,12 +1,11 @@
 import apache_beam as beam
 import numpy as np
-import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from scipy import stats
 
 from dp_ops.ledger import Mechanism, PrivacyLedger
-from dp_ops.noise import SeededNoise
+from dp_ops.noise import SecureNoise, SeededNoise
 from transforms.aggregate import Block, PerClassSum
 from transforms.noise import AddNoise
 
@@ -39,40 +38,33 @@ def test_seeded_noise_transform_is_reproducible():
     ledger = _ledger(2.0, 3)
     values = [(l, np.arange(4.0)) for l in range(3)]
     expected = [(l, np.arange(4.0) + SeededNoise(9).gaussian(
-        2.0, (4,), f"class={l}/m")) for l in range(3)]
+        2.0, (4,), f"class={l}/m", 2.0 ** -24)) for l in range(3)]
     with _pipeline() as p:
         out = (p | beam.Create(values)
-               | AddNoise(ledger, lambda l: f"class={l}/m", [0, 1, 2], 9)
+               | AddNoise(ledger, lambda l: f"class={l}/m", SeededNoise(9))
                | beam.MapTuple(lambda l, v: (l, v.round(10).tolist())))
         assert_that(out, equal_to([(l, v.round(10).tolist())
                                    for l, v in expected]))
 
 
-def test_pipelinedp_noise_has_the_ledger_sigma():
-    """Empirical std of PipelineDP's noise = the ledger's sigma."""
-    n_labels, dim, sigma, sens = 40, 100, 3.0, 1.5
-    ledger = _ledger(sigma, n_labels, sens)
+def test_noise_transform_has_each_mechanisms_sigma():
+    """Empirical std of each key's noise = its own mechanism's sigma."""
+    n_labels, dim, sens = 40, 100, 1.5
+    ledger = PrivacyLedger(1.0, 1e-5)
+    for l in range(n_labels):
+        ledger.register(Mechanism(f"class={l}/m", "s", f"class={l}", sens,
+                                  1.0 + l % 2))
     with _pipeline() as p:
         out = (p | beam.Create([(l, np.zeros(dim)) for l in range(n_labels)])
-               | AddNoise(ledger, lambda l: f"class={l}/m",
-                          list(range(n_labels)), None)
-               | beam.Values()
+               | AddNoise(ledger, lambda l: f"class={l}/m", SecureNoise())
                | beam.combiners.ToList())
 
         def check(lists):
-            draws = np.concatenate(lists[0])
-            n = draws.size
-            lo, hi = stats.chi2.ppf([0.0005, 0.9995], n)
-            s2 = np.mean(draws ** 2)
-            assert lo / n * sigma ** 2 <= s2 <= hi / n * sigma ** 2, s2
+            for parity in (0, 1):
+                draws = np.concatenate([v for l, v in lists[0]
+                                        if l % 2 == parity])
+                sigma, n = 1.0 + parity, draws.size
+                lo, hi = stats.chi2.ppf([0.0005, 0.9995], n)
+                s2 = np.mean(draws ** 2)
+                assert lo / n * sigma ** 2 <= s2 <= hi / n * sigma ** 2, s2
         assert_that(out, check)
-
-
-def test_mechanisms_of_one_call_must_share_sigma():
-    ledger = PrivacyLedger(1.0, 1e-5)
-    ledger.register(Mechanism("class=0/m", "s", "class=0", 1, 1.0))
-    ledger.register(Mechanism("class=1/m", "s", "class=1", 1, 2.0))
-    with pytest.raises(AssertionError):
-        with _pipeline() as p:
-            _ = (p | beam.Create([(0, np.zeros(2))])
-                 | AddNoise(ledger, lambda l: f"class={l}/m", [0, 1], None))

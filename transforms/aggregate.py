@@ -20,6 +20,7 @@ from apache_beam.pvalue import AsDict, AsSingleton, PCollection
 from dp_ops import clipping, generator, lsh_tree
 from dp_ops.kmeans import blas_threads
 from dp_ops.config import GeneratorConfig
+from transforms.progress import ProgressFile, ReportProgress
 
 
 @dataclasses.dataclass
@@ -116,13 +117,16 @@ class RereadBlocks:
 
     def __init__(self, pipeline: beam.Pipeline, reader: beam.PTransform,
                  cfg: GeneratorConfig, dim: int,
-                 centre: Optional[PCollection] = None) -> None:
+                 centre: Optional[PCollection] = None,
+                 progress: Optional[ProgressFile] = None) -> None:
         self.pipeline, self._reader = pipeline, reader
         self._cfg, self._dim, self._centre = cfg, dim, centre
+        self._progress = progress
 
     def read(self, name: str) -> PCollection:
         return (self.pipeline
                 | f"{name}Read" >> self._reader
+                | f"{name}Progress" >> ReportProgress(self._progress, name)
                 | f"{name}Prepare" >> PrepareBlocks(self._cfg, self._dim,
                                                     self._centre))
 

@@ -10,14 +10,13 @@ radius keep almost all of each row's information.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import apache_beam as beam
 import numpy as np
 
 from dp_ops import clipping, generator, plan
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
+from dp_ops.noise import NoiseSource
 from transforms.aggregate import sum_present
 from transforms.noise import AddNoise
 
@@ -34,10 +33,10 @@ class DPCentre(beam.PTransform):
     """Raw (x, y) blocks -> a one-element PCollection: the DP centre [d]."""
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
-                 noise_seed: Optional[int]) -> None:
+                 noise: NoiseSource) -> None:
         super().__init__()
         self._cfg, self._ledger, self._dim = cfg, ledger, dim
-        self._noise_seed = noise_seed
+        self._noise = noise
 
     def expand(self, raw_blocks):
         cfg, d = self._cfg, self._dim
@@ -51,8 +50,7 @@ class DPCentre(beam.PTransform):
             return (exact
                     | f"Take{field}" >> beam.Map(lambda v: ("global", take(v)))
                     | f"Noise{field}" >> AddNoise(
-                        self._ledger, lambda _: name, ["global"],
-                        self._noise_seed)
+                        self._ledger, lambda _: name, self._noise)
                     | f"Value{field}" >> beam.MapTuple(lambda _, v: v))
 
         total = noisy("Sum", plan.CENTRE_SUM, lambda v: v[:d])

@@ -17,7 +17,7 @@ from apache_beam.pvalue import AsDict
 from dp_ops import generator, kmeans, lsh_tree, moments
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
-from dp_ops.noise import make_noise_source
+from dp_ops.noise import NoiseSource
 from transforms.aggregate import Block, Blocks, PerClassSum, pass_blocks
 
 
@@ -52,17 +52,17 @@ class DPKMeans(beam.PTransform):
     """
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
-                 noise_seed: Optional[int],
+                 noise: NoiseSource,
                  blocks: Optional[Blocks] = None) -> None:
         super().__init__()
         self._cfg, self._ledger = cfg, ledger
         self._p = min(dim, cfg.cluster_dim)
-        self._noise_seed = noise_seed
+        self._noise = noise
         self._blocks = blocks
 
     def expand(self, pcoll):
         blocks = self._blocks if self._blocks is not None else pcoll
-        cfg, ledger, seed, p = self._cfg, self._ledger, self._noise_seed, self._p
+        cfg, ledger, noise, p = self._cfg, self._ledger, self._noise, self._p
         labels = list(cfg.labels)
         depth = cfg.tree_depth
         if cfg.clusters == 1:
@@ -74,7 +74,7 @@ class DPKMeans(beam.PTransform):
             label, exact = kv
             exact = exact or [{} for _ in range(depth)]
             return label, generator.grow_tree(exact, label, cfg, ledger,
-                                              make_noise_source(seed))
+                                              noise)
 
         trees = (pass_blocks(blocks, "TreeCounts")
                  | "TreeCounts" >> PerClassSum(
@@ -88,7 +88,7 @@ class DPKMeans(beam.PTransform):
             if sums is None:
                 sums = np.zeros((len(tree.leaves), p))
             return label, generator.coreset_centres(
-                tree, sums, label, cfg, ledger, make_noise_source(seed))
+                tree, sums, label, cfg, ledger, noise)
 
         centres = (pass_blocks(blocks, "LeafSums")
                    | "LeafSums" >> PerClassSum(labels, _leaf_sums(cfg.clip_norm),
@@ -102,7 +102,7 @@ class DPKMeans(beam.PTransform):
                     agg = np.zeros((cfg.clusters, p + 1))
                 return label, generator.lloyd_update(
                     agg[:, 0], agg[:, 1:], old[label], rnd, label, cfg,
-                    ledger, make_noise_source(seed))
+                    ledger, noise)
 
             centres = (pass_blocks(blocks, f"Lloyd{rnd}")
                        | f"Lloyd{rnd}Sums" >> PerClassSum(

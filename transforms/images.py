@@ -11,9 +11,20 @@ Only listings happen while the graph is built (class folder names, an npz's `cla
 read and decoded in the workers, after a Reshuffle so that decoding and encoding spread over them.
 
 A file or record that cannot be read or decoded goes to the `bad` output as (source, reason) — never dropped
-silently. `CheckBadImages` counts them, logs the names, can write them to a report file, and stops the run
-with `BadImagesError` when there are more than `--max-bad-images`. Its single output gates the writers
-(`gate_on`), so nothing is written when the budget is exceeded.
+silently. Two policies (`CheckBadImages`):
+
+* `dpsynth encode` (data preparation inside the trust boundary, no release): counts them, logs the names, can
+  write them to a report file, and stops the run with `BadImagesError` when there are more than
+  `--max-bad-images`. Its single output gates the writers (`gate_on`), so nothing is written then.
+* `dpsynth generate --images` (a DP release): an unreadable image is skipped by a per-record rule, like a row
+  with NaN under `--non-finite drop`: whether a release exists must never depend on an exact count of
+  private records. The number skipped only reaches the operator's Beam counter
+  `dpsynth_images/images_unreadable` and, with `--bad-images-report`, a file the operator names; never the
+  release, the manifest or the logs.
+
+Labels of the folder layout: `classes` (public configuration, `--classes`) names the class folders in label
+order; only those folders are listed, and a missing or empty one is an empty class. Without `classes`
+(`dpsynth encode` only) the root is listed and the class folders sorted.
 
 The bad-image report names private files: it is an operator diagnostic that stays with the private input,
 never part of a DP release.
@@ -163,10 +174,15 @@ class _DecodeFilesFn(beam.DoFn):
 
 
 def _class_files(item: tuple[str, str, int]) -> Iterator[tuple[str, int]]:
-    """(root, class name, label) → (path, label) for the class folder's direct image files."""
+    """(root, class name, label) → (path, label) for the class folder's direct image files (none for a missing
+    folder: an empty class)."""
     root, name, label = item
     prefix = f"{root}/{name}/"
-    for meta in FileSystems.match([prefix + "*"])[0].metadata_list:
+    try:
+        found = FileSystems.match([prefix + "*"])[0].metadata_list
+    except Exception:  # a missing class folder: an empty class
+        return
+    for meta in found:
         rel = meta.path[len(prefix):]
         # On gs:// a '*' also matches across '/': keep direct children only.
         if "/" not in rel and rel.lower().endswith(IMAGE_EXTENSIONS):
@@ -283,12 +299,9 @@ class ReadImages(beam.PTransform):
         self.image_key, self.label_key = image_key, label_key
         if self.layout == "folder":
             self.root = _root(images)
-            found = list_classes(images)
-            self.classes = list(classes) if classes else found
-            unknown = sorted(set(found) - set(self.classes))
-            if unknown:
-                log.warning("--images %s: skipping class folders not in --classes: %s", images, unknown)
-            # No warning for --classes without images: it would reveal that a class is empty (an exact count).
+            # Given classes: nothing is listed to find them (a class folder with no image must not change the
+            # label set or the numbering of the others).
+            self.classes = list(classes) if classes else list_classes(images)
         else:
             self.paths = _match(images)
             given = list(classes) if classes else None
@@ -334,22 +347,34 @@ def _budget_check(bad: list, max_bad: int, report_path: Optional[str]) -> dict:
     return {"bad_images": len(bad), "report": report_path if bad else None}
 
 
-class CheckBadImages(beam.PTransform):
-    """(source, reason) → one summary dict; fails the run past `max_bad` bad images.
+def _skip_check(bad: list, report_path: Optional[str]) -> dict:
+    """The release policy: unreadable images are skipped, one by one. Operator-only traces: a counter and,
+    if asked for, a report file; nothing in the logs."""
+    Metrics.counter(_METRICS, "images_unreadable").inc(len(bad))
+    if report_path and bad:
+        with FileSystems.create(report_path) as out:
+            out.write("".join(f"{s}\t{r}\n" for s, r in sorted(bad)).encode())
+    return {}
 
-    Use the output with `gate_on` so that writers only run once the budget check has passed.
+
+class CheckBadImages(beam.PTransform):
+    """(source, reason) → one summary dict; with `max_bad` (encode), fails the run past `max_bad` bad images;
+    with `max_bad=None` (a DP release), skips them per record and stops nothing.
+
+    Use the output with `gate_on` so that writers only run once the check has passed.
     """
 
-    def __init__(self, max_bad: int = 0, report_path: Optional[str] = None):
+    def __init__(self, max_bad: Optional[int] = 0, report_path: Optional[str] = None):
         super().__init__()
-        if max_bad < 0:
+        if max_bad is not None and max_bad < 0:
             raise ImageInputError(f"--max-bad-images must be >= 0, got {max_bad}")
         self.max_bad, self.report_path = max_bad, report_path
 
     def expand(self, bad):
-        return (bad
-                | "Collect" >> beam.combiners.ToList()
-                | "Budget" >> beam.Map(_budget_check, self.max_bad, self.report_path))
+        collected = bad | "Collect" >> beam.combiners.ToList()
+        if self.max_bad is None:
+            return collected | "Skip" >> beam.Map(_skip_check, self.report_path)
+        return collected | "Budget" >> beam.Map(_budget_check, self.max_bad, self.report_path)
 
 
 def _pass(element, _summary):

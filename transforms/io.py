@@ -609,7 +609,9 @@ def input_schema(paths: Sequence[str], spec: InputSpec) -> tuple[int, str]:
     files = (f"{paths[0]} holds" if len(paths) == 1
              else f"all {len(paths)} matched files hold")
     raise InputError(f"--input {spec.pattern!r}: {files} no rows "
-                     f"(empty input)")
+                     f"(empty input), so the embedding dimension is unknown; "
+                     f"pass --embedding-dim to release it (empty classes get "
+                     f"noisy outputs like any other)")
 
 
 def load_arrays(pattern: str, fmt: Optional[str] = None,
@@ -656,14 +658,20 @@ class ReadEmbeddingBlocks(beam.PTransform):
     pieces, .npz whole) are made when the graph is built, so a missing
     input fails before the pipeline starts. Each range is one element,
     spread over the workers: one large file is read by all of them.
+    ``dim`` (public configuration, ``--embedding-dim``) skips reading the
+    dimension from the first row: every row is checked against it, and an
+    input with no rows is still a valid (empty) dataset.
     """
 
-    def __init__(self, spec: InputSpec) -> None:
+    def __init__(self, spec: InputSpec, dim: Optional[int] = None) -> None:
         super().__init__()
         self.spec = spec
         sizes = _match(spec.pattern)
         self.paths = [path for path, _ in sizes]
-        self.dim, self.dim_source = input_schema(self.paths, spec)
+        if dim is None:
+            self.dim, self.dim_source = input_schema(self.paths, spec)
+        else:
+            self.dim, self.dim_source = int(dim), "--embedding-dim"
         self.ranges = [r for path, size in sizes
                        for r in file_ranges(path, size, spec)]
 
@@ -675,39 +683,7 @@ class ReadEmbeddingBlocks(beam.PTransform):
                                                          self.dim_source)))
 
 
-# ---------------------------------------------------------------- writing
-
-def serialize_examples(x: np.ndarray, y: np.ndarray,
-                       embedding_feature: str = "embedding",
-                       label_feature: str = "label") -> list[bytes]:
-    import tensorflow as tf
-    out = []
-    for row, label in zip(np.asarray(x, np.float32), np.asarray(y, np.int64)):
-        feature = {
-            embedding_feature: tf.train.Feature(
-                float_list=tf.train.FloatList(value=row)),
-            label_feature: tf.train.Feature(
-                int64_list=tf.train.Int64List(value=[int(label)])),
-        }
-        out.append(tf.train.Example(
-            features=tf.train.Features(feature=feature)).SerializeToString())
-    return out
-
-
-def write_tfrecord(path: str, records: Sequence[bytes]) -> None:
-    """Writes TFRecord framing through FileSystems (works on gs:// too)."""
-    from apache_beam.io.tfrecordio import _TFRecordUtil
-    with FileSystems.create(path, compression_type="uncompressed") as f:
-        for record in records:
-            _TFRecordUtil.write_record(f, record)
-
-
-def write_npz(path: str, **arrays: np.ndarray) -> None:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    with FileSystems.create(path, compression_type="uncompressed") as f:
-        f.write(buf.getvalue())
-
+# ---------------------------------------------------------------- paths
 
 def join(*parts: str) -> str:
     return FileSystems.join(*parts) if "://" in parts[0] else os.path.join(*parts)

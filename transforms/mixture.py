@@ -12,10 +12,11 @@ from apache_beam.pvalue import AsDict
 from dp_ops import covariance, generator, kmeans, moments, plan, vote
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
-from dp_ops.noise import make_noise_source
+from dp_ops.noise import NoiseSource
 from transforms.aggregate import (Block, Blocks, PerClassSum, pass_blocks,
                                   sum_present)
 from transforms.noise import AddNoise
+from transforms.write import DrawRows
 
 
 def _moments(k: int, bound: float, sumsq: bool):
@@ -36,11 +37,11 @@ class DPMixture(beam.PTransform):
     """
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
-                 centres, noise_seed: Optional[int],
+                 centres, noise: NoiseSource,
                  blocks: Optional[Blocks] = None) -> None:
         super().__init__()
         self._cfg, self._ledger, self._dim = cfg, ledger, dim
-        self._centres, self._noise_seed = centres, noise_seed
+        self._centres, self._noise = centres, noise
         self._blocks = blocks
 
     def expand(self, pcoll):
@@ -65,7 +66,7 @@ class DPMixture(beam.PTransform):
                 | f"Noise{field}" >> AddNoise(
                     self._ledger,
                     lambda l, f=field: plan.name(l, "moments", f),
-                    labels, self._noise_seed))
+                    self._noise))
 
         def to_mixture(kv):
             label, parts = kv
@@ -80,17 +81,17 @@ class DPMixture(beam.PTransform):
         cov = (_SharedCovariance if cfg.covariance == "shared"
                else _ClassCovariance)
         return mixtures | "Covariance" >> cov(
-            cfg, self._ledger, d, blocks, self._noise_seed)
+            cfg, self._ledger, d, blocks, self._noise)
 
 
 class _Covariance(beam.PTransform):
     """Mixtures -> mixtures with covariance factors (see the subclasses)."""
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
-                 blocks, noise_seed: Optional[int]) -> None:
+                 blocks, noise: NoiseSource) -> None:
         super().__init__()
         self._cfg, self._ledger, self._dim = cfg, ledger, dim
-        self._blocks, self._noise_seed = blocks, noise_seed
+        self._blocks, self._noise = blocks, noise
 
 
 class _SharedCovariance(_Covariance):
@@ -104,19 +105,15 @@ class _SharedCovariance(_Covariance):
     def expand(self, mixtures):
         cfg, d = self._cfg, self._dim
         bound = cfg.clip_norm
-        exact = (pass_blocks(self._blocks, "SecondMoment")
+        ledger, noise = self._ledger, self._noise
+        noisy = (pass_blocks(self._blocks, "SecondMoment")
                  | "SecondMoment" >> beam.Map(
                      lambda b: covariance.block_second_moment(b.x, bound))
                  | "Total" >> beam.CombineGlobally(sum_present)
-                 | "Upper" >> beam.Map(lambda m: (
-                     "global", covariance.upper(m if m is not None
-                                                else np.zeros((d, d))))))
-        noisy = (exact
-                 | "NoiseSecondMoment" >> AddNoise(
-                     self._ledger, lambda _: plan.COVARIANCE, ["global"],
-                     self._noise_seed)
-                 | "Symmetric" >> beam.MapTuple(
-                     lambda _, upper: covariance.symmetric_from_upper(upper, d)))
+                 | "NoiseSecondMoment" >> beam.Map(
+                     lambda m: generator.noisy_second_moment(
+                         m if m is not None else np.zeros((d, d)), ledger,
+                         noise, plan.COVARIANCE)))
         factors = (mixtures
                    | "MixtureList" >> beam.combiners.ToList()
                    | "Factors" >> beam.Map(
@@ -141,19 +138,15 @@ class _ClassCovariance(_Covariance):
     def expand(self, mixtures):
         cfg, d = self._cfg, self._dim
         bound = cfg.clip_norm
+        ledger, noise = self._ledger, self._noise
         noisy = (pass_blocks(self._blocks, "SecondMoment")
                  | "SecondMoment" >> PerClassSum(
                      list(cfg.labels),
                      lambda _, b: covariance.block_second_moment(b.x, bound))
-                 | "Upper" >> beam.MapTuple(lambda l, m: (
-                     l, covariance.upper(m if m is not None
-                                         else np.zeros((d, d)))))
-                 | "NoiseSecondMoment" >> AddNoise(
-                     self._ledger, plan.class_covariance, list(cfg.labels),
-                     self._noise_seed)
-                 | "Symmetric" >> beam.MapTuple(
-                     lambda l, upper: (
-                         l, covariance.symmetric_from_upper(upper, d))))
+                 | "NoiseSecondMoment" >> beam.MapTuple(
+                     lambda l, m: (l, generator.noisy_second_moment(
+                         m if m is not None else np.zeros((d, d)), ledger,
+                         noise, plan.class_covariance(l)))))
 
         def with_factors(kv):
             label, parts = kv
@@ -188,7 +181,7 @@ class _Votes:
             self._index = {k: v for k, v in self._index.items()
                            if k[0] != mix.label}
             self._index[key] = vote.CandidateIndex(generator.centred(
-                vote.candidates(mix, self._cfg), mix))
+                generator.candidates(mix, self._cfg), mix))
         return self._index[key]
 
     def __call__(self, label: int, block: Block, mixtures: dict) -> np.ndarray:
@@ -205,7 +198,9 @@ def _fingerprint(mix: generator.ClassMixture) -> str:
 
 
 class SampleSynthetic(beam.PTransform):
-    """(label, ClassMixture) -> (label, synthetic rows), vote-filtered if on.
+    """(label, ClassMixture) -> (label, what to write): ``DrawRows`` (the
+    writers draw the rows shard by shard) or, with the vote filter, the
+    kept candidates.
 
     The vote histogram is dense over all candidates of a class (L2
     sensitivity 1 under add/remove one record: one record casts one vote).
@@ -215,24 +210,24 @@ class SampleSynthetic(beam.PTransform):
     """
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger,
-                 blocks: Blocks, noise_seed: Optional[int]) -> None:
+                 blocks: Blocks, noise: NoiseSource) -> None:
         super().__init__()
         self._cfg, self._ledger = cfg, ledger
-        self._blocks, self._noise_seed = blocks, noise_seed
+        self._blocks, self._noise = blocks, noise
 
     def expand(self, mixtures):
-        cfg, ledger, seed = self._cfg, self._ledger, self._noise_seed
+        cfg, ledger, noise = self._cfg, self._ledger, self._noise
         if not cfg.vote_filter:
-            return mixtures | "Candidates" >> beam.MapTuple(
-                lambda l, mix: (l, vote.candidates(mix, cfg)))
+            return mixtures | "RowsToDraw" >> beam.MapTuple(
+                lambda l, mix: (l, DrawRows(generator.num_samples(mix, cfg))))
 
         def keep(kv, mixes):
             label, votes = kv
-            c = vote.candidates(mixes[label], cfg)
+            c = generator.candidates(mixes[label], cfg)
             if votes is None:
                 votes = np.zeros(len(c))
             return label, generator.filter_by_votes(
-                c, votes, label, cfg, ledger, make_noise_source(seed))
+                c, votes, label, cfg, ledger, noise)
 
         return (pass_blocks(self._blocks, "Votes")
                 | "Votes" >> PerClassSum(list(cfg.labels), _Votes(cfg),

@@ -1,9 +1,20 @@
-"""Writing the release files (DP outputs only) under a staging directory."""
+"""Writing the release files (DP outputs only) under a staging directory.
+
+Data shards are TFRecord (``tf.train.Example``: float32 list + int64 label,
+the default) or Parquet (``--output-format parquet``: a fixed-size list of
+float32 + an int64 column); ``schema.json`` describes them for readers
+that do not know our manifest (feature names, dtypes, shape, the
+normalisation real inputs need). All bytes go through Beam's FileSystems,
+so local paths and gs:// work the same.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import io as stdio
 import json
 import struct
+from typing import Iterable, Optional, Sequence
 
 import apache_beam as beam
 import google_crc32c
@@ -11,25 +22,39 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from dp_ops import generator
+from dp_ops.config import GeneratorConfig
+from dp_ops.kmeans import blas_threads
 from models.gmm import MixtureRelease
 from transforms import io
 
 DATA_DIR = "data"
 GMM_FILE = "gmm.npz"
 SUMMARY_FILE = "summary.json"
+SCHEMA_FILE = "schema.json"
+OUTPUT_FORMATS = ("tfrecord", "parquet")
 
 
-def shard_name(label: int, index: int) -> str:
-    return f"synthetic-class{label:05d}-{index:05d}.tfrecord"
+def shard_name(label: int, index: int, fmt: str = "tfrecord") -> str:
+    return f"synthetic-class{label:05d}-{index:05d}.{fmt}"
 
 
 # ------------------------------------------------ vectorised TFRecord rows
+# The one TFRecord writer of the product code. Why not TensorFlow's or
+# Beam's writers: building one tf.train.Example per row is the bottleneck.
+# benchmarks/write_speed.py (results/write_speed.md, 1M x 384 rows, CPU
+# time): this writer 4.5 us/row; tf.train.Example + tf.io.TFRecordWriter
+# 19 us/row with a reused message, 104 us/row as documented; Beam's
+# WriteToTFRecord 47-62 us/row: +15 to +100 s per million rows, against
+# ~60 s for the whole pipeline at 1M x 384. TensorFlow's framing alone is
+# as fast as ours but writes only through TensorFlow's own filesystems,
+# not Beam's FileSystems (gs:// here goes through Beam's GCS client).
 # A tf.train.Example with one float feature and one int64 feature is a fixed
 # byte layout around the float32 bytes of the row, and all rows of a class
-# share the label, so a whole shard is encoded with numpy (protobuf per row
-# cost ~200 us; 1M rows = minutes). Protobuf map entries may come in any
-# order (TensorFlow's own order varies between processes); we write the
-# label entry first so the row ends the record.
+# share the label, so a whole shard is encoded with numpy. Protobuf map
+# entries may come in any order (TensorFlow's own order varies between
+# processes); we write the label entry first so the row ends the record.
+# tests/test_writer.py and test_scaling_ops.py read them with TensorFlow.
 
 def _varint(value: int) -> bytes:
     value &= (1 << 64) - 1  # int64 negatives: 10-byte two's complement
@@ -68,6 +93,19 @@ def _masked_crc(data) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
+def frame_records(records: Iterable[bytes]) -> bytes:
+    """TFRecord framing of arbitrary records (length, masked CRC-32C of the
+    length, data, masked CRC-32C of the data). For records of any size,
+    e.g. encode's Examples with a source id; ``tfrecord_bytes`` frames
+    equal-size rows the same way with numpy."""
+    out = []
+    for record in records:
+        length = struct.pack("<Q", len(record))
+        out += (length, struct.pack("<I", _masked_crc(length)), record,
+                struct.pack("<I", _masked_crc(record)))
+    return b"".join(out)
+
+
 def tfrecord_bytes(x: np.ndarray, label: int,
                    embedding_feature: str = "embedding",
                    label_feature: str = "label") -> bytes:
@@ -91,66 +129,252 @@ def tfrecord_bytes(x: np.ndarray, label: int,
     return frame.tobytes()
 
 
-class _WriteClassShards(beam.DoFn):
-    def __init__(self, staging: str, rows_per_shard: int,
-                 embedding_feature: str, label_feature: str) -> None:
-        self._staging, self._rows = staging, rows_per_shard
+def record_bytes(dim: int, label: int, embedding_feature: str = "embedding",
+                 label_feature: str = "label") -> int:
+    """Bytes of one row's TFRecord (every row of a class has this size)."""
+    return len(tfrecord_bytes(np.zeros((1, dim)), label, embedding_feature,
+                              label_feature))
+
+
+def parquet_bytes(x: np.ndarray, label: int,
+                  embedding_feature: str = "embedding",
+                  label_feature: str = "label") -> bytes:
+    """A Parquet file of rows ``x`` (all of class ``label``): a fixed-size
+    list<float32> column and an int64 column (pyarrow; zero-copy rows)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    values = pa.array(x.reshape(-1), type=pa.float32())
+    table = pa.table({
+        embedding_feature: pa.FixedSizeListArray.from_arrays(values,
+                                                             x.shape[1]),
+        label_feature: pa.array(np.full(len(x), label, np.int64))})
+    buf = stdio.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+_ENCODERS = {"tfrecord": tfrecord_bytes, "parquet": parquet_bytes}
+
+
+@dataclasses.dataclass(frozen=True)
+class DrawRows:
+    """The rows of a class are drawn where its shards are written: the
+    class's ``total`` synthetic rows (``generator.sample_rows``)."""
+
+    total: int
+
+
+def shard_tasks(kv, rows_per_shard: int):
+    """(label, DrawRows | rows) -> (label, shard index, (start, stop) |
+    rows) for each shard; a class with no rows gets one empty shard."""
+    label, rows = kv
+    total = rows.total if isinstance(rows, DrawRows) else len(rows)
+    for i, start in enumerate(range(0, max(total, 1), rows_per_shard)):
+        stop = min(start + rows_per_shard, total)
+        part = ((start, stop, total) if isinstance(rows, DrawRows)
+                else np.asarray(rows[start:stop], np.float32))
+        yield label, i, part
+
+
+class _WriteShard(beam.DoFn):
+    """(label, index, rows or a range to draw) -> one shard file.
+
+    Drawing here (float32, two matrix products per chunk) means no worker
+    samples a whole class and no synthetic row crosses the network."""
+
+    def __init__(self, staging: str, embedding_feature: str,
+                 label_feature: str, fmt: str,
+                 cfg: Optional[GeneratorConfig]) -> None:
+        self._staging, self._fmt, self._cfg = staging, fmt, cfg
         self._features = (embedding_feature, label_feature)
         self._kept = Metrics.counter("dpsynth", "samples_written")
 
-    def process(self, kv):
-        label, x = kv
-        x = np.asarray(x, np.float32)
-        shards = []
-        for i, start in enumerate(range(0, max(len(x), 1), self._rows)):
-            rows = x[start:start + self._rows]
-            path = io.join(self._staging, DATA_DIR, shard_name(label, i))
-            with FileSystems.create(path, compression_type="uncompressed") as f:
-                f.write(tfrecord_bytes(rows, int(label), *self._features))
-            shards.append(path)
+    def process(self, task, mixtures=None):
+        label, index, part = task
+        if isinstance(part, tuple):
+            with blas_threads(1):
+                x = generator.sample_rows(mixtures[label], self._cfg,
+                                          part[2], part[0], part[1])
+        else:
+            x = part
+        name = shard_name(label, index, self._fmt)
+        with FileSystems.create(io.join(self._staging, DATA_DIR, name),
+                                compression_type="uncompressed") as f:
+            f.write(_ENCODERS[self._fmt](x, int(label), *self._features))
         self._kept.inc(len(x))
-        yield {"label": int(label), "samples": int(len(x)),
-               "shards": [p.rsplit("/", 1)[-1] for p in shards]}
+        yield {"label": int(label), "index": index, "samples": int(len(x)),
+               "shard": name}
 
 
-def _write_summary(staging: str, mixtures: list, shard_info: list) -> None:
+# ------------------------------------------------- what the release holds
+
+def normalisation(cfg: GeneratorConfig) -> dict:
+    """The public per-record map users must apply to their real inputs
+    before mixing or comparing them with the synthetic rows (the same one
+    ``dpsynth evaluate`` applies)."""
+    steps = {"unit": "divide each row by its L2 norm (rows of norm 0 stay 0)",
+             "none": "use the rows as they are"}[cfg.normalize]
+    clip = None if cfg.center else cfg.clip_norm
+    if clip is not None:  # centred: R bounds rows minus the DP centre only
+        steps += (f"; then scale rows with L2 norm > {clip:g} down to "
+                  f"norm {clip:g}")
+    return {"normalize": cfg.normalize, "clip_norm": clip,
+            "apply_to_real_inputs": steps,
+            "python": (f"dp_ops.clipping.normalize_rows(x, "
+                       f"{cfg.normalize!r})"
+                       + (f" then dp_ops.clipping.clip_rows(x, {clip:g})[0]"
+                          if clip is not None else ""))}
+
+
+def release_schema(cfg: GeneratorConfig, dim: int, fmt: str = "tfrecord",
+                   embedding_feature: str = "embedding",
+                   label_feature: str = "label") -> dict:
+    """schema.json: enough to read the data shards without our manifest
+    (public configuration only). tf.data: ``tf.io.FixedLenFeature(shape,
+    dtype)`` per feature (see README, "Release layout")."""
+    if fmt not in OUTPUT_FORMATS:
+        raise ValueError(f"--output-format must be one of {OUTPUT_FORMATS}, "
+                         f"got {fmt!r}")
+    return {
+        "format": fmt,
+        "files": f"{DATA_DIR}/*.{fmt}",
+        "features": {
+            embedding_feature: {"dtype": "float32", "shape": [int(dim)],
+                                "role": "embedding"},
+            label_feature: {"dtype": "int64", "shape": [], "role": "label"}},
+        "labels": [int(l) for l in cfg.labels],
+        "normalisation": normalisation(cfg),
+    }
+
+
+def covariance_ranks(mixtures: Sequence) -> dict[int, int]:
+    """Factor columns per class: a post-processing of DP outputs."""
+    return {m.label: (0 if getattr(m, "factors", None) is None
+                      else int(m.factors.shape[1])) for m in mixtures}
+
+
+def describe_covariance(cfg: GeneratorConfig, dim: int,
+                        ranks: Sequence[int]) -> dict:
+    """Requested vs effective covariance rank, and why it is smaller."""
+    requested = cfg.covariance_rank
+    if not requested:
+        return {"mode": "diagonal", "requested_rank": 0,
+                "effective_rank": {"min": 0, "max": 0},
+                "stored_as": "variances only (--covariance-rank 0)",
+                "why_smaller": None}
+    cap = min(requested, dim)
+    low, high = (min(ranks), max(ranks)) if ranks else (0, 0)
+    reasons = []
+    if requested > dim:
+        reasons.append(f"a {dim}-dimensional covariance has at most {dim} "
+                       f"factors")
+    if low < cap:
+        reasons.append("only eigenvalues > 0 of the noisy within-class "
+                       "covariance are kept as factors (DP noise on the "
+                       "second-moment matrix pushes the small ones below "
+                       "0; see dp_ops/covariance.py); the rest of each "
+                       "coordinate's variance is in the diagonal residual")
+    return {"mode": cfg.covariance, "requested_rank": requested,
+            "effective_rank": {"min": low, "max": high},
+            "stored_as": ("shared_factors" if cfg.covariance == "shared"
+                          else "class_<label>_factors") + " in gmm.npz",
+            "why_smaller": "; ".join(reasons) or None}
+
+
+def describe_outputs(cfg: GeneratorConfig, dim: int, summary: Sequence[dict],
+                     embedding_feature: str = "embedding",
+                     label_feature: str = "label") -> dict:
+    """The manifest's ``outputs`` block: files, format, features, the
+    normalisation real inputs need, and the effective covariance rank
+    (from ``summary``: every value is public or DP)."""
+    names = [n for c in summary for n in c.get("shards", [])]
+    fmt = "parquet" if names and names[0].endswith(".parquet") else "tfrecord"
+    schema = release_schema(cfg, dim, fmt, embedding_feature, label_feature)
+    return {
+        "data": f"{DATA_DIR}/", "gmm": GMM_FILE, "summary": SUMMARY_FILE,
+        "schema": SCHEMA_FILE, "format": fmt, "files": schema["files"],
+        "features": schema["features"],
+        "normalisation": schema["normalisation"],
+        "covariance": describe_covariance(
+            cfg, dim, [c.get("covariance_rank", 0) for c in summary]),
+    }
+
+
+def _write_summary(staging: str, mixtures: list, shard_info: list,
+                   schema: Optional[dict]) -> None:
     release = MixtureRelease.from_list(mixtures)
     with FileSystems.create(io.join(staging, GMM_FILE)) as f:
         f.write(release.to_npz_bytes())
-    per_class = {d["label"]: d for d in shard_info}
+    per_class: dict = {}
+    for info in sorted(shard_info, key=lambda d: (d["label"], d["index"])):
+        entry = per_class.setdefault(info["label"],
+                                     {"samples": 0, "shards": []})
+        entry["samples"] += info["samples"]
+        entry["shards"].append(info["shard"])
+    ranks = covariance_ranks(release.mixtures.values())
     summary = []
     for label, mix in sorted(release.mixtures.items()):
         summary.append({
             "label": label,
             "noisy_count": mix.noisy_count,
             "components_with_mass": int((mix.weights > 0).sum()),
+            "covariance_rank": ranks[label],
             "samples": per_class[label]["samples"],
             "shards": per_class[label]["shards"],
         })
     with FileSystems.create(io.join(staging, SUMMARY_FILE)) as f:
         f.write(json.dumps(summary, indent=1).encode())
+    if schema is not None:
+        with FileSystems.create(io.join(staging, SCHEMA_FILE)) as f:
+            f.write(json.dumps(schema, indent=1).encode())
 
 
 class WriteRelease(beam.PTransform):
-    """(label, synthetic rows) + (label, ClassMixture) -> files in staging."""
+    """(label, rows or DrawRows) + (label, ClassMixture) -> files in staging.
+
+    Each shard is its own element (spread over the workers); ``DrawRows``
+    shards are sampled by the worker that writes them (needs ``cfg``). With
+    ``cfg`` (and ``dim``, else read from the mixtures' means) it also
+    writes schema.json.
+    """
 
     def __init__(self, staging: str, mixtures, rows_per_shard: int = 50_000,
                  embedding_feature: str = "embedding",
-                 label_feature: str = "label") -> None:
+                 label_feature: str = "label", output_format: str = "tfrecord",
+                 cfg: Optional[GeneratorConfig] = None,
+                 dim: Optional[int] = None) -> None:
         super().__init__()
+        if output_format not in OUTPUT_FORMATS:
+            raise ValueError(f"--output-format must be one of "
+                             f"{OUTPUT_FORMATS}, got {output_format!r}")
         self._staging, self._mixtures = staging, mixtures
-        self._args = (rows_per_shard, embedding_feature, label_feature)
+        self._args = (rows_per_shard, embedding_feature, label_feature,
+                      output_format)
+        self._cfg, self._dim = cfg, dim
 
     def expand(self, synthetic):
-        staging = self._staging
+        staging, cfg, dim = self._staging, self._cfg, self._dim
+        _, emb, lab, fmt = self._args
+
+        def schema(mixes: list) -> Optional[dict]:
+            if cfg is None:
+                return None
+            d = dim or (mixes[0].means.shape[1] if mixes else 0)
+            return release_schema(cfg, d, fmt, emb, lab)
+        rows_per_shard = self._args[0]
         shard_info = (synthetic
+                      | "Shards" >> beam.FlatMap(shard_tasks, rows_per_shard)
+                      | "SpreadShards" >> beam.Reshuffle()
                       | "WriteShards" >> beam.ParDo(
-                          _WriteClassShards(staging, *self._args))
+                          _WriteShard(staging, emb, lab, fmt, cfg),
+                          beam.pvalue.AsDict(self._mixtures))
                       | "ShardList" >> beam.combiners.ToList())
         mixtures = (self._mixtures
                     | "MixtureValues" >> beam.Values()
                     | "MixtureList" >> beam.combiners.ToList())
         return (mixtures
                 | "WriteSummary" >> beam.Map(
-                    lambda mixes, info: _write_summary(staging, mixes, info),
+                    lambda mixes, info: _write_summary(
+                        staging, mixes, info, schema(mixes)),
                     beam.pvalue.AsSingleton(shard_info)))

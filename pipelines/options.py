@@ -1,0 +1,134 @@
+"""Beam pipeline options for dpsynth's jobs: safe defaults, strict flags.
+
+A privacy tool must not run with a mistyped flag silently dropped
+(``--epsilom 1`` would otherwise publish at the default epsilon): every
+argument that dpsynth's own parser does not know must be an option that
+one of Beam's ``PipelineOptions`` classes defines, or the run stops before
+any data is read, naming the closest valid flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from typing import Iterable, Optional, Sequence
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipelines import runner_names
+
+
+class UsageError(ValueError):
+    """A bad flag or flag combination, found before any data is read."""
+
+
+LOCAL_RUNNERS = ("directrunner", "direct", "fnapirunner")
+
+
+def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
+    """Pipeline options with safe DirectRunner defaults.
+
+    DirectRunner's ``multi_threading`` mode corrupted data in our tests, so
+    it is refused; several workers default to ``multi_processing``. The
+    DirectRunner first tries Beam's Prism runner, which it downloads (no
+    network here: it fails, and leaves temporary folders behind), then falls
+    back to Beam's FnApiRunner; dpsynth asks for the FnApiRunner directly.
+    ``--runner dask`` (or Beam's DaskRunner class path) selects dpsynth's
+    ``pipelines.dask_runner`` (deploy/README.md "Dask").
+    """
+    argv = _resolve_runner(beam_argv)
+    joined = " ".join(argv)
+    if "multi_threading" in joined:
+        raise UsageError("--direct_running_mode=multi_threading is not "
+                         "supported (it corrupts data); use multi_processing")
+    options = PipelineOptions(argv)
+    all_opts = options.get_all_options()
+    runner = (all_opts.get("runner") or "DirectRunner").lower()
+    if runner not in LOCAL_RUNNERS:
+        return options
+    argv = [a for a in argv if not a.startswith("--runner")]
+    if "--runner" in argv:  # "--runner X" as two arguments
+        i = argv.index("--runner")
+        del argv[i:i + 2]
+    argv.append("--runner=FnApiRunner")
+    if "direct_running_mode" not in joined:
+        workers = all_opts.get("direct_num_workers") or 1
+        mode = "multi_processing" if workers > 1 else "in_memory"
+        argv.append(f"--direct_running_mode={mode}")
+    return PipelineOptions(argv)
+
+
+def _resolve_runner(argv: Sequence[str]) -> list[str]:
+    """``argv`` with a Dask runner name replaced by dpsynth's runner (which
+    also registers Beam's ``--dask_*`` options); a missing Dask install is
+    a usage error."""
+    try:
+        return runner_names.resolve_dask(argv)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def _check_dask_flags(argv: Sequence[str]) -> None:
+    """``--dask_*`` flags mean nothing to other runners: say which flag is
+    missing rather than calling them unknown."""
+    if runner_names.is_dask(runner_names.runner_flag(argv)):
+        return
+    for arg in argv:
+        if arg.startswith("--dask_"):
+            raise UsageError(f"{arg.split('=', 1)[0]} is an option of the "
+                             f"Dask runner; add --runner dask")
+
+
+def is_local(options: PipelineOptions) -> bool:
+    """The job runs on this machine (its workers can write local files)."""
+    runner = options.get_all_options().get("runner") or ""
+    return str(runner).lower() in LOCAL_RUNNERS
+
+
+def _beam_parser() -> argparse.ArgumentParser:
+    """One parser holding every flag Beam's PipelineOptions classes define
+    (what ``PipelineOptions.get_all_options`` builds internally; Beam has no
+    public way to list them)."""
+    from apache_beam.options.pipeline_options import _BeamArgumentParser
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    seen = {}
+    for cls in PipelineOptions.__subclasses__():
+        seen.setdefault(str(cls), cls)
+    for cls in seen.values():
+        cls._add_argparse_args(parser)  # pylint: disable=protected-access
+    return parser
+
+
+def _flag_names(parser: argparse.ArgumentParser) -> list[str]:
+    return [s for action in parser._actions for s in action.option_strings
+            if s.startswith("--")]
+
+
+def _closest(flag: str, candidates: Iterable[str]) -> Optional[str]:
+    """The valid flag a typo most likely meant ('_' and '-' compared alike)."""
+    norm = {c.replace("_", "-"): c for c in candidates}
+    match = difflib.get_close_matches(flag.split("=", 1)[0].replace("_", "-"),
+                                      list(norm), n=1, cutoff=0.6)
+    return norm[match[0]] if match else None
+
+
+def check_beam_args(rest: Sequence[str], own: argparse.ArgumentParser,
+                    command: str) -> None:
+    """Raises UsageError unless every argument in ``rest`` (what ``own``
+    did not parse) is a Beam pipeline option."""
+    if not rest:
+        return
+    _check_dask_flags(rest)
+    rest = _resolve_runner(rest)  # registers the --dask_* options
+    beam = _beam_parser()
+    _, unknown = beam.parse_known_args(list(rest))
+    if not unknown:
+        return
+    first = unknown[0]
+    if not first.startswith("-"):
+        raise UsageError(f"unexpected argument {first!r} (see dpsynth "
+                         f"{command} --help)")
+    hint = _closest(first, _flag_names(own) + _flag_names(beam))
+    name = first.split("=", 1)[0]
+    suffix = f"; did you mean {hint}?" if hint else f" (see dpsynth {command} --help)"
+    raise UsageError(f"unknown flag {name}{suffix}")

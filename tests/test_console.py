@@ -1,0 +1,121 @@
+"""What a user sees: strict flags, one-line errors, quiet output, Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines import cli, generate
+from tests.conftest import gmm_data
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _npz(tmp_path):
+    x, y = gmm_data(300, d=4, classes=2)
+    path = tmp_path / "in.npz"
+    np.savez(path, embeddings=x, labels=y)
+    return path
+
+
+@pytest.mark.parametrize("typo,meant", [
+    (["--epsilom", "1"], "--epsilon"),
+    (["--clip_norm", "0.5"], "--clip-norm"),
+    (["--direct_num_worker=2"], "--direct_num_workers"),
+    (["--covarance", "shared"], "--covariance"),
+])
+def test_a_mistyped_flag_stops_the_run_before_any_data_is_read(
+        tmp_path, capsys, monkeypatch, typo, meant):
+    def never(*args, **kwargs):
+        raise AssertionError("data was read despite an unknown flag")
+    monkeypatch.setattr(generate, "run", never)
+    rc = cli.main(["generate", "--input", str(tmp_path / "in.npz"),
+                   "--output", str(tmp_path / "out"), *typo])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert f"unknown flag {typo[0].split('=')[0]}" in err
+    assert f"did you mean {meant}?" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_beam_options_still_pass(tmp_path, capsys):
+    rc = cli.main(["generate", "--input", str(_npz(tmp_path)),
+                   "--num-classes", "2", "--output", str(tmp_path / "out"),
+                   "--direct_num_workers", "1", "--runner=DirectRunner",
+                   "--noise-seed", "1"])
+    assert rc == 0, capsys.readouterr().err
+
+
+def test_stray_argument_and_bad_value_are_one_line(tmp_path, capsys):
+    assert cli.main(["generate", "--output", str(tmp_path / "o"),
+                     "stray"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "'stray'" in err
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["generate", "--epsilon", "abc"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--epsilon" in err
+
+
+def test_abbreviated_flags_are_refused(tmp_path, capsys):
+    """--clip must not silently mean --clip-norm."""
+    assert cli.main(["generate", "--output", str(tmp_path / "o"),
+                     "--clip", "0.5"]) == 2
+    assert "unknown flag --clip" in capsys.readouterr().err
+
+
+def test_encode_refuses_unknown_flags_too(tmp_path, capsys):
+    rc = cli.main(["encode", "--images", str(tmp_path), "--output",
+                   str(tmp_path / "e.npz"), "--batch_size", "8"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "did you mean --batch-size?" in err
+
+
+def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    def interrupt(step):
+        if step == "running":
+            raise KeyboardInterrupt
+    monkeypatch.setattr(generate, "_checkpoint", interrupt)
+    out = tmp_path / "out"
+    rc = cli.main(["generate", "--input", str(_npz(tmp_path)),
+                   "--num-classes", "2", "--output", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 130
+    assert [l for l in err if "error" in l or "interrupted" in l] == [
+        "dpsynth generate: interrupted; nothing was published"]
+    assert sorted(os.listdir(tmp_path)) == ["in.npz"]
+
+
+def _cli(*argv, cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", *argv],
+                          cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_help_is_quiet(tmp_path):
+    proc = _cli("generate", "--help", cwd=tmp_path)
+    assert proc.returncode == 0
+    assert proc.stderr == ""  # no apitools / TensorFlow start-up lines
+    assert "(default: 4.0)" in proc.stdout  # defaults are shown
+
+
+def test_default_output_is_the_few_lines_that_matter(tmp_path):
+    """Two worker processes, and still no Beam worker or TensorFlow log
+    lines: progress, the summary, the demo's utility line."""
+    proc = _cli("generate", "--output", str(tmp_path / "r"),
+                "--direct_num_workers", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    noise = [l for l in lines if not (l.startswith(("dpsynth", "release:",
+             "privacy:", "  budget", "rows per class", "read it:",
+                                                    "utility")))]
+    assert noise == []
+    assert len(lines) <= 16
+    assert not list(tmp_path.glob("dpsynth-*.log"))

@@ -1,0 +1,116 @@
+"""The one release writer (transforms/write.py): TFRecord bytes that
+TensorFlow's own reader and parser accept, Parquet shards, gs:// output.
+
+Why the project frames TFRecords itself instead of building one
+tf.train.Example per row: benchmarks/write_speed.py
+(results/write_speed.md).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from transforms import io as tio
+from transforms import write
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
+
+
+def _rows(n=25, d=7, seed=0):
+    return np.random.default_rng(seed).normal(size=(n, d)).astype(np.float32)
+
+
+def test_tfrecord_bytes_read_by_tf_data_and_parse_example(tmp_path):
+    import tensorflow as tf
+    x = _rows()
+    path = tmp_path / "s.tfrecord"
+    path.write_bytes(write.tfrecord_bytes(x, 4, "vec", "cls"))
+    spec = {"vec": tf.io.FixedLenFeature([7], tf.float32),
+            "cls": tf.io.FixedLenFeature([], tf.int64)}
+    ds = tf.data.TFRecordDataset([str(path)]).batch(10).map(
+        lambda r: tf.io.parse_example(r, spec))
+    got = list(ds.as_numpy_iterator())
+    np.testing.assert_array_equal(np.concatenate([b["vec"] for b in got]), x)
+    assert np.concatenate([b["cls"] for b in got]).tolist() == [4] * 25
+
+
+def test_frame_records_matches_the_vectorised_frames_and_tf_reads_it(tmp_path):
+    import tensorflow as tf
+    x = _rows(9, 5)
+    head, tail = write.example_layout(5, 2)
+    payloads = [head + row.tobytes() + tail for row in x]
+    assert write.frame_records(payloads) == write.tfrecord_bytes(x, 2)
+    odd = [b"", b"a", b"\x00" * 1000, bytes(range(256))]  # any sizes
+    path = tmp_path / "odd.tfrecord"
+    path.write_bytes(write.frame_records(odd))
+    read = [r.numpy() for r in tf.data.TFRecordDataset([str(path)])]
+    assert read == odd  # TensorFlow checks both CRCs of every record
+
+
+def test_parquet_bytes_round_trip_through_the_reader(tmp_path):
+    x = _rows(30, 6)
+    path = tmp_path / "s.parquet"
+    path.write_bytes(write.parquet_bytes(x, 3, "vec", "cls"))
+    xs, ys = tio.load_arrays(str(path), embedding_feature="vec",
+                             label_feature="cls")
+    np.testing.assert_array_equal(xs, x.astype(np.float64))
+    assert ys.tolist() == [3] * 30
+    empty = tmp_path / "e.parquet"
+    empty.write_bytes(write.parquet_bytes(x[:0], 3))
+    import pyarrow.parquet as pq
+    assert pq.read_table(empty).num_rows == 0
+
+
+def _calls(path: Path) -> set[str]:
+    """Dotted names of everything called or referenced in a module."""
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name):
+            names.add(node.id)
+    return names
+
+
+def test_one_writer_in_the_product_code():
+    """Nothing but transforms/write.py frames TFRecords: no second writer
+    (the old io.serialize_examples / io.write_tfrecord), no private Beam
+    writer, no TensorFlow writer with its own filesystem layer."""
+    assert not hasattr(tio, "write_tfrecord")
+    assert not hasattr(tio, "serialize_examples")
+    banned = {"write_record", "TFRecordWriter", "WriteToTFRecord",
+              "write_tfrecord", "serialize_examples"}
+    for folder in ("pipelines", "transforms", "models", "deploy"):
+        for path in (ROOT / folder).rglob("*.py"):
+            used = _calls(path) & banned
+            assert not used, f"{path.relative_to(ROOT)} writes TFRecords " \
+                             f"with {sorted(used)}; use transforms.write"
+
+
+@pytest.mark.parametrize("fmt", write.OUTPUT_FORMATS)
+def test_shards_are_written_to_gcs_and_read_back(gcs, fmt):
+    x = _rows(250, 4)
+    staging = gcs.uri("rel.staging")
+    fn = write._WriteShard(staging, "embedding", "label", fmt, None)
+    infos = [i for task in write.shard_tasks((6, x), 100)
+             for i in fn.process(task)]
+    names = [write.shard_name(6, i, fmt) for i in range(3)]
+    assert [i["shard"] for i in infos] == names
+    assert [i["samples"] for i in infos] == [100, 100, 50]
+    assert gcs.names("rel.staging/data/") == [
+        f"rel.staging/data/{name}" for name in names]
+    got = [b for name in names
+           for b in tio.read_file_blocks(
+               f"{staging}/data/{name}",
+               tio.InputSpec(name, tio.detect_format(name)))]
+    np.testing.assert_array_equal(np.vstack([b[0] for b in got]),
+                                  x.astype(np.float64))
+    assert np.concatenate([b[1] for b in got]).tolist() == [6] * 250
