@@ -28,12 +28,13 @@ distributed = pytest.importorskip(
 import apache_beam as beam  # noqa: E402
 
 from pipelines import cli, generate  # noqa: E402
-from tests.conftest import gmm_data  # noqa: E402
+from tests.conftest import gmm_data, release_dir  # noqa: E402
 from transforms import io  # noqa: E402
 from transforms.write import tfrecord_bytes  # noqa: E402
 
-# Fields of manifest.json that name the run, not the release.
-RUN_FIELDS = {"run_id", "created_utc"}
+# Fields of manifest.json that name the run, not the release ("root": the
+# random version folder).
+RUN_FIELDS = {"run_id", "created_utc", "root"}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,9 @@ def _dask(address: str) -> list[str]:
 
 
 def _files(release) -> dict[str, bytes]:
+    """The release's files (its version folder), by relative path."""
     found = {}
+    release = release_dir(release)
     for base, _, names in os.walk(release):
         for name in names:
             path = os.path.join(base, name)
@@ -70,11 +73,11 @@ def _files(release) -> dict[str, bytes]:
 
 def _assert_same_release(a, b) -> None:
     fa, fb = _files(a), _files(b)
-    assert sorted(fa) == sorted(fb)
-    for name in fa:
-        if name != "manifest.json":  # shards, gmm.npz, summary.json
-            assert fa[name] == fb[name], f"{name} differs"
-    ma, mb = (json.loads(fa["manifest.json"]), json.loads(fb["manifest.json"]))
+    assert sorted(fa) == sorted(fb) and any(".tfrecord" in f for f in fa)
+    for name in fa:  # shards, gmm.npz, summary.json, schema.json
+        assert fa[name] == fb[name], f"{name} differs"
+    ma, mb = (json.loads((a / "manifest.json").read_text()),
+              json.loads((b / "manifest.json").read_text()))
     assert {k for k in ma.keys() | mb.keys() if ma.get(k) != mb.get(k)} \
         <= RUN_FIELDS
 
@@ -229,7 +232,7 @@ def test_secure_noise_release_is_self_consistent(scheduler, tmp_path):
     _generate(out, *_dask(scheduler))
     _, y, manifest = load_release(str(out))
     gmm = load_gmm(str(out))
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((release_dir(out) / "summary.json").read_text())
     for entry in summary:
         label = entry["label"]
         assert int((y == label).sum()) == entry["samples"], label
