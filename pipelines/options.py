@@ -80,9 +80,25 @@ def _check_dask_flags(argv: Sequence[str]) -> None:
 
 
 def is_local(options: PipelineOptions) -> bool:
-    """The job runs on this machine (its workers can write local files)."""
-    runner = options.get_all_options().get("runner") or ""
-    return str(runner).lower() in LOCAL_RUNNERS
+    """The job runs on this machine (its workers can write local files):
+    DirectRunner, or Dask on a local cluster (the one dpsynth starts when no
+    scheduler is given, or a scheduler on loopback)."""
+    runner = str(options.get_all_options().get("runner") or "").lower()
+    if runner in LOCAL_RUNNERS:
+        return True
+    if not runner_names.is_dask(runner):
+        return False
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+    dask = options.view_as(DaskOptions)
+    return not dask.scheduler_file and _loopback(dask.address)
+
+
+def _loopback(address: Optional[str]) -> bool:
+    """No address (a local cluster for the run) or one on this machine."""
+    if not address:
+        return True
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1")
 
 
 def _beam_parser() -> argparse.ArgumentParser:

@@ -82,6 +82,44 @@ def _assert_same_release(a, b) -> None:
         <= RUN_FIELDS
 
 
+# ------------------------------------------------------------------ flags
+
+@pytest.mark.parametrize("runner", [
+    "dask", "DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRunner"])
+def test_dask_flags_pass_the_strict_check(runner):
+    """Every Dask name selects dpsynth's runner, and Beam's --dask_* options
+    pass generate's strict flag check."""
+    from pipelines.options import beam_options, check_beam_args
+    argv = ["--runner", runner, "--dask_client_address", "tcp://10.0.0.5:8786",
+            "--dask_npartitions=4"]
+    check_beam_args(argv, generate.parser(), "generate")
+    assert beam_options(argv).get_all_options()["runner"] == \
+        "pipelines.dask_runner.DaskRunner"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--runner", "dask", "--dask_clinet_address=tcp://a:1"],
+     "did you mean --dask_client_address"),
+    (["--dask_client_address=tcp://a:1"], "add --runner dask"),
+])
+def test_bad_dask_flags_are_refused(argv, message):
+    from pipelines.options import UsageError, check_beam_args
+    with pytest.raises(UsageError, match=message):
+        check_beam_args(argv, generate.parser(), "generate")
+
+
+@pytest.mark.parametrize("argv, local", [
+    (["--runner", "dask"], True),  # dpsynth starts a local cluster
+    (["--runner", "dask", "--dask_client_address=tcp://127.0.0.1:8786"], True),
+    (["--runner", "dask", "--dask_client_address=tcp://10.0.0.5:8786"], False),
+    (["--runner", "dask", "--dask_scheduler_file=/shared/s.json"], False),
+])
+def test_local_dask_clusters_count_as_local(argv, local):
+    """Workers on this machine write the operator's progress file."""
+    from pipelines.options import beam_options, is_local
+    assert is_local(beam_options(argv)) is local
+
+
 # ----------------------------------------------------------- upstream bug
 
 def _singleton_of_total(p):
