@@ -128,6 +128,23 @@ def _closest(flag: str, candidates: Iterable[str]) -> Optional[str]:
     return norm[match[0]] if match else None
 
 
+def check_runner(name: Optional[str]) -> None:
+    """Raises UsageError for a runner name Beam would reject only when the
+    pipeline starts (after the plan is printed); a dotted class path is
+    left for Beam to import."""
+    if not name or "." in name:
+        return
+    from apache_beam.options.pipeline_options import StandardOptions
+    known = [n.lower() for n in StandardOptions.KNOWN_RUNNER_NAMES]
+    if name.lower() in known or name.lower() + "runner" in known:
+        return
+    match = difflib.get_close_matches(
+        name, StandardOptions.KNOWN_RUNNER_NAMES, n=1, cutoff=0.5)
+    hint = f"; did you mean {match[0]}?" if match else ""
+    raise UsageError(f"unknown runner --runner {name}{hint} (or give a "
+                     f"runner's full class path)")
+
+
 def check_beam_args(rest: Sequence[str], own: argparse.ArgumentParser,
                     command: str) -> None:
     """Raises UsageError unless every argument in ``rest`` (what ``own``
@@ -137,8 +154,9 @@ def check_beam_args(rest: Sequence[str], own: argparse.ArgumentParser,
     _check_dask_flags(rest)
     rest = _resolve_runner(rest)  # registers the --dask_* options
     beam = _beam_parser()
-    _, unknown = beam.parse_known_args(list(rest))
+    known, unknown = beam.parse_known_args(list(rest))
     if not unknown:
+        check_runner(known.runner)
         return
     first = unknown[0]
     if not first.startswith("-"):

@@ -43,6 +43,19 @@ def test_a_mistyped_flag_stops_the_run_before_any_data_is_read(
     assert not (tmp_path / "out").exists()
 
 
+def test_an_unknown_runner_stops_the_run_before_any_data_is_read(
+        tmp_path, capsys, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("data was read despite an unknown runner")
+    monkeypatch.setattr(generate, "run", never)
+    rc = cli.main(["generate", "--output", str(tmp_path / "out"),
+                   "--runner", "DataflowRuner"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.splitlines() == [err]
+    assert "unknown runner --runner DataflowRuner" in err
+    assert "did you mean DataflowRunner?" in err
+
+
 def test_beam_options_still_pass(tmp_path, capsys):
     rc = cli.main(["generate", "--input", str(_npz(tmp_path)),
                    "--num-classes", "2", "--output", str(tmp_path / "out"),
