@@ -138,8 +138,9 @@ def check_runner(name: Optional[str]) -> None:
     known = [n.lower() for n in StandardOptions.KNOWN_RUNNER_NAMES]
     if name.lower() in known or name.lower() + "runner" in known:
         return
+    # dask: resolved to dpsynth's runner before this check (runner_names)
     match = difflib.get_close_matches(
-        name, StandardOptions.KNOWN_RUNNER_NAMES, n=1, cutoff=0.5)
+        name, [*StandardOptions.KNOWN_RUNNER_NAMES, "dask"], n=1, cutoff=0.5)
     hint = f"; did you mean {match[0]}?" if match else ""
     raise UsageError(f"unknown runner --runner {name}{hint} (or give a "
                      f"runner's full class path)")

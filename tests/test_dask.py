@@ -101,6 +101,7 @@ def test_dask_flags_pass_the_strict_check(runner):
     (["--runner", "dask", "--dask_clinet_address=tcp://a:1"],
      "did you mean --dask_client_address"),
     (["--dask_client_address=tcp://a:1"], "add --runner dask"),
+    (["--runner", "dsak"], "did you mean dask"),
 ])
 def test_bad_dask_flags_are_refused(argv, message):
     from pipelines.options import UsageError, check_beam_args
