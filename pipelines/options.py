@@ -15,6 +15,8 @@ from typing import Iterable, Optional, Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines import runner_names
+
 
 class UsageError(ValueError):
     """A bad flag or flag combination, found before any data is read."""
@@ -31,8 +33,10 @@ def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
     DirectRunner first tries Beam's Prism runner, which it downloads (no
     network here: it fails, and leaves temporary folders behind), then falls
     back to Beam's FnApiRunner; dpsynth asks for the FnApiRunner directly.
+    ``--runner dask`` (or Beam's DaskRunner class path) selects dpsynth's
+    ``pipelines.dask_runner`` (deploy/README.md "Dask").
     """
-    argv = list(beam_argv)
+    argv = _resolve_runner(beam_argv)
     joined = " ".join(argv)
     if "multi_threading" in joined:
         raise UsageError("--direct_running_mode=multi_threading is not "
@@ -54,10 +58,47 @@ def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
     return PipelineOptions(argv)
 
 
+def _resolve_runner(argv: Sequence[str]) -> list[str]:
+    """``argv`` with a Dask runner name replaced by dpsynth's runner (which
+    also registers Beam's ``--dask_*`` options); a missing Dask install is
+    a usage error."""
+    try:
+        return runner_names.resolve_dask(argv)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def _check_dask_flags(argv: Sequence[str]) -> None:
+    """``--dask_*`` flags mean nothing to other runners: say which flag is
+    missing rather than calling them unknown."""
+    if runner_names.is_dask(runner_names.runner_flag(argv)):
+        return
+    for arg in argv:
+        if arg.startswith("--dask_"):
+            raise UsageError(f"{arg.split('=', 1)[0]} is an option of the "
+                             f"Dask runner; add --runner dask")
+
+
 def is_local(options: PipelineOptions) -> bool:
-    """The job runs on this machine (its workers can write local files)."""
-    runner = options.get_all_options().get("runner") or ""
-    return str(runner).lower() in LOCAL_RUNNERS
+    """The job runs on this machine (its workers can write local files):
+    DirectRunner, or Dask on a local cluster (the one dpsynth starts when no
+    scheduler is given, or a scheduler on loopback)."""
+    runner = str(options.get_all_options().get("runner") or "").lower()
+    if runner in LOCAL_RUNNERS:
+        return True
+    if not runner_names.is_dask(runner):
+        return False
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+    dask = options.view_as(DaskOptions)
+    return not dask.scheduler_file and _loopback(dask.address)
+
+
+def _loopback(address: Optional[str]) -> bool:
+    """No address (a local cluster for the run) or one on this machine."""
+    if not address:
+        return True
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1")
 
 
 def _beam_parser() -> argparse.ArgumentParser:
@@ -97,8 +138,9 @@ def check_runner(name: Optional[str]) -> None:
     known = [n.lower() for n in StandardOptions.KNOWN_RUNNER_NAMES]
     if name.lower() in known or name.lower() + "runner" in known:
         return
+    # dask: resolved to dpsynth's runner before this check (runner_names)
     match = difflib.get_close_matches(
-        name, StandardOptions.KNOWN_RUNNER_NAMES, n=1, cutoff=0.5)
+        name, [*StandardOptions.KNOWN_RUNNER_NAMES, "dask"], n=1, cutoff=0.5)
     hint = f"; did you mean {match[0]}?" if match else ""
     raise UsageError(f"unknown runner --runner {name}{hint} (or give a "
                      f"runner's full class path)")
@@ -110,6 +152,8 @@ def check_beam_args(rest: Sequence[str], own: argparse.ArgumentParser,
     did not parse) is a Beam pipeline option."""
     if not rest:
         return
+    _check_dask_flags(rest)
+    rest = _resolve_runner(rest)  # registers the --dask_* options
     beam = _beam_parser()
     known, unknown = beam.parse_known_args(list(rest))
     if not unknown:

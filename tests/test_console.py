@@ -132,3 +132,20 @@ def test_default_output_is_the_few_lines_that_matter(tmp_path):
     assert noise == []
     assert len(lines) <= 16
     assert not list(tmp_path.glob("dpsynth-*.log"))
+
+
+def test_a_job_faster_than_the_poll_still_shows_its_last_pass(tmp_path,
+                                                              caplog):
+    """Every pass ran between two polls: the end still names the last one."""
+    import logging
+
+    from pipelines import console
+    path = tmp_path / "progress"
+    path.write_text("Centre\t300\nMoments\t300\n")
+    with caplog.at_level(logging.INFO, logger="dpsynth.operator"):
+        with console.ProgressPrinter(str(path), ["Centre", "Moments"]):
+            pass
+    lines = [r.getMessage() for r in caplog.records
+             if r.name == "dpsynth.operator"]
+    assert lines[-2].endswith("pass 2/2, moments: 300 rows read")
+    assert lines[-1].endswith("pipeline finished")

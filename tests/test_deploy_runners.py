@@ -125,6 +125,33 @@ def test_cli_parameters_and_dispatch():
         runners.runner_args("spark")
 
 
+def test_dask_options_reach_beam():
+    pytest.importorskip("distributed", reason="needs the dask extra")
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+    from pipelines import generate
+    opts = runners.pipeline_options(runners.dask_args("tcp://10.0.0.5:8786"))
+    assert opts.view_as(StandardOptions).runner == \
+        "pipelines.dask_runner.DaskRunner"
+    assert opts.view_as(DaskOptions).address == "tcp://10.0.0.5:8786"
+    for name in ("dask", "DaskRunner",
+                 "apache_beam.runners.dask.dask_runner.DaskRunner"):
+        assert runners.runner_args(name) == ["--runner=DaskRunner"]
+        beam = generate.beam_options(["--runner", name])
+        assert beam.view_as(StandardOptions).runner == \
+            "pipelines.dask_runner.DaskRunner"
+    parser = argparse.ArgumentParser()
+    runners.add_runner_arguments(parser)
+    assert runners.beam_args_from(parser.parse_args(
+        ["--runner", "dask", "--dask-client-address", "h:8786"])) == [
+        "--runner=DaskRunner", "--dask_client_address=h:8786"]
+    with pytest.raises(ValueError, match="not both"):
+        runners.dask_args("tcp://h:1", scheduler_file="/tmp/s.json")
+    with pytest.raises(ValueError, match="tcp://HOST:PORT"):
+        runners.dask_args("http://h/x")
+    with pytest.raises(ValueError, match="not both"):
+        runners.dask_args(npartitions=2, partition_size=3)
+
+
 def test_module_prints_shell_line():
     out = subprocess.run(
         [sys.executable, "-m", "deploy.runners", "flink", "--flink-master",

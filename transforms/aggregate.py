@@ -200,9 +200,8 @@ class _PartialFn(beam.DoFn):
         yield from partials
 
 
-def _every_label(_, sums: dict, labels: Sequence[int]):
-    for label in labels:
-        yield label, sums.get(label)
+def _label_sum(label: int, sums: dict) -> tuple:
+    return label, sums.get(label)
 
 
 class PerClassSum(beam.PTransform):
@@ -216,8 +215,10 @@ class PerClassSum(beam.PTransform):
     BLAS threads for ``fn`` (default 1, see ``blas_threads``; None for
     large products such as the vote search).
 
-    The labels are completed after the combine, from a one-element Create
-    that reads the sums as a side input. (Flattening per-label seeds into the
+    The labels are completed after the combine, from a Create of the labels
+    that reads the sums as a side input (one element per label, so a runner
+    that keeps created elements apart, e.g. dpsynth's Dask runner, holds one
+    class's outputs per task downstream). (Flattening per-label seeds into the
     partials instead makes the FnApiRunner stall with "watermark-pending
     bundles" when several passes read one PCollection of blocks: a
     multi-input Flatten's watermark waits for every reader of the blocks,
@@ -240,6 +241,5 @@ class PerClassSum(beam.PTransform):
                                            *self._side)
                 | "Sum" >> beam.CombinePerKey(_SumFn(self._add)))
         return (blocks.pipeline
-                | "Once" >> beam.Create([None])
-                | "EveryLabel" >> beam.FlatMap(_every_label, AsDict(sums),
-                                               self._labels))
+                | "Labels" >> beam.Create(self._labels)
+                | "EveryLabel" >> beam.Map(_label_sum, AsDict(sums)))

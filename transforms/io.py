@@ -1,8 +1,11 @@
 """Readers and writers for labelled embeddings: .npz, TFRecord, Parquet.
 
 All file access goes through Beam's FileSystems, so local paths and gs:// work
-the same. Files are read in workers, one file per element, and yield numpy
+the same. Files are read in workers, one byte range per element (TFRecord and
+Parquet files are split into ``--split-bytes`` ranges, so one large file is
+read by every worker; an .npz file is always read whole), and yield numpy
 blocks ``(x [b, d] float64, y [b] int64)``; nothing collects the dataset.
+Block boundaries do not change the release: every sum is exact fixed-point.
 
 Every block is validated where the file and row are known, so a bad input
 fails the run with an error naming them (and nothing is published). Error
@@ -24,14 +27,17 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-from typing import Iterator, Optional, Sequence
+import struct
+from typing import Iterator, Optional, Sequence, Union
 
 import apache_beam as beam
+import google_crc32c
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 FORMATS = ("npz", "tfrecord", "parquet")
+SPLIT_BYTES = 64 << 20
 NON_FINITE_POLICIES = ("reject", "drop")
 
 
@@ -50,6 +56,7 @@ class InputSpec:
     labels: Optional[tuple[int, ...]] = None  # None: accept any integer
     non_finite: str = "reject"
     block_size: int = 4096
+    split_bytes: int = SPLIT_BYTES  # read range size (TFRecord, Parquet)
 
     def __post_init__(self) -> None:
         if self.fmt is not None and self.fmt not in FORMATS:
@@ -58,6 +65,8 @@ class InputSpec:
             raise InputError(f"--non-finite must be one of {NON_FINITE_POLICIES}")
         if self.block_size < 1:
             raise InputError("--block-size must be >= 1")
+        if self.split_bytes < 1:
+            raise InputError("--split-bytes must be >= 1")
 
 
 def detect_format(path: str, fmt: Optional[str] = None) -> str:
@@ -76,6 +85,11 @@ def detect_format(path: str, fmt: Optional[str] = None) -> str:
 
 def match_files(pattern: str) -> list[str]:
     """Expands a glob (local or gs://); errors name the pattern."""
+    return [path for path, _ in _match(pattern)]
+
+
+def _match(pattern: str) -> list[tuple[str, int]]:
+    """(path, size in bytes) of the files matching a glob, sorted."""
     if "://" not in pattern and os.path.isdir(pattern):
         raise InputError(f"--input {pattern!r} is a directory; pass a glob "
                          f"such as {os.path.join(pattern, '*.npz')!r}")
@@ -83,13 +97,14 @@ def match_files(pattern: str) -> list[str]:
         results = FileSystems.match([pattern])[0].metadata_list
     except Exception as err:  # Beam raises several types for bad paths
         raise InputError(f"--input {pattern!r}: cannot list files ({err})") from None
-    paths = sorted(m.path for m in results if not m.path.endswith("/"))
-    if not paths and "://" not in pattern and os.path.lexists(pattern):
+    found = sorted((m.path, m.size_in_bytes) for m in results
+                   if not m.path.endswith("/"))
+    if not found and "://" not in pattern and os.path.lexists(pattern):
         raise InputError(f"--input {pattern!r}: exists but cannot be read "
                          f"(a broken symbolic link?)")
-    if not paths:
+    if not found:
         raise InputError(f"--input {pattern!r}: no files match")
-    return paths
+    return found
 
 
 def _read_bytes(path: str) -> bytes:
@@ -117,16 +132,118 @@ def _npz_arrays(path: str, spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
         raise InputError(f"{path}: not a readable .npz ({err})") from None
 
 
-def _parquet_blocks(path: str, spec: InputSpec
-                    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+# ------------------------------------------------------------ file ranges
+# A large TFRecord or Parquet file is read as several byte ranges, one Beam
+# element each, so its rows spread over every worker. The ranges are listed
+# when the graph is built, from file sizes alone (no data read), and spread
+# with a Reshuffle (DirectRunner, Dataflow, Flink) or as separate Dask
+# partitions. Beam's own sources are not used: its TFRecord source is not
+# splittable, and on the DaskRunner ``beam.io.Read`` is not translated while
+# ``ReadAll*`` makes the ranges inside a ParDo, where they stay in the
+# partition of their file.
+
+@dataclasses.dataclass(frozen=True)
+class FileRange:
+    """Bytes [start, stop) of one input file (stop None: to its end).
+
+    A TFRecord record or a Parquet row group belongs to the range that
+    holds its first byte; .npz files are always one whole-file range.
+    """
+
+    path: str
+    start: int = 0
+    stop: Optional[int] = None
+
+
+def file_ranges(path: str, size: int, spec: InputSpec) -> list[FileRange]:
+    """The ranges of one file of ``size`` bytes (``spec.split_bytes`` each)."""
+    if detect_format(path, spec.fmt) == "npz" or size <= spec.split_bytes:
+        return [FileRange(path)]
+    starts = list(range(0, size, spec.split_bytes))
+    return [FileRange(path, a, b) for a, b in zip(starts, starts[1:])] + [
+        FileRange(path, starts[-1])]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+    """Names the rows of a block in error messages: their row numbers in the
+    file when known (``first``), else the byte offsets of their TFRecord
+    records (a range that starts inside a file does not know how many rows
+    precede it)."""
+
+    first: Optional[int] = 0
+    offsets: Optional[tuple[int, ...]] = None
+
+    def row(self, i: int) -> str:
+        if self.offsets is not None:
+            return f"the record at byte {self.offsets[i]}"
+        return f"row {self.first + i}"
+
+    def span(self, n: Optional[int] = None, noun: str = "rows") -> str:
+        if self.offsets is not None:
+            last = self.offsets[-1] if n is None else self.offsets[n - 1]
+            return f"records at bytes {self.offsets[0]}..{last}"
+        return (f"{noun} {self.first}.." if n is None
+                else f"{noun} {self.first}..{self.first + n - 1}")
+
+
+def _open(path: str):
     try:
-        with FileSystems.open(path, compression_type="uncompressed") as f:
-            pf = pq.ParquetFile(io.BytesIO(f.read()))
+        return FileSystems.open(path, compression_type="uncompressed")
     except Exception as err:
-        raise InputError(f"{path}: not a readable Parquet file ({err})") from None
-    schema = pf.schema_arrow
+        raise InputError(f"{path}: cannot read ({err})") from None
+
+
+# ------------------------------------------------------------------ Parquet
+
+def _row_group_offset(group) -> int:
+    """First byte of a Parquet row group (its first column chunk)."""
+    chunk = group.column(0)
+    offsets = [chunk.data_page_offset]
+    if chunk.has_dictionary_page and chunk.dictionary_page_offset:
+        offsets.append(chunk.dictionary_page_offset)
+    return min(offsets)
+
+
+def _parquet_blocks(r: FileRange, spec: InputSpec
+                    ) -> Iterator[tuple[Rows, np.ndarray, np.ndarray]]:
+    """Blocks of the row groups that start in the range (row numbers are
+    exact: the footer gives every row group's size)."""
+    import pyarrow.parquet as pq
+    path = r.path
+    with _open(path) as f:
+        try:
+            pf = pq.ParquetFile(f)
+        except Exception as err:
+            raise InputError(f"{path}: not a readable Parquet file "
+                             f"({err})") from None
+        _check_parquet_schema(pf.schema_arrow, path, spec)
+        first, groups = 0, []
+        for i in range(pf.metadata.num_row_groups):
+            group = pf.metadata.row_group(i)
+            offset = _row_group_offset(group)
+            if r.start <= offset and (r.stop is None or offset < r.stop):
+                groups.append((i, first))
+            first += group.num_rows
+        columns = [spec.embedding_feature, spec.label_feature]
+        for index, start in groups:
+            try:
+                for batch in pf.iter_batches(batch_size=spec.block_size,
+                                             row_groups=[index],
+                                             columns=columns):
+                    emb = batch.column(0).to_pylist()
+                    lab = batch.column(1).to_numpy(zero_copy_only=False)
+                    yield Rows(start), _stack_rows(emb, path, Rows(start)), lab
+                    start += len(lab)
+            except InputError:
+                raise
+            except Exception as err:  # pyarrow decoding errors: a damaged file
+                raise InputError(f"{path}: cannot decode Parquet rows from "
+                                 f"{start} ({type(err).__name__})") from None
+
+
+def _check_parquet_schema(schema, path: str, spec: InputSpec) -> None:
+    import pyarrow as pa
     for col in (spec.embedding_feature, spec.label_feature):
         if col not in schema.names:
             raise InputError(f"{path}: no column {col!r} (has {schema.names}); "
@@ -137,24 +254,9 @@ def _parquet_blocks(path: str, spec: InputSpec
         raise InputError(f"{path}: column {spec.embedding_feature!r} must be a "
                          f"list of floats per row, got type {emb_type} (see "
                          f"--embedding-feature)")
-    start = 0
-    try:
-        batches = pf.iter_batches(batch_size=spec.block_size,
-                                  columns=[spec.embedding_feature,
-                                           spec.label_feature])
-        for batch in batches:
-            emb = batch.column(0).to_pylist()
-            lab = batch.column(1).to_numpy(zero_copy_only=False)
-            yield start, _stack_rows(emb, path, start), lab
-            start += len(lab)
-    except InputError:
-        raise
-    except Exception as err:  # pyarrow decoding errors: a damaged file
-        raise InputError(f"{path}: cannot decode Parquet rows from {start} "
-                         f"({type(err).__name__})") from None
 
 
-def _stack_rows(rows: Sequence, path: str, start: int) -> np.ndarray:
+def _stack_rows(rows: Sequence, path: str, where: Rows) -> np.ndarray:
     """List-of-lists -> [b, d] float64; errors name the first bad row."""
     if not rows:
         return np.zeros((0, 0))
@@ -163,50 +265,140 @@ def _stack_rows(rows: Sequence, path: str, start: int) -> np.ndarray:
         if r is None or width is None or len(r) != width:
             got = "no" if r is None else len(r)
             expected = width if width is not None else "some"
-            raise InputError(f"{path}: row {start + i} has {got} embedding "
+            raise InputError(f"{path}: {where.row(i)} has {got} embedding "
                              f"values, expected {expected}")
     try:
         return np.asarray(rows, dtype=np.float64)
     except (TypeError, ValueError):
         for i, r in enumerate(rows):
             if any(v is None for v in r):
-                raise InputError(f"{path}: row {start + i} has a null "
+                raise InputError(f"{path}: {where.row(i)} has a null "
                                  f"embedding value") from None
-        raise InputError(f"{path}: rows {start}..{start + len(rows) - 1}: "
-                         f"embedding values are not numeric") from None
+        raise InputError(f"{path}: {where.span(len(rows))}: embedding values "
+                         f"are not numeric") from None
 
 
-def _tfrecord_records(path: str) -> Iterator[bytes]:
-    """Record payloads, CRC-checked; errors give the record and byte offset.
+# ----------------------------------------------------------------- TFRecord
+# Framing: uint64 length, uint32 masked CRC32C of the length, payload,
+# uint32 masked CRC32C of the payload (all little-endian). A range that
+# starts inside the file begins at the first offset holding a whole valid
+# record (both checksums); the range before it checks, once it has read its
+# last record, that this search lands exactly on the record that follows,
+# so a payload that happens to look like a record cannot shift the split.
 
-    Beam's reader quotes the damaged bytes in hex; those are private data,
-    so its message is replaced by a description of the damage.
-    """
-    from apache_beam.io.tfrecordio import _TFRecordUtil
-    data = _read_bytes(path)
-    handle = io.BytesIO(data)
-    index = 0
-    while handle.tell() < len(data):
-        offset = handle.tell()
-        try:
-            record = _TFRecordUtil.read_record(handle)
-        except Exception as err:
-            text = str(err)
-            what = ("truncated (the file ends inside the record)"
-                    if "Fewer than" in text else
-                    "corrupt (length checksum mismatch)" if "length mask" in text
-                    else "corrupt (data checksum mismatch)" if "data mask" in text
-                    else "unreadable")
-            raise InputError(f"{path}: TFRecord record {index} at byte "
-                             f"{offset} is {what}; not a valid TFRecord file"
-                             ) from None
-        if record is None:
-            break
-        index += 1
-        yield record
+_HEADER = struct.Struct("<QI")
+_SCAN_BYTES = 1 << 16
 
 
-def _parse_examples(records: list[bytes], path: str, start: int,
+def masked_crc32c(data) -> int:
+    """TFRecord's masked CRC32C."""
+    crc = google_crc32c.value(bytes(data))
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _record_damage(path: str, offset: int, index: Optional[int],
+                   what: str) -> InputError:
+    """Beam's own reader quotes the damaged bytes; those are private data,
+    so the message only names the place and the kind of damage."""
+    record = f"record {index}" if index is not None else "record"
+    return InputError(f"{path}: TFRecord {record} at byte {offset} is {what}; "
+                      f"not a valid TFRecord file")
+
+
+def _read_record(f, path: str, offset: int,
+                 index: Optional[int]) -> Optional[bytes]:
+    """The payload of the record at ``offset`` (f is positioned there);
+    None at a clean end of file."""
+    header = f.read(_HEADER.size)
+    if not header:
+        return None
+    truncated = "truncated (the file ends inside the record)"
+    if len(header) < _HEADER.size:
+        raise _record_damage(path, offset, index, truncated)
+    length, crc = _HEADER.unpack(header)
+    if masked_crc32c(header[:8]) != crc:
+        raise _record_damage(path, offset, index,
+                             "corrupt (length checksum mismatch)")
+    data = f.read(length + 4)
+    if len(data) < length + 4:
+        raise _record_damage(path, offset, index, truncated)
+    if masked_crc32c(data[:length]) != struct.unpack("<I", data[length:])[0]:
+        raise _record_damage(path, offset, index,
+                             "corrupt (data checksum mismatch)")
+    return data[:length]
+
+
+def _valid_record_at(f, offset: int) -> bool:
+    f.seek(offset)
+    try:
+        return _read_record(f, "", offset, None) is not None
+    except InputError:
+        return False
+
+
+def _find_record(f, start: int, limit: Optional[int]) -> Optional[int]:
+    """First offset in [start, limit) holding a whole valid record (None:
+    none). Lengths are taken to be < 4 GiB, so candidates are the offsets
+    followed by four zero bytes at +4; their length checksum filters the
+    rest before the payload is read."""
+    pos = start
+    while limit is None or pos < limit:
+        f.seek(pos)
+        want = _SCAN_BYTES if limit is None else min(_SCAN_BYTES, limit - pos)
+        buf = f.read(want + _HEADER.size - 1)
+        if len(buf) < _HEADER.size:
+            return None
+        b = np.frombuffer(buf, np.uint8)
+        n = len(buf) - _HEADER.size + 1  # offsets with a whole header
+        zero = b == 0
+        cand = np.flatnonzero(zero[4:n + 4] & zero[5:n + 5] & zero[6:n + 6]
+                              & zero[7:n + 7])
+        for p in cand[cand < want].tolist():
+            length_crc = struct.unpack_from("<I", buf, p + 8)[0]
+            if masked_crc32c(buf[p:p + 8]) == length_crc and \
+                    _valid_record_at(f, pos + p):
+                return pos + p
+        pos += min(want, n)
+    return None
+
+
+def _tfrecord_records(r: FileRange) -> Iterator[tuple[int, Optional[int], bytes]]:
+    """(byte offset, record index or None, payload) of the records starting
+    in the range; the index counts from the start of the file, so it is
+    known only for a range that starts there."""
+    path = r.path
+    with _open(path) as f:
+        pos = r.start if r.start == 0 else _find_record(f, r.start, r.stop)
+        if pos is None:
+            return  # no record starts in this range
+        index = 0 if r.start == 0 else None
+        f.seek(pos)
+        last = None
+        while r.stop is None or pos < r.stop:
+            record = _read_record(f, path, pos, index)
+            if record is None:
+                break
+            yield pos, index, record
+            last, pos = pos, pos + _HEADER.size + len(record) + 4
+            index = None if index is None else index + 1
+        if r.stop is not None and last is not None:
+            _check_split(f, path, r.stop, pos, last)
+
+
+def _check_split(f, path: str, stop: int, boundary: int, last: int) -> None:
+    """The next range starts its search at ``stop``: it must find the
+    record at ``boundary`` (or nothing when the file ends there)."""
+    f.seek(boundary)
+    at_end = not f.read(1)
+    found = _find_record(f, stop, None if at_end else boundary + 1)
+    if found != (None if at_end else boundary):
+        raise InputError(f"{path}: cannot split this TFRecord file at byte "
+                         f"{stop}: the payload of the record at byte {last} "
+                         f"looks like a record; pass a larger --split-bytes "
+                         f"or write the data in several files")
+
+
+def _parse_examples(records: list[bytes], path: str, where: Rows,
                     spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
     import tensorflow as tf
     feats = {spec.embedding_feature: tf.io.RaggedFeature(tf.float32),
@@ -214,7 +406,7 @@ def _parse_examples(records: list[bytes], path: str, start: int,
     try:
         parsed = tf.io.parse_example(tf.constant(records), feats)
     except Exception as err:
-        raise InputError(f"{path}: records {start}..{start + len(records) - 1} "
+        raise InputError(f"{path}: {where.span(len(records), 'records')} "
                          f"are not tf.train.Example with float feature "
                          f"{spec.embedding_feature!r} and int64 feature "
                          f"{spec.label_feature!r} ({str(err).splitlines()[0]})"
@@ -224,57 +416,68 @@ def _parse_examples(records: list[bytes], path: str, start: int,
         lengths = ragged.row_lengths().numpy()
         bad = np.flatnonzero(lengths == 0)
         if bad.size:
-            raise InputError(f"{path}: row {start + int(bad[0])} has no feature "
+            raise InputError(f"{path}: {where.row(int(bad[0]))} has no feature "
                              f"{name!r} (see --embedding-feature/--label-feature)")
     lab_len = lab.row_lengths().numpy()
     if np.any(lab_len != 1):
-        row = start + int(np.flatnonzero(lab_len != 1)[0])
-        raise InputError(f"{path}: row {row}: label must be one int64 value")
+        i = int(np.flatnonzero(lab_len != 1)[0])
+        raise InputError(f"{path}: {where.row(i)}: label must be one int64 value")
     lengths = emb.row_lengths().numpy()
     if np.any(lengths != lengths[0]):
-        row = start + int(np.flatnonzero(lengths != lengths[0])[0])
-        raise InputError(f"{path}: row {row} has {lengths[row - start]} "
+        i = int(np.flatnonzero(lengths != lengths[0])[0])
+        raise InputError(f"{path}: {where.row(i)} has {lengths[i]} "
                          f"embedding values, expected {lengths[0]}")
     x = emb.flat_values.numpy().reshape(len(records), int(lengths[0]))
     return x.astype(np.float64), lab.flat_values.numpy()
 
 
-def _tfrecord_blocks(path: str, spec: InputSpec
-                     ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    batch, start = [], 0
-    for record in _tfrecord_records(path):
+def _tfrecord_blocks(r: FileRange, spec: InputSpec
+                     ) -> Iterator[tuple[Rows, np.ndarray, np.ndarray]]:
+    batch, offsets, first = [], [], None
+    for offset, index, record in _tfrecord_records(r):
+        if not batch:
+            first = index
         batch.append(record)
+        offsets.append(offset)
         if len(batch) == spec.block_size:
-            yield (start, *_parse_examples(batch, path, start, spec))
-            start += len(batch)
-            batch = []
+            where = Rows(first) if first is not None else Rows(None, tuple(offsets))
+            yield (where, *_parse_examples(batch, r.path, where, spec))
+            batch, offsets = [], []
     if batch:
-        yield (start, *_parse_examples(batch, path, start, spec))
+        where = Rows(first) if first is not None else Rows(None, tuple(offsets))
+        yield (where, *_parse_examples(batch, r.path, where, spec))
 
 
-def _raw_blocks(path: str, spec: InputSpec
-                ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    fmt = detect_format(path, spec.fmt)
+# ---------------------------------------------------------------------- npz
+
+def _npz_blocks(path: str, spec: InputSpec
+                ) -> Iterator[tuple[Rows, np.ndarray, np.ndarray]]:
+    x, y = _npz_arrays(path, spec)
+    if x.ndim != 2:
+        raise InputError(f"{path}: 'embeddings' must be 2-D [n, d], got "
+                         f"shape {x.shape}")
+    if y.ndim != 1 or len(y) != len(x):
+        raise InputError(f"{path}: 'labels' must be 1-D with {len(x)} "
+                         f"rows, got shape {y.shape}")
+    for s in range(0, len(x), spec.block_size):
+        yield Rows(s), x[s:s + spec.block_size], y[s:s + spec.block_size]
+
+
+def _raw_blocks(r: FileRange, spec: InputSpec
+                ) -> Iterator[tuple[Rows, np.ndarray, np.ndarray]]:
+    fmt = detect_format(r.path, spec.fmt)
     if fmt == "npz":
-        x, y = _npz_arrays(path, spec)
-        if x.ndim != 2:
-            raise InputError(f"{path}: 'embeddings' must be 2-D [n, d], got "
-                             f"shape {x.shape}")
-        if y.ndim != 1 or len(y) != len(x):
-            raise InputError(f"{path}: 'labels' must be 1-D with {len(x)} "
-                             f"rows, got shape {y.shape}")
-        for s in range(0, len(x), spec.block_size):
-            yield s, x[s:s + spec.block_size], y[s:s + spec.block_size]
+        yield from _npz_blocks(r.path, spec)
     elif fmt == "parquet":
-        yield from _parquet_blocks(path, spec)
+        yield from _parquet_blocks(r, spec)
     else:
-        yield from _tfrecord_blocks(path, spec)
+        yield from _tfrecord_blocks(r, spec)
 
 
 # -------------------------------------------------------------- validation
 
-def validate_block(x: np.ndarray, y: np.ndarray, path: str, start: int,
-                   spec: InputSpec, dim: Optional[int] = None,
+def validate_block(x: np.ndarray, y: np.ndarray, path: str,
+                   start: Union[int, Rows], spec: InputSpec, dim: Optional[int] = None,
                    dim_source: Optional[str] = None
                    ) -> tuple[np.ndarray, np.ndarray, int]:
     """Checks one block; returns (x, y, rows dropped as non-finite).
@@ -283,30 +486,33 @@ def validate_block(x: np.ndarray, y: np.ndarray, path: str, start: int,
     schema of ``dim_source``, the first non-empty input file). Dropping
     non-finite rows (``--non-finite drop``) is a per-record rule that does
     not look at any other record, so it keeps the DP guarantee; the number
-    dropped is private and only goes to an operator counter.
+    dropped is private and only goes to an operator counter. ``start``: the
+    block's first row number in the file, or a ``Rows`` naming its rows
+    (errors then name a TFRecord record by its byte offset).
     """
+    where = start if isinstance(start, Rows) else Rows(start)
     try:
         x = np.asarray(x, dtype=np.float64)
     except (TypeError, ValueError):
-        raise InputError(f"{path}: rows {start}..: embeddings are not "
+        raise InputError(f"{path}: {where.span()}: embeddings are not "
                          f"numeric") from None
     if x.ndim != 2:
         raise InputError(f"{path}: embeddings must be 2-D [n, d], got shape "
                          f"{x.shape}")
     if dim is not None and x.shape[1] != dim and len(x):
         source = f"that of {dim_source}" if dim_source else "the first file's"
-        raise InputError(f"{path}: row {start} has dimension {x.shape[1]}, "
+        raise InputError(f"{path}: {where.row(0)} has dimension {x.shape[1]}, "
                          f"expected {dim} ({source}); all input files must "
                          f"have the same embedding dimension")
-    y = _integer_labels(np.asarray(y), path, start)
+    y = _integer_labels(np.asarray(y), path, where)
     if len(y) != len(x):
-        raise InputError(f"{path}: rows {start}..: {len(x)} embeddings but "
+        raise InputError(f"{path}: {where.span()}: {len(x)} embeddings but "
                          f"{len(y)} labels")
     if spec.labels is not None:
         bad = np.flatnonzero(~np.isin(y, np.array(spec.labels)))
         if bad.size:
             i = int(bad[0])
-            raise InputError(f"{path}: row {start + i} has label {int(y[i])}, "
+            raise InputError(f"{path}: {where.row(i)} has label {int(y[i])}, "
                              f"which is not in --labels/--num-classes "
                              f"{_short(spec.labels)}")
     finite = _finite_rows(x)
@@ -314,7 +520,7 @@ def validate_block(x: np.ndarray, y: np.ndarray, path: str, start: int,
         return x, y, 0
     if spec.non_finite == "reject":
         i = int(np.flatnonzero(~finite)[0])
-        raise InputError(f"{path}: row {start + i} has NaN or infinite values "
+        raise InputError(f"{path}: {where.row(i)} has NaN or infinite values "
                          f"(use --non-finite drop to drop such rows)")
     return x[finite], y[finite], int((~finite).sum())
 
@@ -334,7 +540,7 @@ def _short(labels: Sequence[int]) -> str:
         f"[{labels[0]}, {labels[1]}, ..., {labels[-1]}] ({len(labels)} labels)"
 
 
-def _integer_labels(y: np.ndarray, path: str, start: int) -> np.ndarray:
+def _integer_labels(y: np.ndarray, path: str, where: Rows) -> np.ndarray:
     if y.ndim != 1:
         raise InputError(f"{path}: labels must be 1-D, got shape {y.shape}")
     if y.dtype.kind in "iu":
@@ -343,19 +549,32 @@ def _integer_labels(y: np.ndarray, path: str, start: int) -> np.ndarray:
         bad = np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))
         if bad.size:
             i = int(bad[0])
-            raise InputError(f"{path}: row {start + i} has non-integer label "
+            raise InputError(f"{path}: {where.row(i)} has non-integer label "
                              f"{float(y[i])!r}; labels must be integers")
         return y.astype(np.int64)
-    raise InputError(f"{path}: rows {start}..: labels must be integers, got "
+    raise InputError(f"{path}: {where.span()}: labels must be integers, got "
                      f"dtype {y.dtype}")
 
 
 def read_file_blocks(path: str, spec: InputSpec, dim: Optional[int] = None,
                      dim_source: Optional[str] = None
                      ) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
-    """Validated (x, y, dropped) blocks of one file."""
-    for start, x, y in _raw_blocks(path, spec):
-        yield validate_block(x, y, path, start, spec, dim, dim_source)
+    """Validated (x, y, dropped) blocks of one whole file."""
+    return read_range_blocks(FileRange(path), spec, dim, dim_source)
+
+
+def read_range_blocks(r: FileRange, spec: InputSpec,
+                      dim: Optional[int] = None,
+                      dim_source: Optional[str] = None
+                      ) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+    """Validated (x, y, dropped) blocks of one file range.
+
+    Errors name the file and the row number; in a TFRecord range that
+    starts inside the file the row number is not known, so they name the
+    record's byte offset instead (``the record at byte N``).
+    """
+    for where, x, y in _raw_blocks(r, spec):
+        yield validate_block(x, y, r.path, where, spec, dim, dim_source)
 
 
 def peek_dim(path: str, spec: InputSpec) -> int:
@@ -368,7 +587,8 @@ def peek_dim(path: str, spec: InputSpec) -> int:
 
 def _peek_dim(path: str, spec: InputSpec) -> Optional[int]:
     """Dimension of the first row, or None for a file with no rows."""
-    for _, x, _ in _raw_blocks(path, dataclasses.replace(spec, block_size=1)):
+    one_row = dataclasses.replace(spec, block_size=1)
+    for _, x, _ in _raw_blocks(FileRange(path), one_row):
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[1] < 1:
             raise InputError(f"{path}: embeddings must be 2-D [n, d] with "
@@ -420,9 +640,10 @@ class _ReadBlocksFn(beam.DoFn):
         self._rows = Metrics.counter("dpsynth", "rows_read")
         self._dropped = Metrics.counter("dpsynth", "rows_dropped_non_finite")
 
-    def process(self, path: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        for x, y, dropped in read_file_blocks(path, self._spec, self._dim,
-                                              self._source):
+    def process(self, r: FileRange
+                ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for x, y, dropped in read_range_blocks(r, self._spec, self._dim,
+                                               self._source):
             self._rows.inc(len(y) + dropped)
             self._dropped.inc(dropped)
             if len(y):
@@ -432,8 +653,11 @@ class _ReadBlocksFn(beam.DoFn):
 class ReadEmbeddingBlocks(beam.PTransform):
     """Files matching ``spec.pattern`` -> validated (x, y) numpy blocks.
 
-    The file list and the embedding dimension (schema) are read when the
-    graph is built, so a missing input fails before the pipeline starts.
+    The file list, the embedding dimension (schema) and the read ranges
+    (``file_ranges``: TFRecord and Parquet files in ``spec.split_bytes``
+    pieces, .npz whole) are made when the graph is built, so a missing
+    input fails before the pipeline starts. Each range is one element,
+    spread over the workers: one large file is read by all of them.
     ``dim`` (public configuration, ``--embedding-dim``) skips reading the
     dimension from the first row: every row is checked against it, and an
     input with no rows is still a valid (empty) dataset.
@@ -442,16 +666,19 @@ class ReadEmbeddingBlocks(beam.PTransform):
     def __init__(self, spec: InputSpec, dim: Optional[int] = None) -> None:
         super().__init__()
         self.spec = spec
-        self.paths = match_files(spec.pattern)
+        sizes = _match(spec.pattern)
+        self.paths = [path for path, _ in sizes]
         if dim is None:
             self.dim, self.dim_source = input_schema(self.paths, spec)
         else:
             self.dim, self.dim_source = int(dim), "--embedding-dim"
+        self.ranges = [r for path, size in sizes
+                       for r in file_ranges(path, size, spec)]
 
     def expand(self, pbegin):
         return (pbegin
-                | "ListFiles" >> beam.Create(self.paths)
-                | "SpreadFiles" >> beam.Reshuffle()
+                | "ListRanges" >> beam.Create(self.ranges)
+                | "SpreadRanges" >> beam.Reshuffle()
                 | "ReadBlocks" >> beam.ParDo(_ReadBlocksFn(self.spec, self.dim,
                                                          self.dim_source)))
 

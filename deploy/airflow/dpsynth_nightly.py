@@ -22,12 +22,14 @@ second, different release.
 Configuration: two Airflow Variables, overridden per run by the DAG params
 (``airflow dags trigger dpsynth_nightly -c '{"runner": "DataflowRunner"}'``):
 
-  dpsynth_runner   DirectRunner (default) | DataflowRunner | FlinkRunner
+  dpsynth_runner   DirectRunner (default) | DataflowRunner | FlinkRunner |
+                   DaskRunner
   dpsynth_config   JSON object; keys (defaults in DEFAULTS below):
     runner_params     keyword args of deploy.runners.<runner>_args, e.g.
                       {"project": "p", "region": "europe-west4",
                        "temp_location": "gs://b/tmp"} or
                       {"flink_master": "jm:8081", "environment_type": "DOCKER"}
+                      or {"client_address": "tcp://dask-scheduler:8786"}
     output_root       releases go to {output_root}/{ds}
     budget_store      local dir or gs:// prefix of the budget ledgers
     dataset_id        private dataset id (one lifetime budget per id)
@@ -77,7 +79,7 @@ DEFAULTS = {
     "extra_args": {},
     "notify_url": "",
 }
-RUNNERS = ("DirectRunner", "DataflowRunner", "FlinkRunner")
+RUNNERS = ("DirectRunner", "DataflowRunner", "FlinkRunner", "DaskRunner")
 
 
 def settings(params: dict) -> dict:

@@ -1,0 +1,380 @@
+"""dpsynth on a Dask cluster: Beam's DaskRunner plus what it lacks.
+
+Selected by ``--runner dask`` (or ``DaskRunner``, or Beam's class path
+``apache_beam.runners.dask.dask_runner.DaskRunner``: ``runner_names``
+rewrites all of them to ``pipelines.dask_runner.DaskRunner``). Needs the
+``dask`` extra (``pip install 'dpsynth[dask]'``) here and on every worker.
+
+* ``--dask_client_address tcp://HOST:PORT`` (Beam's option) points at an
+  existing scheduler. Without it (and without ``--dask_scheduler_file``)
+  this runner starts a ``distributed.LocalCluster`` for the run: one
+  single-threaded worker process per CPU core, listening on loopback only,
+  no dashboard; it is closed when the job ends. That is for trying the
+  runner; a real deployment runs ``dask scheduler`` / ``dask worker``.
+* Upstream bug workaround (Beam 2.77, see deploy/README.md "Dask"): Beam's
+  Dask ``ParDo`` keeps one output list per step, filled by every bundle and
+  never emptied, so a step executed twice in one worker process returns its
+  earlier outputs again (a singleton side input then fails with
+  "PCollection of size 2 with more than one element accessed as a singleton
+  view"); and it reads that list before ``finish_bundle``, dropping what
+  ``finish_bundle`` emits. ``install_workaround`` points Beam's Dask
+  translation at ``apply_dofn_to_bundle`` below, which fixes both. It is
+  installed only when this runner runs, in the submitting process; the
+  workers get it with the task graph, which names this module's function
+  (they import this module to unpickle it).
+* Combines are lifted (``_LiftCombinePerKey``: partial results per bundle,
+  then a GroupByKey), as on Beam's DirectRunner; Beam's Dask translation
+  would shuffle and hold every per-block partial aggregate.
+* Every collection read as a side input or by several transforms is
+  computed once, when the graph is built, and kept on the cluster
+  (``_Readers``): Beam's translation recomputes it per reading
+  task, redrawing secure noise and holding the readers' inputs meanwhile.
+* Every output is computed: Beam's runner computes only the ancestors of
+  the last transform, so a second sink silently did not run.
+* Each created element (e.g. a read range) is its own Dask partition unless
+  ``--dask_npartitions`` / ``--dask_partition_size`` say otherwise, so the
+  reads spread over the workers.
+* ``metrics()`` returns empty results instead of raising
+  ``NotImplementedError``: Beam's DaskRunner collects no counters, so the
+  operator counters (rows_read, rows_clipped, ...) are not available there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from typing import Any, Optional
+
+import apache_beam as beam
+from apache_beam.metrics.metric import MetricResults
+from apache_beam.pipeline import PipelineVisitor, PTransformOverride
+from apache_beam.runners.dask import dask_runner as beam_dask
+from apache_beam.runners.dask import transform_evaluator
+from apache_beam.runners.common import DoFnInvoker
+from apache_beam.runners.runner import PipelineResult, PipelineState
+from apache_beam.transforms.combiners import LiftedCombinePerKey
+
+log = logging.getLogger("dpsynth")
+
+# One lock per receiver object: bundles that share a step's receivers (same
+# worker process) run one at a time, so emptying the list is safe under
+# threads_per_worker > 1 too. Keyed by id(); entries go with the object.
+_LOCKS: dict[int, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _lock_for(receivers: Any) -> threading.Lock:
+    key = id(receivers)
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(key)
+        if lock is None:
+            lock = _LOCKS[key] = threading.Lock()
+            weakref.finalize(receivers, _LOCKS.pop, key, None)
+    return lock
+
+
+def apply_dofn_to_bundle(items, invoker_args, invoker_kwargs, receivers):
+    """Runs one bundle (a Dask partition) through a DoFn, as Beam's function
+    of that name does, with two fixes: the step's output list (Beam's
+    ``OneReceiver``, which belongs to the step, not to the bundle) is
+    emptied first, and read after ``finish_bundle``, whose outputs Beam's
+    version drops (and then returns with the next bundle)."""
+    with _lock_for(receivers):
+        del receivers.values[:]
+        invoker = DoFnInvoker.create_invoker(*invoker_args, **invoker_kwargs)
+        invoker.invoke_setup()
+        invoker.invoke_start_bundle()
+        for item in items:
+            invoker.invoke_process(item)
+        invoker.invoke_finish_bundle()
+        invoker.invoke_teardown()
+        results = [v.value for v in receivers.values]
+        del receivers.values[:]
+        return results
+
+
+def install_workaround() -> None:
+    """Routes Beam's Dask ParDo translation through ``apply_dofn_to_bundle``.
+
+    Idempotent. Only Beam's Dask runner module is touched (it reads the
+    module global when it builds a ParDo's task), so other runners are
+    unaffected. Drop it once Beam empties the list per bundle and keeps
+    ``finish_bundle`` outputs itself (deploy/README.md "Dask").
+    """
+    current = getattr(transform_evaluator, "apply_dofn_to_bundle", None)
+    if current is apply_dofn_to_bundle:
+        return
+    if current is None or not hasattr(transform_evaluator.OneReceiver(),
+                                      "values"):
+        raise RuntimeError("this Beam's DaskRunner has changed (no "
+                           "apply_dofn_to_bundle or OneReceiver.values): "
+                           "re-check the workaround in "
+                           "pipelines/dask_runner.py")
+    apply_dofn_to_bundle.beam_original = current
+    transform_evaluator.apply_dofn_to_bundle = apply_dofn_to_bundle
+
+
+class _LiftCombinePerKey(PTransformOverride):
+    """CombinePerKey as a per-bundle pre-combine, a GroupByKey and a merge
+    (Beam's ``LiftedCombinePerKey``, which its DirectRunner also uses).
+    Beam's DaskRunner expands CombinePerKey into GroupByKey + CombineValues,
+    so every partial aggregate (e.g. a d x d second moment per block and
+    class) would be shuffled and held until the merge."""
+
+    def matches(self, applied_ptransform) -> bool:
+        return (isinstance(applied_ptransform.transform, beam.CombinePerKey)
+                and applied_ptransform.inputs[0].windowing.is_default())
+
+    def get_replacement_transform_for_applied_ptransform(self, applied):
+        t = applied.transform
+        return LiftedCombinePerKey(t.fn, t.args, t.kwargs)
+
+
+def start_local_cluster(workers: Optional[int] = None):
+    """A LocalCluster on loopback: ``workers`` single-threaded processes."""
+    from distributed import LocalCluster
+    workers = workers or os.cpu_count() or 1
+    return LocalCluster(n_workers=workers, threads_per_worker=1,
+                        processes=True, host="127.0.0.1",
+                        dashboard_address=None)
+
+
+class _NoMetrics(MetricResults):
+    """What ``metrics()`` returns on Dask: Beam's DaskRunner has none."""
+
+    def query(self, filter=None):
+        return {kind: [] for kind in (
+            self.COUNTERS, self.DISTRIBUTIONS, self.GAUGES, self.STRINGSETS,
+            self.BOUNDED_TRIES, self.HISTOGRAMS)}
+
+
+class DaskRunResult(PipelineResult):
+    """Beam's Dask result; when the job ends it drops the shared
+    collections it stored on the cluster and closes the client (and a local
+    cluster it started)."""
+
+    def __init__(self, inner: beam_dask.DaskRunnerResult, cluster,
+                 stored: "_Stored") -> None:
+        super().__init__(PipelineState.RUNNING)
+        self._inner, self._cluster, self._stored = inner, cluster, stored
+
+    def wait_until_finish(self, duration=None):
+        try:
+            self._state = self._inner.wait_until_finish(duration)
+        except BaseException:
+            self._state = PipelineState.FAILED
+            raise
+        finally:
+            self.close()
+        return self._state
+
+    def cancel(self):
+        try:
+            self._state = self._inner.cancel()
+        finally:
+            self.close()
+        return self._state
+
+    def metrics(self) -> MetricResults:
+        return _NoMetrics()
+
+    def close(self) -> None:
+        self._stored.drop(self._inner.client)
+        self._inner.client.close()
+        if self._cluster is not None:
+            self._cluster.close()
+            self._cluster = None
+
+
+class DaskRunner(beam_dask.DaskRunner):
+    """Beam's DaskRunner with the bundle fixes, lifted combines, shared
+    collections computed once, every output computed, one Dask partition
+    per created element by default, and a local cluster when no scheduler
+    is given."""
+
+    def run_pipeline(self, pipeline, options):
+        install_workaround()
+        pipeline.replace_all([_LiftCombinePerKey()])
+        dask_options = options.view_as(beam_dask.DaskOptions)
+        if not dask_options.npartitions and not dask_options.partition_size:
+            # Beam's default puts up to 128 created elements in one
+            # partition: every read range would then run in one task.
+            dask_options.partition_size = 1
+        cluster = None
+        if not dask_options.address and not dask_options.scheduler_file:
+            cluster = start_local_cluster()
+            dask_options.address = cluster.scheduler_address
+            log.info("no --dask_client_address: started a local Dask cluster "
+                     "(%d worker processes on %s) for this run; for a real "
+                     "cluster start `dask scheduler` and `dask worker "
+                     "tcp://HOST:8786` and pass --dask_client_address",
+                     len(cluster.workers), cluster.scheduler_address)
+        self._pipeline, self._stored = pipeline, _Stored()
+        try:
+            beam_dask.DaskBagWindowedIterator = self._stored.side_input
+            inner = super().run_pipeline(pipeline, options)
+        except BaseException:
+            self._stored.drop()
+            _close_default_client()
+            if cluster is not None:
+                cluster.close()
+            raise
+        finally:
+            beam_dask.DaskBagWindowedIterator = \
+                transform_evaluator.DaskBagWindowedIterator
+        return DaskRunResult(inner, cluster, self._stored)
+
+    def to_dask_bag_visitor(self, bag_kwargs=None):
+        """Beam's visitor, computing each shared collection once and, at
+        the end, every output of the graph (see _Readers)."""
+        base = beam_dask.DaskRunner.to_dask_bag_visitor(bag_kwargs)
+        readers, stored = _Readers(self._pipeline), self._stored
+
+        class Visitor(type(base)):
+            def visit_transform(self, node):
+                super().visit_transform(node)
+                if readers.shared(node):
+                    self.bags[node] = stored.compute(self.bags[node])
+
+            def leave_composite_transform(self, node):
+                if node.parent is None:  # the end: Beam computes the last
+                    self.bags[_ALL_OUTPUTS] = _all_of(
+                        [self.bags[n] for n in self.bags
+                         if readers.unread(n)])
+        return Visitor()
+
+
+_ALL_OUTPUTS = "dpsynth: every output of the graph"
+
+
+class _Readers:
+    """Who reads each PCollection, as Beam's DaskRunner needs to know.
+
+    Shared (read as a side input or by several transforms): Beam's Dask
+    translation computes a side input again in every task that reads it,
+    and a collection once per reader: a pass's model (and every pass behind
+    it) ran once per reading task, secure noise was redrawn, and tasks
+    waiting for a side input held their whole input meanwhile. dpsynth
+    computes them once, when the graph is built (``_Stored``).
+    Unread: Beam computes only the last transform's ancestors, so a
+    transform nothing reads (a second sink) would silently not run.
+    """
+
+    def __init__(self, pipeline) -> None:
+        self._count: dict = {}
+        self._side: set = set()
+        count, side = self._count, self._side
+
+        class Count(PipelineVisitor):
+            def visit_transform(self, node):
+                for pcoll in node.inputs:
+                    count[pcoll] = count.get(pcoll, 0) + 1
+                side.update(si.pvalue for si in node.side_inputs)
+        pipeline.visit(Count())
+
+    def shared(self, node) -> bool:
+        return any(out in self._side or self._count.get(out, 0) > 1
+                   for out in node.outputs.values())
+
+    def unread(self, node) -> bool:
+        return not isinstance(node, str) and all(
+            out not in self._side and not self._count.get(out, 0)
+            for out in node.outputs.values())
+
+
+class _Stored:
+    """Shared collections computed on the cluster while the graph is built,
+    kept there as published Dask datasets until the job ends.
+
+    A later step reads them as stored results (its graph names their keys),
+    and a task reads a side input with ``Client.get_dataset`` and
+    ``Future.result``. Beam's side-input view instead computes the bag
+    inside the reading task with ``Client.get``, which secedes from the
+    worker's thread pool: while one task waits the worker starts the next,
+    and every such task holds its whole input (all read ranges at once).
+    """
+
+    def __init__(self) -> None:
+        self._names: set = set()
+
+    def compute(self, bag):
+        """The bag computed now; a failure is raised here."""
+        import distributed
+        client = distributed.default_client()
+        name = _dataset_name(bag)
+        if name in self._names:  # e.g. a Reshuffle: the same bag again
+            return bag
+        bag = bag.persist()
+        futures = distributed.futures_of(bag)
+        distributed.wait(futures)
+        for future in futures:
+            if future.status == "error":
+                future.result()  # raises the worker's exception
+        client.publish_dataset(bag, name=name)
+        self._names.add(name)
+        return bag
+
+    def side_input(self, bag, window_fn):
+        """Replaces Beam's DaskBagWindowedIterator for stored bags."""
+        name = _dataset_name(bag)
+        if name not in self._names:  # cannot happen: side inputs are shared
+            return transform_evaluator.DaskBagWindowedIterator(bag, window_fn)
+        return _StoredSideInput(name, window_fn)
+
+    def drop(self, client=None) -> None:
+        """Frees the cluster's copies (datasets outlive the client)."""
+        import distributed
+        try:
+            client = client or distributed.default_client()
+        except ValueError:  # no client was opened
+            return
+        for name in self._names:
+            try:
+                client.unpublish_dataset(name)
+            except Exception:  # a scheduler already gone
+                pass
+        self._names = set()
+
+
+def _dataset_name(bag) -> str:
+    import distributed
+    return f"dpsynth-{distributed.default_client().id}-{bag.name}"
+
+
+class _StoredSideInput:
+    """A side input read from its published dataset (Future objects cannot
+    travel in a task: the scheduler unpickles the graph outside any
+    client)."""
+
+    def __init__(self, name: str, window_fn) -> None:
+        self._name, self._window_fn = name, window_fn
+
+    def __iter__(self):
+        import distributed
+        stored = distributed.get_client().get_dataset(self._name)
+        for future in distributed.futures_of(stored):
+            for item in future.result():
+                yield transform_evaluator.get_windowed_value(
+                    item, self._window_fn)
+
+
+def _all_of(bags: list):
+    """One bag that computes every bag given and holds nothing."""
+    import dask.bag as db
+    return db.concat([b.map_partitions(_nothing) for b in bags
+                      if b is not None])
+
+
+def _nothing(partition) -> list:
+    return []
+
+
+def _close_default_client() -> None:
+    """Closes the client Beam's run_pipeline opened, if it got that far."""
+    import distributed
+    try:
+        distributed.default_client().close()
+    except ValueError:  # no client
+        pass

@@ -1,0 +1,63 @@
+"""Which Beam runner a ``--runner`` flag names; the Dask aliases.
+
+Kept free of Beam and Dask imports: ``pipelines.generate`` calls it for
+every run, and ``deploy.runners`` (pure option builders) uses the names.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Optional, Sequence
+
+# dpsynth's subclass of Beam's DaskRunner (pipelines/dask_runner.py): it adds
+# the workaround for the upstream bug and the local cluster for trying it.
+DASK_RUNNER = "pipelines.dask_runner.DaskRunner"
+BEAM_DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+DASK_NAMES = frozenset({"dask", "daskrunner", BEAM_DASK_RUNNER.lower(),
+                        DASK_RUNNER.lower()})
+
+
+def is_dask(runner: Optional[str]) -> bool:
+    """True for dask / DaskRunner / either class path, in any case."""
+    return runner is not None and runner.lower() in DASK_NAMES
+
+
+def runner_flag(argv: Sequence[str]) -> Optional[str]:
+    """The value of the last ``--runner`` in a Beam argument list."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg.startswith("--runner="):
+            value = arg.split("=", 1)[1]
+        elif arg == "--runner" and i + 1 < len(argv):
+            value = argv[i + 1]
+    return value
+
+
+def resolve_dask(argv: Sequence[str]) -> list[str]:
+    """``argv`` with a Dask runner name replaced by dpsynth's class path.
+
+    Other runners pass through unchanged. Refuses (ValueError) when the
+    ``dask`` extra is not installed, naming the install command. Imports
+    the runner module, which registers Beam's ``--dask_*`` options before
+    anything parses them.
+    """
+    argv = list(argv)
+    if not is_dask(runner_flag(argv)):
+        return argv
+    if importlib.util.find_spec("distributed") is None:
+        raise ValueError("--runner dask needs Dask: pip install "
+                         "'dpsynth[dask]' (apache-beam[dask])")
+    importlib.import_module("pipelines.dask_runner")
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg.startswith("--runner="):
+            out.append(f"--runner={DASK_RUNNER}")
+        elif arg == "--runner" and i + 1 < len(argv):
+            out.append(f"--runner={DASK_RUNNER}")
+            skip = True
+        else:
+            out.append(arg)
+    return out

@@ -1,0 +1,120 @@
+"""Split reads: TFRecord and Parquet files read as byte ranges give exactly
+the rows of a whole-file read, whatever the range size; a record payload
+that looks like a record cannot shift a split; errors in a range that
+starts inside a file name the record's byte offset. (One file read by two
+Dask workers, and the release unchanged: tests/test_dask.py.)"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+import pytest
+
+from tests.conftest import gmm_data
+from transforms import io
+from transforms.write import tfrecord_bytes
+
+
+def _tfrecord(path, x, y) -> str:
+    with open(path, "wb") as f:
+        for start in range(0, len(y), 40):
+            xs, ys = x[start:start + 40], y[start:start + 40]
+            for label in np.unique(ys).tolist():
+                f.write(tfrecord_bytes(xs[ys == label], label))
+    return str(path)
+
+
+def _parquet(path, x, y, row_group_size: int) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    emb = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), x.shape[1])
+    pq.write_table(pa.table({"embedding": emb, "label": pa.array(y)}), path,
+                   row_group_size=row_group_size)
+    return str(path)
+
+
+def _rows(ranges, spec) -> tuple[np.ndarray, np.ndarray]:
+    blocks = [b for r in ranges for b in io.read_range_blocks(r, spec)]
+    x = np.vstack([b[0] for b in blocks])
+    y = np.concatenate([b[1] for b in blocks])
+    order = np.lexsort(np.c_[x, y].T)
+    return x[order], y[order]
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
+def test_ranges_hold_exactly_the_rows_of_the_file(tmp_path, fmt):
+    x, y = gmm_data(600, d=5, classes=3, seed=3)
+    x = x.astype(np.float32)
+    path = (_tfrecord(tmp_path / "a.tfrecord", x, y) if fmt == "tfrecord"
+            else _parquet(tmp_path / "a.parquet", x, y, row_group_size=50))
+    size = os.path.getsize(path)
+    whole = _rows([io.FileRange(path)], io.InputSpec(path, block_size=64))
+    for split in (331, size // 3, size):
+        spec = io.InputSpec(path, block_size=64, split_bytes=split)
+        ranges = io.file_ranges(path, size, spec)
+        assert len(ranges) == -(-size // split)
+        got = _rows(ranges, spec)
+        np.testing.assert_array_equal(got[0], whole[0])
+        np.testing.assert_array_equal(got[1], whole[1])
+
+
+def test_npz_is_always_read_whole(tmp_path):
+    path = tmp_path / "a.npz"
+    np.savez(path, embeddings=np.ones((100, 3)), labels=np.zeros(100, int))
+    spec = io.InputSpec(str(path), split_bytes=10)
+    assert io.file_ranges(str(path), os.path.getsize(path), spec) == [
+        io.FileRange(str(path))]
+
+
+def _frame(payload: bytes) -> bytes:
+    length = struct.pack("<Q", len(payload))
+    return (length + struct.pack("<I", io.masked_crc32c(length)) + payload
+            + struct.pack("<I", io.masked_crc32c(payload)))
+
+
+def test_a_payload_that_looks_like_a_record_stops_the_split(tmp_path):
+    """A split inside a record whose payload embeds a whole valid record
+    would make the next range start at the fake one: refused, named."""
+    good = _frame(b"a" * 40)
+    fake = _frame(b"b" * 8)
+    path = tmp_path / "f.tfrecord"
+    path.write_bytes(good + _frame(b"\x01" * 20 + fake + b"\x02" * 20) + good)
+    spec = io.InputSpec(str(path), split_bytes=len(good) + 10)
+    first = io.file_ranges(str(path), os.path.getsize(path), spec)[0]
+    with pytest.raises(io.InputError, match=(
+            rf"f.tfrecord: cannot split this TFRecord file at byte "
+            rf"{len(good) + 10}: the payload of the record at byte "
+            rf"{len(good)} looks like a record")):
+        list(io._tfrecord_records(first))
+
+
+def test_errors_in_a_later_range_name_the_byte_offset(tmp_path):
+    x = np.ones((60, 4), np.float32)
+    x[47, 2] = np.nan
+    path = _tfrecord(tmp_path / "n.tfrecord", x, np.zeros(60, np.int64))
+    size = os.path.getsize(path)
+    record = size // 60
+    spec = io.InputSpec(path, split_bytes=size // 2)
+    second = io.file_ranges(path, size, spec)[1]
+    with pytest.raises(io.InputError, match=(
+            rf"n.tfrecord: the record at byte {47 * record} has NaN")):
+        list(io.read_range_blocks(second, spec))
+    with pytest.raises(io.InputError, match=r"n.tfrecord: row 47 has NaN"):
+        list(io.read_file_blocks(path, spec))
+
+
+def test_damage_in_a_later_range_names_the_byte_offset(tmp_path):
+    path = _tfrecord(tmp_path / "d.tfrecord", np.ones((60, 4), np.float32),
+                     np.zeros(60, np.int64))
+    data = bytearray(open(path, "rb").read())
+    record = len(data) // 60
+    data[record * 50 + 20] ^= 0xFF  # a payload byte of record 50
+    open(path, "wb").write(bytes(data))
+    spec = io.InputSpec(path, split_bytes=len(data) // 2)
+    second = io.file_ranges(path, len(data), spec)[1]
+    with pytest.raises(io.InputError, match=(
+            rf"d.tfrecord: TFRecord record at byte {record * 50} is corrupt "
+            rf"\(data checksum mismatch\)")):
+        list(io.read_range_blocks(second, spec))
