@@ -1,0 +1,160 @@
+"""Privacy-ledger review of the DEFAULT plan (``--covariance auto``).
+
+``test_privacy_review.py`` reviews a fixed plan field by field (clusters,
+vote filter). The default run is two pipeline runs with a structure chosen
+in between from noisy counts; this module checks the same invariants on it:
+every manifest field tagged, the privacy block and the rule's record equal
+to the in-memory adaptive reference's, every noise draw made under a
+registered mechanism with its sigma (as often as accounted), no file
+metadata, no exact count and no unexplained number in any output or log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io as stdio
+import json
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dp_ops import reference
+from dp_ops.config import GeneratorConfig
+from pipelines import cli
+from tests.test_privacy_review import (_NUMBER, OPERATOR, SIZES, RecordingNoise,
+                                       _allowed_numbers, _explained,
+                                       _int_token, _leaves, _private_data,
+                                       _scrub, _tag, _texts)
+
+NOISE_SEED = 20261127  # its noisy counts make the rule pick the subspace
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("review-default")
+    x, y = _private_data()
+    np.savez(tmp / "patient-0001.npz", embeddings=x, labels=y)
+    out = tmp / "release"
+    argv = ["generate", "--input", str(tmp / "patient-*.npz"), "--output",
+            str(out), "--num-classes", "3", "--epsilon", "1",
+            "--noise-seed", str(NOISE_SEED), "--rows-per-shard", "100"]
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    keep, root = Keep(level=logging.DEBUG), logging.getLogger()
+    old_level = root.level
+    root.addHandler(keep)
+    root.setLevel(logging.DEBUG)
+    stdout, stderr = stdio.StringIO(), stdio.StringIO()
+    try:
+        with contextlib.redirect_stdout(stdout), \
+                contextlib.redirect_stderr(stderr):
+            rc = cli.main(argv)
+    finally:
+        root.removeHandler(keep)
+        root.setLevel(old_level)
+    assert rc == 0, stderr.getvalue()
+    manifest = json.loads((out / "manifest.json").read_text())
+    return dict(x=x, y=y, out=out, tmp=tmp, manifest=manifest,
+                logs=[(r.name, r.getMessage()) for r in records],
+                stdout=stdout.getvalue(), stderr=stderr.getvalue())
+
+
+@pytest.fixture(scope="module")
+def expected(run):
+    conf = dict(run["manifest"]["config"])
+    conf["labels"] = tuple(conf["labels"])
+    cfg = GeneratorConfig(**conf)
+    noise = RecordingNoise(NOISE_SEED)
+    mixes, xs, ys, ledger, structure = reference.generate_adaptive(
+        run["x"], run["y"], cfg, noise)
+    return dict(cfg=cfg, noise=noise, ledger=ledger, structure=structure,
+                mixes=mixes, ys=ys)
+
+
+def test_the_default_ran_the_adaptive_plan(run):
+    m = run["manifest"]
+    assert m["config"]["covariance"] == "auto"
+    assert m["adaptive_plan"]["mode"] == "subspace"  # three passes, two runs
+    for c, size in zip(m["classes"], SIZES):
+        assert abs(c["noisy_count"] - size) > 2  # a meaningful probe
+
+
+def test_every_manifest_field_is_tagged(run):
+    untagged = sorted({p for p, _ in _leaves(run["manifest"])
+                       if _tag(p) is None})
+    assert not untagged, f"manifest fields with no privacy tag: {untagged}"
+
+
+def test_privacy_block_and_rule_record_match_the_reference(run, expected):
+    m = run["manifest"]
+    assert m["privacy"] == json.loads(json.dumps(
+        expected["ledger"].to_manifest()))
+    assert m["adaptive_plan"] == json.loads(json.dumps(
+        expected["structure"].to_manifest()))
+    assert m["samples_total"] == len(expected["ys"])
+
+
+def test_every_noise_draw_is_a_registered_mechanism(expected):
+    ledger, draws = expected["ledger"], expected["noise"].draws
+    names = {m.name for m in ledger.mechanisms}
+    drawn: dict[str, int] = {}
+    for key, sigma, _ in draws:
+        name, _, part = key.partition("#")
+        assert name in names, f"noise drawn under unregistered name {key}"
+        scale = math.sqrt(2) if part == "off-diagonal" else 1.0
+        assert sigma == pytest.approx(ledger.get(name).sigma / scale), key
+        if part != "off-diagonal":
+            drawn[name] = drawn.get(name, 0) + 1
+    assert set(drawn) == names
+    for name, times in drawn.items():
+        assert times == ledger.get(name).count, name
+
+
+def test_no_private_file_metadata_in_the_release(run):
+    import hashlib
+    out, private = Path(run["out"]), run["tmp"] / "patient-0001.npz"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["manifest.json", run["manifest"]["root"]])
+    data = private.read_bytes()
+    needles = {private.name, str(len(data)), hashlib.sha256(data).hexdigest()}
+    for path in out.rglob("*"):
+        assert "phase1" not in path.name  # phase 1's file stays in staging
+        if path.suffix == ".json":
+            text = path.read_text()
+            for needle in needles:
+                assert needle not in text, f"{needle} in {path.name}"
+
+
+def test_exact_counts_appear_nowhere(run):
+    exact = [*SIZES, sum(SIZES)]
+    for where, text in _texts(run).items():
+        if not where.endswith((".json", ".npz")) and where not in (
+                "logs", "stdout", "stderr"):
+            continue
+        text = _scrub(text, run)
+        for value in exact:
+            assert not _int_token(value).search(text), \
+                f"exact private count {value} found in {where}"
+
+
+def test_every_number_in_our_logs_is_public_or_dp(run):
+    mechanisms = run["manifest"]["privacy"]["mechanisms"]
+    phase1 = [m for m in mechanisms  # plan line: a count of public config
+              if m["name"].endswith(("/count", "centre/sum"))]
+    allowed = _allowed_numbers(run) + [
+        len(phase1), len(run["manifest"]["config"]["labels"])]
+    ours = [m for n, m in run["logs"]
+            if n.startswith("dpsynth") and n != OPERATOR]
+    lines = ours + run["stdout"].splitlines()
+    assert any("covariance rule" in line for line in lines)
+    for line in lines:
+        for token in _NUMBER.findall(_scrub(line, run)):
+            assert _explained(token, allowed), \
+                f"number {token} in log line {line!r} is not public/DP"
