@@ -26,7 +26,9 @@ log or print (Beam counters only), except reviewed diagnostics listed in
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
+import io as stdio
 import json
 import logging
 import math
@@ -165,19 +167,8 @@ def _private_data():
     return np.vstack(xs)[order], np.concatenate(ys)[order].astype(np.int64)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run_generate(argv: list[str], x, y, out: Path, tmp: Path) -> dict:
     """Runs the CLI once, capturing logs (all loggers) and stdout/stderr."""
-    tmp = tmp_path_factory.mktemp("review")
-    x, y = _private_data()
-    # One file per person would be typical; the user passes a pattern.
-    np.savez(tmp / "patient-0001.npz", embeddings=x, labels=y)
-    out = tmp / "release"
-    argv = ["generate", "--input", str(tmp / "patient-*.npz"), "--output",
-            str(out), "--num-classes", "3", "--epsilon", str(EPSILON),
-            "--clusters", "3", "--normalize", "none", "--clip-norm", "1.0",
-            "--vote-filter", "--vote-threshold", "2", "--accountant", "rdp",
-            "--noise-seed", str(NOISE_SEED), "--rows-per-shard", "100"]
     records: list[logging.LogRecord] = []
 
     class Keep(logging.Handler):
@@ -188,8 +179,6 @@ def run(tmp_path_factory):
     old_level = root.level
     root.addHandler(keep)
     root.setLevel(logging.DEBUG)
-    import contextlib
-    import io as stdio
     stdout, stderr = stdio.StringIO(), stdio.StringIO()
     try:
         with contextlib.redirect_stdout(stdout), \
@@ -203,6 +192,22 @@ def run(tmp_path_factory):
     logs = [(r.name, r.getMessage()) for r in records]
     return dict(x=x, y=y, out=out, tmp=tmp, manifest=manifest, logs=logs,
                 stdout=stdout.getvalue(), stderr=stderr.getvalue())
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Runs the CLI once, capturing logs (all loggers) and stdout/stderr."""
+    tmp = tmp_path_factory.mktemp("review")
+    x, y = _private_data()
+    # One file per person would be typical; the user passes a pattern.
+    np.savez(tmp / "patient-0001.npz", embeddings=x, labels=y)
+    out = tmp / "release"
+    argv = ["generate", "--input", str(tmp / "patient-*.npz"), "--output",
+            str(out), "--num-classes", "3", "--epsilon", str(EPSILON),
+            "--clusters", "3", "--normalize", "none", "--clip-norm", "1.0",
+            "--vote-filter", "--vote-threshold", "2", "--accountant", "rdp",
+            "--noise-seed", str(NOISE_SEED), "--rows-per-shard", "100"]
+    return run_generate(argv, x, y, out, tmp)
 
 
 @pytest.fixture(scope="module")
@@ -344,7 +349,12 @@ def test_tfrecord_rows_are_samples_of_the_dp_mixture(run, expected):
 
 
 def test_every_noise_draw_is_a_registered_mechanism(expected):
-    ledger, draws = expected["ledger"], expected["noise"].draws
+    assert_draws_registered(expected["ledger"], expected["noise"].draws)
+
+
+def assert_draws_registered(ledger, draws) -> None:
+    """Every draw is made under a registered mechanism with its sigma, and
+    every mechanism is drawn as often as it is accounted."""
     names = {m.name for m in ledger.mechanisms}
     drawn = {}
     for key, sigma, _ in draws:

@@ -11,11 +11,7 @@ metadata, no exact count and no unexplained number in any output or log.
 
 from __future__ import annotations
 
-import contextlib
-import io as stdio
 import json
-import logging
-import math
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +19,11 @@ import pytest
 
 from dp_ops import reference
 from dp_ops.config import GeneratorConfig
-from pipelines import cli
 from tests.test_privacy_review import (_NUMBER, OPERATOR, SIZES, RecordingNoise,
                                        _allowed_numbers, _explained,
                                        _int_token, _leaves, _private_data,
-                                       _scrub, _tag, _texts)
+                                       _scrub, _tag, _texts,
+                                       assert_draws_registered, run_generate)
 
 NOISE_SEED = 20261127  # its noisy counts make the rule pick the subspace
 
@@ -41,29 +37,7 @@ def run(tmp_path_factory):
     argv = ["generate", "--input", str(tmp / "patient-*.npz"), "--output",
             str(out), "--num-classes", "3", "--epsilon", "1",
             "--noise-seed", str(NOISE_SEED), "--rows-per-shard", "100"]
-    records: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            records.append(record)
-
-    keep, root = Keep(level=logging.DEBUG), logging.getLogger()
-    old_level = root.level
-    root.addHandler(keep)
-    root.setLevel(logging.DEBUG)
-    stdout, stderr = stdio.StringIO(), stdio.StringIO()
-    try:
-        with contextlib.redirect_stdout(stdout), \
-                contextlib.redirect_stderr(stderr):
-            rc = cli.main(argv)
-    finally:
-        root.removeHandler(keep)
-        root.setLevel(old_level)
-    assert rc == 0, stderr.getvalue()
-    manifest = json.loads((out / "manifest.json").read_text())
-    return dict(x=x, y=y, out=out, tmp=tmp, manifest=manifest,
-                logs=[(r.name, r.getMessage()) for r in records],
-                stdout=stdout.getvalue(), stderr=stderr.getvalue())
+    return run_generate(argv, x, y, out, tmp)
 
 
 @pytest.fixture(scope="module")
@@ -102,19 +76,7 @@ def test_privacy_block_and_rule_record_match_the_reference(run, expected):
 
 
 def test_every_noise_draw_is_a_registered_mechanism(expected):
-    ledger, draws = expected["ledger"], expected["noise"].draws
-    names = {m.name for m in ledger.mechanisms}
-    drawn: dict[str, int] = {}
-    for key, sigma, _ in draws:
-        name, _, part = key.partition("#")
-        assert name in names, f"noise drawn under unregistered name {key}"
-        scale = math.sqrt(2) if part == "off-diagonal" else 1.0
-        assert sigma == pytest.approx(ledger.get(name).sigma / scale), key
-        if part != "off-diagonal":
-            drawn[name] = drawn.get(name, 0) + 1
-    assert set(drawn) == names
-    for name, times in drawn.items():
-        assert times == ledger.get(name).count, name
+    assert_draws_registered(expected["ledger"], expected["noise"].draws)
 
 
 def test_no_private_file_metadata_in_the_release(run):
