@@ -18,7 +18,18 @@ e.g. the DirectRunner's worker processes) are its own:
 * ``dask2``: ``--runner dask`` on a ``distributed.LocalCluster`` of 2
   single-threaded worker processes (loopback) that the child starts;
 * ``...-reread``: generate's default layout, where every pass re-reads the
-  input files (``transforms.aggregate.RereadBlocks``).
+  input files (``transforms.aggregate.RereadBlocks``);
+* ``floor`` (issue 15): one read of the input with the job's own reader
+  (``transforms.io`` ranges and decoder) and one float32 pass of sum x and
+  x^T x over its blocks, on one BLAS thread; read and compute timed apart.
+
+``--configs default,k16,vote`` (issue 15) runs each named configuration
+(generate's defaults; ``--clusters 16``; ``--vote-filter``) with the modes
+reference, direct2-reread and floor, and adds a table: the passes the Beam
+run made (the names generate hands its progress printer: phase 1 and
+phase 2 of the adaptive plan both count), floor = passes x (read +
+compute), Beam/in-memory and Beam/floor. ``--save`` keeps every run as a
+JSON line; ``--report-from`` reports such a file without running.
 
 ``--files N --format tfrecord|parquet|npz`` writes the same rows (chunks of
 100k rows, one random stream each) as N files of that format instead of
@@ -48,7 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -59,7 +70,11 @@ if ROOT not in sys.path:
 DEFAULT_CACHE = os.path.join(ROOT, "benchmarks", "cache")
 DEFAULT_OUT = os.path.join(ROOT, "benchmarks", "results", "scaling.md")
 MODES = ("reference", "direct", "direct2", "direct-reread", "direct2-reread",
-         "dask2", "dask2-reread")
+         "dask2", "dask2-reread", "floor")
+# Issue 15's configurations: name -> (clusters, vote filter); the rest are
+# generate's defaults (k=1 with --covariance auto is the adaptive plan).
+CONFIGS = {"default": (1, False), "k16": (16, False), "vote": (1, True)}
+FLOOR_MODES = ("reference", "direct2-reread", "floor")
 DATA_FORMATS = ("npz", "tfrecord", "parquet")
 EXTENSIONS = {"npz": "npz", "tfrecord": "tfrecord", "parquet": "parquet"}
 DEFAULT_MODES = ("reference", "direct", "direct2")
@@ -202,8 +217,10 @@ def _config(flags: Sequence[str]):
     from pipelines import generate
     args, _ = _parse_generate(flags)
     from dp_ops.config import labels_from
-    return generate.config_from(args, labels_from(args.num_classes,
-                                                  args.labels))
+    cfg = generate.config_from(args, labels_from(args.num_classes,
+                                                 args.labels))
+    # "auto" outside the adaptive plan's scope runs "shared", as in the job
+    return generate._resolve_covariance(cfg, args)
 
 
 def _parse_generate(flags: Sequence[str]):
@@ -242,8 +259,12 @@ def child_reference(data: str, flags: Sequence[str], result: str) -> None:
     t_load = time.perf_counter() - t0
     timings: dict = {}
     t1 = time.perf_counter()
-    _, xs, _ = reference.generate(x, y, cfg, plan.make_ledger(cfg),
-                                  SeededNoise(1), timings=timings)
+    if cfg.covariance == "auto":  # the adaptive two-phase plan
+        _, xs, _, _, _ = reference.generate_adaptive(
+            x, y, cfg, SeededNoise(1), timings=timings)
+    else:
+        _, xs, _ = reference.generate(x, y, cfg, plan.make_ledger(cfg),
+                                      SeededNoise(1), timings=timings)
     work = time.perf_counter() - t1
     _dump(result, {"load_s": t_load, "work_s": work, "stages_s": timings,
                    "samples": int(len(xs))})
@@ -268,6 +289,8 @@ def child_beam(data: str, flags: Sequence[str], result: str,
             ["--input", os.path.join(data, "part-*"),
              "--output", os.path.join(out, "rel"), *flags, *layout])
         console.setup_logging()
+        passes: list[str] = []
+        _recording_progress(passes)
         t0 = time.perf_counter()
         if profile:
             prof = cProfile.Profile()
@@ -278,12 +301,88 @@ def child_beam(data: str, flags: Sequence[str], result: str,
         work = time.perf_counter() - t0
         with open(os.path.join(out, "rel", "manifest.json")) as f:
             manifest = json.load(f)  # the pointer: samples, no timings
-        _dump(result, {"work_s": work,
+        plan = manifest.get("adaptive_plan") or {}
+        _dump(result, {"work_s": work, "passes": passes,
+                       "plan_mode": plan.get("mode"),
                        "samples": manifest["samples_total"]})
     finally:
         if cluster is not None:
             cluster.close()
         shutil.rmtree(out, ignore_errors=True)
+
+
+def timed_moments(blocks: Iterable) -> dict:
+    """One pass over ``(x, y, ...)`` blocks: Σx and xᵀx in float32.
+
+    Time spent inside the iterator (decoding the input) is ``read_s``;
+    time spent on the sums (cast included) is ``compute_s``. Timing each
+    block separately splits one interleaved pass without holding the rows.
+    """
+    read_s = compute_s = 0.0
+    rows, total, gram = 0, None, None
+    it = iter(blocks)
+    while True:
+        t0 = time.perf_counter()
+        block = next(it, None)
+        t1 = time.perf_counter()
+        read_s += t1 - t0
+        if block is None:
+            break
+        x = np.asarray(block[0], dtype=np.float32)
+        if total is None:
+            total = np.zeros(x.shape[1], np.float32)
+            gram = np.zeros((x.shape[1], x.shape[1]), np.float32)
+        total += x.sum(axis=0)
+        gram += x.T @ x
+        rows += len(x)
+        compute_s += time.perf_counter() - t1
+    return {"rows": rows, "read_s": read_s, "compute_s": compute_s,
+            "sum": total, "gram": gram}
+
+
+def floor_seconds(passes: int, read_s: float, compute_s: float) -> float:
+    """Issue 15's physical floor: every pass reads once and sums once."""
+    return passes * (read_s + compute_s)
+
+
+def _job_blocks(data: str, flags: Sequence[str]) -> Iterator:
+    """The input's validated blocks, read as the job reads them: its
+    InputSpec from generate's parser, its ranges (TFRecord: --split-bytes
+    byte ranges), ``transforms.io.read_range_blocks``. The file listing
+    and schema peek (decoder imports) happen here, before any timing."""
+    from transforms import io
+    args, _ = _parse_generate(["--input", os.path.join(data, "part-*"),
+                               "--output", "unused", *flags])
+    spec = io.InputSpec(args.input, args.input_format, args.embedding_feature,
+                        args.label_feature, None, args.non_finite,
+                        args.block_size, args.split_bytes)
+    reader = io.ReadEmbeddingBlocks(spec)  # ranges only; no pipeline
+    return (block for r in reader.ranges for block in
+            io.read_range_blocks(r, spec, reader.dim, reader.dim_source))
+
+
+def child_floor(data: str, flags: Sequence[str], result: str) -> None:
+    """One read + one float32 moments pass on one BLAS thread (issue 15)."""
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(limits=1):
+        blocks = _job_blocks(data, flags)
+        t = timed_moments(blocks)
+    _dump(result, {"rows": t["rows"], "read_s": t["read_s"],
+                   "compute_s": t["compute_s"]})
+
+
+def _recording_progress(seen: list) -> None:
+    """Records the pass names generate hands its progress printer (one
+    printer per Beam pipeline: the passes the run really makes)."""
+    from pipelines import console
+    base = console.ProgressPrinter
+
+    class Recording(base):
+        def __init__(self, path, passes, *a, **kw) -> None:
+            seen.extend(passes)
+            super().__init__(path, passes, *a, **kw)
+
+    console.ProgressPrinter = Recording
 
 
 def _dump(path: str, doc: dict) -> None:
@@ -352,6 +451,8 @@ def run_mode(mode: str, data: str, args: argparse.Namespace) -> dict:
     me = [sys.executable, os.path.abspath(__file__)]
     if mode == "reference":
         cmd = me + ["_reference", data, result, *flags]
+    elif mode == "floor":
+        cmd = me + ["_floor", data, result, *flags]
     else:
         extra = (["--direct_num_workers=2",
                   "--direct_running_mode=multi_processing"]
@@ -439,13 +540,13 @@ def _load(r: dict) -> str:
 
 
 def report(results: list[dict], votes: list[dict], profile_text: str,
-           args: argparse.Namespace) -> str:
+           args: argparse.Namespace, flags: Optional[str] = None) -> str:
     data = ("default .npz shards" if args.files is None else
             f"{args.files} {args.format} file(s)")
     lines = [f"Run {time.strftime('%Y-%m-%d %H:%M')} on {platform.node()} "
              f"({os.cpu_count()} cores, shared; children under nice "
              f"{args.nice}). Input: {data}. "
-             f"Flags: `{' '.join(_gen_flags(args))}`. "
+             f"Flags: `{flags or ' '.join(_gen_flags(args))}`. "
              "Wall = the child process end to end (imports, reading the "
              "input, the run; dask2: starting and closing its cluster too); "
              "work = the generate call inside it (reference: excluding the "
@@ -523,6 +624,74 @@ def report(results: list[dict], votes: list[dict], profile_text: str,
     return "\n".join(lines) + "\n"
 
 
+def _ok(r: Optional[dict]) -> bool:
+    return bool(r) and not r.get("skipped") and not r.get("failed") \
+        and r.get("rc") == 0
+
+
+def _ratio(a: Optional[dict], b: Optional[float]) -> str:
+    return f"{a['wall_s'] / b:.2f}" if _ok(a) and b else "-"
+
+
+def floor_row(runs: dict) -> dict:
+    """Issue 15's numbers for one (config, n) from its mode -> result map:
+    the passes the Beam run made, the floor they imply, the ratios."""
+    beam, ref, flo = (runs.get(m) for m in ("direct2-reread", "reference",
+                                            "floor"))
+    passes = beam.get("passes") if _ok(beam) else None
+    floor = (floor_seconds(len(passes), flo["read_s"], flo["compute_s"])
+             if passes and _ok(flo) else None)
+    return {"passes": passes, "floor": floor,
+            "beam_ref": _ratio(beam, ref["wall_s"] if _ok(ref) else None),
+            "beam_floor": _ratio(beam, floor)}
+
+
+def _wall(r: Optional[dict]) -> str:
+    return "not run" if not r else f"{r['wall_s']:.1f}" if _ok(r) \
+        else "failed"
+
+
+def _floor_line(config: str, d: int, n: int, runs: dict) -> str:
+    row = floor_row(runs)
+    beam, ref, flo = (runs.get(m) for m in ("direct2-reread", "reference",
+                                            "floor"))
+    passes = row["passes"]
+    names = f"{len(passes)}: {', '.join(passes)}" if passes else "-"
+    read, comp = ((f"{flo['read_s']:.1f}", f"{flo['compute_s']:.1f}")
+                  if _ok(flo) else ("-", "-"))
+    floor = "-" if row["floor"] is None else f"{row['floor']:.1f}"
+    return (f"| {config} (d={d}) | {n:,} | {names} | {_wall(beam)} | "
+            f"{_wall(ref)} | {read} | {comp} | {floor} | {row['beam_ref']} | "
+            f"{row['beam_floor']} | {_workers(beam) if beam else '-'} | "
+            f"{_load(beam) if beam else '-'} | "
+            f"{(beam or {}).get('plan_mode') or '-'} |")
+
+
+def floor_report(results: list[dict]) -> str:
+    """The issue 15 table: config, n, passes, Beam / in-memory / floor."""
+    lines = ["Issue 15 table. Beam = `direct2-reread` (DirectRunner, 2 "
+             "worker processes, multi_processing, every pass re-reads the "
+             "files); in-memory = `reference`; floor = passes x (read + "
+             "compute) from the `floor` child (one BLAS thread: one read of "
+             "the input with transforms.io's range reader, one float32 pass "
+             "of sum x and x^T x in the job's blocks); passes = the names "
+             "generate handed its progress printer in the Beam run.", "",
+             "| config | n | passes | Beam wall s | in-memory wall s | read s "
+             "| compute s | floor s | Beam/in-memory | Beam/floor | peak RSS "
+             "per worker GB (Beam) | load before/after (Beam) | plan mode |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    keys = sorted({(r["config"], r["d"], r["n"]) for r in results},
+                  key=lambda k: (list(CONFIGS).index(k[0]), k[1], k[2]))
+    for config, d, n in keys:
+        runs = {r["mode"]: r for r in results
+                if (r["config"], r["d"], r["n"]) == (config, d, n)}
+        lines.append(_floor_line(config, d, n, runs))
+    lines += ["", "Flags per config: " + "; ".join(
+        f"{c}: `{f}`" for c, f in dict((r["config"], r["flags"])
+                                       for r in results).items())]
+    return "\n".join(lines) + "\n"
+
+
 def write_section(path: str, name: str, text: str) -> None:
     begin, end = f"<!-- scaling:{name}:begin -->", f"<!-- scaling:{name}:end -->"
     block = f"{begin}\n{text}{end}\n"
@@ -578,6 +747,16 @@ def parser() -> argparse.ArgumentParser:
                    "the data in float64 twice)")
     p.add_argument("--modes", default=",".join(DEFAULT_MODES),
                    help=f"comma-separated, from {', '.join(MODES)}")
+    p.add_argument("--configs", default="",
+                   help="issue 15: comma-separated from "
+                   f"{', '.join(CONFIGS)} (each sets --clusters and the vote "
+                   "filter); modes default to "
+                   f"{','.join(FLOOR_MODES)} and the report gains the floor "
+                   "table")
+    p.add_argument("--save", default="",
+                   help="append every run's result here (JSON lines)")
+    p.add_argument("--report-from", default="",
+                   help="no runs: report the JSON lines of --save")
     p.add_argument("--clusters", type=int, default=16)
     p.add_argument("--epsilon", type=float, default=4.0)
     p.add_argument("--block-size", type=int, default=4096)
@@ -616,6 +795,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv and argv[0] == "_reference":
         child_reference(argv[1], argv[3:], argv[2])
         return 0
+    if argv and argv[0] == "_floor":
+        child_floor(argv[1], argv[3:], argv[2])
+        return 0
     if argv and argv[0] == "_beam":
         rest, profile = argv[3:], None
         if "--profile-to" in rest:
@@ -633,6 +815,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     bad = set(modes) - set(MODES)
     if bad:
         raise SystemExit(f"--modes: unknown {sorted(bad)}; choose from {MODES}")
+    configs = [c for c in args.configs.split(",") if c]
+    if set(configs) - set(CONFIGS):
+        raise SystemExit(f"--configs: choose from {', '.join(CONFIGS)}")
+    if configs and args.modes == ",".join(DEFAULT_MODES):
+        modes = list(FLOOR_MODES)
+    if args.report_from:  # re-report saved runs (e.g. a cut-short sweep)
+        with open(args.report_from) as f:
+            results = [json.loads(line) for line in f if line.strip()]
+        return finish(results, args, configs)
+    results = []
+    for config in configs or [None]:
+        if config is not None:
+            args.clusters, args.vote = CONFIGS[config]
+        results += run_grid(args, modes, config)
+    return finish(results, args, configs)
+
+
+def run_grid(args: argparse.Namespace, modes: Sequence[str],
+             config: Optional[str]) -> list[dict]:
+    """Every (d, n, mode) of one configuration."""
     results = []
     for d in args.dims:
         sizes = args.sizes or [n for n in (10_000, 100_000, 1_000_000)
@@ -649,14 +851,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                     "skipped": "n*d > --ref-max-cells"})
                     continue
                 r = run_mode(mode, data, args)
-                r.update(d=d, n=n, mode=mode)
+                r.update(d=d, n=n, mode=mode, config=config,
+                         flags=" ".join(_gen_flags(args)))
                 results.append(r)
+                if args.save:  # one JSON line per run, as soon as it ends
+                    with open(args.save, "a") as f:
+                        f.write(json.dumps(r) + "\n")
+                if mode == "floor":
+                    print(f"  floor     read {r.get('read_s', 0):.1f} s  "
+                          f"compute {r.get('compute_s', 0):.1f} s",
+                          flush=True)
+                if r.get("passes"):
+                    print(f"  passes: {', '.join(r['passes'])}", flush=True)
                 print(f"  {mode:9s} wall {r['wall_s']:7.1f} s  work "
                       f"{r.get('work_s', float('nan')):7.1f} s  peak "
                       f"{_gb(r['peak_rss_one'])}/{_gb(r['peak_rss_sum'])} GB"
                       f"  rc={r['rc']}", flush=True)
                 if r["rc"] != 0 or r.get("failed"):
                     print(r["log_tail"], flush=True)
+    return results
+
+
+def finish(results: list[dict], args: argparse.Namespace,
+           configs: Sequence[str]) -> int:
+    """Vote bench, profile, the report (printed and written)."""
     votes = []
     if args.vote_bench:
         votes = vote_bench(args.dims, args.vote_bench_rows,
@@ -671,7 +889,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         profile_text = profile_run(data_dir(args.cache, last["n"], last["d"],
                                             args.files, args.format), args)
         profile_text = f"d={last['d']} n={last['n']:,}\n" + profile_text
-    text = report(results, votes, profile_text, args)
+    if configs:
+        text = floor_report(results) + "".join(
+            f"\nRuns of config `{c}`:\n\n" + report(
+                [r for r in results if r.get("config") == c], [], "", args,
+                next(r["flags"] for r in results if r.get("config") == c))
+            for c in CONFIGS if any(r.get("config") == c for r in results))
+    else:
+        text = report(results, votes, profile_text, args)
     print(text)
     write_section(args.out, args.section, text)
     return 0

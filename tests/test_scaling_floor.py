@@ -1,0 +1,44 @@
+"""benchmarks/scaling.py's issue 15 floor helpers (pure functions)."""
+
+import numpy as np
+
+from benchmarks import scaling
+
+
+def test_timed_moments_sums_every_block_in_float32():
+    rng = np.random.default_rng(0)
+    blocks = [(rng.standard_normal((n, 5)), np.zeros(n, np.int64), 0)
+              for n in (7, 1, 12)]
+    got = scaling.timed_moments(iter(blocks))
+    x = np.vstack([b[0] for b in blocks]).astype(np.float32)
+    assert got["rows"] == 20
+    assert got["sum"].dtype == got["gram"].dtype == np.float32
+    np.testing.assert_allclose(got["sum"], x.sum(axis=0), rtol=1e-5)
+    np.testing.assert_allclose(got["gram"], x.T @ x, rtol=1e-4, atol=1e-5)
+    assert got["read_s"] >= 0 and got["compute_s"] >= 0
+
+
+def test_timed_moments_of_no_blocks():
+    got = scaling.timed_moments(iter([]))
+    assert got["rows"] == 0 and got["sum"] is None
+
+
+def test_floor_is_passes_times_read_plus_compute():
+    assert scaling.floor_seconds(3, 2.0, 0.5) == 7.5
+
+
+def test_floor_row_ratios_use_the_beam_runs_passes():
+    ok = {"rc": 0}
+    runs = {"direct2-reread": {**ok, "wall_s": 30.0,
+                               "passes": ["Counts", "Moments"]},
+            "reference": {**ok, "wall_s": 20.0},
+            "floor": {**ok, "wall_s": 9.0, "read_s": 4.0, "compute_s": 1.0}}
+    row = scaling.floor_row(runs)
+    assert row["floor"] == 10.0
+    assert row["beam_ref"] == "1.50" and row["beam_floor"] == "3.00"
+
+
+def test_floor_row_without_a_beam_run_has_no_floor():
+    row = scaling.floor_row({"floor": {"rc": 0, "wall_s": 1.0,
+                                       "read_s": 1.0, "compute_s": 0.1}})
+    assert row["floor"] is None and row["beam_floor"] == "-"
