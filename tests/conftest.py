@@ -43,6 +43,14 @@ def release_dir(out):
     return Path(release_root(str(out)))
 
 
+def release_bytes(out) -> dict:
+    """A published release's files (its version folder) as bytes, by path
+    relative to that folder: what byte-identity tests compare."""
+    root = release_dir(out)
+    return {str(p.relative_to(root)): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
 def shared_image_subset(split: str, per_class: int, dest,
                         classes=("cat", "ship")):
     """Copies the first ``per_class`` shared CIFAR-10 JPEGs of each class

@@ -28,7 +28,7 @@ distributed = pytest.importorskip(
 import apache_beam as beam  # noqa: E402
 
 from pipelines import cli, generate  # noqa: E402
-from tests.conftest import gmm_data, release_dir  # noqa: E402
+from tests.conftest import gmm_data, release_bytes, release_dir  # noqa: E402
 from transforms import io  # noqa: E402
 from transforms.write import tfrecord_bytes  # noqa: E402
 
@@ -60,19 +60,8 @@ def _dask(address: str) -> list[str]:
     return ["--runner", "dask", f"--dask_client_address={address}"]
 
 
-def _files(release) -> dict[str, bytes]:
-    """The release's files (its version folder), by relative path."""
-    found = {}
-    release = release_dir(release)
-    for base, _, names in os.walk(release):
-        for name in names:
-            path = os.path.join(base, name)
-            found[os.path.relpath(path, release)] = open(path, "rb").read()
-    return found
-
-
 def _assert_same_release(a, b) -> None:
-    fa, fb = _files(a), _files(b)
+    fa, fb = release_bytes(a), release_bytes(b)
     assert sorted(fa) == sorted(fb) and any(".tfrecord" in f for f in fa)
     for name in fa:  # shards, gmm.npz, summary.json, schema.json
         assert fa[name] == fb[name], f"{name} differs"

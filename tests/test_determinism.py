@@ -13,13 +13,12 @@ and the input file list.
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
 
 from pipelines import cli
-from tests.conftest import gmm_data, release_dir
+from tests.conftest import gmm_data, release_bytes, release_dir
 
 COMMON = ["--num-classes", 3, "--clusters", 3, "--accountant", "rdp",
           "--epsilon", 3, "--rows-per-shard", 60, "--vote-filter",
@@ -68,24 +67,13 @@ def releases(tmp_path_factory):
     return out
 
 
-def _files(release) -> dict[str, bytes]:
-    """The release's files (its version folder), by relative path."""
-    found = {}
-    release = release_dir(release)
-    for base, _, names in os.walk(release):
-        for name in names:
-            path = os.path.join(base, name)
-            found[os.path.relpath(path, release)] = open(path, "rb").read()
-    return found
-
-
 def _manifest(release) -> dict:
     doc = json.loads((release / "manifest.json").read_text())
     return {k: v for k, v in doc.items() if k not in VOLATILE}
 
 
 def test_release_has_several_shards_and_a_gmm(releases):
-    files = _files(releases["one-worker"])
+    files = release_bytes(releases["one-worker"])
     shards = [f for f in files if f.endswith(".tfrecord")]
     assert len(shards) >= 4 and "gmm.npz" in files
     assert {f.split("-")[1] for f in shards} == {
@@ -95,7 +83,8 @@ def test_release_has_several_shards_and_a_gmm(releases):
 @pytest.mark.parametrize("other", ["two-workers", "split-a", "split-b"])
 def test_byte_identical_across_workers_block_sizes_and_file_splits(releases,
                                                                    other):
-    ref, got = _files(releases["one-worker"]), _files(releases[other])
+    ref = release_bytes(releases["one-worker"])
+    got = release_bytes(releases[other])
     assert sorted(got) == sorted(ref)
     for name in ref:
         assert got[name] == ref[name], f"{other}: {name} differs"
@@ -113,8 +102,8 @@ def test_different_noise_seed_gives_different_noise(releases):
     from pipelines.release import load_gmm
     ref = load_gmm(str(releases["one-worker"]))
     other = load_gmm(str(releases["other-noise-seed"]))
-    ref_files = _files(releases["one-worker"])
-    other_files = _files(releases["other-noise-seed"])
+    ref_files = release_bytes(releases["one-worker"])
+    other_files = release_bytes(releases["other-noise-seed"])
     assert ref_files["gmm.npz"] != other_files["gmm.npz"]
     for label in (0, 1, 2):
         assert not np.allclose(ref.mixtures[label].means,
