@@ -93,6 +93,16 @@ def data_dir(cache: str, n: int, d: int, files: Optional[int] = None,
     return os.path.join(cache, f"gmm-d{d}-n{n}-{fmt}-f{files}")
 
 
+def _fresh(out: str, d: int, classes: int, comps: int,
+           seed: int) -> np.ndarray:
+    """Empties ``out`` for a new data set; returns its class/component
+    centres (they depend on d only: every n draws from one distribution)."""
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    return np.random.default_rng([seed, d]).normal(
+        size=(classes, comps, d)) / math.sqrt(d)
+
+
 def _chunk(n: int, d: int, i: int, bounds, centres, classes: int,
            comps: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows bounds[i]..bounds[i+1]: one random stream per chunk."""
@@ -114,10 +124,7 @@ def make_files(cache: str, n: int, d: int, files: int, fmt: str,
     done = os.path.join(out, "DONE")
     if os.path.exists(done):
         return out
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
-    centres = np.random.default_rng([seed, d]).normal(
-        size=(classes, comps, d)) / math.sqrt(d)
+    centres = _fresh(out, d, classes, comps, seed)
     chunks = max(MIN_CHUNKS, math.ceil(n / SHARD_ROWS))
     if files > chunks:
         raise SystemExit(f"--files {files}: at most {chunks} files at n={n}")
@@ -166,21 +173,13 @@ def make_data(cache: str, n: int, d: int, classes: int = CLASSES,
     done = os.path.join(out, "DONE")
     if os.path.exists(done):
         return out
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
-    centres = np.random.default_rng([seed, d]).normal(
-        size=(classes, comps, d)) / math.sqrt(d)
+    centres = _fresh(out, d, classes, comps, seed)
     shards = max(MIN_SHARDS, math.ceil(n / SHARD_ROWS))
     bounds = np.linspace(0, n, shards + 1).astype(int)
     for i in range(shards):
-        rows = int(bounds[i + 1] - bounds[i])
-        rng = np.random.default_rng([seed, d, n, i])
-        y = rng.integers(0, classes, rows)
-        c = rng.integers(0, comps, rows)
-        x = centres[y, c] + (0.5 / math.sqrt(d)) * rng.standard_normal(
-            (rows, d))
-        np.savez(os.path.join(out, f"part-{i:04d}.npz"),
-                 embeddings=x.astype(np.float32), labels=y.astype(np.int64))
+        x, y = _chunk(n, d, i, bounds, centres, classes, comps, seed)
+        np.savez(os.path.join(out, f"part-{i:04d}.npz"), embeddings=x,
+                 labels=y)
     with open(done, "w") as f:
         f.write(f"{n} rows, {d} dims, {shards} shards\n")
     return out
