@@ -167,6 +167,21 @@ def _private_data():
     return np.vstack(xs)[order], np.concatenate(ys)[order].astype(np.int64)
 
 
+def write_private_file(tmp: Path):
+    """The private rows in one input file; returns (x, y). One file per
+    person would be typical: the user passes a pattern."""
+    x, y = _private_data()
+    np.savez(tmp / "patient-0001.npz", embeddings=x, labels=y)
+    return x, y
+
+
+def manifest_config(run) -> GeneratorConfig:
+    """The GeneratorConfig a release's manifest records."""
+    conf = dict(run["manifest"]["config"])
+    conf["labels"] = tuple(conf["labels"])
+    return GeneratorConfig(**conf)
+
+
 def run_generate(argv: list[str], x, y, out: Path, tmp: Path) -> dict:
     """Runs the CLI once, capturing logs (all loggers) and stdout/stderr."""
     records: list[logging.LogRecord] = []
@@ -198,9 +213,7 @@ def run_generate(argv: list[str], x, y, out: Path, tmp: Path) -> dict:
 def run(tmp_path_factory):
     """Runs the CLI once, capturing logs (all loggers) and stdout/stderr."""
     tmp = tmp_path_factory.mktemp("review")
-    x, y = _private_data()
-    # One file per person would be typical; the user passes a pattern.
-    np.savez(tmp / "patient-0001.npz", embeddings=x, labels=y)
+    x, y = write_private_file(tmp)
     out = tmp / "release"
     argv = ["generate", "--input", str(tmp / "patient-*.npz"), "--output",
             str(out), "--num-classes", "3", "--epsilon", str(EPSILON),
@@ -213,9 +226,7 @@ def run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def expected(run):
     """The same run in memory: DP outputs and every noise draw."""
-    conf = dict(run["manifest"]["config"])
-    conf["labels"] = tuple(conf["labels"])
-    cfg = GeneratorConfig(**conf)
+    cfg = manifest_config(run)
     ledger = plan.make_ledger(cfg)
     noise = RecordingNoise(NOISE_SEED)
     mixes, xs, ys = reference.generate(run["x"], run["y"], cfg, ledger, noise)

@@ -14,16 +14,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from dp_ops import reference
-from dp_ops.config import GeneratorConfig
 from tests.test_privacy_review import (_NUMBER, OPERATOR, SIZES, RecordingNoise,
                                        _allowed_numbers, _explained,
-                                       _int_token, _leaves, _private_data,
+                                       _int_token, _leaves,
                                        _scrub, _tag, _texts,
-                                       assert_draws_registered, run_generate)
+                                       assert_draws_registered,
+                                       manifest_config, run_generate,
+                                       write_private_file)
 
 NOISE_SEED = 20261127  # its noisy counts make the rule pick the subspace
 
@@ -31,8 +31,7 @@ NOISE_SEED = 20261127  # its noisy counts make the rule pick the subspace
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("review-default")
-    x, y = _private_data()
-    np.savez(tmp / "patient-0001.npz", embeddings=x, labels=y)
+    x, y = write_private_file(tmp)
     out = tmp / "release"
     argv = ["generate", "--input", str(tmp / "patient-*.npz"), "--output",
             str(out), "--num-classes", "3", "--epsilon", "1",
@@ -42,9 +41,7 @@ def run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def expected(run):
-    conf = dict(run["manifest"]["config"])
-    conf["labels"] = tuple(conf["labels"])
-    cfg = GeneratorConfig(**conf)
+    cfg = manifest_config(run)
     noise = RecordingNoise(NOISE_SEED)
     mixes, xs, ys, ledger, structure = reference.generate_adaptive(
         run["x"], run["y"], cfg, noise)
