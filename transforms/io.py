@@ -36,6 +36,8 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from transforms import example_wire
+
 FORMATS = ("npz", "tfrecord", "parquet")
 SPLIT_BYTES = 64 << 20
 NON_FINITE_POLICIES = ("reject", "drop")
@@ -305,11 +307,11 @@ def _record_damage(path: str, offset: int, index: Optional[int],
                       f"not a valid TFRecord file")
 
 
-def _read_record(f, path: str, offset: int,
+def _read_record(read, path: str, offset: int,
                  index: Optional[int]) -> Optional[bytes]:
-    """The payload of the record at ``offset`` (f is positioned there);
-    None at a clean end of file."""
-    header = f.read(_HEADER.size)
+    """The payload of the record at ``offset``; None at a clean end of file.
+    ``read(pos, n)``: up to n bytes at byte pos (fewer only at the end)."""
+    header = read(offset, _HEADER.size)
     if not header:
         return None
     truncated = "truncated (the file ends inside the record)"
@@ -319,7 +321,7 @@ def _read_record(f, path: str, offset: int,
     if masked_crc32c(header[:8]) != crc:
         raise _record_damage(path, offset, index,
                              "corrupt (length checksum mismatch)")
-    data = f.read(length + 4)
+    data = read(offset + _HEADER.size, length + 4)
     if len(data) < length + 4:
         raise _record_damage(path, offset, index, truncated)
     if masked_crc32c(data[:length]) != struct.unpack("<I", data[length:])[0]:
@@ -328,10 +330,43 @@ def _read_record(f, path: str, offset: int,
     return data[:length]
 
 
+def _seek_read(f):
+    def read(pos: int, n: int) -> bytes:
+        f.seek(pos)
+        return f.read(n)
+    return read
+
+
+class _Window:
+    """Reads a file forward in large chunks: two small reads per record
+    through the file object cost more than the records' checksums."""
+
+    CHUNK = 1 << 22
+
+    def __init__(self, f, pos: int) -> None:
+        f.seek(pos)
+        self.f, self.base, self.buf = f, pos, b""
+
+    def __call__(self, pos: int, n: int) -> bytes:
+        end = pos + n
+        have = self.base + len(self.buf)
+        if end > have:
+            parts = [self.buf[pos - self.base:]]
+            want = max(self.CHUNK, end - have)
+            while want > 0:
+                more = self.f.read(want)
+                if not more:
+                    break
+                parts.append(more)
+                want -= len(more)
+            self.buf, self.base = b"".join(parts), pos
+        start = pos - self.base
+        return self.buf[start:start + n]
+
+
 def _valid_record_at(f, offset: int) -> bool:
-    f.seek(offset)
     try:
-        return _read_record(f, "", offset, None) is not None
+        return _read_record(_seek_read(f), "", offset, None) is not None
     except InputError:
         return False
 
@@ -372,10 +407,10 @@ def _tfrecord_records(r: FileRange) -> Iterator[tuple[int, Optional[int], bytes]
         if pos is None:
             return  # no record starts in this range
         index = 0 if r.start == 0 else None
-        f.seek(pos)
+        read = _Window(f, pos)
         last = None
         while r.stop is None or pos < r.stop:
-            record = _read_record(f, path, pos, index)
+            record = _read_record(read, path, pos, index)
             if record is None:
                 break
             yield pos, index, record
@@ -400,35 +435,30 @@ def _check_split(f, path: str, stop: int, boundary: int, last: int) -> None:
 
 def _parse_examples(records: list[bytes], path: str, where: Rows,
                     spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
-    import tensorflow as tf
-    feats = {spec.embedding_feature: tf.io.RaggedFeature(tf.float32),
-             spec.label_feature: tf.io.RaggedFeature(tf.int64)}
     try:
-        parsed = tf.io.parse_example(tf.constant(records), feats)
-    except Exception as err:
-        raise InputError(f"{path}: {where.span(len(records), 'records')} "
-                         f"are not tf.train.Example with float feature "
+        parsed = example_wire.parse_examples(records, spec.embedding_feature,
+                                             spec.label_feature)
+    except example_wire.WireError as err:
+        raise InputError(f"{path}: {where.row(err.index)} is not a "
+                         f"tf.train.Example with float feature "
                          f"{spec.embedding_feature!r} and int64 feature "
-                         f"{spec.label_feature!r} ({str(err).splitlines()[0]})"
-                         ) from None
-    emb, lab = parsed[spec.embedding_feature], parsed[spec.label_feature]
-    for name, ragged in ((spec.embedding_feature, emb), (spec.label_feature, lab)):
-        lengths = ragged.row_lengths().numpy()
+                         f"{spec.label_feature!r} ({err})") from None
+    for name, lengths in ((spec.embedding_feature, parsed.emb_lengths),
+                          (spec.label_feature, parsed.lab_lengths)):
         bad = np.flatnonzero(lengths == 0)
         if bad.size:
             raise InputError(f"{path}: {where.row(int(bad[0]))} has no feature "
                              f"{name!r} (see --embedding-feature/--label-feature)")
-    lab_len = lab.row_lengths().numpy()
-    if np.any(lab_len != 1):
-        i = int(np.flatnonzero(lab_len != 1)[0])
+    if np.any(parsed.lab_lengths != 1):
+        i = int(np.flatnonzero(parsed.lab_lengths != 1)[0])
         raise InputError(f"{path}: {where.row(i)}: label must be one int64 value")
-    lengths = emb.row_lengths().numpy()
+    lengths = parsed.emb_lengths
     if np.any(lengths != lengths[0]):
         i = int(np.flatnonzero(lengths != lengths[0])[0])
         raise InputError(f"{path}: {where.row(i)} has {lengths[i]} "
                          f"embedding values, expected {lengths[0]}")
-    x = emb.flat_values.numpy().reshape(len(records), int(lengths[0]))
-    return x.astype(np.float64), lab.flat_values.numpy()
+    x, y = parsed.arrays()
+    return x.astype(np.float64), y
 
 
 def _tfrecord_blocks(r: FileRange, spec: InputSpec
