@@ -15,6 +15,7 @@ that class's mechanisms with the global (all-records) mechanisms.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Iterable
 
@@ -97,15 +98,51 @@ def make_accountant(kind: str) -> dp_accounting.PrivacyAccountant:
 
 def compose_epsilon(mechanisms: Iterable[Mechanism], delta: float,
                     accountant: str = "pld") -> float:
-    """Epsilon at ``delta`` of the sequential composition of ``mechanisms``."""
+    """Epsilon at ``delta`` of the sequential composition of ``mechanisms``.
+
+    The Gaussian mechanisms without subsampling are handed to dp_accounting
+    as the one Gaussian they compose to, noise multiplier
+    z = (sum_i count_i / z_i^2)^(-1/2). This is an identity, not a bound:
+    each privacy-loss distribution is N(1/(2 z_i^2), 1/z_i^2) and a sum of
+    independent normals is the normal of the summed parameters (Gaussian-DP:
+    mu^2 adds; RDP: alpha / (2 z^2) adds). It makes a plan's check one
+    dp_accounting PLD instead of one per mechanism (1.7 s -> 0.4 s for 25
+    mechanisms, and a calibration makes dozens of checks); the subsampled
+    ones are composed as they are.
+    """
     mechanisms = list(mechanisms)
     if not mechanisms:
         return 0.0
     if any(m.sigma == 0 for m in mechanisms):
         return math.inf
+    plain = [m for m in mechanisms if m.sampling_probability == 1]
+    rest = tuple(sorted((m.noise_multiplier, m.count, m.sampling_probability)
+                        for m in mechanisms if m.sampling_probability < 1))
+    z = None
+    if plain:
+        z = _truncate(sum(m.count / m.noise_multiplier ** 2
+                          for m in plain) ** -0.5)
+    return _epsilon(z, rest, float(delta), accountant)
+
+
+def _truncate(z: float) -> float:
+    """z with its mantissa cut to 40 bits, towards zero (a smaller noise
+    multiplier: never less epsilon), so that plans equal up to float
+    rounding share one cached dp_accounting computation."""
+    mantissa, exponent = math.frexp(z)
+    return math.ldexp(math.floor(mantissa * 2 ** 40) / 2 ** 40, exponent)
+
+
+@functools.lru_cache(maxsize=1024)
+def _epsilon(z, rest: tuple, delta: float, accountant: str) -> float:
+    events = [] if z is None else [dp_accounting.GaussianDpEvent(z)]
+    for multiplier, count, rate in rest:
+        event = dp_accounting.PoissonSampledDpEvent(
+            rate, dp_accounting.GaussianDpEvent(multiplier))
+        events.append(event if count == 1 else
+                      dp_accounting.SelfComposedDpEvent(event, count))
     acc = make_accountant(accountant)
-    acc.compose(dp_accounting.ComposedDpEvent(
-        [m.dp_event() for m in mechanisms]))
+    acc.compose(dp_accounting.ComposedDpEvent(events))
     return float(acc.get_epsilon(delta))
 
 

@@ -17,8 +17,15 @@ def sample_mixture(weights: np.ndarray, means: np.ndarray, var: np.ndarray,
     comp = rng.choice(len(weights), size=m, p=weights / weights.sum())
     comp.sort()  # keeps rows of one component together; order is public
     out = rng.standard_normal((m, d), dtype=np.float32)
-    out *= np.sqrt(var).astype(np.float32)[comp]
-    out += means.astype(np.float32)[comp]
+    sd = np.sqrt(var).astype(np.float32)
+    mu = means.astype(np.float32)
+    # Rows of a component are one slice (comp is sorted): scale and shift
+    # each slice in place rather than gathering an m x d array per term.
+    bounds = np.searchsorted(comp, np.arange(len(weights) + 1))
+    for j in np.flatnonzero(np.diff(bounds)):
+        rows = out[bounds[j]:bounds[j + 1]]
+        rows *= sd[j]
+        rows += mu[j]
     if factors is not None and factors.shape[1]:
         z = rng.standard_normal((m, factors.shape[1]), dtype=np.float32)
         out += z @ factors.astype(np.float32).T
