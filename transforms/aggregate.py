@@ -20,6 +20,7 @@ from apache_beam.pvalue import AsDict, AsSingleton, PCollection
 from dp_ops import clipping, generator, lsh_tree
 from dp_ops.kmeans import blas_threads
 from dp_ops.config import GeneratorConfig
+from transforms.coders import ArraysCoder
 from transforms.progress import ProgressFile, ReportProgress
 
 
@@ -53,6 +54,10 @@ class Block:
         for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
             yield int(y[a]), Block(self.x[a:b], y[a:b], self.z[a:b],
                                    self.codes[a:b])
+
+
+# Blocks carry a size estimate that does not pickle them (transforms/coders).
+beam.coders.registry.register_coder(Block, ArraysCoder)
 
 
 def prepare_block(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
@@ -103,7 +108,8 @@ class PrepareBlocks(beam.PTransform):
 
     def expand(self, blocks):
         side = [] if self._centre is None else [AsSingleton(self._centre)]
-        return blocks | beam.ParDo(_PrepareFn(self._cfg, self._dim), *side)
+        return blocks | beam.ParDo(_PrepareFn(self._cfg, self._dim),
+                                   *side).with_output_types(Block)
 
 
 class RereadBlocks:

@@ -36,7 +36,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from transforms import example_wire
+from transforms import coders, example_wire
 
 FORMATS = ("npz", "tfrecord", "parquet")
 SPLIT_BYTES = 64 << 20
@@ -709,8 +709,9 @@ class ReadEmbeddingBlocks(beam.PTransform):
         return (pbegin
                 | "ListRanges" >> beam.Create(self.ranges)
                 | "SpreadRanges" >> beam.Reshuffle()
-                | "ReadBlocks" >> beam.ParDo(_ReadBlocksFn(self.spec, self.dim,
-                                                         self.dim_source)))
+                | "ReadBlocks" >> beam.ParDo(_ReadBlocksFn(
+                    self.spec, self.dim, self.dim_source)
+                ).with_output_types(coders.RAW_BLOCK))
 
 
 # ---------------------------------------------------------------- paths

@@ -62,4 +62,6 @@ class ReportProgress(beam.PTransform):
         def report(block):
             progress.add(stage, _rows(block))
             return block
-        return blocks | beam.Map(report)
+        # the blocks' own type (and so their coder) passes through
+        return blocks | beam.Map(report).with_output_types(
+            blocks.element_type)
