@@ -118,3 +118,31 @@ def test_damage_in_a_later_range_names_the_byte_offset(tmp_path):
             rf"d.tfrecord: TFRecord record at byte {record * 50} is corrupt "
             rf"\(data checksum mismatch\)")):
         list(io.read_range_blocks(second, spec))
+
+
+def test_runs_of_equal_records_keep_order_lengths_and_checksums(tmp_path):
+    """The reader takes runs of equal-length records at a fixed stride
+    (issue 15); records of another length (a label >= 128 has a 2-byte
+    varint) break a run, and a bad payload checksum inside a run is named
+    by its own record number and byte offset."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((300, 6)).astype(np.float32)
+    y = np.where(np.arange(300) % 7 == 3, 200, np.arange(300) % 3)
+    blob = b"".join(tfrecord_bytes(x[i:i + 1], int(y[i])) for i in range(300))
+    path = tmp_path / "r.tfrecord"
+    path.write_bytes(blob)
+    spec = io.InputSpec(str(path), block_size=64)
+    blocks = list(io.read_range_blocks(io.FileRange(str(path)), spec))
+    np.testing.assert_array_equal(np.vstack([b[0] for b in blocks]), x)
+    np.testing.assert_array_equal(np.concatenate([b[1] for b in blocks]), y)
+    assert [len(b[1]) for b in blocks] == [64, 64, 64, 64, 44]
+
+    sizes = [len(tfrecord_bytes(x[i:i + 1], int(y[i]))) for i in range(300)]
+    offset = sum(sizes[:250])
+    damaged = bytearray(blob)
+    damaged[offset + 20] ^= 0xFF  # inside record 250's payload
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(io.InputError, match=(
+            rf"r.tfrecord: TFRecord record 250 at byte {offset} is corrupt "
+            rf"\(data checksum mismatch\)")):
+        list(io.read_range_blocks(io.FileRange(str(path)), spec))

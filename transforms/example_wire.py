@@ -302,24 +302,38 @@ def parse_examples(records: list[bytes], embedding: str, label: str
     out = Parsed(len(records))
     lengths = np.fromiter(map(len, records), np.int64, len(records))
     for length in np.unique(lengths):
-        todo = np.flatnonzero(lengths == length)
-        rows = np.frombuffer(b"".join(records[i] for i in todo),
-                             np.uint8).reshape(len(todo), int(length))
-        for _ in range(_MAX_TEMPLATES):
-            if not len(todo):
-                break
-            layout = _template_layout(records[todo[0]], embedding, label)
-            if layout is None:
-                break
-            ok = _match(rows, rows[0], layout)
-            off, dim, at, k = layout
-            out.add_block(todo[ok],
-                          rows[ok, off:off + 4 * dim].view("<f4"),
-                          _decode_varints(rows[ok, at:at + k]))
-            todo, rows = todo[~ok], rows[~ok]
-        for i in todo.tolist():
-            try:
-                out.add_one(i, *parse_one(records[i], embedding, label))
-            except ValueError as err:
-                raise WireError(i, str(err)) from None
+        index = np.flatnonzero(lengths == length)
+        rows = np.frombuffer(b"".join(records[i] for i in index),
+                             np.uint8).reshape(len(index), int(length))
+        _parse_equal(rows, index, out, embedding, label)
     return out
+
+
+def parse_rows(rows: np.ndarray, embedding: str, label: str) -> Parsed:
+    """``parse_examples`` of records of one length, given as the rows of a
+    uint8 array (as the TFRecord reader finds them: no bytes objects)."""
+    out = Parsed(len(rows))
+    _parse_equal(rows, np.arange(len(rows)), out, embedding, label)
+    return out
+
+
+def _parse_equal(rows: np.ndarray, index: np.ndarray, out: Parsed,
+                 embedding: str, label: str) -> None:
+    """Records of one length (rows) at positions ``index`` of ``out``."""
+    todo = index
+    for _ in range(_MAX_TEMPLATES):
+        if not len(todo):
+            return
+        layout = _template_layout(rows[0].tobytes(), embedding, label)
+        if layout is None:
+            break
+        ok = _match(rows, rows[0], layout)
+        off, dim, at, k = layout
+        out.add_block(todo[ok], rows[ok, off:off + 4 * dim].view("<f4"),
+                      _decode_varints(rows[ok, at:at + k]))
+        todo, rows = todo[~ok], rows[~ok]
+    for i, row in zip(todo.tolist(), rows):
+        try:
+            out.add_one(i, *parse_one(row.tobytes(), embedding, label))
+        except ValueError as err:
+            raise WireError(i, str(err)) from None

@@ -397,10 +397,32 @@ def _find_record(f, start: int, limit: Optional[int]) -> Optional[int]:
     return None
 
 
-def _tfrecord_records(r: FileRange) -> Iterator[tuple[int, Optional[int], bytes]]:
-    """(byte offset, record index or None, payload) of the records starting
-    in the range; the index counts from the start of the file, so it is
-    known only for a range that starts there."""
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """Consecutive records of one length: the first at byte ``offset``
+    (record ``index`` of the file, None if unknown), one every ``stride``
+    bytes; ``rows`` holds their payloads [m, length] (checksums checked)."""
+
+    offset: int
+    index: Optional[int]
+    stride: int
+    rows: np.ndarray
+
+    def offsets(self) -> list[int]:
+        return [self.offset + i * self.stride for i in range(len(self.rows))]
+
+
+_RUN_RECORDS = 4096
+
+
+def _tfrecord_runs(r: FileRange) -> Iterator[_Run]:
+    """The records starting in the range, as runs of equal-length records.
+
+    Embedding files hold records of one length (a fixed-size float list and
+    a small label), so after one record is read and checked the next ones
+    sit at a fixed stride: their headers are compared as one numpy array
+    and only the payload checksums are computed per record (4.9 -> ~1 us a
+    record at 384-d). Anything else falls back to one record at a time."""
     path = r.path
     with _open(path) as f:
         pos = r.start if r.start == 0 else _find_record(f, r.start, r.stop)
@@ -413,11 +435,63 @@ def _tfrecord_records(r: FileRange) -> Iterator[tuple[int, Optional[int], bytes]
             record = _read_record(read, path, pos, index)
             if record is None:
                 break
-            yield pos, index, record
-            last, pos = pos, pos + _HEADER.size + len(record) + 4
+            stride = _HEADER.size + len(record) + 4
+            header = np.frombuffer(read(pos, _HEADER.size), np.uint8)
+            yield _Run(pos, index, stride,
+                       np.frombuffer(record, np.uint8)[None, :])
+            last, pos = pos, pos + stride
             index = None if index is None else index + 1
+            run = _uniform_run(read, path, pos, index, header, stride, r.stop)
+            if run is not None:
+                yield run
+                last = pos + (len(run.rows) - 1) * stride
+                pos += len(run.rows) * stride
+                index = None if index is None else index + len(run.rows)
         if r.stop is not None and last is not None:
             _check_split(f, path, r.stop, pos, last)
+
+
+def _uniform_run(read, path: str, pos: int, index: Optional[int],
+                 header: np.ndarray, stride: int, stop: Optional[int]
+                 ) -> Optional[_Run]:
+    """The records at pos, pos + stride, ... that have ``header`` (the
+    same length, whose checksum is already verified), up to the range's
+    stop; None if the next one differs (the caller reads it singly)."""
+    m = _RUN_RECORDS if stop is None else min(_RUN_RECORDS,
+                                              -(-(stop - pos) // stride))
+    if m <= 0:
+        return None
+    buf = read(pos, m * stride)
+    m = len(buf) // stride
+    if m == 0:
+        return None
+    frames = np.frombuffer(buf, np.uint8, m * stride).reshape(m, stride)
+    same = (frames[:, :_HEADER.size] == header).all(axis=1)
+    m = m if same.all() else int(np.argmin(same))
+    if m == 0:
+        return None
+    length = stride - _HEADER.size - 4
+    rows = frames[:m, _HEADER.size:_HEADER.size + length]
+    stored = frames[:m, _HEADER.size + length:].copy().view("<u4").ravel()
+    crcs = np.fromiter((masked_crc32c(row.tobytes()) for row in rows),
+                       np.uint32, m)
+    bad = np.flatnonzero(crcs != stored)
+    if bad.size:
+        i = int(bad[0])
+        raise _record_damage(path, pos + i * stride,
+                             None if index is None else index + i,
+                             "corrupt (data checksum mismatch)")
+    return _Run(pos, index, stride, rows)
+
+
+def _tfrecord_records(r: FileRange) -> Iterator[tuple[int, Optional[int], bytes]]:
+    """(byte offset, record index or None, payload) of the records starting
+    in the range; the index counts from the start of the file, so it is
+    known only for a range that starts there."""
+    for run in _tfrecord_runs(r):
+        for i, (offset, row) in enumerate(zip(run.offsets(), run.rows)):
+            yield (offset, None if run.index is None else run.index + i,
+                   row.tobytes())
 
 
 def _check_split(f, path: str, stop: int, boundary: int, last: int) -> None:
@@ -433,11 +507,15 @@ def _check_split(f, path: str, stop: int, boundary: int, last: int) -> None:
                          f"or write the data in several files")
 
 
-def _parse_examples(records: list[bytes], path: str, where: Rows,
-                    spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
+def _parse_examples(records: Union[list, np.ndarray], path: str,
+                    where: Rows, spec: InputSpec
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """``records``: payloads as bytes, or as the rows of a uint8 array
+    when they all have one length."""
+    parse = (example_wire.parse_rows if isinstance(records, np.ndarray)
+             else example_wire.parse_examples)
     try:
-        parsed = example_wire.parse_examples(records, spec.embedding_feature,
-                                             spec.label_feature)
+        parsed = parse(records, spec.embedding_feature, spec.label_feature)
     except example_wire.WireError as err:
         raise InputError(f"{path}: {where.row(err.index)} is not a "
                          f"tf.train.Example with float feature "
@@ -463,19 +541,35 @@ def _parse_examples(records: list[bytes], path: str, where: Rows,
 
 def _tfrecord_blocks(r: FileRange, spec: InputSpec
                      ) -> Iterator[tuple[Rows, np.ndarray, np.ndarray]]:
-    batch, offsets, first = [], [], None
-    for offset, index, record in _tfrecord_records(r):
-        if not batch:
-            first = index
-        batch.append(record)
-        offsets.append(offset)
-        if len(batch) == spec.block_size:
-            where = Rows(first) if first is not None else Rows(None, tuple(offsets))
-            yield (where, *_parse_examples(batch, r.path, where, spec))
-            batch, offsets = [], []
-    if batch:
-        where = Rows(first) if first is not None else Rows(None, tuple(offsets))
-        yield (where, *_parse_examples(batch, r.path, where, spec))
+    """Blocks of ``spec.block_size`` records (the last one shorter)."""
+    pieces: list[_Run] = []
+    have = 0
+    for run in _tfrecord_runs(r):
+        while len(run.rows):
+            take = min(spec.block_size - have, len(run.rows))
+            pieces.append(_Run(run.offset, run.index, run.stride,
+                               run.rows[:take]))
+            have += take
+            run = _Run(run.offset + take * run.stride,
+                       None if run.index is None else run.index + take,
+                       run.stride, run.rows[take:])
+            if have == spec.block_size:
+                yield _block_of(pieces, r.path, spec)
+                pieces, have = [], 0
+    if pieces:
+        yield _block_of(pieces, r.path, spec)
+
+
+def _block_of(pieces: list, path: str, spec: InputSpec
+              ) -> tuple[Rows, np.ndarray, np.ndarray]:
+    first = pieces[0].index
+    where = (Rows(first) if first is not None else
+             Rows(None, tuple(o for p in pieces for o in p.offsets())))
+    if len({p.rows.shape[1] for p in pieces}) == 1:
+        records = np.concatenate([p.rows for p in pieces])
+    else:
+        records = [row.tobytes() for p in pieces for row in p.rows]
+    return (where, *_parse_examples(records, path, where, spec))
 
 
 # ---------------------------------------------------------------------- npz
