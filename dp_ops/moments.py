@@ -30,7 +30,12 @@ def quantize(x: np.ndarray, bound: float, bits: int = GRID_BITS) -> np.ndarray:
     grid value and sum exact in float64, and lets the noise be added
     exactly, see dp_ops/noise.py)."""
     q = grid(bound, bits)
-    return np.trunc(np.asarray(x, np.float64) / q) * q
+    # q is a power of two: x * (1/q) is exactly x / q, and a multiply is
+    # several times cheaper than a divide; in place after the first copy.
+    out = np.multiply(x, 1.0 / q, dtype=np.float64)
+    np.trunc(out, out=out)
+    out *= q
+    return out
 
 
 @dataclasses.dataclass
