@@ -616,9 +616,7 @@ def pass_names(cfg: GeneratorConfig, args: argparse.Namespace) -> list[str]:
     if cfg.clusters > 1:
         names += ["TreeCounts", "LeafSums"]
         names += [f"Lloyd{r}" for r in range(1, cfg.lloyd_rounds + 1)]
-    names.append("Moments")
-    if cfg.covariance_rank:
-        names.append("SecondMoment")
+    names.append("Moments")  # with the second moment, if any
     if cfg.vote_filter:
         names.append("Votes")
     return names

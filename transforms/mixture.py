@@ -50,7 +50,10 @@ class DPMixture(beam.PTransform):
         labels = list(cfg.labels)
         fields = plan.moment_fields(cfg)
         with_sumsq = "sumsq" in fields
-        exact = (pass_blocks(blocks, "Moments")
+        # The second moment needs no noisy result, so it shares this read
+        # (one pass fewer: issue 15).
+        blocks = pass_blocks(blocks, "Moments")
+        exact = (blocks
                  | "Moments" >> PerClassSum(
                      labels, _moments(k, cfg.clip_norm, with_sumsq),
                      [AsDict(self._centres)])
