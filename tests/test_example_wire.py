@@ -144,3 +144,31 @@ def test_reading_tfrecords_does_not_import_tensorflow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _with_source(i: int, emb, label) -> bytes:
+    source = tf.train.Feature(bytes_list=tf.train.BytesList(
+        value=[f"images/{'x' * (i % 37)}/{i}.png".encode()]))
+    return tf_example(emb, label, extra={"source": source})
+
+
+def test_records_without_a_common_layout_are_batch_parsed(monkeypatch):
+    """encode's records carry a source id of varying length: no template
+    fits, and 300 records one by one through the protobuf library would be
+    slow, so they go to TensorFlow's batch parser (same values)."""
+    calls = count_library_parses(monkeypatch)
+    rng = np.random.default_rng(5)
+    records = [_with_source(i, rng.standard_normal(8).astype(np.float32),
+                            [i % 5]) for i in range(300)]
+    assert_same_as_tensorflow(records)
+    assert len(calls) == 0
+
+
+def test_a_bad_record_in_a_batch_without_layout_is_named():
+    rng = np.random.default_rng(6)
+    records = [_with_source(i, rng.standard_normal(8).astype(np.float32),
+                            [1]) for i in range(200)]
+    records[137] = tf_example([1, 2], [1], emb_kind="int64")
+    with pytest.raises(example_wire.WireError) as err:
+        example_wire.parse_examples(records, "emb", "label")
+    assert err.value.index == 137

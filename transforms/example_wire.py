@@ -15,10 +15,12 @@ So a block is decoded in two ways that give the same answer:
   values sit at the template's offsets. The template's offsets come from a
   small walker over the protobuf wire format and are cross-checked against
   the protobuf library's own parse of the template.
-* **slow path** (the protobuf library, per record): every other record, with
-  an ``Example`` message class built from the public field numbers of
+* **slow path**: every other record. A few go through the protobuf library
+  (an ``Example`` message class built from the public field numbers of
   TensorFlow's ``example.proto``/``feature.proto`` in a private descriptor
-  pool.
+  pool); a batch of more than ``_LIBRARY_LIMIT`` through TensorFlow's own
+  parser (files whose records have no common layout, e.g. ``dpsynth
+  encode``'s with a source id per record, pay its import once per worker).
 
 Both return, per record, the embedding's float values and the label's int64
 values (empty where a feature is absent), like TensorFlow's RaggedFeature;
@@ -39,6 +41,8 @@ _ENTRY_KEY, _ENTRY_VALUE = 1, 2
 _FLOAT_LIST, _INT64_LIST = 2, 3   # Feature oneof kind (1 = bytes_list)
 _LIST_VALUE = 1              # {Float,Int64}List.value (packed)
 _MAX_TEMPLATES = 4           # layouts tried per length before the slow path
+_MIN_TEMPLATE_GROUP = 16     # records of one length worth a template
+_LIBRARY_LIMIT = 64          # more records without a layout: TensorFlow
 
 
 class WireError(ValueError):
@@ -301,11 +305,16 @@ def parse_examples(records: list[bytes], embedding: str, label: str
     list ``label`` where present)."""
     out = Parsed(len(records))
     lengths = np.fromiter(map(len, records), np.int64, len(records))
+    rest: list[tuple[int, bytes]] = []
     for length in np.unique(lengths):
         index = np.flatnonzero(lengths == length)
+        if len(index) < _MIN_TEMPLATE_GROUP:  # e.g. a per-record source id
+            rest += [(i, records[i]) for i in index.tolist()]
+            continue
         rows = np.frombuffer(b"".join(records[i] for i in index),
                              np.uint8).reshape(len(index), int(length))
-        _parse_equal(rows, index, out, embedding, label)
+        rest += _parse_equal(rows, index, out, embedding, label)
+    _parse_rest(rest, out, embedding, label)
     return out
 
 
@@ -313,17 +322,19 @@ def parse_rows(rows: np.ndarray, embedding: str, label: str) -> Parsed:
     """``parse_examples`` of records of one length, given as the rows of a
     uint8 array (as the TFRecord reader finds them: no bytes objects)."""
     out = Parsed(len(rows))
-    _parse_equal(rows, np.arange(len(rows)), out, embedding, label)
+    rest = _parse_equal(rows, np.arange(len(rows)), out, embedding, label)
+    _parse_rest(rest, out, embedding, label)
     return out
 
 
 def _parse_equal(rows: np.ndarray, index: np.ndarray, out: Parsed,
-                 embedding: str, label: str) -> None:
-    """Records of one length (rows) at positions ``index`` of ``out``."""
+                 embedding: str, label: str) -> list[tuple[int, bytes]]:
+    """Records of one length (rows) at positions ``index`` of ``out``; the
+    ones no template fits are returned (position, bytes)."""
     todo = index
     for _ in range(_MAX_TEMPLATES):
         if not len(todo):
-            return
+            return []
         layout = _template_layout(rows[0].tobytes(), embedding, label)
         if layout is None:
             break
@@ -332,8 +343,46 @@ def _parse_equal(rows: np.ndarray, index: np.ndarray, out: Parsed,
         out.add_block(todo[ok], rows[ok, off:off + 4 * dim].view("<f4"),
                       _decode_varints(rows[ok, at:at + k]))
         todo, rows = todo[~ok], rows[~ok]
-    for i, row in zip(todo.tolist(), rows):
+    return [(i, row.tobytes()) for i, row in zip(todo.tolist(), rows)]
+
+
+def _parse_rest(rest: list[tuple[int, bytes]], out: Parsed, embedding: str,
+                label: str) -> None:
+    """Records without a common layout (e.g. encode's, whose source-id
+    feature differs in length per record). A few go through the protobuf
+    library (~27 us a record); many through TensorFlow's batch parser
+    (~2 us a record once imported, the import ~3 s once per worker)."""
+    if len(rest) > _LIBRARY_LIMIT and _tensorflow_parse(rest, out, embedding,
+                                                        label):
+        return
+    for i, record in rest:
         try:
-            out.add_one(i, *parse_one(row.tobytes(), embedding, label))
+            out.add_one(i, *parse_one(record, embedding, label))
         except ValueError as err:
             raise WireError(i, str(err)) from None
+
+
+def _tensorflow_parse(rest: list[tuple[int, bytes]], out: Parsed,
+                      embedding: str, label: str) -> bool:
+    """TensorFlow's parse of ``rest`` into ``out``; False when TensorFlow
+    rejects the batch (the caller then names the bad record)."""
+    import tensorflow as tf
+    feats = {embedding: tf.io.RaggedFeature(tf.float32),
+             label: tf.io.RaggedFeature(tf.int64)}
+    try:
+        parsed = tf.io.parse_example(tf.constant([r for _, r in rest]), feats)
+    except Exception:  # TensorFlow's InvalidArgumentError and kin
+        return False
+    emb, lab = parsed[embedding], parsed[label]
+    emb_len, lab_len = emb.row_lengths().numpy(), lab.row_lengths().numpy()
+    index = np.array([i for i, _ in rest])
+    flat_x, flat_y = emb.flat_values.numpy(), lab.flat_values.numpy()
+    if len(set(emb_len.tolist())) == 1 and emb_len[0] > 0 and \
+            np.all(lab_len == 1):
+        out.add_block(index, flat_x.reshape(len(rest), -1), flat_y)
+        return True
+    x_at, y_at = np.cumsum(emb_len) - emb_len, np.cumsum(lab_len) - lab_len
+    for j, i in enumerate(index.tolist()):
+        out.add_one(i, flat_x[x_at[j]:x_at[j] + emb_len[j]],
+                    flat_y[y_at[j]:y_at[j] + lab_len[j]])
+    return True
