@@ -209,18 +209,24 @@ def run_generate(argv: list[str], x, y, out: Path, tmp: Path) -> dict:
                 stdout=stdout.getvalue(), stderr=stderr.getvalue())
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """Runs the CLI once, capturing logs (all loggers) and stdout/stderr."""
-    tmp = tmp_path_factory.mktemp("review")
+def review_run(tmp_path_factory, name: str, flags: list) -> dict:
+    """`generate` with ``flags`` on a fresh private file (run_generate)."""
+    tmp = tmp_path_factory.mktemp(name)
     x, y = write_private_file(tmp)
     out = tmp / "release"
     argv = ["generate", "--input", str(tmp / "patient-*.npz"), "--output",
-            str(out), "--num-classes", "3", "--epsilon", str(EPSILON),
-            "--clusters", "3", "--normalize", "none", "--clip-norm", "1.0",
-            "--vote-filter", "--vote-threshold", "2", "--accountant", "rdp",
-            "--noise-seed", str(NOISE_SEED), "--rows-per-shard", "100"]
+            str(out), *flags]
     return run_generate(argv, x, y, out, tmp)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Runs the CLI once, capturing logs (all loggers) and stdout/stderr."""
+    return review_run(tmp_path_factory, "review", [
+        "--num-classes", "3", "--epsilon", str(EPSILON), "--clusters", "3",
+        "--normalize", "none", "--clip-norm", "1.0", "--vote-filter",
+        "--vote-threshold", "2", "--accountant", "rdp",
+        "--noise-seed", str(NOISE_SEED), "--rows-per-shard", "100"])
 
 
 @pytest.fixture(scope="module")

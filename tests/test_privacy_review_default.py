@@ -22,21 +22,16 @@ from tests.test_privacy_review import (_NUMBER, OPERATOR, SIZES, RecordingNoise,
                                        _int_token, _leaves,
                                        _scrub, _tag, _texts,
                                        assert_draws_registered,
-                                       manifest_config, run_generate,
-                                       write_private_file)
+                                       manifest_config, review_run)
 
 NOISE_SEED = 20261127  # its noisy counts make the rule pick the subspace
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("review-default")
-    x, y = write_private_file(tmp)
-    out = tmp / "release"
-    argv = ["generate", "--input", str(tmp / "patient-*.npz"), "--output",
-            str(out), "--num-classes", "3", "--epsilon", "1",
-            "--noise-seed", str(NOISE_SEED), "--rows-per-shard", "100"]
-    return run_generate(argv, x, y, out, tmp)
+    return review_run(tmp_path_factory, "review-default", [
+        "--num-classes", "3", "--epsilon", "1",
+        "--noise-seed", str(NOISE_SEED), "--rows-per-shard", "100"])
 
 
 @pytest.fixture(scope="module")
