@@ -87,7 +87,7 @@ def test_a_payload_that_looks_like_a_record_stops_the_split(tmp_path):
             rf"f.tfrecord: cannot split this TFRecord file at byte "
             rf"{len(good) + 10}: the payload of the record at byte "
             rf"{len(good)} looks like a record")):
-        list(io._tfrecord_records(first))
+        list(io._tfrecord_runs(first))
 
 
 def test_errors_in_a_later_range_name_the_byte_offset(tmp_path):

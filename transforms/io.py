@@ -484,16 +484,6 @@ def _uniform_run(read, path: str, pos: int, index: Optional[int],
     return _Run(pos, index, stride, rows)
 
 
-def _tfrecord_records(r: FileRange) -> Iterator[tuple[int, Optional[int], bytes]]:
-    """(byte offset, record index or None, payload) of the records starting
-    in the range; the index counts from the start of the file, so it is
-    known only for a range that starts there."""
-    for run in _tfrecord_runs(r):
-        for i, (offset, row) in enumerate(zip(run.offsets(), run.rows)):
-            yield (offset, None if run.index is None else run.index + i,
-                   row.tobytes())
-
-
 def _check_split(f, path: str, stop: int, boundary: int, last: int) -> None:
     """The next range starts its search at ``stop``: it must find the
     record at ``boundary`` (or nothing when the file ends there)."""
