@@ -17,7 +17,6 @@ import struct
 from typing import Iterable, Optional, Sequence
 
 import apache_beam as beam
-import google_crc32c
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
@@ -88,11 +87,6 @@ def example_layout(dim: int, label: int, embedding_feature: str = "embedding",
     return example[:len(example) - len(placeholder)], b""
 
 
-def _masked_crc(data) -> int:
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
 def frame_records(records: Iterable[bytes]) -> bytes:
     """TFRecord framing of arbitrary records (length, masked CRC-32C of the
     length, data, masked CRC-32C of the data). For records of any size,
@@ -101,8 +95,8 @@ def frame_records(records: Iterable[bytes]) -> bytes:
     out = []
     for record in records:
         length = struct.pack("<Q", len(record))
-        out += (length, struct.pack("<I", _masked_crc(length)), record,
-                struct.pack("<I", _masked_crc(record)))
+        out += (length, struct.pack("<I", io.masked_crc32c(length)), record,
+                struct.pack("<I", io.masked_crc32c(record)))
     return b"".join(out)
 
 
@@ -117,13 +111,13 @@ def tfrecord_bytes(x: np.ndarray, label: int,
     length = struct.pack("<Q", size)
     frame = np.empty((n, 12 + size + 4), dtype=np.uint8)
     frame[:, :8] = np.frombuffer(length, np.uint8)
-    frame[:, 8:12] = np.frombuffer(struct.pack("<I", _masked_crc(length)),
+    frame[:, 8:12] = np.frombuffer(struct.pack("<I", io.masked_crc32c(length)),
                                    np.uint8)
     frame[:, 12:12 + len(head)] = np.frombuffer(head, np.uint8)
     frame[:, 12 + len(head):12 + len(head) + 4 * dim] = x.view(np.uint8)
     frame[:, 12 + size - len(tail):12 + size] = np.frombuffer(tail, np.uint8)
     data = frame[:, 12:12 + size]
-    crcs = np.fromiter((_masked_crc(row.tobytes()) for row in data),
+    crcs = np.fromiter((io.masked_crc32c(row.tobytes()) for row in data),
                        dtype="<u4", count=n)
     frame[:, 12 + size:] = crcs.view(np.uint8).reshape(n, 4)
     return frame.tobytes()
