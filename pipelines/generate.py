@@ -35,7 +35,7 @@ from dp_ops.ledger import ACCOUNTANTS, PrivacyLedger
 from dp_ops.noise import NoiseSource, make_noise_source
 from pipelines import consistency, demo, release, summary
 from pipelines.options import UsageError, beam_options, check_beam_args
-from transforms import io
+from transforms import allocator, io
 from transforms.adaptive import (PHASE1_FILE, AdaptiveMixture, AdaptivePhase1,
                                  read_phase1, write_json)
 from transforms.aggregate import PrepareBlocks, RereadBlocks
@@ -708,6 +708,7 @@ def run(args: argparse.Namespace, beam_argv: Sequence[str]) -> str:
     staging re-publishes those files (same noise, no new spend).
     """
     t0 = time.time()
+    allocator.keep_heap_pages()  # the runner process moves blocks too
     try:
         job = prepare(args)
     except (io.InputError, release.ReleaseError):

@@ -20,6 +20,7 @@ from apache_beam.pvalue import AsDict, AsSingleton, PCollection
 from dp_ops import clipping, generator, lsh_tree
 from dp_ops.kmeans import blas_threads
 from dp_ops.config import GeneratorConfig
+from transforms import allocator
 from transforms.coders import ArraysCoder
 from transforms.progress import ProgressFile, ReportProgress
 
@@ -84,6 +85,7 @@ class _PrepareFn(beam.DoFn):
         self._clipped = Metrics.counter("dpsynth", "rows_clipped")
 
     def setup(self) -> None:
+        allocator.keep_heap_pages()
         with blas_threads(1):  # a small QR
             self._proj = generator.projection(self._dim, self._cfg)
         self._planes = generator.planes(self._cfg, self._dim)

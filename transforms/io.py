@@ -36,7 +36,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from transforms import coders, example_wire
+from transforms import allocator, coders, example_wire
 
 FORMATS = ("npz", "tfrecord", "parquet")
 SPLIT_BYTES = 64 << 20
@@ -752,6 +752,9 @@ class _ReadBlocksFn(beam.DoFn):
         self._spec, self._dim, self._source = spec, dim, dim_source
         self._rows = Metrics.counter("dpsynth", "rows_read")
         self._dropped = Metrics.counter("dpsynth", "rows_dropped_non_finite")
+
+    def setup(self) -> None:
+        allocator.keep_heap_pages()
 
     def process(self, r: FileRange
                 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:

@@ -25,7 +25,7 @@ from dp_ops import generator
 from dp_ops.config import GeneratorConfig
 from dp_ops.kmeans import blas_threads
 from models.gmm import MixtureRelease
-from transforms import io
+from transforms import allocator, io
 
 DATA_DIR = "data"
 GMM_FILE = "gmm.npz"
@@ -183,6 +183,9 @@ class _WriteShard(beam.DoFn):
         self._staging, self._fmt, self._cfg = staging, fmt, cfg
         self._features = (embedding_feature, label_feature)
         self._kept = Metrics.counter("dpsynth", "samples_written")
+
+    def setup(self) -> None:
+        allocator.keep_heap_pages()
 
     def process(self, task, mixtures=None):
         label, index, part = task
