@@ -14,6 +14,8 @@ import numpy as np
 
 def nearest(x: np.ndarray, centres: np.ndarray) -> np.ndarray:
     """Index of the nearest centre for every row (one BLAS call)."""
+    if len(centres) == 1:  # also when x is a one-cluster block's empty z
+        return np.zeros(len(x), np.intp)
     dist = (np.einsum("ij,ij->i", centres, centres)[None, :]
             - 2.0 * (x @ centres.T))
     return np.argmin(dist, axis=1)

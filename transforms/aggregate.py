@@ -65,7 +65,8 @@ def prepare_block(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
                   proj: np.ndarray, planes: np.ndarray,
                   centre: Optional[np.ndarray] = None) -> tuple[Block, int]:
     """Normalise, subtract the DP centre (if any), clip each row
-    (per-record, public rule), project, hash.
+    (per-record, public rule), project, hash (with more than one cluster:
+    the projection and LSH codes only serve the clustering).
 
     Rows are reordered by label (a stable sort; row order carries no
     information the aggregates use) so that classes are contiguous slices.
@@ -75,6 +76,9 @@ def prepare_block(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
         x, y = x[order], y[order]
     xc, n_clipped = clipping.preprocess(x, cfg.normalize, cfg.clip_norm,
                                         centre)
+    if cfg.clusters == 1:  # one cluster: no tree, no nearest-centre search
+        return Block(xc, y, np.zeros((len(y), 0)),
+                     np.zeros(len(y), np.int64)), n_clipped
     z = xc @ proj.T
     return Block(xc, y, z, lsh_tree.leaf_codes(z, planes)), n_clipped
 
