@@ -33,6 +33,16 @@ def block_second_moment(x: np.ndarray, clip_norm: float) -> np.ndarray:
     return xq.T @ xq
 
 
+def add_second_moment(out: np.ndarray, x: np.ndarray,
+                      clip_norm: float) -> None:
+    """``out += x^T x`` on the grid, in out's memory: the same exact sum
+    as adding ``block_second_moment`` blocks (grid values: every partial
+    sum is exact, so the bits do not depend on the order), with one d x d
+    temporary per block and no copies of it."""
+    xq = quantize(x, clip_norm, COV_GRID_BITS)
+    out += xq.T @ xq  # numpy runs x^T x as one syrk
+
+
 def upper_size(d: int) -> int:
     return d * (d + 1) // 2
 

@@ -31,7 +31,8 @@ from dp_ops import adaptive, covariance
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import NoiseSource
-from transforms.aggregate import Blocks, PerClassSum, pass_blocks, sum_present
+from transforms.aggregate import (Accumulator, Blocks, PerClassSum,
+                                  pass_blocks, sum_present)
 from transforms.centre import DPCentre
 
 PHASE1_FILE = "phase1.json"  # in the staging folder; DP outputs only
@@ -83,17 +84,24 @@ def read_phase1(path: str) -> tuple[np.ndarray, np.ndarray]:
             np.array(doc["noisy_counts"], np.float64))
 
 
-def _class_moments(clip_norm: float, per_class: bool):
-    """A block's exact partial aggregate of one class: the clipped sum
-    [d], followed in the per-class mode by its d x d second moment
-    (flattened: one array, so the combiner adds in place)."""
-    def fn(_label: int, block) -> np.ndarray:
-        s = adaptive.block_class_sum(block.x, clip_norm)
-        if not per_class:
-            return s
-        m = covariance.block_second_moment(block.x, clip_norm)
-        return np.concatenate([s, m.ravel()])
-    return fn
+class _ClassMoments(Accumulator):
+    """A class's exact aggregate: the clipped sum [d], followed in the
+    per-class mode by its d x d second moment (flattened: one array, so
+    the combiner adds in place), accumulated in place per bundle."""
+
+    def __init__(self, clip_norm: float, per_class: bool) -> None:
+        self._clip, self._per_class = clip_norm, per_class
+
+    def zero(self, rows) -> np.ndarray:
+        d = rows.x.shape[1]
+        return np.zeros(d + d * d if self._per_class else d)
+
+    def add(self, acc: np.ndarray, rows) -> None:
+        d = rows.x.shape[1]
+        acc[:d] += adaptive.block_class_sum(rows.x, self._clip)
+        if self._per_class:
+            covariance.add_second_moment(acc[d:].reshape(d, d), rows.x,
+                                         self._clip)
 
 
 def _exact(parts: dict, labels: Sequence[int], size: int) -> np.ndarray:
@@ -183,8 +191,8 @@ class AdaptiveMixture(beam.PTransform):
         mode = steps.structure.mode
         blocks = pass_blocks(self._blocks, "Moments")  # one read, two sums
         sums = blocks | "ClassMoments" >> PerClassSum(
-            list(cfg.labels), _class_moments(cfg.clip_norm,
-                                             mode == "per-class"))
+            list(cfg.labels), _ClassMoments(cfg.clip_norm,
+                                            mode == "per-class"))
         side = [AsDict(sums)]
         if mode != "per-class":
             clip = cfg.clip_norm
