@@ -114,3 +114,30 @@ def test_shards_are_written_to_gcs_and_read_back(gcs, fmt):
     np.testing.assert_array_equal(np.vstack([b[0] for b in got]),
                                   x.astype(np.float64))
     assert np.concatenate([b[1] for b in got]).tolist() == [6] * 250
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
+def test_a_drawn_shard_is_the_rows_drawn_whole(tmp_path, fmt):
+    """Shards drawn in WRITE_PIECE pieces (TFRecord) hold exactly the rows
+    and bytes of the range drawn in one call, from an unaligned start."""
+    from dp_ops import generator
+    from dp_ops.config import GeneratorConfig
+    rng = np.random.default_rng(2)
+    d = 6
+    mix = generator.ClassMixture(
+        4, np.array([0.3, 0.7]), rng.normal(size=(2, d)),
+        rng.uniform(0.1, 0.2, size=(2, d)), 5e4, rng.normal(size=(d, 2)))
+    cfg = GeneratorConfig(labels=(4,))
+    start, stop, total = 1000, 1000 + 2 * write.WRITE_PIECE + 77, 50_000
+    (tmp_path / write.DATA_DIR).mkdir()
+    fn = write._WriteShard(str(tmp_path), "embedding", "label", fmt, cfg)
+    (meta,) = fn.process((4, 3, (start, stop, total)), {4: mix})
+    assert meta["samples"] == stop - start
+    whole = generator.sample_rows(mix, cfg, total, start, stop)
+    got = (tmp_path / write.DATA_DIR / meta["shard"]).read_bytes()
+    if fmt == "tfrecord":
+        assert got == write.tfrecord_bytes(whole, 4)
+    else:
+        x, y = tio.load_arrays(str(tmp_path / write.DATA_DIR / meta["shard"]))
+        assert np.array_equal(x, whole.astype(np.float64))
+        assert set(y.tolist()) == {4}

@@ -116,9 +116,8 @@ def tfrecord_bytes(x: np.ndarray, label: int,
     frame[:, 12:12 + len(head)] = np.frombuffer(head, np.uint8)
     frame[:, 12 + len(head):12 + len(head) + 4 * dim] = x.view(np.uint8)
     frame[:, 12 + size - len(tail):12 + size] = np.frombuffer(tail, np.uint8)
-    data = frame[:, 12:12 + size]
-    crcs = np.fromiter((io.masked_crc32c(row.tobytes()) for row in data),
-                       dtype="<u4", count=n)
+    crcs = io.masked_crc32c_strided(frame.tobytes(), 12, size, 12 + size + 4,
+                                    n).astype("<u4")
     frame[:, 12 + size:] = crcs.view(np.uint8).reshape(n, 4)
     return frame.tobytes()
 
@@ -149,6 +148,9 @@ def parquet_bytes(x: np.ndarray, label: int,
 
 
 _ENCODERS = {"tfrecord": tfrecord_bytes, "parquet": parquet_bytes}
+# Rows drawn and encoded at a time for a TFRecord shard (a multiple of
+# generator.SAMPLE_CHUNK: ~12 MB of records, cache- and heap-friendly).
+WRITE_PIECE = 8 * generator.SAMPLE_CHUNK
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,19 +191,33 @@ class _WriteShard(beam.DoFn):
 
     def process(self, task, mixtures=None):
         label, index, part = task
-        if isinstance(part, tuple):
-            with blas_threads(1):
-                x = generator.sample_rows(mixtures[label], self._cfg,
-                                          part[2], part[0], part[1])
-        else:
-            x = part
         name = shard_name(label, index, self._fmt)
+        encode, rows = _ENCODERS[self._fmt], 0
         with FileSystems.create(io.join(self._staging, DATA_DIR, name),
                                 compression_type="uncompressed") as f:
-            f.write(_ENCODERS[self._fmt](x, int(label), *self._features))
-        self._kept.inc(len(x))
-        yield {"label": int(label), "index": index, "samples": int(len(x)),
+            for x in self._pieces(label, part, mixtures):
+                f.write(encode(x, int(label), *self._features))
+                rows += len(x)
+        self._kept.inc(rows)
+        yield {"label": int(label), "index": index, "samples": rows,
                "shard": name}
+
+    def _pieces(self, label, part, mixtures) -> Iterable[np.ndarray]:
+        """The shard's rows: given, or drawn here. A TFRecord file is the
+        concatenation of its records, so its rows are drawn and written
+        ``WRITE_PIECE`` at a time (no shard-sized arrays); pieces end on
+        multiples of it, so each draws whole ``SAMPLE_CHUNK``s once."""
+        if not isinstance(part, tuple):
+            yield part
+            return
+        start, stop, total = part
+        ends = ([min(stop, e) for e in range(
+            (start // WRITE_PIECE + 1) * WRITE_PIECE, stop + WRITE_PIECE,
+            WRITE_PIECE)] if self._fmt == "tfrecord" else [stop])
+        with blas_threads(1):
+            for a, b in zip([start] + ends[:-1], ends):
+                yield generator.sample_rows(mixtures[label], self._cfg,
+                                            total, a, b)
 
 
 # ------------------------------------------------- what the release holds
