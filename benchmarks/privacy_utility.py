@@ -368,6 +368,13 @@ def _chosen_label(chosen: dict) -> str:
                      for k, v in sorted(chosen.items()))
 
 
+def _tie_mark(rec: dict) -> str:
+    """'*' when another grid point had the same (best) hold-out accuracy:
+    the pick then came from the grid order, not from the data."""
+    val = rec.get(f"{TUNED}_val") or []
+    return "*" if val and val.count(max(val)) > 1 else ""
+
+
 def chosen_table(records: list, epsilons: list, methods: list) -> list:
     """Grid point picked per run (seeds 0, 1, 2, ... in order)."""
     key = f"{TUNED}_chosen"
@@ -379,8 +386,8 @@ def chosen_table(records: list, epsilons: list, methods: list) -> list:
             continue
         cells = []
         for e in _eps_of(m, epsilons):
-            picks = sorted((r["seed"], _chosen_label(r[key])) for r in rs
-                           if r["epsilon"] == e)
+            picks = sorted((r["seed"], _chosen_label(r[key]) + _tie_mark(r))
+                           for r in rs if r["epsilon"] == e)
             cells.append("; ".join(p for _, p in picks) or "–")
         cells += [""] * (len(epsilons) - len(cells))
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
@@ -411,7 +418,9 @@ def _tuned_section(records: list, eps: list, methods: list) -> list:
             lines.append(f"- {TUNED}, {ours} vs tuned DP-SGD MLP: "
                          + "; ".join(g))
     lines += ["", "Learning rate chosen on the synthetic validation split "
-              "(per seed):", ""]
+              "(per seed; * = tied at the best hold-out accuracy with another "
+              "grid point, so the grid order, smallest learning rate first, "
+              "decided):", ""]
     lines += chosen_table(records, eps, methods) + [""]
     return lines
 

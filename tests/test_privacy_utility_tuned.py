@@ -58,6 +58,9 @@ def test_tuned_records_render_table_gaps_and_choices():
     assert "dpsgd (reference, not re-scored)" in md
     assert "vs dpsgd 65.0 → +5.0 points" in md
     assert "| dpgmm-adaptive | lr 0.01; lr 0.01 |" in md
+    recs[1][f"{pu.TUNED}_val"] = [0.5, 1.0, 1.0]  # tie: grid order decided
+    md = pu.markdown(recs, _args(), INFO, ["dpgmm-adaptive", "dpsgd"])
+    assert "| dpgmm-adaptive | lr 0.01*; lr 0.01 |" in md
 
 
 def test_models_flag_and_tuned_methods():
