@@ -141,3 +141,13 @@ def test_a_drawn_shard_is_the_rows_drawn_whole(tmp_path, fmt):
         x, y = tio.load_arrays(str(tmp_path / write.DATA_DIR / meta["shard"]))
         assert np.array_equal(x, whole.astype(np.float64))
         assert set(y.tolist()) == {4}
+
+
+def test_strided_checksums_equal_the_one_record_checksum():
+    buf = np.random.default_rng(4).bytes(5000)
+    got = tio.masked_crc32c_strided(buf, 3, 50, 100, 40)
+    assert got.dtype == np.uint32
+    assert [int(c) for c in got] == [tio.masked_crc32c(buf[3 + 100 * k:
+                                                           53 + 100 * k])
+                                     for k in range(40)]
+    assert tio.masked_crc32c_strided(buf, 0, 10, 10, 0).size == 0

@@ -263,7 +263,8 @@ class PerClassSum(beam.PTransform):
     """(label, exact aggregate) for *every* configured label.
 
     ``fn(label, class_block, *side_values)`` computes a block's partial
-    aggregate (or ``fn`` is an ``Accumulator``: one partial per bundle); partials are summed with ``add`` (a combiner: partial sums
+    aggregate (or ``fn`` is an ``Accumulator``: one partial per class and
+    bundle); partials are summed with ``add`` (a combiner: partial sums
     per bundle, then merged; ``add`` may update its first argument). Labels
     with no rows get ``None``, so every class reaches its mechanism: the
     release never reveals by omission that a class is empty. ``threads``:

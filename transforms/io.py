@@ -292,10 +292,14 @@ _HEADER = struct.Struct("<QI")
 _SCAN_BYTES = 1 << 16
 
 
+def _mask(crc):
+    """TFRecord's CRC mask, of a Python int or a uint32 array."""
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
 def masked_crc32c(data) -> int:
     """TFRecord's masked CRC32C."""
-    crc = google_crc32c.value(bytes(data))
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+    return _mask(google_crc32c.value(bytes(data)))
 
 
 def masked_crc32c_strided(buf: bytes, first: int, size: int, stride: int,
@@ -308,8 +312,7 @@ def masked_crc32c_strided(buf: bytes, first: int, size: int, stride: int,
     crc = np.fromiter((value(buf[i:i + size]) for i in
                        range(first, first + count * stride, stride)),
                       np.uint32, count)
-    return ((crc >> np.uint32(15)) | (crc << np.uint32(17))) \
-        + np.uint32(0xA282EAD8)  # uint32 arithmetic wraps like the & mask
+    return _mask(crc)
 
 
 def _record_damage(path: str, offset: int, index: Optional[int],
