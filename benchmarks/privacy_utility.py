@@ -324,6 +324,10 @@ def markdown(records: list, args: argparse.Namespace, setup_info: dict,
              f"runs) {setup_info['wall_min']:.1f} min.", ""]
     if setup_info.get("reduced"):
         lines += [f"**Reduced run:** {setup_info['reduced']}", ""]
+    if setup_info.get("not_run"):
+        lines += [f"**Cells not run** ({len(setup_info['not_run'])}; rendered "
+                  f"with --cached-only from the cells that finished): "
+                  + "; ".join(setup_info["not_run"]) + ".", ""]
     if args.quick:
         lines += ["**Quick mode:** stratified subsample, fewer seeds and "
                   "epsilons, smaller PE/PSG (" + json.dumps(QUICK_OVERRIDES) +
@@ -467,6 +471,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-ceiling", action="store_true",
                    help="skip the models trained on the real train set")
     p.add_argument("--fresh", action="store_true", help="ignore the cache")
+    p.add_argument("--cached-only", action="store_true",
+                   help="run nothing: render the tables from the cells "
+                   "already cached (e.g. after a run stopped at a deadline); "
+                   "the cells not cached are listed in the header")
     args = p.parse_args(argv)
     if args.quick:
         args.train_rows = args.train_rows or 5000
@@ -534,11 +542,14 @@ def run_dataset(dataset: str, args: argparse.Namespace, argv) -> None:
     for m in methods:
         for e in _eps_of(m, args.epsilons):
             jobs += [(m, e, s) for s in range(args.seeds)]
-    records = []
+    records, missing = [], []
     for i, (m, e, s) in enumerate(jobs):
         key = cache_key({"method": m, "epsilon": e, "seed": s})
         if key in done:
             records.append(done[key])
+            continue
+        if args.cached_only:
+            missing.append((m, e, s))
             continue
         log.info("[%s %d/%d] %s eps=%g seed=%d", dataset, i + 1, len(jobs),
                  m, e, s)
@@ -562,7 +573,8 @@ def run_dataset(dataset: str, args: argparse.Namespace, argv) -> None:
                     f"{mlp.epochs} epochs"),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, shared",
             "wall_min": sum(r["fit_s"] + r["eval_s"] for r in records) / 60,
-            "reduced": args.reduced_note}
+            "reduced": args.reduced_note,
+            "not_run": [f"{m} eps={e:g} seed={s}" for m, e, s in missing]}
     os.makedirs(RESULTS, exist_ok=True)
     base = os.path.join(RESULTS, f"privacy_utility{suffix}")
     with open(base + ".md", "w") as f:
