@@ -475,6 +475,10 @@ def markdown(records: list, args: argparse.Namespace, setup_info: dict,
              f"runs) {setup_info['wall_min']:.1f} min.", ""]
     if setup_info.get("reduced"):
         lines += [f"**Reduced run:** {setup_info['reduced']}", ""]
+    if setup_info.get("not_run"):
+        lines += [f"**Cells not run** ({len(setup_info['not_run'])}; rendered "
+                  f"with --no-new-runs from the cells that finished): "
+                  + "; ".join(setup_info["not_run"]) + ".", ""]
     if args.quick:
         lines += ["**Quick mode:** stratified subsample, fewer seeds and "
                   "epsilons, smaller PE/PSG (" + json.dumps(QUICK_OVERRIDES) +
@@ -625,7 +629,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "--methods and the ceiling); others keep what they have")
     p.add_argument("--no-new-runs", action="store_true",
                    help="only complete cached runs with missing --models; "
-                   "runs absent from the cache stay missing")
+                   "runs absent from the cache stay missing (listed in "
+                   "the header)")
     p.add_argument("--no-ceiling", action="store_true",
                    help="skip the models trained on the real train set")
     p.add_argument("--fresh", action="store_true", help="ignore the cache")
@@ -746,7 +751,7 @@ def run_dataset(dataset: str, args: argparse.Namespace, argv) -> None:
             records.append(rec)
             continue
         if args.no_new_runs:
-            missing.append([m, str(e), str(s)])
+            missing.append((m, e, s))
             continue
         setup.models = tuple(wanted)
         log.info("[%s %d/%d] %s eps=%g seed=%d", dataset, i + 1, len(jobs),
@@ -772,9 +777,8 @@ def run_dataset(dataset: str, args: argparse.Namespace, argv) -> None:
                     f"{mlp.epochs} epochs"),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, shared",
             "wall_min": sum(_compute_s(r) for r in records) / 60,
-            "reduced": args.reduced_note}
-    if missing:
-        info["missing_runs"] = missing
+            "reduced": args.reduced_note,
+            "not_run": [f"{m} eps={e:g} seed={s}" for m, e, s in missing]}
     os.makedirs(RESULTS, exist_ok=True)
     base = os.path.join(RESULTS, f"privacy_utility{suffix}")
     with open(base + ".md", "w") as f:
