@@ -188,13 +188,19 @@ def score_rows(x: np.ndarray, y: np.ndarray, setup: Setup, seed: int,
     return out
 
 
-def run_method(name: str, epsilon: float, seed: int, setup: Setup) -> dict:
+def build_method(name: str, epsilon: float, setup: Setup):
+    """The method with its hyperparameters for this cell: quick-mode
+    overrides, tuned DP-SGD values, then --set overrides."""
     overrides = dict(QUICK_OVERRIDES.get(name, {})) if setup.quick else {}
     if name in ("dpsgd", "dpsgd-linear"):
         model = "linear" if name == "dpsgd-linear" else "mlp"
         overrides.update(TUNED_DPSGD.get((setup.dataset, model, epsilon), {}))
     overrides.update(setup.overrides.get(name, {}))
-    method = make_method(name, **overrides)
+    return make_method(name, **overrides)
+
+
+def run_method(name: str, epsilon: float, seed: int, setup: Setup) -> dict:
+    method = build_method(name, epsilon, setup)
     t = time.time()
     out = method.fit(setup.x_train, setup.y_train, setup.labels, epsilon,
                      setup.delta, seed=seed, noise_seed=None)
@@ -233,8 +239,7 @@ def complete_record(rec: dict, setup: Setup, models: list) -> dict:
     if rec["method"] == CEILING:
         x, y = setup.x_train_unit, setup.y_train
     else:
-        overrides = dict(setup.overrides.get(rec["method"], {}))
-        method = make_method(rec["method"], **overrides)
+        method = build_method(rec["method"], rec["epsilon"], setup)
         out = method.fit(setup.x_train, setup.y_train, setup.labels,
                          rec["epsilon"], setup.delta, seed=rec["seed"],
                          noise_seed=None)
