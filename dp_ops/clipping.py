@@ -20,42 +20,66 @@ def row_norms(x: np.ndarray) -> np.ndarray:
     return np.sqrt(np.einsum("ij,ij->i", x, x))
 
 
-def normalize_rows(x: np.ndarray, mode: str) -> np.ndarray:
-    """``unit`` scales each row to L2 norm 1 (zero rows stay zero)."""
+def _normalize_scale(x: np.ndarray, mode: str) -> np.ndarray | None:
+    """Per-row factors of ``normalize_rows`` (None: leave rows as they are)."""
     if mode == "none":
-        return x
+        return None
     if mode == "unit":
         norms = row_norms(x)
-        return x * (1.0 / np.where(norms > 0, norms, 1.0))[:, None]
+        return 1.0 / np.where(norms > 0, norms, 1.0)
     raise ValueError(f"--normalize must be one of {NORMALIZATIONS}, got {mode!r}")
 
 
-def clip_rows(x: np.ndarray, clip_norm: float) -> tuple[np.ndarray, int]:
-    """Scales rows with L2 norm > clip_norm onto the ball; returns #clipped."""
+def normalize_rows(x: np.ndarray, mode: str) -> np.ndarray:
+    """``unit`` scales each row to L2 norm 1 (zero rows stay zero)."""
+    scale = _normalize_scale(x, mode)
+    return x if scale is None else x * scale[:, None]
+
+
+def _clip_scale(x: np.ndarray, clip_norm: float) -> tuple[np.ndarray, int]:
+    """Per-row factors of ``clip_rows`` and the number of rows clipped."""
     if not clip_norm > 0:
         raise ValueError(f"--clip-norm must be > 0, got {clip_norm}")
-    x = np.asarray(x, dtype=np.float64)
     norms = row_norms(x)
     over = norms > clip_norm
     scale = np.where(over, clip_norm / np.where(over, norms, 1.0), 1.0)
     # Rounding can leave a row a hair over the bound; shave it explicitly.
-    out = x * (scale * (1 - 1e-12))[:, None]
-    return out, int(over.sum())
+    return scale * (1 - 1e-12), int(over.sum())
+
+
+def clip_rows(x: np.ndarray, clip_norm: float) -> tuple[np.ndarray, int]:
+    """Scales rows with L2 norm > clip_norm onto the ball; returns #clipped."""
+    x = np.asarray(x, dtype=np.float64)
+    scale, clipped = _clip_scale(x, clip_norm)
+    return x * scale[:, None], clipped
+
+
+def _prepared_copy(x: np.ndarray, normalize: str, clip_norm: float,
+                   centre: np.ndarray | None) -> tuple[np.ndarray, int]:
+    """``preprocess`` on one float64 copy of x, every later step in place:
+    the same operations in the same order as normalize_rows, the centre's
+    subtraction and clip_rows (identical bits), without their three
+    n x d temporaries (a quarter of the time of this step on 1M rows)."""
+    out = np.array(x, dtype=np.float64)  # a copy: the caller's rows stay
+    scale = _normalize_scale(out, normalize)
+    if scale is not None:
+        out *= scale[:, None]
+    if centre is not None:
+        out -= centre[None, :]
+    scale, clipped = _clip_scale(out, clip_norm)
+    out *= scale[:, None]
+    return out, clipped
 
 
 def preprocess(x: np.ndarray, normalize: str, clip_norm: float,
                centre: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """Normalise, subtract the (public, DP) centre if given, clip."""
-    x = normalize_rows(np.asarray(x, np.float64), normalize)
-    if centre is not None:
-        x = x - centre[None, :]
-    return clip_rows(x, clip_norm)
+    return _prepared_copy(x, normalize, clip_norm, centre)
 
 
 def centre_sum(x: np.ndarray, normalize: str,
                bound: float) -> tuple[np.ndarray, int]:
     """Exact (grid-quantised, order-independent) sum of the normalised rows
     clipped to ``bound``, and the row count: the centre's aggregates."""
-    rows, _ = clip_rows(normalize_rows(np.asarray(x, np.float64), normalize),
-                        bound)
-    return quantize(rows, bound).sum(axis=0), len(rows)
+    rows, _ = _prepared_copy(x, normalize, bound, None)
+    return quantize(rows, bound, out=rows).sum(axis=0), len(rows)

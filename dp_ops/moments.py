@@ -25,14 +25,16 @@ def grid(bound: float, bits: int = GRID_BITS) -> float:
     return 2.0 ** (math.ceil(math.log2(bound)) - bits)
 
 
-def quantize(x: np.ndarray, bound: float, bits: int = GRID_BITS) -> np.ndarray:
+def quantize(x: np.ndarray, bound: float, bits: int = GRID_BITS,
+             out: Optional[np.ndarray] = None) -> np.ndarray:
     """Truncates onto ``grid(bound, bits)`` (a power-of-two step keeps every
     grid value and sum exact in float64, and lets the noise be added
-    exactly, see dp_ops/noise.py)."""
+    exactly, see dp_ops/noise.py). ``out``: a float64 array to write into
+    (x itself, when the caller no longer needs x)."""
     q = grid(bound, bits)
     # q is a power of two: x * (1/q) is exactly x / q, and a multiply is
     # several times cheaper than a divide; in place after the first copy.
-    out = np.multiply(x, 1.0 / q, dtype=np.float64)
+    out = np.multiply(x, 1.0 / q, out=out, dtype=np.float64)
     np.trunc(out, out=out)
     out *= q
     return out

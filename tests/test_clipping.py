@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from dp_ops import clipping
 from dp_ops.clipping import clip_rows, normalize_rows, preprocess
 
 
@@ -37,3 +38,30 @@ def test_preprocess_is_per_record():
     full, _ = preprocess(x, "unit", 0.5)
     one, _ = preprocess(x[3:4], "unit", 0.5)
     np.testing.assert_array_equal(full[3:4], one)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mode", ["unit", "none"])
+def test_preprocess_in_place_equals_the_step_by_step_composition(dtype, mode):
+    """preprocess / centre_sum work on one copy in place: the same bits as
+    normalize_rows -> minus the centre -> clip_rows (-> quantize), and the
+    caller's rows are left untouched."""
+    from dp_ops.moments import quantize
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((300, 32))
+         * rng.uniform(0, 3, (300, 1))).astype(dtype)
+    x[5] = 0  # a zero row stays zero
+    before = x.copy()
+    centre = rng.standard_normal(32) * 0.1
+    for c in (None, centre):
+        steps = normalize_rows(np.asarray(x, np.float64), mode)
+        if c is not None:
+            steps = steps - c[None, :]
+        want, want_clipped = clip_rows(steps, 0.7)
+        got, clipped = preprocess(x, mode, 0.7, c)
+        assert np.array_equal(got, want) and clipped == want_clipped
+    total, count = clipping.centre_sum(x, mode, 1.0)
+    rows, _ = clip_rows(normalize_rows(np.asarray(x, np.float64), mode), 1.0)
+    assert np.array_equal(total, quantize(rows, 1.0).sum(axis=0))
+    assert count == len(x)
+    assert np.array_equal(x, before)
