@@ -361,13 +361,60 @@ def _job_blocks(data: str, flags: Sequence[str]) -> Iterator:
 
 
 def child_floor(data: str, flags: Sequence[str], result: str) -> None:
-    """One read + one float32 moments pass on one BLAS thread (issue 15)."""
+    """One read + one float32 moments pass on one BLAS thread (issue 15);
+    with the vote filter also its nearest-neighbour arithmetic floor."""
     from threadpoolctl import threadpool_limits
     with threadpool_limits(limits=1):
         blocks = _job_blocks(data, flags)
         t = timed_moments(blocks)
-    _dump(result, {"rows": t["rows"], "read_s": t["read_s"],
-                   "compute_s": t["compute_s"]})
+        doc = {"rows": t["rows"], "read_s": t["read_s"],
+               "compute_s": t["compute_s"]}
+        args, _ = _parse_generate(["--input", "unused", "--output", "unused",
+                                   *flags])
+        if args.vote_filter:
+            dim = t["gram"].shape[0]
+            doc.update(vote_nn_floor(t["rows"], dim, args.vote_oversample,
+                                     args.vote_max_candidates))
+    _dump(result, doc)
+
+
+def vote_nn_flops(rows: int, dim: int, oversample: float,
+                  cap: Optional[int], classes: int = CLASSES) -> float:
+    """Multiply-adds x 2 of the vote's exact nearest-neighbour search: every
+    real row of a class against each of the class's candidates
+    (min(oversample x class rows, cap); the benchmark's classes are equal)."""
+    per_class = rows / classes
+    cands = oversample * per_class if cap is None else min(
+        oversample * per_class, cap)
+    return 2.0 * rows * cands * dim
+
+
+def sgemm_rate(dim: int, repeats: int = 10) -> float:
+    """Peak float32 flop/s of the vote kernel's tile product (ROW_TILE rows
+    x CANDIDATE_TILE candidates, dim deep) on the current BLAS threads."""
+    import numpy as np
+    from dp_ops import vote
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((vote.ROW_TILE, dim)).astype(np.float32)
+    b = rng.standard_normal((vote.CANDIDATE_TILE, dim)).astype(np.float32)
+    a @ b.T  # warm up
+    best = math.inf  # the peak: the fastest of the repeats (shared cores)
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b.T
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * a.shape[0] * b.shape[0] * dim / best
+
+
+def vote_nn_floor(rows: int, dim: int, oversample: float,
+                  cap: Optional[int]) -> dict:
+    """The exact vote's arithmetic at the measured one-thread sgemm peak:
+    work no implementation of the exact vote can skip (the issue's floor
+    counts read + sums only)."""
+    flops = vote_nn_flops(rows, dim, oversample, cap)
+    rate = sgemm_rate(dim)
+    return {"vote_nn_flops": flops, "sgemm_gflops": rate / 1e9,
+            "vote_nn_s": flops / rate}
 
 
 def _recording_progress(seen: list) -> None:
@@ -640,9 +687,12 @@ def floor_row(runs: dict) -> dict:
     passes = beam.get("passes") if _ok(beam) else None
     floor = (floor_seconds(len(passes), flo["read_s"], flo["compute_s"])
              if passes and _ok(flo) else None)
-    return {"passes": passes, "floor": floor,
+    nn = flo.get("vote_nn_s") if _ok(flo) else None
+    return {"passes": passes, "floor": floor, "vote_nn_s": nn,
             "beam_ref": _ratio(beam, ref["wall_s"] if _ok(ref) else None),
-            "beam_floor": _ratio(beam, floor)}
+            "beam_floor": _ratio(beam, floor),
+            "beam_floor_nn": _ratio(beam, floor + nn)
+            if floor is not None and nn else "-"}
 
 
 def _wall(r: Optional[dict]) -> str:
@@ -661,7 +711,9 @@ def _floor_line(config: str, d: int, n: int, runs: dict) -> str:
     floor = "-" if row["floor"] is None else f"{row['floor']:.1f}"
     return (f"| {config} (d={d}) | {n:,} | {names} | {_wall(beam)} | "
             f"{_wall(ref)} | {read} | {comp} | {floor} | {row['beam_ref']} | "
-            f"{row['beam_floor']} | {_workers(beam) if beam else '-'} | "
+            f"{row['beam_floor']} | "
+            f"{'-' if not row['vote_nn_s'] else format(row['vote_nn_s'], '.1f')}"
+            f" | {row['beam_floor_nn']} | {_workers(beam) if beam else '-'} | "
             f"{_load(beam) if beam else '-'} | "
             f"{(beam or {}).get('plan_mode') or '-'} |")
 
@@ -674,11 +726,16 @@ def floor_report(results: list[dict]) -> str:
              "compute) from the `floor` child (one BLAS thread: one read of "
              "the input with transforms.io's range reader, one float32 pass "
              "of sum x and x^T x in the job's blocks); passes = the names "
-             "generate handed its progress printer in the Beam run.", "",
+             "generate handed its progress printer in the Beam run. Vote NN "
+             "s (vote config only): the exact vote's nearest-neighbour "
+             "arithmetic (2 x rows x candidates per class x d flops) at the "
+             "one-thread float32 GEMM rate measured in the floor child; the "
+             "issue's floor leaves it out.", "",
              "| config | n | passes | Beam wall s | in-memory wall s | read s "
-             "| compute s | floor s | Beam/in-memory | Beam/floor | peak RSS "
+             "| compute s | floor s | Beam/in-memory | Beam/floor | vote NN s "
+             "| Beam/(floor + NN) | peak RSS "
              "per worker GB (Beam) | load before/after (Beam) | plan mode |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({(r["config"], r["d"], r["n"]) for r in results},
                   key=lambda k: (list(CONFIGS).index(k[0]), k[1], k[2]))
     for config, d, n in keys:

@@ -42,3 +42,28 @@ def test_floor_row_without_a_beam_run_has_no_floor():
     row = scaling.floor_row({"floor": {"rc": 0, "wall_s": 1.0,
                                        "read_s": 1.0, "compute_s": 0.1}})
     assert row["floor"] is None and row["beam_floor"] == "-"
+
+
+def test_vote_nn_flops_counts_rows_times_capped_candidates_times_d():
+    # 1M rows, 10 classes of 100k, 6 candidates a row capped at 10k a class
+    assert scaling.vote_nn_flops(10**6, 384, 6.0, 10_000) == \
+        2.0 * 10**6 * 10_000 * 384
+    assert scaling.vote_nn_flops(1000, 8, 6.0, None) == 2.0 * 1000 * 600 * 8
+
+
+def test_vote_floor_adds_the_nn_arithmetic_to_the_issue_floor():
+    ok = {"rc": 0}
+    runs = {"direct2-reread": {**ok, "wall_s": 60.0,
+                               "passes": ["Counts", "Moments", "Votes"]},
+            "floor": {**ok, "wall_s": 9.0, "read_s": 4.0, "compute_s": 1.0,
+                      "vote_nn_s": 15.0}}
+    row = scaling.floor_row(runs)
+    assert row["floor"] == 15.0 and row["beam_floor"] == "4.00"
+    assert row["beam_floor_nn"] == "2.00"
+    no_vote = scaling.floor_row({**runs, "floor": {**runs["floor"],
+                                                   "vote_nn_s": None}})
+    assert no_vote["beam_floor_nn"] == "-"
+
+
+def test_sgemm_rate_is_a_positive_flop_rate():
+    assert scaling.sgemm_rate(16, repeats=1) > 1e6
