@@ -7,9 +7,11 @@ L2 sensitivity 1 (add/remove one record).
 
 The nearest-neighbour search is the heaviest step of a run: n_class x m x d
 multiply-adds per class for m candidates. It runs as tiled BLAS (rows x
-candidate tiles, bounded memory whatever m) in float32. Each record still
-casts exactly one vote, for a candidate that is nearest up to float32
-rounding: a per-record rule, so the sensitivity is unchanged.
+candidate tiles, bounded memory whatever m) in float32; rows whose BLAS
+scores leave a near tie are decided exactly (``CandidateIndex``), so the
+vote of a record does not depend on the tiling, the block or the BLAS
+threads. Each record casts exactly one vote, by a per-record rule: the
+sensitivity is unchanged.
 ``vote_max_candidates`` (public configuration) caps m.
 """
 
@@ -25,17 +27,47 @@ CANDIDATE_TILE = 8192  # ROW_TILE x CANDIDATE_TILE float32 scores: 32 MiB
 
 
 class CandidateIndex:
-    """Candidates prepared once for many nearest-neighbour queries."""
+    """Candidates prepared once for many nearest-neighbour queries.
+
+    The rule (a function of one record and the public candidates): a row's
+    vote goes to the candidate maximising x.c - |c|^2 / 2 (i.e. minimising
+    |x - c|), x and c rounded to ``dtype``; lowest id on ties. The search
+    runs as tiled BLAS in ``dtype``, whose rounding depends on the tiling,
+    the BLAS threads and the block a row arrives in. So that the answer
+    does not (releases stay byte-identical across worker counts, block
+    sizes and machines' thread counts): a row whose BLAS scores put more
+    than one candidate within ``tolerance`` of its best (a bound on twice
+    the BLAS rounding error, for any summation order) is decided again on
+    scores computed pair by pair in float64 (products of float32 values
+    are exact there). Rows with one such candidate already have the exact
+    answer: every other candidate is provably farther.
+    """
 
     def __init__(self, candidates: np.ndarray, dtype=VOTE_DTYPE) -> None:
         self.size = len(candidates)
         self.dtype = np.dtype(dtype)
         self.points = np.ascontiguousarray(candidates, dtype=self.dtype)
+        exact = self.points.astype(np.float64)
         # argmin ||x - c||^2 = argmax x.c - ||c||^2 / 2
-        self.half_sq = 0.5 * np.einsum("ij,ij->i", self.points, self.points)
+        self.half_sq64 = 0.5 * np.einsum("ij,ij->i", exact, exact)
+        self.half_sq = self.half_sq64.astype(self.dtype)
+        self._cmax = float(np.sqrt(2 * self.half_sq64.max())) if self.size \
+            else 0.0
+        self._hmax = float(self.half_sq64.max()) if self.size else 0.0
 
     def __len__(self) -> int:
         return self.size
+
+    def tolerance(self, x: np.ndarray) -> np.ndarray:
+        """Per row, twice a bound on |BLAS score - exact score|:
+        gamma_(d+4) (|x| max|c| + max |c|^2 / 2), gamma_n = n u / (1 - n u)
+        (Higham's bound for a d-term dot product in any order, plus the
+        rounding of |c|^2 / 2 and of the subtraction)."""
+        u = np.finfo(self.dtype).eps / 2
+        n = self.points.shape[1] + 4
+        gamma = n * u / (1 - n * u)
+        norms = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
+        return 2 * gamma * (norms * (1 + 1e-6) * self._cmax + self._hmax)
 
     def nearest(self, x: np.ndarray, row_tile: int = ROW_TILE,
                 cand_tile: int = CANDIDATE_TILE) -> np.ndarray:
@@ -44,17 +76,68 @@ class CandidateIndex:
         out = np.empty(len(x), dtype=np.int64)
         for r in range(0, len(x), row_tile):
             xr = x[r:r + row_tile]
-            best = np.full(len(xr), -np.inf, dtype=self.dtype)
-            arg = np.zeros(len(xr), dtype=np.int64)
-            for c in range(0, self.size, cand_tile):
-                scores = xr @ self.points[c:c + cand_tile].T
-                scores -= self.half_sq[c:c + cand_tile]
-                j = np.argmax(scores, axis=1)
-                s = scores[np.arange(len(xr)), j]
-                better = s > best  # strict: earlier tiles win ties
-                best[better] = s[better]
-                arg[better] = j[better] + c
-            out[r:r + row_tile] = arg
+            tol = self.tolerance(xr)
+            arg, best, pairs = self._scan(xr, tol, cand_tile)
+            out[r:r + row_tile] = self._settle(xr, arg, best, tol, *pairs)
+        return out
+
+    def _scan(self, xr: np.ndarray, tol: np.ndarray, cand_tile: int):
+        """BLAS argmax per row, its score, and the contenders: (row,
+        candidate, BLAS score) of every candidate that scored within tol of
+        the row's best so far when its tile was scanned (a superset of
+        those within tol of the final best, which include the exact best).
+        Per tile one argmax and one max: the second best tells which rows
+        have more than one contender there, and only those are searched."""
+        n = len(xr)
+        rows = np.arange(n)
+        best = np.full(n, -np.inf, dtype=self.dtype)
+        arg = np.zeros(n, dtype=np.int64)
+        found_rows, found_cols, found_scores = [], [], []
+        for c in range(0, self.size, cand_tile):
+            scores = xr @ self.points[c:c + cand_tile].T
+            scores -= self.half_sq[c:c + cand_tile]
+            j = np.argmax(scores, axis=1)
+            s = scores[rows, j]
+            better = s > best  # strict: earlier tiles win ties
+            best[better] = s[better]
+            arg[better] = j[better] + c
+            floor = best - tol
+            top = s >= floor
+            found_rows.append(rows[top])
+            found_cols.append(j[top] + c)
+            found_scores.append(s[top])
+            scores[rows, j] = -np.inf
+            many = np.flatnonzero(scores.max(axis=1) >= floor)
+            if many.size:
+                ri, ci = np.nonzero(scores[many] >= floor[many, None])
+                found_rows.append(many[ri])
+                found_cols.append(ci + c)
+                found_scores.append(scores[many[ri], ci])
+        pairs = (np.concatenate(found_rows), np.concatenate(found_cols),
+                 np.concatenate(found_scores))
+        return arg, best, pairs
+
+    def _settle(self, xr: np.ndarray, arg: np.ndarray, best: np.ndarray,
+                tol: np.ndarray, rows: np.ndarray, cols: np.ndarray,
+                scores: np.ndarray) -> np.ndarray:
+        """Rows with one contender within tol of their final best keep the
+        BLAS argmax (provably the exact one); the others are decided on
+        scores computed pair by pair in float64: highest, then lowest id."""
+        keep = scores >= (best - tol)[rows]
+        rows, cols = rows[keep], cols[keep]
+        unsure = np.bincount(rows, minlength=len(xr)) > 1
+        if not unsure.any():
+            return arg
+        pick = unsure[rows]
+        rows, cols = rows[pick], cols[pick]
+        exact = (np.sum(xr[rows].astype(np.float64)
+                        * self.points[cols].astype(np.float64), axis=1)
+                 - self.half_sq64[cols])
+        order = np.lexsort((cols, -exact, rows))  # by row, best, lowest id
+        first = np.ones(len(order), bool)
+        first[1:] = rows[order][1:] != rows[order][:-1]
+        out = arg.copy()
+        out[rows[order][first]] = cols[order][first]
         return out
 
 
