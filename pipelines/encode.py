@@ -31,7 +31,8 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.options import UsageError, beam_options, check_beam_args
+from pipelines.options import (UsageError, beam_options, check_beam_args,
+                               local_blas_threads)
 from models.encoders import EncoderError, EncoderUnavailableError, get_encoder, list_encoders
 from pipelines.help_format import DefaultsHelpFormatter
 from transforms.images import (BAD_IMAGES_MARKER, LAYOUTS, BadImagesError, CheckBadImages, ImageInputError,
@@ -321,22 +322,13 @@ def labels_json(reader: ReadImages, encoder, args: argparse.Namespace) -> dict:
 
 # ------------------------------------------------------------------ run
 
-def _default_threads(options) -> Optional[int]:
-    """Avoid oversubscribing cores when DirectRunner starts several worker processes."""
-    opts = options.get_all_options()
-    if (opts.get("runner") or "").lower() not in ("directrunner", "direct", "fnapirunner"):
-        return None
-    workers = opts.get("direct_num_workers") or 1
-    return max(1, (os.cpu_count() or 1) // workers)
-
-
 def run(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> dict:
     """Builds and runs the encode pipeline; returns the labels JSON it wrote (with `labels_json` path)."""
     fmt = output_format(args.output)
     if fmt == "npz" and args.num_shards != 1:
         raise ImageInputError("--num-shards only applies to TFRecord output")
     options = beam_options(beam_argv)
-    threads = args.encoder_threads or _default_threads(options)
+    threads = args.encoder_threads or local_blas_threads(options)
     encoder = encoder_from_args(args, threads)
     report = args.bad_images_report or sidecar_path(args.output, ".bad_images.tsv")
     if FileSystems.exists(report):  # a stale report from an earlier run would mislead

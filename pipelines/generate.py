@@ -34,7 +34,8 @@ from dp_ops.config import (COVARIANCE_MODES, GeneratorConfig, check_delta,
 from dp_ops.ledger import ACCOUNTANTS, PrivacyLedger
 from dp_ops.noise import NoiseSource, make_noise_source
 from pipelines import consistency, demo, release, summary
-from pipelines.options import UsageError, beam_options, check_beam_args
+from pipelines.options import (UsageError, beam_options, check_beam_args,
+                               local_blas_threads)
 from transforms import allocator, io
 from transforms.adaptive import (PHASE1_FILE, AdaptiveMixture, AdaptivePhase1,
                                  read_phase1, write_json)
@@ -466,8 +467,8 @@ def build(p: beam.Pipeline, job: Job, reader: beam.PTransform,
         mixtures = mixtures | "AddCentre" >> beam.Map(
             lambda kv, c: (kv[0], generator.with_centre(kv[1], c)),
             beam.pvalue.AsSingleton(centre))
-    synthetic = mixtures | "Sample" >> SampleSynthetic(cfg, ledger, blocks,
-                                                       noise)
+    synthetic = mixtures | "Sample" >> SampleSynthetic(
+        cfg, ledger, blocks, noise, local_blas_threads(p.options))
     _ = synthetic | "Write" >> WriteRelease(
         job.staging, mixtures, args.rows_per_shard, args.embedding_feature,
         args.label_feature, output_format=args.output_format, cfg=cfg, dim=dim)

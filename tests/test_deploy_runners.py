@@ -220,3 +220,18 @@ def test_direct_runner_two_worker_processes_real_run(tmp_path):
     assert manifest["run_id"] == "direct-2proc"
     assert (release_dir(out) / "gmm.npz").is_file()
     assert list((release_dir(out) / "data").glob("synthetic-*.tfrecord"))
+
+
+def test_local_blas_threads_share_the_cores_among_direct_workers(monkeypatch):
+    """DirectRunner's worker processes split the cores for large BLAS
+    products (the vote search, encoders); other runners are left alone."""
+    from pipelines.options import beam_options, local_blas_threads
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert local_blas_threads(beam_options([])) == 8
+    assert local_blas_threads(beam_options(
+        ["--direct_num_workers=2",
+         "--direct_running_mode=multi_processing"])) == 4
+    assert local_blas_threads(beam_options(["--direct_num_workers=16"])) == 1
+    assert local_blas_threads(beam_options(
+        ["--runner=DataflowRunner", "--project=p", "--region=r",
+         "--temp_location=gs://b/t"])) is None

@@ -227,10 +227,12 @@ class SampleSynthetic(beam.PTransform):
     """
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger,
-                 blocks: Blocks, noise: NoiseSource) -> None:
+                 blocks: Blocks, noise: NoiseSource,
+                 search_threads: Optional[int] = None) -> None:
         super().__init__()
         self._cfg, self._ledger = cfg, ledger
         self._blocks, self._noise = blocks, noise
+        self._threads = search_threads  # BLAS threads of the vote search
 
     def expand(self, mixtures):
         cfg, ledger, noise = self._cfg, self._ledger, self._noise
@@ -248,5 +250,6 @@ class SampleSynthetic(beam.PTransform):
 
         return (pass_blocks(self._blocks, "Votes")
                 | "Votes" >> PerClassSum(list(cfg.labels), _Votes(cfg),
-                                         [AsDict(mixtures)], threads=None)
+                                         [AsDict(mixtures)],
+                                         threads=self._threads)
                 | "KeepVoted" >> beam.Map(keep, AsDict(mixtures)))
