@@ -118,3 +118,36 @@ def test_accumulated_second_moments_equal_per_block_partials(tmp_path):
                     name, a if name == "accumulated" else r),
                     AsDict(acc), AsDict(ref)))
         assert_that(both | beam.combiners.ToList(), lambda l: check(l[0]))
+
+
+def test_global_second_moment_accumulated_per_bundle_equals_per_block_sum(
+        tmp_path):
+    """GlobalSum(SecondMoment): one in-place partial per bundle gives the
+    bits of summing x^T x block by block (exact grid sums); no rows: None."""
+    from dp_ops import covariance
+    from transforms.aggregate import GlobalSum, SecondMoment, sum_present
+
+    pattern, _ = _data(tmp_path)
+    cfg = GeneratorConfig(labels=(0, 1, 2), cluster_dim=3, tree_depth=3)
+    spec = io.InputSpec(pattern, labels=(0, 1, 2), block_size=64)
+    reader = io.ReadEmbeddingBlocks(spec)
+
+    def check(pair):
+        (acc,), (ref,) = pair
+        assert acc.shape == ref.shape and np.array_equal(acc, ref)
+
+    with TestPipeline(runner="FnApiRunner") as p:
+        blocks = p | reader | PrepareBlocks(cfg, reader.dim)
+        acc = pass_blocks(blocks, "A") | "Acc" >> GlobalSum(
+            SecondMoment(cfg.clip_norm))
+        ref = (pass_blocks(blocks, "B")
+               | "Per" >> beam.Map(lambda b: covariance.block_second_moment(
+                   b.x, cfg.clip_norm))
+               | "Ref" >> beam.CombineGlobally(sum_present))
+        both = ((p | "One" >> beam.Create([None]))
+                | beam.Map(lambda _, a, r: (a, r),
+                           beam.pvalue.AsList(acc), beam.pvalue.AsList(ref)))
+        assert_that(both, lambda l: check(l[0]))
+        empty = ((p | "NoBlocks" >> beam.Create([]).with_output_types(object))
+                 | "AccEmpty" >> GlobalSum(SecondMoment(cfg.clip_norm)))
+        assert_that(empty, equal_to([None]), label="none")

@@ -31,8 +31,9 @@ from dp_ops import adaptive, covariance
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import NoiseSource
-from transforms.aggregate import (Accumulator, Blocks, PerClassSum,
-                                  pass_blocks, sum_present)
+from transforms.aggregate import (Accumulator, Blocks, GlobalSum,
+                                  PerClassSum, SecondMoment, pass_blocks,
+                                  sum_present)
 from transforms.centre import DPCentre
 
 PHASE1_FILE = "phase1.json"  # in the staging folder; DP outputs only
@@ -195,11 +196,8 @@ class AdaptiveMixture(beam.PTransform):
                                             mode == "per-class"))
         side = [AsDict(sums)]
         if mode != "per-class":
-            clip = cfg.clip_norm
-            total = (blocks
-                     | "SecondMoment" >> beam.Map(
-                         lambda b: covariance.block_second_moment(b.x, clip))
-                     | "Total" >> beam.CombineGlobally(sum_present))
+            total = blocks | "SecondMoment" >> GlobalSum(
+                SecondMoment(cfg.clip_norm))
             side.append(AsSingleton(total))
         stats = (pbegin | "Once" >> beam.Create([None])
                  | "Phase2Noise" >> beam.Map(steps.moments, *side))

@@ -18,7 +18,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsDict, AsSingleton, PCollection
 from apache_beam.transforms.window import GlobalWindows
 
-from dp_ops import clipping, generator, lsh_tree
+from dp_ops import clipping, covariance, generator, lsh_tree
 from dp_ops.kmeans import blas_threads
 from dp_ops.config import GeneratorConfig
 from transforms import allocator
@@ -229,6 +229,67 @@ class Accumulator:
 
     def done(self, acc: Any) -> Any:
         return acc
+
+
+class SecondMoment(Accumulator):
+    """Exact second moment x^T x on the grid of the rows it is given (a
+    class's, or all rows with ``GlobalSum``), in place per bundle (see
+    ``covariance.add_second_moment``)."""
+
+    def __init__(self, clip_norm: float) -> None:
+        self._clip = clip_norm
+
+    def zero(self, rows: Block) -> np.ndarray:
+        d = rows.x.shape[1]
+        return np.zeros((d, d))
+
+    def add(self, acc: np.ndarray, rows: Block) -> None:
+        covariance.add_second_moment(acc, rows.x, self._clip)
+
+
+class _AccumulateAllFn(beam.DoFn):
+    """Every row of a bundle into one accumulator; the partial is emitted
+    when the bundle finishes (nothing for a bundle without rows)."""
+
+    def __init__(self, accumulator: Accumulator,
+                 threads: Optional[int]) -> None:
+        self._acc, self._threads = accumulator, threads
+        self._value = None
+
+    def start_bundle(self) -> None:
+        self._value = None  # a retried bundle starts from nothing
+
+    def process(self, block: Block):
+        if len(block.y):
+            with blas_threads(self._threads):
+                if self._value is None:
+                    self._value = self._acc.zero(block)
+                self._acc.add(self._value, block)
+        return ()
+
+    def finish_bundle(self):
+        if self._value is not None:
+            yield GlobalWindows.windowed_value(self._acc.done(self._value))
+        self._value = None
+
+
+class GlobalSum(beam.PTransform):
+    """Blocks -> one element: the exact aggregate of all their rows (None
+    without rows). One partial per bundle reaches the combiner (a d x d
+    matrix is 1.2 MB at d = 384, 13 MB at 1280) rather than one per block,
+    and the products run on ``threads`` BLAS threads (default 1: workers
+    get their parallelism from bundles)."""
+
+    def __init__(self, accumulator: Accumulator,
+                 threads: Optional[int] = 1) -> None:
+        super().__init__()
+        self._acc, self._threads = accumulator, threads
+
+    def expand(self, blocks):
+        return (blocks
+                | "Partials" >> beam.ParDo(_AccumulateAllFn(self._acc,
+                                                            self._threads))
+                | "Total" >> beam.CombineGlobally(sum_present))
 
 
 class _AccumulateFn(beam.DoFn):

@@ -9,12 +9,12 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.pvalue import AsDict
 
-from dp_ops import covariance, generator, kmeans, moments, plan, vote
+from dp_ops import generator, kmeans, moments, plan, vote
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import NoiseSource
-from transforms.aggregate import (Accumulator, Block, Blocks, PerClassSum,
-                                  pass_blocks, sum_present)
+from transforms.aggregate import (Block, Blocks, GlobalSum, PerClassSum,
+                                  SecondMoment, pass_blocks)
 from transforms.noise import AddNoise
 from transforms.write import DrawRows
 
@@ -24,21 +24,6 @@ def _moments(k: int, bound: float, sumsq: bool):
         return moments.block_moments(
             block.x, kmeans.nearest(block.z, centres[label]), k, bound, sumsq)
     return fn
-
-
-class _SecondMoment(Accumulator):
-    """A class's exact second moment on the grid, accumulated in place per
-    bundle (see ``covariance.add_second_moment``)."""
-
-    def __init__(self, clip_norm: float) -> None:
-        self._clip = clip_norm
-
-    def zero(self, rows: Block) -> np.ndarray:
-        d = rows.x.shape[1]
-        return np.zeros((d, d))
-
-    def add(self, acc: np.ndarray, rows: Block) -> None:
-        covariance.add_second_moment(acc, rows.x, self._clip)
 
 
 class DPMixture(beam.PTransform):
@@ -125,9 +110,7 @@ class _SharedCovariance(_Covariance):
         bound = cfg.clip_norm
         ledger, noise = self._ledger, self._noise
         noisy = (pass_blocks(self._blocks, "SecondMoment")
-                 | "SecondMoment" >> beam.Map(
-                     lambda b: covariance.block_second_moment(b.x, bound))
-                 | "Total" >> beam.CombineGlobally(sum_present)
+                 | "SecondMoment" >> GlobalSum(SecondMoment(bound))
                  | "NoiseSecondMoment" >> beam.Map(
                      lambda m: generator.noisy_second_moment(
                          m if m is not None else np.zeros((d, d)), ledger,
@@ -159,7 +142,7 @@ class _ClassCovariance(_Covariance):
         ledger, noise = self._ledger, self._noise
         noisy = (pass_blocks(self._blocks, "SecondMoment")
                  | "SecondMoment" >> PerClassSum(
-                     list(cfg.labels), _SecondMoment(bound))
+                     list(cfg.labels), SecondMoment(bound))
                  | "NoiseSecondMoment" >> beam.MapTuple(
                      lambda l, m: (l, generator.noisy_second_moment(
                          m if m is not None else np.zeros((d, d)), ledger,
