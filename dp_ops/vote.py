@@ -24,6 +24,11 @@ import numpy as np
 VOTE_DTYPE = np.float32
 ROW_TILE = 1024
 CANDIDATE_TILE = 8192  # ROW_TILE x CANDIDATE_TILE float32 scores: 32 MiB
+# Near-tied pairs scored exactly at a time (x 8 bytes x d: 24 MiB at d=384).
+# Their number is that of candidates within the rounding bound of a row's
+# best: one or two in practice (the mixture's variance floor spreads the
+# candidates far beyond it); identical candidates are all contenders.
+EXACT_CHUNK = 8192
 
 
 class CandidateIndex:
@@ -130,9 +135,13 @@ class CandidateIndex:
             return arg
         pick = unsure[rows]
         rows, cols = rows[pick], cols[pick]
-        exact = (np.sum(xr[rows].astype(np.float64)
-                        * self.points[cols].astype(np.float64), axis=1)
-                 - self.half_sq64[cols])
+        exact = np.empty(len(rows))
+        for a in range(0, len(rows), EXACT_CHUNK):  # bounded temporaries
+            r, c = rows[a:a + EXACT_CHUNK], cols[a:a + EXACT_CHUNK]
+            exact[a:a + EXACT_CHUNK] = (
+                np.sum(xr[r].astype(np.float64)
+                       * self.points[c].astype(np.float64), axis=1)
+                - self.half_sq64[c])
         order = np.lexsort((cols, -exact, rows))  # by row, best, lowest id
         first = np.ones(len(order), bool)
         first[1:] = rows[order][1:] != rows[order][:-1]

@@ -66,3 +66,12 @@ def test_tolerance_bounds_the_blas_error():
     exact = (x64[:, None, :] * c64[None]).sum(-1) - index.half_sq64
     err = np.abs(blas - exact).max(axis=1)
     assert np.all(err <= index.tolerance(x) / 2)
+
+
+def test_identical_candidates_vote_for_the_lowest_id():
+    """Every candidate ties (a collapsed mixture): all are contenders, the
+    exact step runs in chunks, the lowest id wins for every row."""
+    rng = np.random.default_rng(0)
+    c = np.tile(rng.normal(size=(1, 16)).astype(np.float32), (20000, 1))
+    x = rng.normal(size=(300, 16)).astype(np.float32)
+    assert set(vote.CandidateIndex(c).nearest(x).tolist()) == {0}
