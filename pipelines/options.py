@@ -10,8 +10,8 @@ any data is read, naming the closest valid flag.
 from __future__ import annotations
 
 import argparse
-import os
 import difflib
+import os
 from typing import Iterable, Optional, Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
