@@ -105,15 +105,20 @@ def run_reference(name: str, eps: float, seed: int, split,
         out["mlp_accuracy"] = clf.accuracy(split.x_val, split.y_val)
         out["mlp_synthetic_holdout"] = synthetic_holdout(
             np.asarray(xs), np.asarray(ys), list(labels), seed)
+        # the same hold-out for the linear probe: if it is near 1 too, the
+        # synthetic classes are separable linearly (by their means)
+        out["probe_synthetic_holdout"] = synthetic_holdout(
+            np.asarray(xs), np.asarray(ys), list(labels), seed, linear=True)
         out["seconds_with_mlp"] = round(time.time() - t, 1)
     return out
 
 
-def synthetic_holdout(xs, ys, labels, seed: int,
-                      fraction: float = 0.2) -> float:
-    """The MLP's accuracy on a stratified ``fraction`` of the synthetic
-    rows, trained on the rest (near 1 while real validation accuracy is
-    far lower: the classes are separable by something real data lacks)."""
+def synthetic_holdout(xs, ys, labels, seed: int, fraction: float = 0.2,
+                      linear: bool = False) -> float:
+    """The MLP's (``linear``: the logistic probe's) accuracy on a
+    stratified ``fraction`` of the synthetic rows, trained on the rest
+    (near 1 while real validation accuracy is far lower: the synthetic
+    classes are separable by something real data lacks)."""
     import numpy as np
     from models.classifiers import MLPConfig, train_mlp
     rng = np.random.default_rng(seed)
@@ -121,6 +126,11 @@ def synthetic_holdout(xs, ys, labels, seed: int,
     for c in labels:
         idx = np.flatnonzero(ys == c)
         held[rng.permutation(idx)[:int(round(len(idx) * fraction))]] = True
+    if linear:
+        from benchmarks.study_data import Split, probe
+        part = Split("synthetic-holdout", xs[~held], ys[~held], xs[held],
+                     ys[held], len(labels))
+        return probe(xs[~held], ys[~held], part)
     clf = train_mlp(xs[~held], ys[~held], labels, MLPConfig(), seed)
     return clf.accuracy(xs[held], ys[held])
 
