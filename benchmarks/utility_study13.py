@@ -59,6 +59,9 @@ REF = {
     "ref:adaptive, class modes for 2 classes": {"class_modes_min_classes": 2},
     "ref:adaptive, shared forced": {"per_class_min_signal": INF,
                                     "subspace_min_signal": INF},
+    # shared at every epsilon, eps=inf included (where the signal is inf
+    # and "shared forced" still picks per-class)
+    "ref:adaptive, shared always": {"class_modes_min_classes": 10 ** 9},
     # per-class mode: each class's d x d covariance shrunk towards the
     # pooled one by its noise edge; subspace mode: the same for the blocks
     "ref:adaptive, spectral class deviation": {"class_deviation": "spectral",
@@ -157,7 +160,8 @@ def main() -> int:
             if f in ("rank", "subspace", "pe_rounds", "pe_candidates"):
                 kw[f] = int(float(v))
         recipes[name] = Recipe(**kw)
-    names = [n.strip() for n in args.recipes.split(";" if ";" in args.recipes else ",")]
+    names = [n.strip() for n in args.recipes.split(
+        ";" if ";" in args.recipes else ",") if n.strip()]
     split = selection_split(args.dataset)
     engine = Engine(split)
     os.makedirs(RESULTS, exist_ok=True)
