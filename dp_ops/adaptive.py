@@ -74,6 +74,7 @@ CENTRE_SPLIT = {"sum": 0.8, "count": 0.2}  # inside the centre's share
 
 
 MODES = ("shared", "subspace", "per-class")
+DEVIATIONS = ("raw", "spectral")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +102,19 @@ class RuleConstants:
     # the noise edge (spike_shrink). Raw measured better (the noise
     # regularises the downstream classifier).
     deviation: str = "raw"
+    # Post-processing of the per-class mode's d x d class covariances C_c:
+    # "raw" uses each noisy C_c as it is; "spectral" replaces it by
+    # pooled + spike_shrink(C_c - pooled) at the class matrix's noise edge
+    # (``shrink_class_deviations``; pooled = the count-weighted mean of
+    # the noisy C_c), so class-specific noise patterns do not make the
+    # classes separable by their covariances (issue 13, MLP transfer).
+    class_deviation: str = "raw"
+
+    def __post_init__(self) -> None:
+        for field in ("deviation", "class_deviation"):
+            if getattr(self, field) not in DEVIATIONS:
+                raise ValueError(f"{field} must be one of {DEVIATIONS}, "
+                                 f"got {getattr(self, field)!r}")
 
     def class_rank(self, d: int) -> int:
         return max(1, min(self.subspace_rank, d // self.subspace_dim_fraction))
@@ -645,23 +659,51 @@ def shared_mixtures(noisy_n: np.ndarray, n: np.ndarray, means: np.ndarray,
             for i, c in enumerate(cfg.labels)}
 
 
+def shrink_class_deviations(withins: Sequence[np.ndarray], n: np.ndarray,
+                            edges: Sequence[float]) -> list[np.ndarray]:
+    """The "spectral" class deviation (post-processing of DP outputs
+    only): pooled = sum_c n_c C_c / sum_c n_c of the noisy class
+    covariances C_c (n_c the noisy counts); each C_c becomes pooled +
+    spike_shrink(C_c - pooled) at ``edges[c]``, the spectrum edge of its
+    own second-moment mechanism's noise divided by n_c (``noise_edge``).
+    With zero noise (edges 0) every C_c is returned unchanged."""
+    w = np.asarray(n, np.float64)
+    pooled = sum(wi * ci for wi, ci in zip(w, withins)) / w.sum()
+    pooled = (pooled + pooled.T) / 2
+    return [shrink_deviation(c, pooled, e) for c, e in zip(withins, edges)]
+
+
 def per_class_mixtures(exact_m: np.ndarray, noisy_n: np.ndarray,
                        n: np.ndarray, means: np.ndarray, centre: np.ndarray,
                        structure: Structure, cfg: GeneratorConfig,
-                       ledger: PrivacyLedger, noise) -> dict:
+                       ledger: PrivacyLedger, noise,
+                       class_deviation: str = "raw") -> dict:
     """Per-class mode. Mechanism ``class=<c>/covariance/second-moment``:
     class c's d x d second moment (isometric upper triangle), sensitivity
-    R^2 (add/remove one record); factors (top ``shared_rank`` eigenpairs)
-    and residual from it (post-processing)."""
-    floor = variance_floor(cfg, means.shape[1])
+    R^2 (add/remove one record); the class's within covariance C_c from it
+    (post-processing), optionally shrunk towards the pooled one
+    (``class_deviation`` "spectral": ``shrink_class_deviations``), then
+    factors (top ``shared_rank`` eigenpairs) and the diagonal residual."""
+    if class_deviation not in DEVIATIONS:
+        raise ValueError(f"unknown class deviation {class_deviation!r}")
+    d = means.shape[1]
+    floor = variance_floor(cfg, d)
+    withins, edges = [], []
+    for i, c in enumerate(cfg.labels):
+        name = plan.class_covariance(c)
+        noisy_m = generator.noisy_second_moment(exact_m[i], ledger, noise,
+                                                name)
+        # n[i] >= 1 (class_means), so the within covariance always exists
+        withins.append(covariance.within_covariance(
+            noisy_m, [np.array([n[i]])], [means[i][None, :]]))
+        edges.append(noise_edge(ledger.get(name).sigma, n[i], d))
+    if class_deviation == "spectral":
+        withins = shrink_class_deviations(withins, n, edges)
     out = {}
     for i, c in enumerate(cfg.labels):
-        noisy_m = generator.noisy_second_moment(
-            exact_m[i], ledger, noise, plan.class_covariance(c))
-        factors, residual = covariance.factors_and_residual(
-            noisy_m, [np.array([n[i]])], [means[i][None, :]],
-            structure.shared_rank, floor)
+        factors, residual = covariance.factors_from_within(
+            withins[i], structure.shared_rank, floor)
         if residual is None:
-            residual = np.full(means.shape[1], floor)
+            residual = np.full(d, floor)
         out[c] = _mixture(c, noisy_n[i], means[i], residual, factors, centre)
     return out

@@ -101,7 +101,18 @@ def factors_and_residual(noisy_second_moment: np.ndarray,
     """
     d = noisy_second_moment.shape[0]
     within = within_covariance(noisy_second_moment, counts, means)
-    if within is None or rank < 1:
+    if within is None:
+        return np.zeros((d, 0)), None
+    return factors_from_within(within, rank, floor)
+
+
+def factors_from_within(within: np.ndarray, rank: int, floor: float
+                        ) -> tuple[np.ndarray, np.ndarray | None]:
+    """``factors_and_residual`` of an already formed within-cluster
+    covariance W [d, d]: top ``rank`` positive eigenpairs as factors and
+    the floored diagonal residual; (empty, None) if rank < 1."""
+    d = within.shape[0]
+    if rank < 1:
         return np.zeros((d, 0)), None
     vals, vecs = np.linalg.eigh(within)
     top = np.argsort(vals)[::-1][:rank]

@@ -203,7 +203,8 @@ def generate_adaptive(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
     with _timed(timings, "covariance"):
         mixes = _adaptive_mixtures(rows, sums, exact_m, noisy_n, centre,
                                    structure, cfg, ledger, noise,
-                                   constants.deviation)
+                                   constants.deviation,
+                                   constants.class_deviation)
     xs, ys = [], []
     with _timed(timings, "sample"):
         for c in labels:
@@ -217,7 +218,8 @@ def _adaptive_mixtures(rows: list, exact_sums: np.ndarray,
                        exact_m: np.ndarray, noisy_n: np.ndarray,
                        centre: np.ndarray, structure, cfg: GeneratorConfig,
                        ledger: PrivacyLedger, noise: NoiseSource,
-                       deviation: str = "raw") -> dict:
+                       deviation: str = "raw",
+                       class_deviation: str = "raw") -> dict:
     """Phase-2 mechanisms on the exact aggregates (and, in the subspace
     mode, pass 3 over the rows), then one Gaussian per class."""
     noisy_sums = adaptive.noisy_class_sums(exact_sums, cfg.labels, ledger,
@@ -225,7 +227,8 @@ def _adaptive_mixtures(rows: list, exact_sums: np.ndarray,
     n, means = adaptive.class_means(noisy_sums, noisy_n, cfg.clip_norm)
     if structure.mode == "per-class":
         return adaptive.per_class_mixtures(exact_m, noisy_n, n, means, centre,
-                                           structure, cfg, ledger, noise)
+                                           structure, cfg, ledger, noise,
+                                           class_deviation)
     shared = adaptive.shared_stage(exact_m, n, means, structure, cfg, ledger,
                                    noise)
     blocks = None

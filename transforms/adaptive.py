@@ -117,9 +117,10 @@ class _Phase2:
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
                  structure: adaptive.Structure, noisy_counts: np.ndarray,
                  centre: np.ndarray, noise: NoiseSource,
-                 deviation: str) -> None:
+                 deviation: str, class_deviation: str = "raw") -> None:
         self.cfg, self.ledger, self.dim = cfg, ledger, dim
         self.structure, self.noise, self.deviation = structure, noise, deviation
+        self.class_deviation = class_deviation
         self.counts = np.asarray(noisy_counts, np.float64)
         self.centre = np.asarray(centre, np.float64)
 
@@ -138,7 +139,8 @@ class _Phase2:
         if per_class:
             return {"mixtures": adaptive.per_class_mixtures(
                 exact[:, d:].reshape(len(labels), d, d), self.counts, n,
-                means, self.centre, s, cfg, ledger, noise)}
+                means, self.centre, s, cfg, ledger, noise,
+                self.class_deviation)}
         shared = adaptive.shared_stage(
             np.zeros((d, d)) if total is None else total, n, means, s, cfg,
             ledger, noise)
@@ -181,11 +183,12 @@ class AdaptiveMixture(beam.PTransform):
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
                  structure: adaptive.Structure, noisy_counts: np.ndarray,
                  centre: np.ndarray, noise: NoiseSource, blocks: Blocks,
-                 deviation: str = "raw") -> None:
+                 deviation: str = "raw", class_deviation: str = "raw"
+                 ) -> None:
         super().__init__()
         self._cfg, self._blocks = cfg, blocks
         self._steps = _Phase2(cfg, ledger, dim, structure, noisy_counts,
-                              centre, noise, deviation)
+                              centre, noise, deviation, class_deviation)
 
     def expand(self, pbegin):
         cfg, steps = self._cfg, self._steps

@@ -1,0 +1,97 @@
+"""The per-class mode's "spectral" class deviation (RuleConstants
+.class_deviation) is post-processing only: same ledger, same mechanisms,
+same noise draws; with zero noise it gives the raw covariances' factors."""
+
+import math
+
+import numpy as np
+import pytest
+
+from dp_ops import adaptive, reference
+from dp_ops.config import GeneratorConfig
+from dp_ops.noise import SeededNoise
+from tests.conftest import gmm_data
+
+PER_CLASS = dict(per_class_min_signal=0.0)
+
+
+class RecordingNoise:
+    """SeededNoise recording every draw's (key, sigma, noise value)."""
+
+    def __init__(self, seed=0):
+        self.inner, self.draws = SeededNoise(seed), {}
+
+    def add(self, value, sigma, key, grid):
+        out = self.inner.add(value, sigma, key, grid)
+        self.draws[key] = (sigma, np.asarray(out) - np.asarray(value))
+        return out
+
+
+def _run(eps, class_deviation, seed=3):
+    x, y = gmm_data(3000, d=12, classes=3, spread=0.2)
+    cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=eps)
+    noise = RecordingNoise(seed)
+    consts = adaptive.RuleConstants(class_deviation=class_deviation,
+                                    **({} if math.isinf(eps) else PER_CLASS))
+    mixes, xs, ys, ledger, st = reference.generate_adaptive(
+        x, y, cfg, noise, consts)
+    assert st.mode == "per-class"
+    return mixes, ledger, noise, st
+
+
+def _mech(ledger):
+    return sorted((m.name, m.stage, m.partition, m.sensitivity, m.sigma,
+                   m.count) for m in ledger.mechanisms)
+
+
+def test_spectral_class_deviation_is_post_processing_only():
+    raw_mix, raw_ledger, raw_noise, raw_st = _run(2.0, "raw")
+    sp_mix, sp_ledger, sp_noise, sp_st = _run(2.0, "spectral")
+    assert raw_st == sp_st
+    assert _mech(raw_ledger) == _mech(sp_ledger)
+    assert sp_ledger.spent_epsilon() == raw_ledger.spent_epsilon()
+    assert raw_noise.draws.keys() == sp_noise.draws.keys()
+    for key, (sigma, value) in raw_noise.draws.items():
+        assert sp_noise.draws[key][0] == sigma
+        assert np.array_equal(sp_noise.draws[key][1], value)
+    changed = False
+    for c in raw_mix:
+        assert np.array_equal(raw_mix[c].means, sp_mix[c].means)
+        assert raw_mix[c].noisy_count == sp_mix[c].noisy_count
+        a = raw_mix[c].factors @ raw_mix[c].factors.T
+        b = sp_mix[c].factors @ sp_mix[c].factors.T
+        changed |= not np.allclose(a, b)
+    assert changed  # the option does something at finite epsilon
+
+
+def test_zero_noise_gives_the_raw_factors():
+    raw_mix, ledger, _, _ = _run(math.inf, "raw")
+    sp_mix, _, _, _ = _run(math.inf, "spectral")
+    assert all(m.sigma == 0 for m in ledger.mechanisms)
+    for c in raw_mix:
+        fr, fs = raw_mix[c].factors, sp_mix[c].factors
+        assert fr.shape == fs.shape
+        np.testing.assert_allclose(fr @ fr.T, fs @ fs.T, atol=1e-10)
+        np.testing.assert_allclose(raw_mix[c].variances,
+                                   sp_mix[c].variances, atol=1e-10)
+
+
+def test_shrink_class_deviations_edges():
+    rng = np.random.default_rng(0)
+    cs = []
+    for _ in range(3):
+        a = rng.normal(size=(6, 6))
+        cs.append(a @ a.T)
+    n = np.array([10.0, 20.0, 30.0])
+    same = adaptive.shrink_class_deviations(cs, n, [0.0, 0.0, 0.0])
+    for a, b in zip(cs, same):
+        np.testing.assert_allclose(a, b, atol=1e-10)
+    pooled = sum(w * c for w, c in zip(n, cs)) / n.sum()
+    big = adaptive.shrink_class_deviations(cs, n, [1e9] * 3)
+    for b in big:
+        np.testing.assert_allclose(b, pooled, atol=1e-10)
+
+
+def test_unknown_deviation_is_refused():
+    with pytest.raises(ValueError):
+        adaptive.RuleConstants(class_deviation="js")
