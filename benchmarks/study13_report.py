@@ -40,7 +40,8 @@ def cell(values: list) -> str:
 
 
 def generator_table(rows: list, dataset: str, recipes: list,
-                    tags=None, field: str = "accuracy") -> list:
+                    tags=None, field: str = "accuracy",
+                    eps: tuple = EPS) -> list:
     """recipes: (recipe name in the log, display name); tags: the runs
     to use (None: all); field: accuracy (probe) or mlp_accuracy."""
     acc = collections.defaultdict(list)
@@ -55,13 +56,13 @@ def generator_table(rows: list, dataset: str, recipes: list,
             continue
         seen.add(key)
         acc[(r["recipe"], r["epsilon"])].append(r[field])
-    out = ["| generator | " + " | ".join(f"ε={e:g}" for e in EPS) + " |",
-           "|---|" + "---|" * len(EPS)]
+    out = ["| generator | " + " | ".join(f"ε={e:g}" for e in eps) + " |",
+           "|---|" + "---|" * len(eps)]
     for name, display in recipes:
-        if not any((name, e) in acc for e in EPS):
+        if not any((name, e) in acc for e in eps):
             continue
         out.append(f"| {display} | " + " | ".join(
-            cell(acc.get((name, e), [])) for e in EPS) + " |")
+            cell(acc.get((name, e), [])) for e in eps) + " |")
     return out
 
 
@@ -176,6 +177,33 @@ SECTIONS = {
     ],
 }
 
+# Section 8 (tag mlp-transfer): what each model reaches on the validation
+# rows and on a 20 % hold-out of the synthetic rows.
+TRANSFER = [
+    ("ref:adaptive", "adaptive plan (defaults)"),
+    ("ref:adaptive, shared forced", "shared covariance forced"),
+    ("ref:adaptive, shared always", "shared covariance (also at ε=∞)"),
+    ("ref:adaptive, spectral class deviation",
+     "class deviations shrunk by the noise edge"),
+]
+TRANSFER_FIELDS = [
+    ("accuracy", "logistic probe, validation rows"),
+    ("mlp_accuracy", "paper's MLP, validation rows"),
+    ("probe_synthetic_holdout", "logistic probe, synthetic hold-out"),
+    ("mlp_synthetic_holdout", "paper's MLP, synthetic hold-out"),
+]
+
+
+def transfer_tables(rows: list, dataset: str) -> list:
+    out = []
+    for field, title in TRANSFER_FIELDS:
+        out += [f"{title}:", ""]
+        out += generator_table(rows, dataset, TRANSFER, {"mlp-transfer"},
+                               field, EPS + (float("inf"),))
+        out.append("")
+    return out
+
+
 FINAL = [
     ("old:issue-8 defaults", "issue-8 defaults (today)"),
     ("ref:adaptive", "**adaptive plan (the proposal)**"),
@@ -236,6 +264,8 @@ def write_md(path: str) -> None:
     for ds in ("20news", "cifar10"):
         blocks[f"MLP-{ds}"] = "\n".join(generator_table(
             gen, ds, FINAL[:2], {"mlp1"}, "mlp_accuracy"))
+    for ds in ("20news", "cifar10"):
+        blocks[f"TRANSFER-{ds}"] = "\n".join(transfer_tables(gen, ds))
     blocks["BEAM"] = "\n".join(beam_table(
         read_jsonl("adaptive_beam-issue13.jsonl")))
     for key, table in blocks.items():
