@@ -22,6 +22,9 @@ e.g. the DirectRunner's worker processes) are its own:
 * ``floor`` (issue 15): one read of the input with the job's own reader
   (``transforms.io`` ranges and decoder) and one float32 pass of sum x and
   x^T x over its blocks, on one BLAS thread; read and compute timed apart.
+  With the vote filter it also times the exact vote's nearest-neighbour
+  arithmetic (``vote_nn_floor``: rows x candidates x d at the one-thread
+  float32 GEMM peak), which the issue's floor leaves out.
 
 ``--configs default,k16,vote`` (issue 15) runs each named configuration
 (generate's defaults; ``--clusters 16``; ``--vote-filter``) with the modes
