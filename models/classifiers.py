@@ -65,15 +65,33 @@ class Classifier:
     """A trained model over a fixed, public label set."""
 
     def __init__(self, labels: Sequence[int],
-                 predict_index: Callable[[np.ndarray], np.ndarray]) -> None:
+                 predict_index: Callable[[np.ndarray], np.ndarray],
+                 proba: Optional[Callable[[np.ndarray], np.ndarray]] = None
+                 ) -> None:
         self.labels = np.asarray(labels, dtype=np.int64)
         self._predict_index = predict_index
+        self._proba = proba
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         return self.labels[self._predict_index(np.asarray(x, np.float64))]
 
     def accuracy(self, x: np.ndarray, y: np.ndarray) -> float:
         return float(np.mean(self.predict(x) == np.asarray(y)))
+
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        """(rows, classes) probabilities, columns in ``labels`` order."""
+        if self._proba is None:
+            raise NotImplementedError("this classifier has no probabilities")
+        return np.asarray(self._proba(np.asarray(x, np.float64)), np.float64)
+
+    def log_loss(self, x: np.ndarray, y: np.ndarray,
+                 eps: float = 1e-15) -> float:
+        """Mean cross-entropy -log p(true label) (lower is better; ln K for
+        a uniform guess over K labels, 0 for a sure, right one)."""
+        p = self.predict_proba(x)
+        idx = label_index(np.asarray(y), self.labels)
+        return float(-np.mean(np.log(np.clip(p[np.arange(len(idx)), idx],
+                                              eps, 1.0))))
 
 
 def label_index(y: np.ndarray, labels: Sequence[int]) -> np.ndarray:
@@ -152,7 +170,21 @@ def train_mlp(x: np.ndarray, y: np.ndarray, labels: Sequence[int],
         out = [np.argmax(np.asarray(model(x32[i:i + 8192], training=False)), 1)
                for i in range(0, len(x32), 8192)]
         return np.concatenate(out) if out else np.zeros(0, np.int64)
-    return Classifier(labels, predict_index)
+
+    def proba(a: np.ndarray) -> np.ndarray:
+        x32 = prep(a)
+        out = [_softmax(np.asarray(model(x32[i:i + 8192], training=False),
+                                   np.float64))
+               for i in range(0, len(x32), 8192)]
+        return (np.concatenate(out) if out
+                else np.zeros((0, len(labels)), np.float64))
+    return Classifier(labels, predict_index, proba)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
 
 
 def train_logreg(x: np.ndarray, y: np.ndarray, labels: Sequence[int],
@@ -169,11 +201,19 @@ def train_logreg(x: np.ndarray, y: np.ndarray, labels: Sequence[int],
     clf = make_pipeline(StandardScaler(),
                         LogisticRegression(C=cfg.C, max_iter=cfg.max_iter,
                                            random_state=seed))
+    k = len(labels)
     if len(np.unique(idx)) == 1:  # sklearn refuses one class: predict it
         only = int(idx[0])
-        return Classifier(labels, lambda a: np.full(len(a), only))
+        return Classifier(labels, lambda a: np.full(len(a), only),
+                          lambda a: np.eye(k)[np.full(len(a), only)])
     clf.fit(x, idx)
-    return Classifier(labels, lambda a: clf.predict(a).astype(np.int64))
+
+    def proba(a: np.ndarray) -> np.ndarray:
+        p = np.zeros((len(a), k))  # labels absent from training get 0
+        p[:, clf.classes_] = clf.predict_proba(a)
+        return p
+    return Classifier(labels, lambda a: clf.predict(a).astype(np.int64),
+                      proba)
 
 
 def _check_trainable(x: np.ndarray, idx: np.ndarray) -> None:

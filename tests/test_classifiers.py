@@ -72,3 +72,36 @@ def test_trainers_refuse_bad_rows():
     x[1, 0] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         classifiers.train_logreg(x, np.array([0, 1, 0, 1]), [0, 1])
+
+
+def test_log_loss_is_zero_for_a_sure_right_model_and_ln_k_for_uniform():
+    labels = [4, 9, 2]
+    y = np.array([9, 2, 4, 4, 9])
+    x = np.zeros((len(y), 1))
+    idx = classifiers.label_index(y, labels)
+    sure = classifiers.Classifier(labels, lambda a: idx,
+                                  lambda a: np.eye(3)[idx])
+    assert sure.log_loss(x, y) == pytest.approx(0.0, abs=1e-12)
+    uniform = classifiers.Classifier(labels, lambda a: np.zeros(len(a), int),
+                                     lambda a: np.full((len(a), 3), 1 / 3))
+    assert uniform.log_loss(x, y) == pytest.approx(np.log(3))
+    wrong = classifiers.Classifier(labels, lambda a: (idx + 1) % 3,
+                                   lambda a: np.eye(3)[(idx + 1) % 3])
+    assert np.isfinite(wrong.log_loss(x, y)) and wrong.log_loss(x, y) > 30
+    with pytest.raises(NotImplementedError):
+        classifiers.Classifier(labels, lambda a: idx).log_loss(x, y)
+
+
+def test_trained_models_give_probabilities_in_label_order():
+    x, y = gmm_data(600, d=8, classes=3)
+    y = np.array([10, 20, 30])[y]
+    cfg = classifiers.MLPConfig(epochs=10, batch_size=128, learning_rate=0.05)
+    for clf in (classifiers.train_mlp(x, y, [30, 10, 20], cfg, seed=1),
+                classifiers.train_logreg(x, y, [30, 10, 20],
+                                         classifiers.LogRegConfig(C=1.0))):
+        p = clf.predict_proba(x)
+        assert p.shape == (600, 3) and np.allclose(p.sum(1), 1)
+        assert np.array_equal(clf.labels[p.argmax(1)], clf.predict(x))
+        assert clf.log_loss(x, y) < 0.5 * np.log(3)
+    one = classifiers.train_logreg(x, np.full(600, 20), [30, 10, 20])
+    assert one.predict_proba(x[:2]).tolist() == [[0, 0, 1], [0, 0, 1]]
