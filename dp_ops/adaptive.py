@@ -688,21 +688,28 @@ def per_class_mixtures(exact_m: np.ndarray, noisy_n: np.ndarray,
         raise ValueError(f"unknown class deviation {class_deviation!r}")
     d = means.shape[1]
     floor = variance_floor(cfg, d)
-    withins, edges = [], []
-    for i, c in enumerate(cfg.labels):
+
+    def within(i: int, c: int) -> tuple[np.ndarray, float]:
         name = plan.class_covariance(c)
         noisy_m = generator.noisy_second_moment(exact_m[i], ledger, noise,
                                                 name)
         # n[i] >= 1 (class_means), so the within covariance always exists
-        withins.append(covariance.within_covariance(
-            noisy_m, [np.array([n[i]])], [means[i][None, :]]))
-        edges.append(noise_edge(ledger.get(name).sigma, n[i], d))
+        return (covariance.within_covariance(
+            noisy_m, [np.array([n[i]])], [means[i][None, :]]),
+            noise_edge(ledger.get(name).sigma, n[i], d))
+
+    # "raw" forms one class's d x d matrix at a time (K of them at once
+    # would be K x 13 MB at d = 1280); "spectral" needs them all (pooled).
+    withins = (within(i, c) for i, c in enumerate(cfg.labels))
     if class_deviation == "spectral":
-        withins = shrink_class_deviations(withins, n, edges)
+        mats, edges = zip(*withins)
+        withins = shrink_class_deviations(mats, n, edges)
+    else:
+        withins = (w for w, _ in withins)
     out = {}
-    for i, c in enumerate(cfg.labels):
+    for (i, c), w in zip(enumerate(cfg.labels), withins):
         factors, residual = covariance.factors_from_within(
-            withins[i], structure.shared_rank, floor)
+            w, structure.shared_rank, floor)
         if residual is None:
             residual = np.full(d, floor)
         out[c] = _mixture(c, noisy_n[i], means[i], residual, factors, centre)
