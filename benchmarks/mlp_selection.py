@@ -28,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.study_data import RESULTS, selection_split  # noqa: E402
+from benchmarks.utility_study13 import adaptive_release  # noqa: E402
 from models.classifiers import (TUNING_GRID, MLPConfig,  # noqa: E402
                                 stratified_holdout, train_mlp)
 
@@ -35,14 +36,7 @@ LOG = os.path.join(RESULTS, "mlp_selection.jsonl")
 
 
 def release(split, eps: float, seed: int):
-    from dp_ops import adaptive, reference
-    from dp_ops.config import GeneratorConfig
-    from dp_ops.noise import SeededNoise
-    labels = tuple(range(split.classes))
-    cfg = GeneratorConfig(labels=labels, epsilon=eps, seed=seed)
-    _, xs, ys, ledger, st = reference.generate_adaptive(
-        split.x_fit, split.y_fit, cfg, SeededNoise(1000 + seed),
-        adaptive.RuleConstants())
+    xs, ys, _, st = adaptive_release(split, eps, seed, {})
     return np.asarray(xs, np.float64), np.asarray(ys), st.name
 
 

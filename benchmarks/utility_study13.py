@@ -71,13 +71,27 @@ REF = {
 }
 
 
+def adaptive_release(split, eps: float, seed: int, overrides: dict):
+    """(rows, labels, ledger, structure) of the adaptive plan on the fit
+    part, RuleConstants(**overrides), noise SeededNoise(1000 + seed)."""
+    from dp_ops import adaptive, reference
+    from dp_ops.config import GeneratorConfig
+    from dp_ops.noise import SeededNoise
+    cfg = GeneratorConfig(labels=tuple(range(split.classes)), epsilon=eps,
+                          seed=seed)
+    _, xs, ys, ledger, st = reference.generate_adaptive(
+        split.x_fit, split.y_fit, cfg, SeededNoise(1000 + seed),
+        adaptive.RuleConstants(**overrides))
+    return xs, ys, ledger, st
+
+
 def run_reference(name: str, eps: float, seed: int, split,
                   overrides: dict, mlp: bool = False) -> dict:
     """One run of the dp_ops reference on the fit part, probed on val."""
     import time
     import numpy as np
     from benchmarks.study_data import probe
-    from dp_ops import adaptive, plan, reference
+    from dp_ops import plan, reference
     from dp_ops.config import GeneratorConfig
     from dp_ops.noise import SeededNoise
     t = time.time()
@@ -85,10 +99,7 @@ def run_reference(name: str, eps: float, seed: int, split,
     noise = SeededNoise(1000 + seed)
     info = {}
     if name.startswith("ref:"):
-        cfg = GeneratorConfig(labels=labels, epsilon=eps, seed=seed)
-        consts = adaptive.RuleConstants(**overrides)
-        _, xs, ys, ledger, st = reference.generate_adaptive(
-            split.x_fit, split.y_fit, cfg, noise, consts)
+        xs, ys, ledger, st = adaptive_release(split, eps, seed, overrides)
         info = {"structure": st.name, "sum_share": round(st.sum_share, 4),
                 "class_share": round(st.class_share, 4)}
     else:
