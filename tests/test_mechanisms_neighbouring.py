@@ -407,7 +407,10 @@ def test_manifest_epsilon_matches_independent_recomputation(
     assert sorted(groups) == ["class=0", "class=1", "class=2"]
     mine = max(_epsilon(events, delta, accountant)
                for events in groups.values())
-    assert mine == pytest.approx(spent, rel=1e-6)
+    # The ledger composes one merged Gaussian on a coarser PLD grid
+    # (dp_ops.ledger.ONE_GAUSSIAN_PLD_INTERVAL): within 0.1 % of the
+    # events composed one by one on dp_accounting's default grid.
+    assert mine == pytest.approx(spent, rel=1e-3)
 
     # Gaussian mechanisms compose exactly as mu-GDP, mu^2 = sum count/z^2:
     # the accountants may only be pessimistic about it, and not by much.
