@@ -374,11 +374,37 @@ def child_floor(data: str, flags: Sequence[str], result: str) -> None:
                "compute_s": t["compute_s"]}
         args, _ = _parse_generate(["--input", "unused", "--output", "unused",
                                    *flags])
+        dim = t["gram"].shape[0]
         if args.vote_filter:
-            dim = t["gram"].shape[0]
             doc.update(vote_nn_floor(t["rows"], dim, args.vote_oversample,
                                      args.vote_max_candidates))
+        doc.update(output_floor(t["rows"], dim))
     _dump(result, doc)
+
+
+def output_floor(rows: int, dim: int) -> dict:
+    """The release's own work, which the issue's floor leaves out: drawing
+    ``rows`` synthetic rows (``generator.sample_rows``: d + 128 normals a
+    row, the rank-128 factor product, the projection onto the sphere) and
+    encoding them as TFRecords (``transforms.write.tfrecord_bytes``), in
+    the writer's pieces, on the current (one) BLAS thread."""
+    import numpy as np
+    from dp_ops import adaptive, generator
+    from dp_ops.config import GeneratorConfig
+    from transforms.write import WRITE_PIECE, tfrecord_bytes
+    rng = np.random.default_rng(0)
+    rank = min(adaptive.RuleConstants().shared_rank, dim)
+    mix = generator.ClassMixture(
+        label=0, weights=np.ones(1), means=rng.normal(0, 0.05, (1, dim)),
+        variances=np.full((1, dim), 1e-3), noisy_count=float(rows),
+        factors=rng.normal(0, 0.01, (dim, rank)), centre=np.zeros(dim))
+    cfg = GeneratorConfig(labels=(0,))
+    t0 = time.perf_counter()
+    for start in range(0, rows, WRITE_PIECE):
+        x = generator.sample_rows(mix, cfg, rows, start,
+                                  min(rows, start + WRITE_PIECE))
+        tfrecord_bytes(x, 0)
+    return {"output_s": time.perf_counter() - t0}
 
 
 def vote_nn_flops(rows: int, dim: int, oversample: float,
@@ -691,7 +717,11 @@ def floor_row(runs: dict) -> dict:
     floor = (floor_seconds(len(passes), flo["read_s"], flo["compute_s"])
              if passes and _ok(flo) else None)
     nn = flo.get("vote_nn_s") if _ok(flo) else None
+    out = flo.get("output_s") if _ok(flo) else None
     return {"passes": passes, "floor": floor, "vote_nn_s": nn,
+            "output_s": out,
+            "beam_floor_out": _ratio(beam, floor + (nn or 0) + out)
+            if floor is not None and out else "-",
             "beam_ref": _ratio(beam, ref["wall_s"] if _ok(ref) else None),
             "beam_floor": _ratio(beam, floor),
             "beam_floor_nn": _ratio(beam, floor + nn)
@@ -716,7 +746,9 @@ def _floor_line(config: str, d: int, n: int, runs: dict) -> str:
             f"{_wall(ref)} | {read} | {comp} | {floor} | {row['beam_ref']} | "
             f"{row['beam_floor']} | "
             f"{'-' if not row['vote_nn_s'] else format(row['vote_nn_s'], '.1f')}"
-            f" | {row['beam_floor_nn']} | {_workers(beam) if beam else '-'} | "
+            f" | {row['beam_floor_nn']} | "
+            f"{'-' if not row['output_s'] else format(row['output_s'], '.1f')}"
+            f" | {row['beam_floor_out']} | {_workers(beam) if beam else '-'} | "
             f"{_load(beam) if beam else '-'} | "
             f"{(beam or {}).get('plan_mode') or '-'} |")
 
@@ -733,22 +765,61 @@ def floor_report(results: list[dict]) -> str:
              "s (vote config only): the exact vote's nearest-neighbour "
              "arithmetic (2 x rows x candidates per class x d flops) at the "
              "one-thread float32 GEMM rate measured in the floor child; the "
-             "issue's floor leaves it out.", "",
+             "issue's floor leaves it out. Output s: drawing and encoding "
+             "the release's rows with the job's own sampler and TFRecord "
+             "encoder on one thread (``output_floor``), which the issue's "
+             "floor also leaves out.", "",
              "| config | n | passes | Beam wall s | in-memory wall s | read s "
              "| compute s | floor s | Beam/in-memory | Beam/floor | vote NN s "
-             "| Beam/(floor + NN) | peak RSS "
-             "per worker GB (Beam) | load before/after (Beam) | plan mode |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| Beam/(floor + NN) | output s | Beam/(floor + NN + output) | "
+             "peak RSS per worker GB (Beam) | load before/after (Beam) | "
+             "plan mode |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+             "---|---|"]
     keys = sorted({(r["config"], r["d"], r["n"]) for r in results},
                   key=lambda k: (list(CONFIGS).index(k[0]), k[1], k[2]))
     for config, d, n in keys:
         runs = {r["mode"]: r for r in results
                 if (r["config"], r["d"], r["n"]) == (config, d, n)}
         lines.append(_floor_line(config, d, n, runs))
+    lines += fixed_cost_lines(results)
     lines += ["", "Flags per config: " + "; ".join(
         f"{c}: `{f}`" for c, f in dict((r["config"], r["flags"])
                                        for r in results).items())]
     return "\n".join(lines) + "\n"
+
+
+def fixed_cost_lines(results: list[dict]) -> list[str]:
+    """Beam wall = fixed + per-row x n, through the two largest sizes of a
+    config: what start-up, stage changes and the noise step cost whatever
+    n, and the per-row part at the largest n against the floor."""
+    lines = ["", "Fixed and per-row cost of the Beam run (a line through its "
+             "two largest sizes: wall = fixed + per-row x n; per-row part = "
+             "wall - fixed at the largest n):", "",
+             "| config | n | fixed s | per-row part s | floor s | "
+             "per-row part / floor | per-row part / (floor + NN + output) |",
+             "|---|---|---|---|---|---|---|"]
+    for config in dict.fromkeys(r["config"] for r in results):
+        sizes = sorted({r["n"] for r in results if r["config"] == config
+                        and r["mode"] == "direct2-reread" and _ok(r)})
+        if len(sizes) < 2:
+            continue
+        (n1, n2), d = sizes[-2:], results[0]["d"]
+        runs = {n: {r["mode"]: r for r in results
+                    if r["config"] == config and r["n"] == n}
+                for n in (n1, n2)}
+        w1, w2 = (runs[n]["direct2-reread"]["wall_s"] for n in (n1, n2))
+        fixed = w1 - (w2 - w1) / (n2 - n1) * n1
+        row = floor_row(runs[n2])
+        if row["floor"] is None:
+            continue
+        extra = (row["vote_nn_s"] or 0) + (row["output_s"] or 0)
+        per_row = w2 - fixed
+        lines.append(f"| {config} (d={d}) | {n2:,} | {fixed:.1f} | "
+                     f"{per_row:.1f} | {row['floor']:.1f} | "
+                     f"{per_row / row['floor']:.2f} | "
+                     f"{per_row / (row['floor'] + extra):.2f} |")
+    return lines if len(lines) > 5 else []
 
 
 def write_section(path: str, name: str, text: str) -> None:

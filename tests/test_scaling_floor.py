@@ -67,3 +67,34 @@ def test_vote_floor_adds_the_nn_arithmetic_to_the_issue_floor():
 
 def test_sgemm_rate_is_a_positive_flop_rate():
     assert scaling.sgemm_rate(16, repeats=1) > 1e6
+
+
+def test_output_floor_times_the_release_rows():
+    doc = scaling.output_floor(2000, 16)
+    assert doc["output_s"] > 0
+
+
+def test_floor_row_adds_the_output_to_the_floor():
+    ok = {"rc": 0}
+    runs = {"direct2-reread": {**ok, "wall_s": 30.0,
+                               "passes": ["Counts", "Moments"]},
+            "floor": {**ok, "wall_s": 9.0, "read_s": 4.0, "compute_s": 1.0,
+                      "output_s": 5.0}}
+    row = scaling.floor_row(runs)
+    assert row["beam_floor"] == "3.00" and row["beam_floor_out"] == "2.00"
+
+
+def test_fixed_cost_is_the_intercept_through_the_two_largest_sizes():
+    ok = {"rc": 0}
+
+    def runs(n, wall):
+        base = {"config": "default", "d": 8, "n": n, "flags": ""}
+        return [{**base, **ok, "mode": "direct2-reread", "wall_s": wall,
+                 "passes": ["Counts", "Moments"]},
+                {**base, **ok, "mode": "floor", "wall_s": 1.0,
+                 "read_s": n / 1e6, "compute_s": n / 1e6, "output_s": 0.0}]
+    # wall = 8 + 10 s per million rows: fixed 8, per-row part 10 at 1M
+    lines = scaling.fixed_cost_lines(runs(10**5, 9.0) + runs(10**6, 18.0))
+    row = lines[-1].split(" | ")
+    assert row[2:6] == ["8.0", "10.0", "4.0", "2.50"]
+    assert scaling.fixed_cost_lines(runs(10**6, 18.0)) == []
