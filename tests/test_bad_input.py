@@ -565,3 +565,23 @@ def test_non_finite_rows_dropped_with_drop_policy(tmp_path):
     # The (private) number of dropped rows is not released anywhere.
     keys = json.dumps(_keys(manifest))
     assert "drop" not in keys.replace('"non_finite"', "")
+
+
+def test_empty_class_reaches_its_mechanisms_in_the_adaptive_plan(tmp_path):
+    """The default plan (--covariance auto) with class 2 empty: its phase-2
+    sums are absent from the combine (no rows), and the noise step still
+    gives it the zero aggregate, so its mechanisms run and it gets a
+    mixture, as every other class does."""
+    from pipelines.release import load_gmm
+    x, y = _data(300, classes=2)
+    path = _npz(tmp_path / "in.npz", x, y)
+    out = tmp_path / "out"
+    assert _generate("--input", path, "--labels", "0,1,2", "--output", out,
+                     "--delta", 0.01, "--allow-large-delta",
+                     "--noise-seed", 3) == 0
+    manifest = _manifest(out)
+    assert [c["label"] for c in manifest["classes"]] == [0, 1, 2]
+    names = {m["name"] for m in manifest["privacy"]["mechanisms"]}
+    for label in (0, 1, 2):
+        assert any(n.startswith(f"class={label}/moments") for n in names)
+    assert set(load_gmm(str(out)).mixtures) == {0, 1, 2}

@@ -194,9 +194,12 @@ class AdaptiveMixture(beam.PTransform):
         cfg, steps = self._cfg, self._steps
         mode = steps.structure.mode
         blocks = pass_blocks(self._blocks, "Moments")  # one read, two sums
+        # every_label=False: _exact gives a class without rows the zero
+        # aggregate, so it still reaches its mechanisms (one stage fewer).
         sums = blocks | "ClassMoments" >> PerClassSum(
             list(cfg.labels), _ClassMoments(cfg.clip_norm,
-                                            mode == "per-class"))
+                                            mode == "per-class"),
+            every_label=False)
         side = [AsDict(sums)]
         if mode != "per-class":
             total = blocks | "SecondMoment" >> GlobalSum(
@@ -208,7 +211,7 @@ class AdaptiveMixture(beam.PTransform):
             proj = (pass_blocks(self._blocks, "ClassSubspace")
                     | "ClassSubspace" >> PerClassSum(
                         list(cfg.labels), _projected(cfg.clip_norm),
-                        [AsSingleton(stats)]))
+                        [AsSingleton(stats)], every_label=False))
             stats = (pbegin | "OnceSubspace" >> beam.Create([None])
                      | "SubspaceNoise" >> beam.Map(
                          steps.subspace, AsDict(proj), AsSingleton(stats)))

@@ -341,17 +341,21 @@ class PerClassSum(beam.PTransform):
     multi-input Flatten's watermark waits for every reader of the blocks,
     including later passes that wait on this one. The old fix, a Reshuffle
     of all blocks before each pass, re-shuffled the whole dataset.)
+    ``every_label=False`` skips that completion (one stage fewer): for a
+    consumer that reads the sums as one dict side input and takes a
+    missing label as the zero aggregate itself (``transforms.adaptive``).
     """
 
     def __init__(self, labels: Sequence[int],
                  fn: Union[Callable[..., Any], Accumulator],
                  side_inputs: Iterable = (),
                  add: Callable[[Any, Any], Any] = add_inplace,
-                 threads: Optional[int] = 1) -> None:
+                 threads: Optional[int] = 1,
+                 every_label: bool = True) -> None:
         super().__init__()
         self._labels, self._fn = list(labels), fn
         self._side, self._add = list(side_inputs), add
-        self._threads = threads
+        self._threads, self._every_label = threads, every_label
 
     def expand(self, blocks):
         if isinstance(self._fn, Accumulator):
@@ -363,6 +367,8 @@ class PerClassSum(beam.PTransform):
         sums = (blocks
                 | "Partials" >> partials
                 | "Sum" >> beam.CombinePerKey(_SumFn(self._add)))
+        if not self._every_label:
+            return sums
         return (blocks.pipeline
                 | "Labels" >> beam.Create(self._labels)
                 | "EveryLabel" >> beam.Map(_label_sum, AsDict(sums)))
