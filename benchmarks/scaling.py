@@ -804,10 +804,11 @@ def fixed_cost_lines(results: list[dict]) -> list[str]:
                         and r["mode"] == "direct2-reread" and _ok(r)})
         if len(sizes) < 2:
             continue
-        (n1, n2), d = sizes[-2:], results[0]["d"]
+        n1, n2 = sizes[-2:]
         runs = {n: {r["mode"]: r for r in results
                     if r["config"] == config and r["n"] == n}
                 for n in (n1, n2)}
+        d = runs[n2]["direct2-reread"]["d"]
         w1, w2 = (runs[n]["direct2-reread"]["wall_s"] for n in (n1, n2))
         fixed = w1 - (w2 - w1) / (n2 - n1) * n1
         row = floor_row(runs[n2])

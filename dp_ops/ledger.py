@@ -102,6 +102,18 @@ class Mechanism:
 # calibration runs several compositions on the launcher's critical path.
 ONE_GAUSSIAN_PLD_INTERVAL = 1e-3
 
+# How the manifest's epsilon was computed (an auditor can redo it).
+ACCOUNTING = {
+    "pld": ("dp_accounting PLDAccountant, per class partition (with the "
+            "global mechanisms): the Gaussian mechanisms without subsampling "
+            "as the one Gaussian they compose to (noise multiplier (sum "
+            "count/z^2)^-1/2, an identity) on a value_discretization_interval "
+            f"of {ONE_GAUSSIAN_PLD_INTERVAL:g}; subsampled mechanisms on "
+            "dp_accounting's default interval"),
+    "rdp": ("dp_accounting RdpAccountant, per class partition (with the "
+            "global mechanisms), default orders"),
+}
+
 
 def make_accountant(kind: str, one_gaussian: bool = False
                     ) -> dp_accounting.PrivacyAccountant:
@@ -224,6 +236,7 @@ class PrivacyLedger:
         spent = self.spent_epsilon()
         return {
             "accountant": self.accountant,
+            "accounting": ACCOUNTING[self.accountant],
             "neighbouring_relation": ADD_REMOVE,
             "composition": ("sequential within a class, parallel across "
                             "classes (labels are a public per-record rule)"),

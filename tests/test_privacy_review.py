@@ -80,7 +80,7 @@ FIELDS = {
     r"outputs\.covariance\.(mode|requested_rank|stored_as)":
         ("public", "covariance configuration"),
     r"versions\.[\w-]+": ("public", "package versions"),
-    r"privacy\.(accountant|neighbouring_relation|composition)":
+    r"privacy\.(accountant|accounting|neighbouring_relation|composition)":
         ("public", "accounting configuration"),
     r"privacy\.(target|spent)\.(epsilon|delta)":
         ("public", "target; spent = composition of the planned sigmas"),
