@@ -171,6 +171,50 @@ def test_a_step_read_by_two_branches_runs_once(scheduler, tmp_path):
     assert (tmp_path / "main").read_text() == (tmp_path / "side").read_text()
 
 
+def _note_run(value, out: str):
+    """Test-only: one file per call (counts how often a step ran)."""
+    with open(os.path.join(out, uuid.uuid4().hex), "w") as f:
+        f.write(repr(value))
+    return value
+
+
+@pytest.mark.parametrize("side_first", [False, True])
+def test_blocks_read_by_two_branches_are_not_stored(scheduler, tmp_path,
+                                                    monkeypatch, side_first):
+    """Blocks read by a main branch and by a side input's branch run once.
+    Built before the side input, the main branch is computed with it, so
+    the blocks themselves are not kept on the cluster (at 1M x 384 that
+    held every block); built after it, the blocks are stored (fallback)."""
+    from pipelines import dask_runner
+    stored_labels: list[str] = []
+    original = dask_runner._Pending.store_with
+
+    def recording(self, side_node, bags):
+        out = original(self, side_node, bags)
+        stored_labels.extend(n.full_label for n in out)
+        return out
+    monkeypatch.setattr(dask_runner._Pending, "store_with", recording)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    with beam.Pipeline(options=generate.beam_options(_dask(scheduler))) as p:
+        blocks = (p | beam.Create([1, 2, 3])
+                  | "Blocks" >> beam.Map(_note_run, str(notes)))
+
+        def main_branch():
+            return blocks | "Main" >> beam.Map(lambda v: 10 * v)
+        main = None if side_first else main_branch()
+        total = blocks | "Total" >> beam.CombineGlobally(sum)
+        main = main_branch() if side_first else main
+        _ = (main
+             | "AddTotal" >> beam.Map(lambda v, t: v + t,
+                                      beam.pvalue.AsSingleton(total))
+             | "Save" >> beam.combiners.ToList()
+             | beam.Map(lambda vs: _save(sorted(vs), str(tmp_path), "out")))
+    assert (tmp_path / "out").read_text() == "[16, 26, 36]"
+    assert len(os.listdir(notes)) == 3  # each block made once
+    assert ("Blocks" in stored_labels) == side_first, stored_labels
+
+
 # ------------------------------------------------------ same as DirectRunner
 
 def test_demo_is_byte_identical_to_direct_runner(scheduler, tmp_path):

@@ -54,11 +54,14 @@ class AdaptivePhase1(beam.PTransform):
     def expand(self, raw_blocks):
         cfg, ledger, noise = self._cfg, self._ledger, self._noise
         labels = list(cfg.labels)
+        # Both readers of the blocks before any combine: on Dask the first
+        # side input (inside DPCentre) is then computed with both, so each
+        # block is read once and dropped, not stored for a later reader.
+        per_block = raw_blocks | "ClassCounts" >> beam.Map(
+            lambda b: adaptive.exact_class_counts(b[1], labels))
         centre = raw_blocks | "DPCentre" >> DPCentre(cfg, ledger, self._dim,
                                                      noise)
-        counts = (raw_blocks
-                  | "ClassCounts" >> beam.Map(
-                      lambda b: adaptive.exact_class_counts(b[1], labels))
+        counts = (per_block
                   | "TotalCounts" >> beam.CombineGlobally(sum_present)
                   | "NoiseCounts" >> beam.Map(
                       lambda c: adaptive.noisy_counts(
