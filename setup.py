@@ -27,6 +27,9 @@ setup(
         "tensorflow>=2.16,<3",
         "keras-cv>=0.9,<0.10",
         "scikit-learn>=1.4,<2",
+        # dp_ops pins DP post-processing and sampling to one BLAS thread:
+        # the release's bits must not depend on a worker's core count.
+        "threadpoolctl>=3.1",
         "google-cloud-storage>=2.14,<4",
         "pyarrow>=14",
         "Pillow>=10",

@@ -63,7 +63,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from dp_ops import clipping, covariance, generator, moments, plan
+from dp_ops import clipping, covariance, generator, kmeans, moments, plan
 from dp_ops.calibration import Slot, _mechanisms, gdp_mu
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger, compose_epsilon
@@ -592,6 +592,7 @@ def noisy_class_sums(exact: np.ndarray, labels: Sequence[int],
                      for i, c in enumerate(labels)])
 
 
+@kmeans.one_blas_thread
 def shared_stage(exact_m: np.ndarray, n: np.ndarray, means: np.ndarray,
                  structure: Structure, cfg: GeneratorConfig,
                  ledger: PrivacyLedger, noise) -> SharedModel:
@@ -619,6 +620,7 @@ def projected_block_moment(x: np.ndarray, basis: np.ndarray,
     return zq.T @ zq
 
 
+@kmeans.one_blas_thread
 def noisy_class_block(exact_proj: np.ndarray, label: int, n_c: float,
                       mean_c: np.ndarray, shared: SharedModel,
                       ledger: PrivacyLedger, noise,
@@ -648,6 +650,7 @@ def _mixture(label: int, count: float, mean: np.ndarray,
     return generator.with_centre(mix, centre)
 
 
+@kmeans.one_blas_thread
 def shared_mixtures(noisy_n: np.ndarray, n: np.ndarray, means: np.ndarray,
                     shared: SharedModel, blocks: Optional[Sequence],
                     centre: np.ndarray, cfg: GeneratorConfig) -> dict:
@@ -673,6 +676,7 @@ def shrink_class_deviations(withins: Sequence[np.ndarray], n: np.ndarray,
     return [shrink_deviation(c, pooled, e) for c, e in zip(withins, edges)]
 
 
+@kmeans.one_blas_thread
 def per_class_mixtures(exact_m: np.ndarray, noisy_n: np.ndarray,
                        n: np.ndarray, means: np.ndarray, centre: np.ndarray,
                        structure: Structure, cfg: GeneratorConfig,

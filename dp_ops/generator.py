@@ -164,6 +164,7 @@ def noisy_second_moment(exact: np.ndarray, ledger: PrivacyLedger,
     return out
 
 
+@kmeans.one_blas_thread
 def add_factors(mixes: Sequence[ClassMixture], noisy_m: np.ndarray,
                 cfg: GeneratorConfig) -> list[ClassMixture]:
     """Post-processing: low-rank factors + diagonal residual of the
@@ -225,6 +226,7 @@ def _sample_chunk(mix: ClassMixture, cfg: GeneratorConfig, chunk: int,
     return out
 
 
+@kmeans.one_blas_thread
 def sample_rows(mix: ClassMixture, cfg: GeneratorConfig, total: int,
                 start: int, stop: int) -> np.ndarray:
     """Rows [start, stop) of the class's ``total`` synthetic rows (float32):
