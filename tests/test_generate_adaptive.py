@@ -176,3 +176,29 @@ def test_beam_neighbours_get_the_same_mechanisms(tmp_path, data):
         docs.append(json.loads((out / "manifest.json").read_text()))
     assert docs[0]["adaptive_plan"]["mode"] == docs[1]["adaptive_plan"]["mode"]
     assert docs[0]["privacy"]["mechanisms"] == docs[1]["privacy"]["mechanisms"]
+
+
+@pytest.mark.parametrize("mode", list(FORCE))
+def test_a_class_without_rows_gets_the_reference_mixture(tmp_path,
+                                                         monkeypatch, data,
+                                                         mode):
+    """Label 3 has no rows: the phase-2 sums reach the noise step without
+    it (no completion stage), and the step gives it the zero aggregate: its
+    mechanisms and mixture are the reference's, in every mode."""
+    x, y, path = data
+    _force(monkeypatch, mode)
+    out = tmp_path / "rel"
+    assert cli.main(["generate", "--input", path, "--output", str(out),
+                     "--num-classes", "4", "--epsilon", str(EPS),
+                     "--noise-seed", str(SEED), "--block-size", "500"]) == 0
+    cfg = GeneratorConfig(labels=(0, 1, 2, 3), epsilon=EPS)
+    mixes, _, _, ledger, structure = reference.generate_adaptive(
+        x, y, cfg, SeededNoise(SEED), adaptive.constants_for(cfg))
+    assert structure.mode == mode
+    gmm = load_gmm(str(out))
+    for field in ("means", "variances", "factors"):
+        np.testing.assert_allclose(getattr(gmm.mixtures[3], field),
+                                   getattr(mixes[3], field), atol=1e-6)
+    manifest = json.loads((out / "manifest.json").read_text())
+    names = {m["name"] for m in manifest["privacy"]["mechanisms"]}
+    assert names == _expected_names(cfg.labels, mode)
