@@ -23,7 +23,6 @@ from apache_beam.metrics import Metrics
 
 from dp_ops import generator
 from dp_ops.config import GeneratorConfig
-from dp_ops.kmeans import blas_threads
 from models.gmm import MixtureRelease
 from transforms import allocator, io
 
@@ -214,10 +213,9 @@ class _WriteShard(beam.DoFn):
         ends = ([min(stop, e) for e in range(
             (start // WRITE_PIECE + 1) * WRITE_PIECE, stop + WRITE_PIECE,
             WRITE_PIECE)] if self._fmt == "tfrecord" else [stop])
-        with blas_threads(1):
-            for a, b in zip([start] + ends[:-1], ends):
-                yield generator.sample_rows(mixtures[label], self._cfg,
-                                            total, a, b)
+        for a, b in zip([start] + ends[:-1], ends):  # one BLAS thread each
+            yield generator.sample_rows(mixtures[label], self._cfg, total,
+                                        a, b)
 
 
 # ------------------------------------------------- what the release holds
