@@ -254,6 +254,8 @@ def build_model(noisy: Noisy, r: Recipe) -> dict:
     if r.mean_denoise == "eb":
         s_mean = noisy.sigma["sum"] / n
         means, info["tau_dims"] = eb_means(means, s_mean, m_shared / total, n)
+    elif r.mean_denoise == "svd":
+        means, info["mean_rank"] = svd_means(means, noisy.sigma["sum"] / n, n)
     shared = (m_shared - between) / total
     shared = (shared + shared.T) / 2
     sig_shared = math.sqrt(var_shared)
@@ -403,6 +405,28 @@ def eb_means(means: np.ndarray, s: np.ndarray, total_moment: np.ndarray,
     tau2 = np.maximum(iso.predict(np.arange(len(raw))), 0.0)
     shrunk = a * (tau2[None, :] / (tau2[None, :] + s[:, None] ** 2))
     return shrunk @ u.T, int((tau2 > 0).sum())
+
+
+def svd_means(means: np.ndarray, s: np.ndarray,
+              n: np.ndarray) -> tuple[np.ndarray, int]:
+    """Low-rank denoising of the K x d matrix of noisy class means: the
+    deviations from their weighted average, scaled to unit noise per entry
+    (row c by 1 / s_c), keep the singular values above the noise edge
+    1 + sqrt(K/d) (in units of sqrt(d)), shrunk by the Frobenius-optimal
+    rule of Gavish & Donoho (2017); post-processing of DP outputs."""
+    w = n / n.sum()
+    centre = w @ means
+    y = (means - centre) / s[:, None]
+    k, d = y.shape
+    big = max(k, d)
+    beta = min(k, d) / big
+    u, sv, vt = np.linalg.svd(y, full_matrices=False)
+    z = sv / math.sqrt(big)
+    keep = z > 1 + math.sqrt(beta)
+    eta = np.where(keep, np.sqrt(np.maximum((z * z - beta - 1) ** 2 - 4 * beta, 0))
+                   / np.maximum(z, 1e-300), 0.0)
+    den = (u * (eta * math.sqrt(big))) @ vt
+    return centre + den * s[:, None], int(keep.sum())
 
 
 def sample(model: dict, noisy: Noisy, seed: int) -> tuple[np.ndarray, np.ndarray]:
