@@ -68,6 +68,11 @@ REF = {
                                                "deviation": "spectral"},
     "old:issue-8 defaults": {},
     "old:issue-8 per-class": {"covariance": "per-class"},
+    # more components a class (DP k-means: LSH prefix tree + Lloyd rounds,
+    # all in the ledger), one shared within-cluster covariance
+    "old:issue-8 defaults, k=2": {"clusters": 2},
+    "old:issue-8 defaults, k=4": {"clusters": 4},
+    "old:issue-8 defaults, k=8": {"clusters": 8},
 }
 
 
