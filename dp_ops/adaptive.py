@@ -64,7 +64,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from dp_ops import clipping, covariance, generator, kmeans, moments, plan
-from dp_ops.calibration import Slot, _mechanisms, gdp_mu
+from dp_ops.calibration import Slot, _mechanisms, gdp_mu, shrink_mu
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger, compose_epsilon
 
@@ -384,7 +384,7 @@ def calibrate_mu(cfg: GeneratorConfig, d: int,
         if failing is None:
             return mu
         todo = [failing] + [s for s in todo if s is not failing]
-        mu *= 0.995 if spent < 1.1 * cfg.epsilon else 0.9
+        mu = shrink_mu(mu, spent, cfg.epsilon)
     raise ValueError("adaptive calibration did not converge")
 
 

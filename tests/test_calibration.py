@@ -26,11 +26,31 @@ def test_calibrated_plan_spends_at_most_and_close_to_target(eps, accountant):
     ledger = plan.make_ledger(cfg)
     spent = ledger.spent_epsilon()
     assert spent <= eps
-    # RDP is looser than PLD, so its calibration wastes more of the budget.
-    assert spent >= (0.97 if accountant == "pld" else 0.8) * eps
+    # RDP is looser than PLD, so its calibration wastes more of the budget;
+    # PLD's is a few 1e-4 of epsilon (a fixed 0.5 % mu step once gave away
+    # 0.6 % of it at eps 2 and 4).
+    assert spent >= (0.999 if accountant == "pld" else 0.8) * eps
     independent = compose_epsilon(ledger.mechanisms_affecting("class=1"),
                                   1e-5, accountant)
     assert independent == pytest.approx(spent)
+
+
+@pytest.mark.parametrize("eps", [1, 2, 4, 8])
+def test_adaptive_calibration_spends_close_to_target(eps):
+    from dp_ops import adaptive
+    cfg = GeneratorConfig(labels=tuple(range(10)), epsilon=eps)
+    mu = adaptive.calibrate_mu(cfg, 384)
+    worst = max(adaptive._worst_epsilon(adaptive.mechanisms(cfg, s, mu),
+                                        cfg.delta, cfg.accountant)
+                for s in adaptive.menu(384))
+    assert 0.999 * eps <= worst <= eps
+
+
+def test_shrink_mu_steps_by_the_overshoot():
+    assert calibration.shrink_mu(1.0, 2.002, 2.0) == pytest.approx(0.9989)
+    assert calibration.shrink_mu(1.0, 2.5, 2.0) == pytest.approx(0.9)
+    # always strictly smaller, so the calibration loop makes progress
+    assert calibration.shrink_mu(1.0, 2.0 * (1 + 1e-12), 2.0) < 1.0
 
 
 def test_budget_weights_split_mu_squared():
