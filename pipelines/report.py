@@ -4,12 +4,16 @@ The page shows where the privacy budget went (by stage and by mechanism,
 drawn, in the spirit of PipelineDP's explain-computation report), the
 noisy class sizes, a 2-D projection of the synthetic rows coloured by
 class, how to read the release (schema, normalisation, covariance rank),
-its configuration, and the ``dpsynth evaluate`` table when one is found.
+its configuration, and the ``dpsynth evaluate`` table when one is named.
 
 Everything comes from the release alone (manifest.json, summary.json,
 gmm.npz, the data shards): public configuration and DP outputs, so the
-page is as shareable as the release, except the optional evaluate table,
-which is computed on real data (NOT DP) and is marked as such on the page.
+page is as shareable as the release. The one exception is the evaluate
+table, computed on the real data (NOT DP): it is embedded only when the
+user names its file (``--evaluation FILE``; no file is ever picked up by
+itself), and then the page header, the section and the console say so.
+A release that is not DP itself (seeded noise, epsilon=inf, or a manifest
+with ``"private": false``) gets a red banner at the top of the page.
 The page needs no network: images are embedded as data: URIs, there is no
 external script, style sheet or font.
 """
@@ -25,6 +29,7 @@ import io as stdio
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -35,10 +40,13 @@ import numpy as np
 DESCRIPTION = ("Draws a release on one self-contained HTML page (plus its "
                "PNGs), from the release's own files: privacy budget, noisy "
                "class sizes, a 2-D projection, how to read it, its "
-               "configuration, and the `dpsynth evaluate` table if found.")
+               "configuration, and, only with --evaluation, the "
+               "`dpsynth evaluate` table (computed on real data: not DP).")
 PAGE = "index.html"
 MAX_POINTS = 5000
-EVALUATION_NAMES = ("evaluation.json",)
+# The marking of real-data (non-DP) numbers: page header, section, console.
+NOT_DP_EVALUATION = ("computed on the real (private) data: NOT differentially "
+                     "private — do not publish this page with them")
 # What each stage releases (the page's explanation, one line per stage).
 STAGE_NOTES = {
     "centre": "noisy sum and count of all rows: the DP centre subtracted "
@@ -71,10 +79,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "./<name>-report for gs://)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing non-empty --output directory")
-    p.add_argument("--evaluation", help="JSON written by `dpsynth evaluate` "
-                   "(default: evaluation.json inside or next to the release, "
-                   "or in the working directory, if it names the release's "
-                   "run)")
+    p.add_argument("--evaluation", metavar="FILE",
+                   help="JSON written by `dpsynth evaluate` for this release, "
+                   "to embed its table. Its numbers are computed on the real "
+                   "(private) data and are NOT differentially private: the "
+                   "page is then marked not to be published. Never looked "
+                   "for: without this flag no real-data number appears")
     p.add_argument("--max-points", type=int, default=MAX_POINTS,
                    help=f"synthetic rows drawn in the 2-D projection "
                    f"(uniform subsample; default {MAX_POINTS})")
@@ -214,40 +224,57 @@ def pca_2d(x: np.ndarray, extra: Optional[np.ndarray] = None
 
 
 def find_evaluation(rel: Release, flag: Optional[str]) -> Optional[tuple[str, dict]]:
-    """(path, report) of a `dpsynth evaluate` JSON for this release."""
+    """(path, report) of the `dpsynth evaluate` JSON named by --evaluation.
+
+    Only an explicitly named file is read: its numbers come from the real
+    data (not DP), so picking one up from the working directory or next
+    to the release would put them on a page meant to be shared."""
+    if not flag:
+        return None
     run_id = rel.manifest.get("run_id")
-    if flag:
-        try:
-            with open(flag) as f:
-                doc = json.load(f)
-        except (OSError, ValueError) as err:
-            raise ReportError(f"--evaluation {flag}: cannot read it as JSON "
-                              f"({err})") from None
-        if "synthetic_trained" not in doc:
-            raise ReportError(f"--evaluation {flag}: not a `dpsynth "
-                              f"evaluate` report (no 'synthetic_trained')")
-        theirs = (doc.get("synthetic") or {}).get("run_id")
-        if theirs and run_id and theirs != run_id:
-            raise ReportError(f"--evaluation {flag} evaluates run {theirs}, "
-                              f"but {rel.path} is run {run_id}")
-        return flag, doc
-    if "://" in rel.path:
-        candidates = []
-    else:
-        base = rel.path.rstrip("/")
-        candidates = [os.path.join(base, n) for n in EVALUATION_NAMES]
-        candidates += [f"{base}-evaluation.json", f"{base}.evaluation.json"]
-    candidates += list(EVALUATION_NAMES)  # the working directory
-    for path in candidates:
-        try:
-            with open(path) as f:
-                doc = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if (isinstance(doc, dict) and "synthetic_trained" in doc and run_id
-                and (doc.get("synthetic") or {}).get("run_id") == run_id):
-            return path, doc
-    return None
+    try:
+        with open(flag) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as err:
+        raise ReportError(f"--evaluation {flag}: cannot read it as JSON "
+                          f"({err})") from None
+    if not isinstance(doc, dict) or "synthetic_trained" not in doc:
+        raise ReportError(f"--evaluation {flag}: not a `dpsynth "
+                          f"evaluate` report (no 'synthetic_trained')")
+    theirs = (doc.get("synthetic") or {}).get("run_id")
+    if theirs and run_id and theirs != run_id:
+        raise ReportError(f"--evaluation {flag} evaluates run {theirs}, "
+                          f"but {rel.path} is run {run_id}")
+    return flag, doc
+
+
+def not_private_reason(manifest: dict) -> Optional[str]:
+    """Why the release itself is not DP, or None when nothing says so.
+
+    Not DP: ``"private": false``, or noise that is ``seeded`` (reproducible
+    from a secret seed: reused on neighbouring data, it cancels) or
+    ``none`` (epsilon=inf). The manifest's own "NOT PRIVATE" warnings give
+    the reason when present."""
+    noise = str(manifest.get("noise") or "")
+    flagged = manifest.get("private") is False
+    if not (flagged or noise.startswith(("seeded", "none"))):
+        return None
+    stated = [re.sub(r"^NOT PRIVATE\s*(?:[:.—–-]\s+)?", "", str(w))
+              for w in _warnings(manifest)
+              if str(w).startswith("NOT PRIVATE")]
+    if any(stated):
+        return " ".join(w for w in stated if w)
+    if noise.startswith("none"):
+        return "no noise was added (epsilon=inf)"
+    if noise.startswith("seeded"):
+        return ("its noise was drawn from a secret seed (--noise-seed); "
+                "the same seed used on neighbouring data cancels the noise")
+    return 'its manifest marks it "private": false'
+
+
+def _warnings(manifest: dict) -> list:
+    warnings = manifest.get("warnings") or []
+    return [warnings] if isinstance(warnings, str) else list(warnings)
 
 
 # ---------------------------------------------------------- privacy cost
@@ -426,6 +453,8 @@ border-radius:6px;padding:.6em 1em;min-width:9em}.card b{display:block;
 font-size:1.35em}.warn{background:#fff3cd;border:1px solid #e0c060;
 padding:.6em 1em;border-radius:6px}.nondp{background:#fde2e1;
 border:1px solid #d9534f;padding:.6em 1em;border-radius:6px}
+.notprivate{background:#c9302c;color:#fff;border:2px solid #8b1e1b;
+padding:.7em 1em;border-radius:6px;font-size:1.1em}
 img{max-width:100%;height:auto;display:block;margin:.6em 0}
 code{background:#f3f3f3;padding:0 .25em}.muted{color:#666;font-size:.9em}
 """
@@ -553,16 +582,17 @@ def _projection_section(images: dict, n: int, total: int) -> str:
 def _evaluation_section(found: Optional[tuple[str, dict]], release: str) -> str:
     head = "<h2 id=evaluation>Utility (dpsynth evaluate)</h2>"
     if found is None:
-        return (head + "<p>No evaluation found for this run. Run "
+        return (head + "<p>No evaluation embedded: its numbers are "
+                "computed on the real data (not DP), so one is shown only "
+                "when named with <code>--evaluation FILE</code> (made by "
                 f"<code>dpsynth evaluate --synthetic {_e(release)} "
-                "--real-train … --real-test … --output "
-                f"{_e(release.rstrip('/'))}-evaluation.json</code>, then "
-                "this report again (or pass <code>--evaluation FILE</code>)."
-                "</p>")
+                "--real-train … --real-test … --output FILE</code>), and "
+                "the page is then not for publishing.</p>")
     path, doc = found
     syn, ceil = doc.get("synthetic_trained", {}), doc.get(
         "real_trained_ceiling", {})
     seeds = len(doc.get("protocol", {}).get("seeds", []))
+    note = str(doc.get("privacy_note") or "").rstrip(". ")
 
     def cell(res):
         if not res:
@@ -571,8 +601,9 @@ def _evaluation_section(found: Optional[tuple[str, dict]], release: str) -> str:
             return "error: " + res["error"]
         return f"{res['mean']:.4f} ± {res['std']:.4f}"
     rows = [(m, cell(syn.get(m)), cell(ceil.get(m))) for m in syn]
-    out = [head, f"<p class=nondp><b>Not differentially private.</b> "
-           f"{_e(doc.get('privacy_note', 'computed on real data'))}. "
+    out = [head, f"<p class=nondp><b>The numbers of this section are "
+           f"{_e(NOT_DP_EVALUATION)}.</b> "
+           + (f"{_e(note)}. " if note else "") +
            f"Source: <code>{_e(path)}</code>.</p>",
            _table(["model", "trained on synthetic",
                    "trained on real (ceiling)"], rows),
@@ -631,8 +662,16 @@ def _config_section(manifest: dict) -> str:
 
 def render(rel: Release, images: dict, evaluation, sample_size: int) -> str:
     m = rel.manifest
-    warnings = "".join(f"<p class=warn>⚠ {_e(w)}</p>"
-                       for w in m.get("warnings", []))
+    banners = []
+    reason = not_private_reason(m)
+    if reason:
+        banners.append(f"<p class=notprivate id=not-private><b>This release "
+                       f"is NOT differentially private: {_e(reason)}</b></p>")
+    if evaluation is not None:
+        banners.append(f"<p class=nondp id=real-data><b>This page embeds "
+                       f"numbers {_e(NOT_DP_EVALUATION)}</b> (section "
+                       f"<a href='#evaluation'>Utility</a>).</p>")
+    warnings = "".join(f"<p class=warn>⚠ {_e(w)}</p>" for w in _warnings(m))
     total = m.get("samples_total", sum(c.get("samples", 0) for c in rel.summary))
     spent = m.get("privacy", {}).get("spent", {})
     parts = [
@@ -640,12 +679,14 @@ def render(rel: Release, images: dict, evaluation, sample_size: int) -> str:
         "<meta name=viewport content='width=device-width, initial-scale=1'>",
         f"<title>dpsynth release report: {_e(m.get('run_id', ''))}</title>",
         f"<style>{_CSS}</style><script>{_CHECK}</script></head><body>",
-        "<h1>dpsynth release report</h1>",
+        "".join(banners), "<h1>dpsynth release report</h1>",
         f"<p class=muted>Release <code>{_e(rel.path)}</code>, run "
         f"<code>{_e(m.get('run_id'))}</code>, created "
         f"{_e(m.get('created_utc'))}. Report made "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC "
-        f"from the release alone.</p>",
+        + ("from the release and the evaluation named by --evaluation "
+           "(real data)." if evaluation is not None else
+           "from the release alone.") + "</p>",
         warnings, "<div class=cards>",
         _card("ε spent", _num(spent.get("epsilon"))),
         _card("δ", _num(spent.get("delta"))),
@@ -661,8 +702,12 @@ def render(rel: Release, images: dict, evaluation, sample_size: int) -> str:
         _reading_section(m),
         _config_section(m),
         "<p class=muted>Generated by <code>dpsynth report</code>. Every "
-        "number above is public configuration or a DP output of the release, "
-        "except the evaluate table where shown.</p></body></html>",
+        "number above is public configuration or "
+        + ("an output of this release, which is NOT differentially private"
+           if reason else "a DP output of the release")
+        + ("; except the evaluate table: real data, NOT DP"
+           if evaluation is not None else "")
+        + ".</p></body></html>",
     ]
     return "\n".join(parts)
 
@@ -714,6 +759,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"dpsynth: error: {err}", file=sys.stderr)
         return 2
     print(f"report written to {os.path.join(output, PAGE)}")
+    if evaluation is not None:
+        print(f"dpsynth: warning: the page embeds the numbers of "
+              f"{evaluation[0]}, {NOT_DP_EVALUATION}", file=sys.stderr)
+    reason = not_private_reason(rel.manifest)
+    if reason:
+        print(f"dpsynth: warning: this release is NOT differentially "
+              f"private: {reason}", file=sys.stderr)
     return 0
 
 

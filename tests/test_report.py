@@ -121,7 +121,10 @@ def test_page_holds_the_release_numbers(page, release):
     for m in manifest["privacy"]["mechanisms"]:
         assert m["name"] in text
     assert "tree" in text and "lloyd" in text  # --clusters 2 stages
-    assert "No evaluation found for this run" in text
+    assert "No evaluation embedded" in text  # none is looked for
+    assert "real (private) data: NOT" not in text
+    # --noise-seed: reproducible noise, so the page says the release is not DP
+    assert "This release is NOT differentially private: " in text
 
 
 def test_budget_shares_follow_the_configured_weights(release):
@@ -179,7 +182,7 @@ def test_evaluation_table_is_shown_and_marked_not_dp(release, tmp_path):
                      "--output", str(out), "--max-points", "300"]) == 0
     text = (out / "index.html").read_text()
     assert "0.8123 ± 0.0100" in text and "0.9001 ± 0.0000" in text
-    assert "Not differentially private" in text and "frechet" in text
+    assert report.NOT_DP_EVALUATION in text and "frechet" in text
 
 
 def test_evaluation_of_another_run_is_refused(release, tmp_path, capsys):
