@@ -41,7 +41,7 @@ from scipy import stats
 from dp_ops import clipping, plan, reference
 from dp_ops.config import GeneratorConfig
 from dp_ops.generator import ClassMixture
-from dp_ops.ledger import PrivacyLedger
+from dp_ops.ledger import Mechanism, PrivacyLedger
 from dp_ops.noise import SeededNoise
 
 
@@ -275,6 +275,36 @@ def multiclass_audit_data(classes: int, per_class: int, dim: int, seed: int,
             np.concatenate([y, np.asarray(canaries, np.int64)]).astype(np.int64))
 
 
+def ledger_from_manifest(privacy: dict) -> PrivacyLedger:
+    """The run's ledger as its release publishes it (manifest "privacy"):
+    every mechanism that ran, with its sigma and sensitivity. The adaptive
+    plan picks its phase-2 mechanisms from the noisy counts, so an auditor
+    reads them from the release rather than re-planning from the config."""
+    ledger = PrivacyLedger(privacy["target"]["epsilon"],
+                           privacy["target"]["delta"], privacy["accountant"])
+    fields = {f.name for f in dataclasses.fields(Mechanism)}
+    for m in privacy["mechanisms"]:
+        ledger.register(Mechanism(**{k: v for k, v in m.items()
+                                     if k in fields}))
+    return ledger
+
+
+def class_count_name(ledger: PrivacyLedger, label: int) -> str:
+    """The class's noisy-count mechanism: ``class=<c>/count`` in the
+    adaptive plan (phase 1), ``class=<c>/moments/count`` in the fixed ones."""
+    adaptive_name = plan.name(label, "count")
+    return (adaptive_name if adaptive_name in ledger
+            else plan.name(label, "moments", "count"))
+
+
+def class_moment_mechanisms(ledger: PrivacyLedger,
+                            label: int) -> list[Mechanism]:
+    """What ``release_canary_scores`` reads of one class: its noisy count
+    and its noisy sum."""
+    return [ledger.get(class_count_name(ledger, label)),
+            ledger.get(plan.name(label, "moments", "sum"))]
+
+
 def release_canary_scores(mixtures: dict, centre: np.ndarray,
                           x: np.ndarray, y: np.ndarray,
                           cfg: GeneratorConfig, ledger: PrivacyLedger
@@ -288,7 +318,8 @@ def release_canary_scores(mixtures: dict, centre: np.ndarray,
     class's known records (centred and clipped as the pipeline does, with
     the released centre) plus Gaussian noise, plus the canary's clipped
     coordinate if present. Count likewise. Scores weigh each residual by
-    shift / sigma^2."""
+    shift / sigma^2 (sigmas from ``ledger``: the release's own, see
+    ``ledger_from_manifest``)."""
     xc, _ = clipping.preprocess(x, cfg.normalize, cfg.clip_norm, centre)
     canary = np.zeros((1, x.shape[1]))
     canary[0, 0] = 1.0
@@ -307,5 +338,5 @@ def release_canary_scores(mixtures: dict, centre: np.ndarray,
         residual_count = mix.noisy_count - float(known.sum())
         scores[label] = (
             residual_sum * shift_sum * weight(plan.name(label, "moments", "sum"))
-            + residual_count * weight(plan.name(label, "moments", "count")))
+            + residual_count * weight(class_count_name(ledger, label)))
     return scores
