@@ -7,10 +7,15 @@ rewrites all of them to ``pipelines.dask_runner.DaskRunner``). Needs the
 
 * ``--dask_client_address tcp://HOST:PORT`` (Beam's option) points at an
   existing scheduler. Without it (and without ``--dask_scheduler_file``)
-  this runner starts a ``distributed.LocalCluster`` for the run: one
-  single-threaded worker process per CPU core, listening on loopback only,
-  no dashboard; it is closed when the job ends. That is for trying the
+  the first pipeline of the process starts a ``distributed.LocalCluster``:
+  one single-threaded worker process per CPU core, listening on loopback
+  only, no dashboard (unless ``--dask_dashboard ADDRESS``), its scratch
+  space in a temporary folder. Later pipelines of the process (the
+  adaptive plan's phase 2) reuse it; ``close_local_cluster()`` (also run
+  at exit) closes it and removes the folder. That is for trying the
   runner; a real deployment runs ``dask scheduler`` / ``dask worker``.
+* Dask's loggers follow Beam's (``distributed`` sets its own to INFO when
+  it is imported): quiet unless ``dpsynth generate --verbose``.
 * Upstream bug workaround (Beam 2.77, see deploy/README.md "Dask"): Beam's
   Dask ``ParDo`` keeps one output list per step, filled by every bundle and
   never emptied, so a step executed twice in one worker process returns its
@@ -42,14 +47,18 @@ rewrites all of them to ``pipelines.dask_runner.DaskRunner``). Needs the
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import weakref
 from typing import Any, Optional
 
 import apache_beam as beam
 from apache_beam.metrics.metric import MetricResults
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.pipeline import PipelineVisitor, PTransformOverride
 from apache_beam.runners.dask import dask_runner as beam_dask
 from apache_beam.runners.dask import transform_evaluator
@@ -133,13 +142,115 @@ class _LiftCombinePerKey(PTransformOverride):
         return LiftedCombinePerKey(t.fn, t.args, t.kwargs)
 
 
-def start_local_cluster(workers: Optional[int] = None):
-    """A LocalCluster on loopback: ``workers`` single-threaded processes."""
-    from distributed import LocalCluster
-    workers = workers or os.cpu_count() or 1
-    return LocalCluster(n_workers=workers, threads_per_worker=1,
-                        processes=True, host="127.0.0.1",
-                        dashboard_address=None)
+class LocalDaskOptions(PipelineOptions):
+    """dpsynth's option for the local cluster it starts (``--dask_*`` like
+    Beam's, so ``--runner dask`` is needed with it)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser) -> None:
+        parser.add_argument(
+            "--dask_dashboard", default=None, metavar="ADDRESS",
+            help="serve the Dask dashboard of the local cluster dpsynth "
+            "starts (no --dask_client_address) at ADDRESS, e.g. "
+            "127.0.0.1:8787; by default there is none")
+
+
+class _LocalCluster:
+    """The LocalCluster of this process and its scratch folder."""
+
+    def __init__(self, workers: int, dashboard: Optional[str]) -> None:
+        from distributed import LocalCluster
+        self.directory = tempfile.mkdtemp(prefix="dpsynth-dask-")
+        try:
+            self.cluster = LocalCluster(
+                n_workers=workers, threads_per_worker=1, processes=True,
+                host="127.0.0.1", dashboard_address=dashboard,
+                local_directory=self.directory,
+                scheduler_kwargs=_scheduler_kwargs(self.directory, dashboard))
+        except BaseException:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise
+
+    def running(self) -> bool:
+        from distributed.core import Status
+        return self.cluster.status == Status.running
+
+    def close(self) -> None:
+        try:
+            self.cluster.close()
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _scheduler_kwargs(directory: str, dashboard: Optional[str]) -> dict:
+    """The scheduler's scratch space in ``directory`` too (by default it
+    makes ``dask-scratch-space`` in the temporary directory); without a
+    dashboard it still serves its HTTP routes, on 8787 by default (a
+    warning when taken): any free loopback port instead."""
+    kwargs: dict[str, Any] = {"local_directory": directory}
+    if not dashboard:
+        kwargs["dashboard_address"] = "127.0.0.1:0"
+    return kwargs
+
+
+_LOCAL: Optional[_LocalCluster] = None
+_LOCAL_GUARD = threading.Lock()
+# LocalClusters this process started (tests check the adaptive plan's two
+# pipelines share one).
+local_clusters_started = 0
+
+
+def local_cluster(workers: Optional[int] = None,
+                  dashboard: Optional[str] = None):
+    """This process's LocalCluster on loopback (``workers`` single-threaded
+    processes, default one per core), started on first use and closed by
+    ``close_local_cluster`` (at the latest at exit)."""
+    global _LOCAL, local_clusters_started
+    with _LOCAL_GUARD:
+        if _LOCAL is not None and not _LOCAL.running():
+            _LOCAL.close()  # died (e.g. its workers were killed)
+            _LOCAL = None
+        if _LOCAL is None:
+            _quiet_dask_logs()
+            _LOCAL = _LocalCluster(workers or os.cpu_count() or 1, dashboard)
+            local_clusters_started += 1
+            if local_clusters_started == 1:
+                atexit.register(close_local_cluster)
+            cluster = _LOCAL.cluster
+            log.info("no --dask_client_address: started a local Dask cluster "
+                     "(%d worker processes on %s%s) for this run; for a real "
+                     "cluster start `dask scheduler` and `dask worker "
+                     "tcp://HOST:8786` and pass --dask_client_address",
+                     len(cluster.workers), cluster.scheduler_address,
+                     f", dashboard {cluster.dashboard_link}" if dashboard
+                     else "")
+        return _LOCAL.cluster
+
+
+def close_local_cluster() -> None:
+    """Closes the LocalCluster ``local_cluster`` started, if any, and
+    removes its scratch folder. Idempotent; also registered with atexit."""
+    global _LOCAL
+    with _LOCAL_GUARD:
+        local, _LOCAL = _LOCAL, None
+    if local is not None:
+        local.close()
+
+
+def _quiet_dask_logs() -> None:
+    """Dask's loggers at Beam's level (ERROR, or INFO with --verbose):
+    importing ``distributed`` sets its logger to INFO, which put ~80 lines
+    per run on the console. Loggers Dask set higher (e.g.
+    ``distributed.client``: WARNING) keep their level."""
+    level = logging.getLogger("apache_beam").getEffectiveLevel()
+    for name in ("distributed", "dask"):
+        logging.getLogger(name).setLevel(level)
+    manager = logging.Logger.manager
+    for name, logger in list(manager.loggerDict.items()):
+        if (name.startswith(("distributed.", "dask."))
+                and isinstance(logger, logging.Logger)
+                and logger.level != logging.NOTSET):
+            logger.setLevel(max(logger.level, level))
 
 
 class _NoMetrics(MetricResults):
@@ -153,13 +264,13 @@ class _NoMetrics(MetricResults):
 
 class DaskRunResult(PipelineResult):
     """Beam's Dask result; when the job ends it drops the shared
-    collections it stored on the cluster and closes the client (and a local
-    cluster it started)."""
+    collections it stored on the cluster and closes the client (a local
+    cluster stays for the next pipeline: see ``close_local_cluster``)."""
 
-    def __init__(self, inner: beam_dask.DaskRunnerResult, cluster,
+    def __init__(self, inner: beam_dask.DaskRunnerResult,
                  stored: "_Stored") -> None:
         super().__init__(PipelineState.RUNNING)
-        self._inner, self._cluster, self._stored = inner, cluster, stored
+        self._inner, self._stored = inner, stored
 
     def wait_until_finish(self, duration=None):
         try:
@@ -184,9 +295,6 @@ class DaskRunResult(PipelineResult):
     def close(self) -> None:
         self._stored.drop(self._inner.client)
         self._inner.client.close()
-        if self._cluster is not None:
-            self._cluster.close()
-            self._cluster = None
 
 
 class DaskRunner(beam_dask.DaskRunner):
@@ -203,15 +311,19 @@ class DaskRunner(beam_dask.DaskRunner):
             # Beam's default puts up to 128 created elements in one
             # partition: every read range would then run in one task.
             dask_options.partition_size = 1
-        cluster = None
-        if not dask_options.address and not dask_options.scheduler_file:
-            cluster = start_local_cluster()
-            dask_options.address = cluster.scheduler_address
-            log.info("no --dask_client_address: started a local Dask cluster "
-                     "(%d worker processes on %s) for this run; for a real "
-                     "cluster start `dask scheduler` and `dask worker "
-                     "tcp://HOST:8786` and pass --dask_client_address",
-                     len(cluster.workers), cluster.scheduler_address)
+        _quiet_dask_logs()
+        local = not dask_options.address and not dask_options.scheduler_file
+        given = dask_options.address
+        dashboard = options.view_as(LocalDaskOptions).dask_dashboard
+        if local:
+            # Set for Beam's Client only: the caller's options (shared by
+            # the adaptive plan's phases) keep saying "local cluster".
+            dask_options.address = local_cluster(
+                dashboard=dashboard).scheduler_address
+        elif dashboard:
+            log.warning("--dask_dashboard is for the local cluster dpsynth "
+                        "starts; the cluster at --dask_client_address / "
+                        "--dask_scheduler_file serves its own")
         self._pipeline, self._stored = pipeline, _Stored()
         try:
             beam_dask.DaskBagWindowedIterator = self._stored.side_input
@@ -219,13 +331,13 @@ class DaskRunner(beam_dask.DaskRunner):
         except BaseException:
             self._stored.drop()
             _close_default_client()
-            if cluster is not None:
-                cluster.close()
             raise
         finally:
             beam_dask.DaskBagWindowedIterator = \
                 transform_evaluator.DaskBagWindowedIterator
-        return DaskRunResult(inner, cluster, self._stored)
+            if local:
+                dask_options.address = given
+        return DaskRunResult(inner, self._stored)
 
     def to_dask_bag_visitor(self, bag_kwargs=None):
         """Beam's visitor, computing each shared collection once and, at
