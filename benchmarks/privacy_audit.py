@@ -35,6 +35,8 @@ Usage:
   nice -n 10 python benchmarks/privacy_audit.py --arms reference  # ~13 min
   python benchmarks/privacy_audit.py --arms reference --trials 2000 --calibration-trials 1000
   nice -n 10 python benchmarks/privacy_audit.py --arms beam --beam-runs 40
+  nice -n 10 python benchmarks/privacy_audit.py --arms beam \
+      --beam-records 40,200 --beam-runs 200,48   # the published section
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _eps(text: str) -> float:
     return math.inf if text.strip().lower() in ("inf", "infinity") else float(text)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")]
 
 
 def _fmt(value: float, digits: int = 2) -> str:
@@ -230,6 +236,7 @@ def beam_arm(epsilons, runs, calibration_runs, classes, per_class, dim,
         b = audit.bound_at(np.array(fin_in), np.array(fin_out), threshold,
                            1e-5, alpha)
         rows.append(dict(config="beam default", claimed=eps,
+                         records=per_class,
                          spent=spent if math.isfinite(eps) else math.inf,
                          bound=b,
                          best_tpr=float(np.mean([_tpr_at(m, b.fpr)
@@ -237,7 +244,7 @@ def beam_arm(epsilons, runs, calibration_runs, classes, per_class, dim,
                          calibration=len(cal_in), plans=dict(plans),
                          manifest=manifest, loads=loads,
                          seconds=time.time() - t0))
-        print(f"beam     eps={_fmt(eps):>4s}: lower bound {_fmt(b.lower)} "
+        print(f"beam {per_class:3d} records eps={_fmt(eps):>4s}: lower bound {_fmt(b.lower)} "
               f"(estimate {_fmt(b.estimate)}, TPR {b.tpr:.4f}, FPR "
               f"{b.fpr:.4f}; plans {dict(plans)}) in "
               f"{time.time() - t0:.0f} s", flush=True)
@@ -256,9 +263,10 @@ def reference_section(rows, args) -> str:
         "(no record has mass on axis 0); canary = R e_0 on the clip sphere "
         "(R = 1), the worst case for the sum and the sum of squares. Each "
         "trial is a full run of the reference generator "
-        "(`dp_ops.reference`, same algorithm as the Beam pipeline) with a "
-        "fresh `SeededNoise`; the attacker sees the released mixture and "
-        "the public configuration and thresholds "
+        "(`dp_ops.reference`, the fixed plans of the Beam pipeline; the "
+        "Beam arm below audits the default adaptive plan) with a fresh "
+        "`SeededNoise`; the attacker sees the released mixture and the "
+        "public configuration and thresholds "
         "sum over mechanisms of shift * noisy aggregate / sigma^2 along the "
         "canary axis. The threshold is chosen on separate calibration "
         f"trials ({args.calibration_trials} per arm). delta = 1e-5.", "",
@@ -326,9 +334,10 @@ def beam_section(rows, args, command: str, loads: list) -> str:
         "config the CLI builds from its defaults (`check_default_job`) and "
         "the attack takes the sigmas from the release's own manifest (the "
         "adaptive plan picks its phase-2 mechanisms from its noisy counts). "
-        f"Data: {args.beam_classes} classes x {args.beam_records} unit-norm "
-        f"records in d={args.dim} (+/- pairs, so the data's mean is 0, no "
-        "mass on axis 0); the canary e_0 (on the clip sphere once centred "
+        f"Data: {args.beam_classes} classes x the table's records per "
+        f"class, unit-norm, in d={args.dim} (+/- pairs, so the data's mean is "
+        "0, no mass on axis 0; larger classes make the plan's rule pick "
+        "class covariance mechanisms); the canary e_0 (on the clip sphere once centred "
         "and clipped: the worst case for the class sum) goes into a random "
         "half of the classes, so for each class the run is D or D plus one "
         "worst-case record. Each class is one trial, scored from its "
@@ -339,16 +348,17 @@ def beam_section(rows, args, command: str, loads: list) -> str:
         "\"Optimal TPR\" is the most any test on the class's count and sum "
         "mechanisms could reach at the measured FPR (mean over the runs' "
         "plans).", "",
-        "| claimed eps | ledger eps spent | empirical eps lower bound | "
+        "| records per class | claimed eps | ledger eps spent | "
+        "empirical eps lower bound | "
         "CI [lower, estimate] | TPR [CI] | FPR [CI] | optimal TPR at this "
         "FPR | trials per arm (+ calibration) | plan chosen (runs) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         b = r["bound"]
         plans = ", ".join(f"{k} ({v})" for k, v in sorted(r["plans"].items()))
         lines.append(
-            f"| {_fmt(r['claimed'], 0)} | {_fmt(r['spent'], 3)} "
+            f"| {r['records']} | {_fmt(r['claimed'], 0)} | {_fmt(r['spent'], 3)} "
             f"| **{_fmt(b.lower)}** | [{_fmt(b.lower)}, {_fmt(b.estimate)}] "
             f"| {b.tpr:.4f} [{b.tpr_ci[0]:.4f}, {b.tpr_ci[1]:.4f}] "
             f"| {b.fpr:.4f} [{b.fpr_ci[0]:.4f}, {b.fpr_ci[1]:.4f}] "
@@ -401,12 +411,13 @@ def main(argv=None) -> int:
                    "beam (the real pipeline, defaults, secure noise)")
     p.add_argument("--beam-epsilons", default="2,4,8",
                    help="the Beam arm's epsilons")
-    p.add_argument("--beam-runs", type=int, default=40,
-                   help="pipeline runs per epsilon (the first quarter "
-                   "calibrates the threshold)")
+    p.add_argument("--beam-runs", default="40",
+                   help="pipeline runs per epsilon, one value per "
+                   "--beam-records setup (the first quarter calibrates the "
+                   "threshold)")
     p.add_argument("--beam-classes", type=int, default=100)
-    p.add_argument("--beam-records", type=int, default=40,
-                   help="records per class")
+    p.add_argument("--beam-records", default="40",
+                   help="records per class: comma list of setups")
     p.add_argument("--out", default=os.path.join(HERE, "results",
                                                   "privacy_audit.md"))
     args = p.parse_args(argv)
@@ -420,10 +431,14 @@ def main(argv=None) -> int:
         sections["reference"] = reference_section(ref, args)
         rows += ref
     if "beam" in arms:
-        beam = beam_arm([_eps(e) for e in args.beam_epsilons.split(",")],
-                        args.beam_runs, max(1, args.beam_runs // 4),
-                        args.beam_classes, args.beam_records, args.dim,
-                        args.alpha, args.seed)
+        setups = _ints(args.beam_records), _ints(args.beam_runs)
+        if len(setups[0]) != len(setups[1]):
+            p.error("--beam-records and --beam-runs need as many values")
+        beam = []
+        for records, runs in zip(*setups):
+            beam += beam_arm([_eps(e) for e in args.beam_epsilons.split(",")],
+                             runs, max(1, runs // 4), args.beam_classes,
+                             records, args.dim, args.alpha, args.seed)
         niced = f"nice -n {os.nice(0)} " if os.nice(0) > 0 else ""
         command = (f"{niced}python benchmarks/privacy_audit.py "
                    + " ".join(sys.argv[1:] if argv is None else argv))
