@@ -45,11 +45,14 @@ RUN_FIELDS = {"run_id", "created_utc", "root"}
 @pytest.fixture(scope="module")
 def scheduler(tmp_path_factory):
     """Address of a scheduler + 2 single-threaded worker processes (their
-    scratch space under pytest's tmp; all closed after the module)."""
+    scratch space under pytest's tmp, the scheduler's HTTP routes on a free
+    port; all closed after the module)."""
+    scratch = str(tmp_path_factory.mktemp("dask-scratch"))
     cluster = distributed.LocalCluster(
         n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1",
-        dashboard_address=None,
-        local_directory=str(tmp_path_factory.mktemp("dask-scratch")))
+        dashboard_address=None, local_directory=scratch,
+        scheduler_kwargs={"local_directory": scratch,
+                          "dashboard_address": "127.0.0.1:0"})
     try:
         yield cluster.scheduler_address
     finally:
