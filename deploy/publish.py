@@ -1,13 +1,16 @@
 """After a scheduled run: verify its release and point LATEST.json at it.
 
 ``python -m deploy.publish --output ROOT/2026-01-01 --run-id ID
---output-root ROOT [--budget-store S --dataset-id D]`` checks that the
+--output-root ROOT`` checks that the
 published release (its ``manifest.json`` is the commit point, see
 ``pipelines/release.py``) was produced by run ``ID`` — a different run id
 means another configuration wrote there, which must not pass silently —
 writes ``ROOT/LATEST.json`` (one object write: atomic on GCS and, through a
 rename, locally) and prints a JSON summary (nothing private: manifest fields
-that are already DP outputs or public configuration).
+that are already DP outputs or public configuration). ``LATEST.json`` and the
+summary (which the nightly DAG also sends to its webhook) carry nothing from
+the budget store: the lifetime spend counts the attempts a run needed, and
+its timestamps the job's wall time, both of which may depend on the data.
 """
 
 from __future__ import annotations
@@ -58,22 +61,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--run-id", required=True)
     p.add_argument("--output-root", required=True,
                    help="where LATEST.json lives")
-    p.add_argument("--budget-store")
-    p.add_argument("--dataset-id")
-    p.add_argument("--lifetime-delta", type=float, default=1e-5)
     args = p.parse_args(argv)
     try:
         doc = summary(args.output, args.run_id)
     except (ValueError, RuntimeError) as e:
         print(f"deploy.publish: {e}", file=sys.stderr)
         return 1
-    if args.budget_store and args.dataset_id:
-        from pipelines import budget_store
-        doc["lifetime_epsilon_spent"] = budget_store.lifetime_spent(
-            args.budget_store, args.dataset_id, args.lifetime_delta)
-        doc["lifetime_delta"] = args.lifetime_delta
-    else:
-        doc["lifetime_epsilon_spent"] = None
     doc["latest"] = write_latest(args.output_root, doc)
     print(json.dumps(doc, indent=1))
     return 0

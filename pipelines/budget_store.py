@@ -8,6 +8,16 @@ dataset id (``{store_uri}/{dataset_id}.budget.json``, a local path or a
 ``gs://`` prefix) and refuses a new release whose mechanisms, composed with
 all the recorded ones, would exceed the dataset's lifetime cap.
 
+The document is operator-only: it holds timestamps and attempt counts, which
+depend on how runs went (a crash may depend on the data). Nothing from it
+reaches a release, ``LATEST.json`` or a notification.
+
+Lifetime cap. The cap (epsilon, delta) is pinned in the document when it is
+created. A later run may ask for a stricter epsilon (used for its own check)
+but never a larger one nor another delta (``CapConflict``); only the logged
+admin command ``python -m pipelines.budget_store set-cap ... --reason`` changes
+it, and the change is kept in the document.
+
 Accounting. All recorded mechanisms plus the new ones are put in one
 ``dp_ops.ledger.PrivacyLedger`` and composed by its ``spent_epsilon``: within a
 class everything composes sequentially (across releases too), and classes
@@ -18,33 +28,48 @@ releases are merged into one with the summed ``count`` before composing, which
 is exact (composition is commutative) and keeps a year of nightly releases as
 fast to account as one release.
 
-Concurrency. The read-check-write of a reservation is atomic: a local store
+Concurrency. The read-check-write of a transaction is atomic: a local store
 holds an exclusive ``fcntl`` lock on ``<document>.lock`` for the whole
 transaction and replaces the document atomically (write temp + ``os.replace``);
 a ``gs://`` store uses a compare-and-swap on the object generation
 (``if_generation_match``) and re-runs the whole check when another writer won.
 Two concurrent runs therefore cannot both spend the last of the budget.
 
+Ownership. Each launch holds a random owner token. An attempt belongs to the
+launch that reserved (or took over) it: every status change names the owner
+and is refused for anyone else (``AttemptLost``). The owner keeps a lease on
+its attempt (``Lease``: renewed every ``lease_seconds / 4``); a second launch
+of the same run id while the lease is alive is refused before it reads
+anything (``AttemptInProgress``: nothing charged), so one run id has one
+running attempt. A launch that stops on an exception gives its lease back at
+once; a killed one holds it until it expires (``DPSYNTH_LEASE_SECONDS``,
+default 120 s: keep it below the orchestrator's retry delay).
+
 Life of one attempt of a run (statuses, in order):
 
   reserved   recorded before any data is read; the spend counts from now on
   running    the pipeline is about to read private data
-  staged     the release is complete in staging: its noise is fixed in files
-             (the spend is committed before any byte reaches --output)
+  staged     the release is complete in its attempt's own staging folder; the
+             folder and the sha256 of its manifest are recorded (the spend is
+             committed before any byte reaches --output)
   published  the manifest at --output names the release
   failed     the pipeline failed after reading data (never published)
+  abandoned  its owner's lease ran out while running; a newer attempt took
+             the run id over (the spend stays; the old owner can change
+             nothing any more)
 
 Invariant: the composed spend of all recorded attempts >= the composition of
 every release whose bytes ever became readable. Every attempt's spend stays
 recorded forever, whatever happened to it. A retry of a run id (the nightly
 DAG retries with the same --run-id) reuses an attempt only when that costs
-nothing new: an attempt still ``reserved`` read no data; a complete staged
-release of the run id is re-published from its files, byte for byte (no new
-noise). Any other retry (the crashed attempt read data and may have drawn
-noise, and nothing of it is staged) is a new attempt, charged again and
-refused when it no longer fits under the cap. A ``published`` run id is
-refused (``RunConflict``): its release is out; ``dpsynth generate`` stops
-earlier when it finds that run's release at --output.
+nothing new: an attempt still ``reserved`` read no data; a ``staged`` attempt
+is re-published from exactly the folder it recorded, after checking the
+manifest's digest (no new noise, and never another draw under that run id).
+Any other retry (the crashed attempt read data and may have drawn noise, and
+nothing of it is staged) is a new attempt, charged again and refused when it
+no longer fits under the cap. A ``published`` run id is refused
+(``RunConflict``): its release is out; ``dpsynth generate`` stops earlier when
+it finds that run's release at --output.
 """
 
 from __future__ import annotations
@@ -62,6 +87,7 @@ import random
 import re
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from typing import Callable, Iterator, Optional
@@ -70,12 +96,15 @@ from dp_ops.ledger import Mechanism, PrivacyLedger
 
 FORMAT = "dpsynth-budget-ledger/1"
 RESERVED, RUNNING, STAGED = "reserved", "running", "staged"
-PUBLISHED, FAILED = "published", "failed"
+PUBLISHED, FAILED, ABANDONED = "published", "failed", "abandoned"
+# Statuses whose owner may still be working on the attempt.
+_LIVE = (RESERVED, RUNNING, STAGED)
 # Accountants are numerical (PLD discretisation): a cap met to within this
 # relative tolerance is met.
 _REL_TOL = 1e-9
 _DATASET_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _GCS_CAS_ATTEMPTS = 50
+DEFAULT_LEASE_SECONDS = 120.0
 
 
 class BudgetExceeded(ValueError):
@@ -83,7 +112,20 @@ class BudgetExceeded(ValueError):
 
 
 class RunConflict(ValueError):
-    """A run id is already recorded with different mechanisms."""
+    """A run id is already recorded with different mechanisms, or is
+    published, or is owned by another launch."""
+
+
+class AttemptInProgress(RunConflict):
+    """Another launch holds a live lease on this run id's attempt."""
+
+
+class AttemptLost(RunConflict):
+    """This launch no longer owns its attempt (another launch took over)."""
+
+
+class CapConflict(ValueError):
+    """A run asked for a lifetime cap other than the one pinned."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +144,30 @@ class Reservation:
     lifetime_epsilon_spent: float
     lifetime_delta: float
     release_uri: Optional[str] = None
+    owner: str = ""
+    # {"folder", "manifest_sha256"} once the attempt is staged.
+    staged: Optional[dict] = None
+    # Taken when the run id's first attempt was reserved; kept by retries,
+    # so a release's public timestamp does not tell whether it was retried.
+    created_utc: str = ""
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    lifetime_cap: Optional[dict] = None  # {"epsilon", "delta"} checked
+
+
+def new_owner() -> str:
+    """A random owner token for one launch (also names its staging)."""
+    return os.urandom(8).hex()
+
+
+def lease_seconds() -> float:
+    """The lease an owner holds on its attempt (operator setting)."""
+    text = os.environ.get("DPSYNTH_LEASE_SECONDS")
+    if not text:
+        return DEFAULT_LEASE_SECONDS
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"DPSYNTH_LEASE_SECONDS must be > 0, got {text}")
+    return value
 
 
 # ---------------------------------------------------------------- public API
@@ -109,74 +175,166 @@ class Reservation:
 
 def reserve(store_uri: str, dataset_id: str, run_id: str,
             mechanisms: list[Mechanism], epsilon: float, delta: float,
-            lifetime_epsilon: float, lifetime_delta: float,
-            accountant: str = "pld",
-            staged_available: bool = False) -> Reservation:
-    """Records (or reuses) an attempt of ``run_id`` under the lifetime cap.
+            lifetime_epsilon: Optional[float],
+            lifetime_delta: Optional[float], accountant: str = "pld",
+            owner: Optional[str] = None, lease: Optional[float] = None,
+            created_utc: str = "") -> Reservation:
+    """Records (or takes over) an attempt of ``run_id`` for ``owner``.
 
-    Reuses the latest attempt, charging nothing, when it is ``reserved`` (no
-    data read) or when ``staged_available``: the caller found this run id's
-    complete staged release and re-publishes it byte for byte (its noise was
-    drawn by a recorded attempt: every attempt is charged). Otherwise records a new attempt, which must
-    fit: ``BudgetExceeded`` (nothing written) when the composition of every
-    recorded attempt with ``mechanisms`` exceeds ``lifetime_epsilon`` at
-    ``lifetime_delta``. ``RunConflict`` when ``run_id`` is recorded with other
-    mechanisms or is already published.
+    Takes over the latest attempt, charging nothing, when it is ``reserved``
+    (no data read) or ``staged`` (the caller re-publishes the recorded
+    folder) and no other owner holds a live lease on it. Otherwise records a
+    new attempt, which must fit: ``BudgetExceeded`` (nothing written) when the
+    composition of every recorded attempt with ``mechanisms`` exceeds the
+    lifetime cap. ``AttemptInProgress`` when another launch holds the run id;
+    ``RunConflict`` when it is recorded with other mechanisms or published;
+    ``CapConflict`` when the cap asked for is wider than the pinned one.
+    ``lifetime_epsilon`` / ``lifetime_delta`` may be None once the cap is
+    pinned (the first run of a dataset must give the epsilon; its delta
+    defaults to ``delta``). ``created_utc`` is recorded with the run id's
+    first attempt and returned by every later one.
     """
     _check_ids(dataset_id, run_id)
-    _check_cap(lifetime_epsilon, lifetime_delta)
     if not mechanisms:
         raise ValueError(f"run {run_id}: no mechanisms to reserve")
+    owner = owner or new_owner()
+    lease = lease_seconds() if lease is None else lease
     new = [_mechanism_to_dict(m) for m in mechanisms]
     result: dict = {}
 
     def update(doc: Optional[dict]) -> Optional[dict]:
         doc = _new_document(dataset_id) if doc is None else doc
+        cap_eps, cap_delta = _cap_for_run(doc, store_uri, lifetime_epsilon,
+                                          lifetime_delta, delta)
+        now = time.time()
         entry = _find(doc, run_id)
         if entry is not None:
-            _check_retry(entry, new, store_uri, dataset_id)
-            if entry["status"] == RESERVED or staged_available:
+            _check_retry(entry, new, store_uri, dataset_id, owner, now)
+            if entry["status"] in (RESERVED, STAGED):
+                if entry.get("owner"):  # names a staging folder: keep it
+                    entry.setdefault("past_owners", []).append(entry["owner"])
+                entry.update(owner=owner, lease_until=now + lease,
+                             updated_at=_now())
                 result.update(already_spent=True, entry=copy.deepcopy(entry),
-                              spent=_compose(doc["releases"], lifetime_delta,
-                                             accountant))
-                return None  # nothing to write
+                              spent=_compose(doc["releases"], cap_delta,
+                                             accountant), delta=cap_delta)
+                return doc
+            if entry["status"] == RUNNING:  # its owner's lease ran out
+                entry.update(status=ABANDONED, updated_at=_now())
         attempt = 1 if entry is None else entry.get("attempt", 1) + 1
+        created = ((created_utc or _now()) if entry is None
+                   else entry.get("created_utc") or entry.get("reserved_at"))
         entry = {
             "run_id": run_id, "attempt": attempt, "status": RESERVED,
             "epsilon": float(epsilon), "delta": float(delta),
             "accountant": accountant, "mechanisms": new,
-            "lifetime_cap": {"epsilon": float(lifetime_epsilon),
-                             "delta": float(lifetime_delta)},
+            "lifetime_cap": {"epsilon": cap_eps, "delta": cap_delta},
             "release_uri": None, "reserved_at": _now(), "updated_at": _now(),
+            "created_utc": created, "owner": owner,
+            "lease_until": now + lease,
         }
-        spent = _compose(doc["releases"] + [entry], lifetime_delta, accountant)
-        if spent > lifetime_epsilon * (1 + _REL_TOL):
-            before = _compose(doc["releases"], lifetime_delta, accountant)
+        spent = _compose(doc["releases"] + [entry], cap_delta, accountant)
+        if spent > cap_eps * (1 + _REL_TOL):
+            before = _compose(doc["releases"], cap_delta, accountant)
             again = (f" (attempt {attempt}: an earlier attempt of this run id "
                      "read the data and stays charged)" if attempt > 1 else "")
             raise BudgetExceeded(
                 f"dataset {dataset_id!r}: release {run_id!r}{again} (epsilon="
                 f"{epsilon:g}, delta={delta:g}) would bring the lifetime "
-                f"epsilon to {spent:.4f} at delta={lifetime_delta:g}, over the "
-                f"lifetime cap --lifetime-epsilon {lifetime_epsilon:g} "
-                f"(already spent {before:.4f} by {len(doc['releases'])} "
-                f"earlier attempt(s), see {_document_uri(store_uri, dataset_id)}"
-                "). Nothing was run or written; lower --epsilon or raise the "
-                "cap deliberately.")
+                f"epsilon to {spent:.4f} at delta={cap_delta:g}, over the "
+                f"lifetime cap {cap_eps:g} (--lifetime-epsilon, pinned in the store; "
+                f"already spent {before:.4f} by "
+                f"{len(doc['releases'])} earlier attempt(s), see "
+                f"{_document_uri(store_uri, dataset_id)}). Nothing was run or "
+                "written; lower --epsilon, or raise the cap deliberately "
+                "with `python -m pipelines.budget_store set-cap`.")
         entry["lifetime_epsilon_after"] = spent
         doc["releases"].append(entry)
         result.update(already_spent=False, entry=copy.deepcopy(entry),
-                      spent=spent)
+                      spent=spent, delta=cap_delta)
         return doc
 
     _transact(store_uri, dataset_id, update)
     return _reservation(store_uri, dataset_id, result["entry"],
                         result["already_spent"], result["spent"],
-                        lifetime_delta)
+                        result["delta"], lease)
+
+
+def _cap_for_run(doc: dict, store_uri: str, epsilon: Optional[float],
+                 delta: Optional[float], run_delta: float
+                 ) -> tuple[float, float]:
+    """The cap this run is checked against; pins it in a new document.
+
+    A run may be stricter than the pinned epsilon, never wider, and must
+    measure at the pinned delta (another delta is another curve).
+    """
+    pinned = doc.get("lifetime_cap")
+    where = _document_uri(store_uri, doc["dataset_id"])
+    if pinned is None:
+        pinned = _legacy_cap(doc)
+    if pinned is None:
+        if epsilon is None:
+            raise CapConflict(
+                f"{where}: dataset {doc['dataset_id']!r} has no lifetime cap "
+                "yet; pass --lifetime-epsilon to create it (it is pinned in "
+                "the store from then on)")
+        delta = run_delta if delta is None else delta
+        _check_cap(epsilon, delta)
+        doc["lifetime_cap"] = {"epsilon": float(epsilon),
+                               "delta": float(delta), "set_at": _now()}
+        return float(epsilon), float(delta)
+    if "lifetime_cap" not in doc:  # a document from before caps were pinned
+        doc["lifetime_cap"] = dict(pinned, set_at=_now())
+    cap_eps, cap_delta = pinned["epsilon"], pinned["delta"]
+    if delta is not None and not math.isclose(delta, cap_delta, rel_tol=1e-12):
+        raise CapConflict(
+            f"{where}: --lifetime-delta {delta:g} differs from the dataset's "
+            f"pinned lifetime delta {cap_delta:g}; drop the flag, or change "
+            "the cap with `python -m pipelines.budget_store set-cap`")
+    if epsilon is not None and epsilon > cap_eps * (1 + _REL_TOL):
+        raise CapConflict(
+            f"{where}: --lifetime-epsilon {epsilon:g} is above the dataset's "
+            f"pinned lifetime cap {cap_eps:g}; a run cannot widen it (an "
+            "administrator can: `python -m pipelines.budget_store set-cap`)")
+    return (cap_eps if epsilon is None else float(epsilon)), cap_delta
+
+
+def _legacy_cap(doc: dict) -> Optional[dict]:
+    """The strictest cap recorded by the runs of an older document."""
+    caps = [e["lifetime_cap"] for e in doc["releases"] if e.get("lifetime_cap")]
+    if not caps:
+        return None
+    strict = min(caps, key=lambda c: c["epsilon"])
+    return {"epsilon": strict["epsilon"], "delta": strict["delta"]}
+
+
+def set_cap(store_uri: str, dataset_id: str, epsilon: float, delta: float,
+            reason: str, by: str = "") -> dict:
+    """Admin: changes the pinned lifetime cap and records why and by whom."""
+    _check_ids(dataset_id)
+    _check_cap(epsilon, delta)
+    if not reason.strip():
+        raise ValueError("set-cap needs --reason: the change is kept in the "
+                         "store for audits")
+    change: dict = {}
+
+    def update(doc: Optional[dict]) -> dict:
+        doc = _new_document(dataset_id) if doc is None else doc
+        before = doc.get("lifetime_cap") or _legacy_cap(doc)
+        doc["lifetime_cap"] = {"epsilon": float(epsilon),
+                               "delta": float(delta), "set_at": _now()}
+        change.clear()
+        change.update({"at": _now(), "by": by, "reason": reason,
+                       "from": before, "to": dict(doc["lifetime_cap"])})
+        doc.setdefault("cap_changes", []).append(dict(change))
+        return doc
+
+    _transact(store_uri, dataset_id, update)
+    return change
 
 
 def _check_retry(entry: dict, new: list[dict], store_uri: str,
-                 dataset_id: str) -> None:
+                 dataset_id: str, owner: str, now: float) -> None:
     run_id = entry["run_id"]
     if _canonical(entry["mechanisms"]) != _canonical(new):
         raise RunConflict(
@@ -189,12 +347,22 @@ def _check_retry(entry: dict, new: list[dict], store_uri: str,
             f"published at {entry['release_uri']}; re-running it would "
             "publish a second release. Read that release, or start a new "
             "run with a new --run-id (it will be charged).")
+    lease_left = entry.get("lease_until", 0) - now
+    if (entry["status"] in _LIVE and entry.get("owner") not in (None, owner)
+            and lease_left > 0):
+        raise AttemptInProgress(
+            f"run id {run_id!r} of dataset {dataset_id!r} is being run by "
+            f"another launch (attempt {entry.get('attempt', 1)}, "
+            f"{entry['status']}); not starting a second one. If that launch "
+            f"is dead, retry in {math.ceil(lease_left)} s, when its lease "
+            "expires.")
 
 
 def _set_status(reservation: Reservation, status: str,
                 allowed_from: tuple[str, ...], **fields) -> None:
     def update(doc: Optional[dict]) -> Optional[dict]:
         entry = _require(doc, reservation)
+        _check_owner(entry, reservation)
         if entry["status"] == status and all(
                 entry.get(k) == v for k, v in fields.items()):
             return None
@@ -202,12 +370,23 @@ def _set_status(reservation: Reservation, status: str,
             raise ValueError(
                 f"run {reservation.run_id!r} (attempt {reservation.attempt}) "
                 f"is {entry['status']}; it cannot become {status}")
-        entry.update(status=status, updated_at=_now(), **fields)
+        entry.update(status=status, updated_at=_now(),
+                     lease_until=time.time() + reservation.lease_seconds,
+                     **fields)
         if status == PUBLISHED:
             entry["committed_at"] = entry["updated_at"]
         return doc
 
     _transact(reservation.store_uri, reservation.dataset_id, update)
+
+
+def _check_owner(entry: dict, reservation: Reservation) -> None:
+    if entry.get("owner") not in (None, reservation.owner) or (
+            entry["status"] == ABANDONED):
+        raise AttemptLost(
+            f"run {reservation.run_id!r} attempt {reservation.attempt} was "
+            "taken over by another launch (this one's lease had run out); "
+            "this launch publishes nothing")
 
 
 def mark_running(reservation: Reservation) -> None:
@@ -216,10 +395,22 @@ def mark_running(reservation: Reservation) -> None:
     _set_status(reservation, RUNNING, (RESERVED,))
 
 
-def commit_staged(reservation: Reservation) -> None:
-    """The attempt's release is complete in staging: recorded before any of
-    its bytes are placed under --output."""
-    _set_status(reservation, STAGED, (RESERVED, RUNNING, FAILED, STAGED))
+def commit_staged(reservation: Reservation, folder: str,
+                  manifest_sha256: str) -> None:
+    """The attempt's release is complete in ``folder``: recorded, with its
+    manifest's digest, before any of its bytes are placed under --output.
+    Only that folder may ever be published under this run id."""
+    staged = {"folder": folder, "manifest_sha256": manifest_sha256}
+    if reservation.staged is not None:  # a takeover re-publishing it
+        if reservation.staged != staged:
+            raise RunConflict(
+                f"run {reservation.run_id!r}: the store recorded the staged "
+                f"release {reservation.staged['folder']} (manifest sha256 "
+                f"{reservation.staged['manifest_sha256'][:12]}...), not "
+                f"{folder}; refusing to publish another draw")
+        _set_status(reservation, STAGED, (STAGED,))
+        return
+    _set_status(reservation, STAGED, (RUNNING,), staged=staged)
 
 
 def commit(reservation: Reservation, release_uri: str) -> None:
@@ -227,17 +418,37 @@ def commit(reservation: Reservation, release_uri: str) -> None:
     _set_status(reservation, PUBLISHED, (STAGED,), release_uri=release_uri)
 
 
+def renew(reservation: Reservation) -> None:
+    """Extends the owner's lease (``Lease`` calls it in the background)."""
+    def update(doc: Optional[dict]) -> Optional[dict]:
+        entry = _require(doc, reservation)
+        _check_owner(entry, reservation)
+        if entry["status"] not in _LIVE:
+            return None
+        entry["lease_until"] = time.time() + reservation.lease_seconds
+        return doc
+
+    _transact(reservation.store_uri, reservation.dataset_id, update)
+
+
 def mark_published(store_uri: str, dataset_id: str, run_id: str,
-                   release_uri: str) -> None:
+                   release_uri: str, manifest_sha256: str) -> None:
     """Records that ``run_id``'s staged attempt is published at
     ``release_uri`` (a retry found its manifest there: the crash came
-    between that write and ``commit``)."""
+    between that write and ``commit``). The published manifest must be the
+    one the store recorded as staged."""
     def update(doc: Optional[dict]) -> Optional[dict]:
         entry = None if doc is None else _find(doc, run_id)
         if entry is None:
             raise ValueError(f"budget store {_document_uri(store_uri, dataset_id)}"
                              f" has no record of run {run_id!r}, whose release "
                              f"is at {release_uri}")
+        staged = entry.get("staged") or {}
+        if staged.get("manifest_sha256") not in (None, manifest_sha256):
+            raise RunConflict(
+                f"run {run_id!r}: the release at {release_uri} is not the one "
+                "the budget store recorded as staged (manifest digests "
+                "differ); investigate before anything else is published")
         if entry["status"] == PUBLISHED:
             return None
         if entry["status"] != STAGED:
@@ -251,17 +462,71 @@ def mark_published(store_uri: str, dataset_id: str, run_id: str,
 
 
 def release_failed(reservation: Reservation) -> None:
-    """Marks an attempt that failed while running; its spend stays recorded
-    (it read data and may have drawn noise). Reserved and staged attempts
-    keep their status: a retry reuses them at no new cost."""
+    """The owner stops (an exception, Ctrl-C): marks a running attempt
+    failed (its spend stays: it read data and may have drawn noise) and gives
+    the lease back, so a retry need not wait for it. Reserved and staged
+    attempts keep their status: a retry takes them over at no new cost."""
     def update(doc: Optional[dict]) -> Optional[dict]:
         entry = _require(doc, reservation)
-        if entry["status"] != RUNNING:
-            return None
-        entry.update(status=FAILED, updated_at=_now())
+        if entry.get("owner") not in (None, reservation.owner):
+            return None  # not ours any more
+        if entry["status"] == RUNNING:
+            entry.update(status=FAILED, updated_at=_now())
+        if entry["status"] in _LIVE + (FAILED,):
+            entry["lease_until"] = 0
         return doc
 
     _transact(reservation.store_uri, reservation.dataset_id, update)
+
+
+def run_owners(store_uri: str, dataset_id: str, run_id: str) -> set[str]:
+    """The owner tokens of every recorded attempt of ``run_id`` (a staging
+    folder named by one of them was charged in this store)."""
+    return {owner for e in history(store_uri, dataset_id)
+            if e["run_id"] == run_id
+            for owner in [e.get("owner"), *e.get("past_owners", [])] if owner}
+
+
+class Lease:
+    """Keeps the owner's lease alive while a launch works on its attempt.
+
+    A daemon thread renews it every ``lease_seconds / 4``. Should the
+    attempt be taken over (this launch's renewals failed for a whole lease),
+    ``check()`` raises ``AttemptLost``; the store refuses that launch's
+    status changes in any case.
+    """
+
+    def __init__(self, reservation: Optional[Reservation]) -> None:
+        self.reservation = reservation
+        self._stop = threading.Event()
+        self._lost: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name="dpsynth-lease")
+
+    def __enter__(self) -> "Lease":
+        if self.reservation is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        every = self.reservation.lease_seconds / 4
+        while not self._stop.wait(every):
+            try:
+                renew(self.reservation)
+            except AttemptLost as err:
+                self._lost = err
+                return
+            except Exception:  # a transient store error: try again later
+                continue
+
+    def check(self) -> None:
+        if self._lost is not None:
+            raise AttemptLost(str(self._lost))
 
 
 def history(store_uri: str, dataset_id: str) -> list[dict]:
@@ -347,15 +612,19 @@ def _require(doc: Optional[dict], reservation: Reservation) -> dict:
 
 
 def _reservation(store_uri: str, dataset_id: str, entry: dict,
-                 already_spent: bool, spent: float,
-                 lifetime_delta: float) -> Reservation:
+                 already_spent: bool, spent: float, lifetime_delta: float,
+                 lease: float) -> Reservation:
     return Reservation(
         store_uri=store_uri, dataset_id=dataset_id, run_id=entry["run_id"],
-        attempt=entry.get("attempt", 1), epsilon=entry["epsilon"], delta=entry["delta"],
+        attempt=entry.get("attempt", 1), epsilon=entry["epsilon"],
+        delta=entry["delta"],
         mechanisms=tuple(_mechanism_from_dict(d) for d in entry["mechanisms"]),
         already_spent=already_spent, status=entry["status"],
         lifetime_epsilon_spent=spent, lifetime_delta=lifetime_delta,
-        release_uri=entry.get("release_uri"))
+        release_uri=entry.get("release_uri"), owner=entry.get("owner", ""),
+        staged=entry.get("staged"),
+        created_utc=entry.get("created_utc") or entry.get("reserved_at", ""),
+        lease_seconds=lease, lifetime_cap=entry.get("lifetime_cap"))
 
 
 def _check_ids(dataset_id: str, run_id: Optional[str] = None) -> None:
@@ -529,24 +798,36 @@ def _planned_mechanisms(args: argparse.Namespace) -> list[Mechanism]:
     return make_ledger(cfg).mechanisms
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m pipelines.budget_store {show,check} ...``.
+def pinned_cap(store_uri: str, dataset_id: str) -> Optional[dict]:
+    """The dataset's lifetime cap {"epsilon", "delta"}, or None (no runs)."""
+    _check_ids(dataset_id)
+    doc = _backend(store_uri, dataset_id).read()
+    if doc is None:
+        return None
+    cap = doc.get("lifetime_cap") or _legacy_cap(doc)
+    return None if cap is None else {"epsilon": cap["epsilon"],
+                                     "delta": cap["delta"]}
 
-    ``show`` prints the history and the lifetime epsilon; ``check`` is the
-    pre-flight of a scheduled run: exit 0 if a release with the planned
-    mechanisms would fit under the cap, 3 if not (nothing is written; the
-    authoritative reservation is made by the run itself).
-    """
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipelines.budget_store")
     sub = p.add_subparsers(dest="command", required=True)
-    for name in ("show", "check"):
+    for name in ("show", "check", "set-cap"):
         s = sub.add_parser(name)
         s.add_argument("--budget-store", required=True)
         s.add_argument("--dataset-id", required=True)
-        s.add_argument("--lifetime-delta", type=float, default=1e-5)
-        s.add_argument("--accountant", default="pld", choices=("pld", "rdp"))
+    sub.choices["show"].add_argument(
+        "--lifetime-delta", type=float, default=None,
+        help="default: the dataset's pinned lifetime delta")
+    for name in ("show", "check"):
+        sub.choices[name].add_argument("--accountant", default="pld",
+                                       choices=("pld", "rdp"))
     c = sub.choices["check"]
-    c.add_argument("--lifetime-epsilon", type=float, required=True)
+    c.add_argument("--lifetime-epsilon", type=float, default=None,
+                   help="needed only for a dataset without a pinned cap; a "
+                   "value above the pinned cap is refused")
+    c.add_argument("--lifetime-delta", type=float, default=None,
+                   help="default: the pinned lifetime delta (or --delta)")
     c.add_argument("--run-id", default=None,
                    help="a run recorded under this id before reading data, "
                    "or staged, spends nothing more; one that crashed after "
@@ -558,20 +839,63 @@ def main(argv: Optional[list[str]] = None) -> int:
                    default=None)
     c.add_argument("--mechanisms-json", default=None,
                    help="a manifest.json or a JSON list of Mechanism dicts")
-    args = p.parse_args(argv)
+    s = sub.choices["set-cap"]
+    s.add_argument("--lifetime-epsilon", type=float, required=True)
+    s.add_argument("--lifetime-delta", type=float, required=True)
+    s.add_argument("--reason", required=True,
+                   help="why the cap changes (kept in the store)")
+    return p
 
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m pipelines.budget_store {show,check,set-cap} ...``.
+
+    ``show`` prints the history and the lifetime epsilon; ``check`` is the
+    pre-flight of a scheduled run: exit 0 if a release with the planned
+    mechanisms would fit under the pinned cap, 3 if not (nothing is written;
+    the authoritative reservation is made by the run itself); ``set-cap`` is
+    the administrator's logged change of the pinned cap.
+    """
+    args = _parser().parse_args(argv)
+    if args.command == "set-cap":
+        by = os.environ.get("USER") or os.environ.get("LOGNAME") or ""
+        change = set_cap(args.budget_store, args.dataset_id,
+                         args.lifetime_epsilon, args.lifetime_delta,
+                         args.reason, by)
+        print(f"budget store: dataset {args.dataset_id!r} lifetime cap "
+              f"changed from {change['from']} to (epsilon="
+              f"{args.lifetime_epsilon:g}, delta={args.lifetime_delta:g}) by "
+              f"{by or 'unknown'}: {args.reason}", file=sys.stderr)
+        print(json.dumps(change, indent=1))
+        return 0
     entries = history(args.budget_store, args.dataset_id)
-    spent = _compose(entries, args.lifetime_delta, args.accountant)
+    cap = pinned_cap(args.budget_store, args.dataset_id)
+    delta = (args.lifetime_delta or (cap or {}).get("delta")
+             or getattr(args, "delta", None) or 1e-5)
+    spent = _compose(entries, delta, args.accountant)
     report = {"dataset_id": args.dataset_id, "releases": len(entries),
-              "lifetime_epsilon_spent": spent,
-              "lifetime_delta": args.lifetime_delta}
+              "lifetime_epsilon_spent": spent, "lifetime_delta": delta,
+              "lifetime_cap": cap}
     if args.command == "show":
         report["history"] = [{k: e.get(k) for k in (
             "run_id", "attempt", "status", "epsilon", "delta", "release_uri",
             "reserved_at", "lifetime_epsilon_after")} for e in entries]
         print(json.dumps(report, indent=1))
         return 0
-    _check_cap(args.lifetime_epsilon, args.lifetime_delta)
+    return _check(args, entries, cap, delta, report)
+
+
+def _check(args: argparse.Namespace, entries: list[dict],
+           cap: Optional[dict], delta: float, report: dict) -> int:
+    try:
+        cap_eps, delta = _cap_for_run(
+            {"dataset_id": args.dataset_id, "releases": entries,
+             **({"lifetime_cap": cap} if cap else {})},
+            args.budget_store, args.lifetime_epsilon, args.lifetime_delta,
+            args.delta)
+    except (CapConflict, ValueError) as err:
+        print(f"budget check: {err}", file=sys.stderr)
+        return 3
     latest = None
     if args.run_id:
         latest = _find({"releases": entries}, args.run_id)
@@ -586,14 +910,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     planned = {"mechanisms": [_mechanism_to_dict(m)
                               for m in _planned_mechanisms(args)]}
-    after = _compose(entries + [planned], args.lifetime_delta, args.accountant)
-    fits = after <= args.lifetime_epsilon * (1 + _REL_TOL)
-    report.update(lifetime_epsilon_cap=args.lifetime_epsilon,
-                  lifetime_epsilon_after=after, fits=fits)
+    after = _compose(entries + [planned], delta, args.accountant)
+    fits = after <= cap_eps * (1 + _REL_TOL)
+    report.update(lifetime_epsilon_cap=cap_eps, lifetime_epsilon_after=after,
+                  fits=fits)
     print(json.dumps(report, indent=1))
     if not fits:
         print(f"budget check: dataset {args.dataset_id!r} would reach "
-              f"epsilon {after:.4f} > cap {args.lifetime_epsilon:g}; "
+              f"epsilon {after:.4f} > cap {cap_eps:g}; "
               "refusing to schedule the run", file=sys.stderr)
         return 3
     return 0

@@ -200,8 +200,11 @@ def _our_streams() -> list:
 class ProgressPrinter:
     """Tails a ``transforms.progress.ProgressFile`` in a thread and prints,
     every ``every`` seconds or when a new pass starts, one line: elapsed
-    time, the pass and the rows it has read so far (operator console only).
-    Without a file (remote runners) it prints the elapsed time only."""
+    time and the pass. The exact rows each pass has read so far are private
+    (they are n); they are printed only with ``show_rows`` (the operator's
+    ``--show-row-counts``), never by default: schedulers forward the console
+    to logs that more people read. Without a file (remote runners) it
+    prints the elapsed time only."""
 
     LABELS = {"Centre": "DP centre", "Read": "reading the input",
               "TreeCounts": "tree counts", "LeafSums": "tree leaf sums",
@@ -211,8 +214,9 @@ class ProgressPrinter:
               "ClassSubspace": "class subspace moments"}
 
     def __init__(self, path: Optional[str], passes: Sequence[str],
-                 every: float = 10.0) -> None:
+                 every: float = 10.0, show_rows: bool = False) -> None:
         self.path, self.passes, self.every = path, list(passes), every
+        self.show_rows = show_rows
         self._rows: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -277,9 +281,13 @@ class ProgressPrinter:
             return
         index = (f" {self.passes.index(latest) + 1}/{len(self.passes)}"
                  if latest in self.passes else "")
+        if not self.show_rows:
+            operator_log.info("[%s] pass%s: %s", _clock(now - self._start),
+                              index, self.label(latest))
+            return
         operator_log.info("[%s] pass%s, %s: %s rows read",
-                 _clock(now - self._start), index, self.label(latest),
-                 f"{self._rows.get(latest, 0):,}")
+                          _clock(now - self._start), index,
+                          self.label(latest), f"{self._rows.get(latest, 0):,}")
 
 
 def _clock(seconds: float) -> str:

@@ -126,6 +126,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="read the input once and keep the blocks in the "
                       "runner between passes (default: every pass re-reads "
                       "the files, so memory does not grow with n)")
+    data.add_argument("--show-row-counts", action="store_true",
+                      help="progress lines show the exact rows each pass has "
+                      "read (operator diagnostics: exact counts are private "
+                      "and NOT differentially private; off by default because "
+                      "schedulers forward the console to shared logs)")
     data.add_argument("--record-timings", action="store_true",
                       help="print the wall times of the run's steps on the "
                       "console (operator diagnostics: they grow with n, so "
@@ -167,9 +172,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     life.add_argument("--dataset-id", help="names the private dataset in the "
                       "budget store")
     life.add_argument("--lifetime-epsilon", type=_epsilon,
-                      help="lifetime epsilon cap of --dataset-id")
+                      help="lifetime epsilon cap of --dataset-id: needed the "
+                      "first time, then pinned in the store (a larger value "
+                      "is refused; `python -m pipelines.budget_store set-cap` "
+                      "changes it)")
     life.add_argument("--lifetime-delta", type=float,
-                      help="delta at which the lifetime epsilon is measured "
+                      help="delta at which the lifetime epsilon is measured, "
+                      "pinned with the cap "
                       "(default: --delta)")
 
     gen = parser.add_argument_group("generator")
@@ -247,6 +256,7 @@ class Job:
     output: str
     staging: str
     run_id: str
+    owner: str = ""  # this launch's random token (names its staging)
     version: str = ""  # the release's folder under --output (random)
     created_utc: str = ""  # taken before any data is read
     noise: Optional[NoiseSource] = None
@@ -257,6 +267,7 @@ class Job:
     adaptive_mu: Optional[float] = None
     reserved: Optional[list] = None
     structure: Optional[adaptive.Structure] = None
+    lifetime_cap: Optional[dict] = None  # the store's, when there is one
 
 
 def prepare(args: argparse.Namespace) -> Job:
@@ -284,10 +295,11 @@ def prepare(args: argparse.Namespace) -> Job:
     run_id = args.run_id or uuid.uuid4().hex[:12]
     output = args.output or f"dpsynth-releases/{run_id}"
     _check_budget_flags(args)
+    owner = os.urandom(8).hex()
+    staging = release.staging_dir(output, run_id, owner)
     if _published_by(output, run_id):
         return Job(cfg, PrivacyLedger(cfg.epsilon, cfg.delta), None, output,
-                   release.staging_dir(output, run_id), run_id,
-                   already_published=True)
+                   staging, run_id, owner, already_published=True)
     release.check_output(output, args.overwrite)
     spec = io.InputSpec(args.input, args.input_format, args.embedding_feature,
                         args.label_feature, tuple(labels), args.non_finite,
@@ -297,7 +309,7 @@ def prepare(args: argparse.Namespace) -> Job:
     if not args.images:
         io.match_files(spec.pattern)  # lists names only: no data is read
     job = Job(cfg, PrivacyLedger(cfg.epsilon, cfg.delta), spec, output,
-              release.staging_dir(output, run_id), run_id,
+              staging, run_id, owner,
               version=f"{release.VERSION_PREFIX}{uuid.uuid4().hex[:12]}",
               created_utc=_timestamp(),
               noise=make_noise_source(args.noise_seed))
@@ -330,13 +342,21 @@ def _resolve_covariance(cfg: GeneratorConfig,
 
 def _check_budget_flags(args: argparse.Namespace) -> None:
     if args.budget_store is None:
-        if args.dataset_id or args.lifetime_epsilon:
-            raise ValueError("--dataset-id/--lifetime-epsilon need "
-                             "--budget-store")
+        if (args.dataset_id or args.lifetime_epsilon
+                or args.lifetime_delta is not None):
+            raise ValueError("--dataset-id/--lifetime-epsilon/--lifetime-delta "
+                             "need --budget-store")
         return
-    if not args.dataset_id or args.lifetime_epsilon is None:
-        raise ValueError("--budget-store needs --dataset-id and "
-                         "--lifetime-epsilon")
+    if not args.dataset_id:
+        raise ValueError("--budget-store needs --dataset-id (and "
+                         "--lifetime-epsilon the first time: the store pins "
+                         "the dataset's cap)")
+    if args.noise_seed is not None:
+        raise ValueError("--noise-seed cannot be used with --budget-store: "
+                         "seeded noise is reproducible, so two releases with "
+                         "one seed on neighbouring data cancel each other's "
+                         "noise; such releases are not private and must not "
+                         "be charged as if they were")
     if args.lifetime_delta is not None and not 0 < args.lifetime_delta < 1:
         raise ValueError(f"--lifetime-delta must be in (0, 1), got "
                          f"{args.lifetime_delta}")
@@ -353,28 +373,32 @@ def _published_by(output: str, run_id: Optional[str]) -> bool:
     return release.read_manifest(output).get("run_id") == run_id
 
 
-def _reserve(job: Job, args: argparse.Namespace, staged_available: bool):
-    """Records this attempt's spend in the lifetime ledger (or refuses)."""
+def _reserve(job: Job, args: argparse.Namespace):
+    """Records this attempt's spend in the lifetime ledger (or refuses), or
+    takes over the run id's reserved or staged attempt at no new cost."""
     if args.budget_store is None:
         return None
     from pipelines import budget_store
-    return budget_store.reserve(
+    reservation = budget_store.reserve(
         args.budget_store, args.dataset_id, job.run_id,
         job.reserved or job.ledger.mechanisms,
         job.cfg.epsilon, job.cfg.delta, args.lifetime_epsilon,
-        args.lifetime_delta or job.cfg.delta, job.cfg.accountant,
-        staged_available=staged_available)
+        args.lifetime_delta, job.cfg.accountant, owner=job.owner,
+        created_utc=job.created_utc)
+    job.created_utc = reservation.created_utc or job.created_utc
+    job.lifetime_cap = reservation.lifetime_cap
+    return reservation
 
 
-def _budget_manifest(args: argparse.Namespace) -> Optional[dict]:
-    """Public configuration of the lifetime budget. (What earlier runs and
+def _budget_manifest(job: Job, args: argparse.Namespace) -> Optional[dict]:
+    """Public configuration of the lifetime budget: the store, the dataset
+    id and the cap this run was checked against. (What earlier runs and
     attempts spent is not released: how many attempts a run needed may
     depend on the data, e.g. one that ran out of memory.)"""
     if args.budget_store is None:
         return None
     return {"store": args.budget_store, "dataset_id": args.dataset_id,
-            "lifetime_cap": {"epsilon": args.lifetime_epsilon,
-                             "delta": args.lifetime_delta or args.delta}}
+            "lifetime_cap": job.lifetime_cap}
 
 
 def _timestamp() -> str:
@@ -540,6 +564,11 @@ def adaptive_pass_names(structure: adaptive.Structure,
                           else [])
 
 
+SEEDED_WARNING = (
+    "NOT PRIVATE: the noise came from the secret --noise-seed, for tests and "
+    "audits. Anyone holding releases made with the same seed on neighbouring "
+    "data can cancel the noise. Never share this release.")
+
 NOISE_DESCRIPTION = (
     "{kind}: exact discrete Gaussian on each aggregate's fixed-point lattice "
     "(Canonne-Kamath-Steinke), drawn from an AES-256-CTR keystream under "
@@ -559,9 +588,12 @@ def manifest(job: Job, args: argparse.Namespace, dim: int,
     noisy_n = sum(max(c["noisy_count"], 0.0) for c in summary)
     warnings = []
     if cfg.noiseless:
-        warnings.append("epsilon=inf: NO NOISE WAS ADDED. This release is NOT "
-                        "differentially private. Never share it.")
-    elif noisy_n > 0 and cfg.delta > 1.0 / noisy_n:
+        warnings.append("NOT PRIVATE: epsilon=inf: NO NOISE WAS ADDED. This "
+                        "release is NOT differentially private. Never share "
+                        "it.")
+    elif args.noise_seed is not None:
+        warnings.append(SEEDED_WARNING)
+    if not cfg.noiseless and noisy_n > 0 and cfg.delta > 1.0 / noisy_n:
         warnings.append(f"delta={cfg.delta:g} is larger than 1/n for the noisy "
                         f"record count n~{noisy_n:.0f}; choose delta << 1/n")
     config = dataclasses.asdict(cfg)
@@ -580,6 +612,9 @@ def manifest(job: Job, args: argparse.Namespace, dim: int,
         "privacy": job.ledger.to_manifest(),
         "adaptive_plan": plan_doc,
         "noise": "none (epsilon=inf)" if cfg.noiseless else noise,
+        # False: no noise, or noise from a secret seed (reusing it on
+        # neighbouring data cancels the noise): not differentially private.
+        "private": not cfg.noiseless and args.noise_seed is None,
         "config": config,
         "input": {"pattern": job.spec.pattern, "format": job.spec.fmt,
                   "non_finite": job.spec.non_finite},
@@ -590,7 +625,7 @@ def manifest(job: Job, args: argparse.Namespace, dim: int,
                                     job.spec.embedding_feature,
                                     job.spec.label_feature,
                                     plan_doc and plan_doc["mode"]),
-        "lifetime_budget": _budget_manifest(args),
+        "lifetime_budget": _budget_manifest(job, args),
         "versions": release.versions(),
         "warnings": warnings,
     }
@@ -660,7 +695,8 @@ def _stage(job: Job, args: argparse.Namespace, beam_argv: Sequence[str],
         with console.quiet_stderr(args.verbose):
             if job.adaptive_mu is None:
                 with console.ProgressPrinter(progress.path,
-                                             pass_names(job.cfg, args)):
+                                             pass_names(job.cfg, args),
+                                             show_rows=args.show_row_counts):
                     p = beam.Pipeline(options=options)
                     build(p, job, reader, args, progress)
                     p.run().wait_until_finish()
@@ -685,14 +721,16 @@ def _run_adaptive(job: Job, args: argparse.Namespace, options,
                   timings: dict) -> None:
     """Phase 1 run -> the rule -> phase 2 run (adaptive composition)."""
     t0 = time.time()
-    with console.ProgressPrinter(progress.path, ["Counts"]):
+    with console.ProgressPrinter(progress.path, ["Counts"],
+                                 show_rows=args.show_row_counts):
         centre, counts = run_phase1(job, reader, options, progress)
     timings["phase1"] = round(time.time() - t0, 3)
     structure = choose_phase2(job, reader.dim, counts)
     progress.reset()
     reader = _make_reader(job, args)  # a transform belongs to one pipeline
     with console.ProgressPrinter(progress.path,
-                                 adaptive_pass_names(structure, args)):
+                                 adaptive_pass_names(structure, args),
+                                 show_rows=args.show_row_counts):
         p = beam.Pipeline(options=options)
         build_adaptive(p, job, reader, args, centre, counts, progress)
         p.run().wait_until_finish()
@@ -702,11 +740,13 @@ def run(args: argparse.Namespace, beam_argv: Sequence[str]) -> str:
     """Runs the job; returns the published release path.
 
     Protocol (see pipelines/budget_store.py for the lifetime ledger's side):
-    reserve the spend -> run into staging -> staged manifest -> commit the
-    spend as staged -> place the files under --output/<version> -> write
-    --output/manifest.json (the commit point for readers) -> record the
-    release as published. A retry of a run id whose release is complete in
-    staging re-publishes those files (same noise, no new spend).
+    reserve the spend (or take over the run id's attempt) -> run into this
+    launch's own staging folder -> staged manifest -> record the staged
+    folder and its manifest's digest -> place the files under
+    --output/<version> -> write --output/manifest.json (the commit point for
+    readers) -> record the release as published. A retry of a run id whose
+    staged release is recorded re-publishes exactly that folder (same noise,
+    no new spend); one run id never publishes a second draw.
     """
     t0 = time.time()
     allocator.keep_heap_pages()  # the runner process moves blocks too
@@ -724,45 +764,136 @@ def run(args: argparse.Namespace, beam_argv: Sequence[str]) -> str:
     if job.cfg.noiseless:
         log.warning("!!! --epsilon inf: running WITHOUT NOISE. The output is "
                     "NOT differentially private. Debugging only. !!!")
-    staged = release.staged_manifest(job.staging)
-    if staged is not None and staged.get("run_id") != job.run_id:
-        staged = None
-    reservation = _reserve(job, args, staged_available=staged is not None)
-    _checkpoint("reserved")
-    timings = {"plan": round(time.time() - t0, 3)}
     from pipelines import budget_store
-    try:
-        if staged is None:
-            doc = _stage(job, args, beam_argv, reservation, timings)
-        else:
-            doc = staged
-            log.info("run %s: re-publishing its staged release (no new noise, "
-                     "no new spend)", job.run_id)
-        _checkpoint("staged")
-        if reservation is not None:
-            budget_store.commit_staged(reservation)
-        _checkpoint("committed")
-        release.publish(job.staging, job.output, args.overwrite)
-        _checkpoint("published")
-        if reservation is not None:
-            budget_store.commit(reservation, job.output)
-        _checkpoint("recorded")
-    except BaseException:
-        if reservation is not None:
-            budget_store.release_failed(reservation)
-        if release.staged_manifest(job.staging) is None:
-            release.discard(job.staging)
-        else:
-            log.warning("the staged release of run %s is kept at %s: re-run "
-                        "with --run-id %s to publish it (no new spend)",
-                        job.run_id, job.staging, job.run_id)
-        raise
+    staged = _staged_to_reuse(job, args)
+    reservation = _reserve(job, args)
+    timings = {"plan": round(time.time() - t0, 3)}
+    recorded = False  # this launch's staged folder is recorded in the store
+    with budget_store.Lease(reservation) as lease:
+        try:
+            if reservation is not None and reservation.staged is not None:
+                staged = _recorded_staged(job, reservation)
+            _checkpoint("reserved")
+            if staged is None:
+                doc = _stage(job, args, beam_argv, reservation, timings)
+            else:
+                doc = staged
+                log.info("run %s: re-publishing its staged release (no new "
+                         "noise, no new spend)", job.run_id)
+            _checkpoint("staged")
+            if reservation is not None:
+                lease.check()
+                budget_store.commit_staged(
+                    reservation, job.staging,
+                    release.manifest_digest(job.staging))
+                recorded = True
+            _checkpoint("committed")
+            release.publish(job.staging, job.output, args.overwrite)
+            _checkpoint("published")
+            if reservation is not None:
+                budget_store.commit(reservation, job.output)
+            _checkpoint("recorded")
+        except BaseException:
+            _stop_attempt(job, args, reservation, recorded)
+            raise
     release.remove_unreferenced(job.output)
-    release.discard(job.staging)
+    for folder in release.staging_folders(job.output, job.run_id).values():
+        release.discard(folder)  # this one and crashed attempts' leftovers
     timings["total"] = round(time.time() - t0, 3)
     if args.record_timings:
         log.info("wall times (s, operator only, not DP): %s", timings)
     return job.output
+
+
+def _stop_attempt(job: Job, args: argparse.Namespace, reservation,
+                  recorded: bool) -> None:
+    """After a failure: give the attempt back and keep the staged release
+    only where a retry may publish it (recorded in the store, or no store
+    and no release of this run id published by another launch)."""
+    if reservation is not None:
+        from pipelines import budget_store
+        try:
+            budget_store.release_failed(reservation)
+        except Exception as err:  # must not hide the original error
+            log.warning("could not record the failed attempt of run %s in "
+                        "the budget store (%s); its lease expires by itself",
+                        job.run_id, err)
+    keep = release.staged_manifest(job.staging) is not None and (
+        recorded if reservation is not None
+        else not _published_by(job.output, job.run_id))
+    if not keep:
+        release.discard(job.staging)
+        return
+    log.warning("the staged release of run %s is kept at %s: re-run with "
+                "--run-id %s to publish it (no new spend)", job.run_id,
+                job.staging, job.run_id)
+
+
+def _staged_to_reuse(job: Job, args: argparse.Namespace) -> Optional[dict]:
+    """Complete staged releases of this run id left by earlier launches.
+
+    With a budget store, each must belong to an attempt the store charged
+    (its folder is named by the attempt's owner token); the store then says
+    which one, if any, is re-published. Without a store, one whose
+    configuration is this run's is re-published; anything else is refused
+    before any data is read or anything is charged.
+    """
+    complete = {token: folder for token, folder in
+                release.staging_folders(job.output, job.run_id).items()
+                if release.staged_manifest(folder) is not None}
+    if args.budget_store is not None:
+        from pipelines import budget_store
+        charged = budget_store.run_owners(args.budget_store, args.dataset_id,
+                                          job.run_id)
+        unknown = sorted(f for t, f in complete.items() if t not in charged)
+        if unknown:
+            raise release.ReleaseError(
+                f"{unknown[0]} holds a complete staged release of run "
+                f"{job.run_id!r} that budget store {args.budget_store} "
+                f"(dataset {args.dataset_id!r}) never charged (it was staged "
+                "without this store or under another dataset id). Publishing "
+                "it would escape the ledger and a new draw would make a "
+                "second release of one run id: delete it, or use a new "
+                "--run-id")
+        return None  # the store names the staged folder to re-publish
+    if len(complete) > 1:
+        raise release.ReleaseError(
+            f"run {job.run_id!r} has {len(complete)} complete staged releases "
+            f"({', '.join(sorted(complete.values()))}): launches without a "
+            "budget store raced; delete them or use a new --run-id")
+    for folder in complete.values():
+        staged = release.staged_manifest(folder)
+        if not _same_configuration(staged, job):
+            raise release.ReleaseError(
+                f"{folder} holds a staged release of run {job.run_id!r} made "
+                "with another configuration (epsilon, delta, input or "
+                "generator flags differ); a retry must re-publish exactly "
+                "what was drawn: delete it or use a new --run-id")
+        job.staging = folder
+        return staged
+    return None
+
+
+def _same_configuration(staged: dict, job: Job) -> bool:
+    config = dataclasses.asdict(job.cfg)
+    config["labels"] = list(job.cfg.labels)
+    same_input = staged.get("input", {}).get("pattern") == job.spec.pattern
+    return json.loads(json.dumps(config)) == staged.get("config") and same_input
+
+
+def _recorded_staged(job: Job, reservation) -> dict:
+    """The staged release the budget store recorded for this run id, after
+    checking that its manifest is the one recorded."""
+    folder = reservation.staged["folder"]
+    staged = release.staged_manifest(folder)
+    if staged is None or release.manifest_digest(folder) != \
+            reservation.staged["manifest_sha256"]:
+        raise release.ReleaseError(
+            f"run {job.run_id!r}: the budget store recorded a staged release "
+            f"at {folder}, which is missing or changed; nothing is published "
+            "(the attempt stays charged). Start a new --run-id")
+    job.staging = folder
+    return staged
 
 
 def _finish_published(job: Job, args: argparse.Namespace) -> None:
@@ -771,9 +902,11 @@ def _finish_published(job: Job, args: argparse.Namespace) -> None:
     if args.budget_store is not None:
         from pipelines import budget_store
         budget_store.mark_published(args.budget_store, args.dataset_id,
-                                    job.run_id, job.output)
+                                    job.run_id, job.output,
+                                    release.manifest_digest(job.output))
     release.remove_unreferenced(job.output)
-    release.discard(job.staging)
+    for folder in release.staging_folders(job.output, job.run_id).values():
+        release.discard(folder)
 
 
 def _read_summary(staging: str) -> list:
@@ -826,17 +959,18 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
         return console.run_command(
             go, "generate", (UsageError, io.InputError, release.ReleaseError,
                              budget_store.BudgetExceeded,
-                             budget_store.RunConflict, ImageInputError))
+                             budget_store.RunConflict,
+                             budget_store.CapConflict, ImageInputError))
 
 
 def _lifetime(args: argparse.Namespace):
     if args.budget_store is None:
         return None
     from pipelines import budget_store
+    cap = budget_store.pinned_cap(args.budget_store, args.dataset_id)
     spent = budget_store.lifetime_spent(
-        args.budget_store, args.dataset_id, args.lifetime_delta or args.delta,
-        args.accountant)
-    return spent, args.lifetime_epsilon, args.dataset_id
+        args.budget_store, args.dataset_id, cap["delta"], args.accountant)
+    return spent, cap["epsilon"], args.dataset_id
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

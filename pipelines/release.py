@@ -22,6 +22,7 @@ naming it belongs to no release. Publishing the same staged release again
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -45,8 +46,40 @@ def is_local(path: str) -> bool:
     return "://" not in path
 
 
-def staging_dir(output: str, run_id: str) -> str:
-    return f"{output.rstrip('/')}.staging-{run_id}"
+def staging_dir(output: str, run_id: str, owner: str) -> str:
+    """One launch's own staging folder (``owner``: its random token), so
+    two launches of one run id never write into the same files."""
+    return f"{staging_prefix(output, run_id)}{owner}"
+
+
+def staging_prefix(output: str, run_id: str) -> str:
+    # '@' is not allowed in run ids: run "a" never matches run "a-b".
+    return f"{output.rstrip('/')}.staging-{run_id}@"
+
+
+def staging_folders(output: str, run_id: str) -> dict[str, str]:
+    """owner token -> staging folder, for every staging folder of the run
+    id beside ``output`` (complete or not)."""
+    prefix = staging_prefix(output, run_id)
+    if is_local(prefix):
+        folder = os.path.dirname(prefix) or "."
+        base = os.path.basename(prefix)
+        names = os.listdir(folder) if os.path.isdir(folder) else []
+        return {n[len(base):]: os.path.join(os.path.dirname(prefix), n)
+                for n in names if n.startswith(base)
+                and os.path.isdir(os.path.join(folder, n))}
+    found = FileSystems.match([prefix + "**"])[0].metadata_list
+    out = {}
+    for m in found:
+        token = m.path[len(prefix):].split("/", 1)[0]
+        out[token] = prefix + token
+    return out
+
+
+def manifest_digest(folder: str) -> str:
+    """sha256 of ``folder/manifest.json``'s bytes."""
+    with FileSystems.open(manifest_path(folder)) as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def manifest_path(release: str) -> str:
@@ -138,6 +171,12 @@ def publish(staging: str, output: str, overwrite: bool = False) -> dict:
         current = read_manifest(output)
         if current.get("root") == manifest["root"]:
             return manifest  # this staged release is already the published one
+        if current.get("run_id") == manifest.get("run_id"):
+            raise ReleaseError(
+                f"--output {output} already holds a release of run "
+                f"{manifest.get('run_id')!r} (another launch published it); "
+                "one run id has one release: not replacing it with a second "
+                "draw, even with --overwrite")
         if not overwrite:
             raise ReleaseError(f"--output {output} already holds a release")
     root = io.join(output, manifest["root"])

@@ -212,7 +212,7 @@ def test_partial_staging_of_a_crashed_attempt_is_discarded(good, tmp_path,
     """A crashed attempt's partial files (no staged manifest) never reach a
     release: the retry of that run id starts a fresh staging directory."""
     out = tmp_path / "out"
-    stale = tmp_path / "out.staging-run1"
+    stale = tmp_path / "out.staging-run1@0123abcd"
     (stale / "data").mkdir(parents=True)
     (stale / "data" / "old-shard.tfrecord").write_bytes(b"stale")
     rc = _generate("--input", good, "--num-classes", 2, "--output", out,

@@ -110,22 +110,26 @@ def test_retry_before_any_data_was_read_spends_nothing(store):
     cap = eps_of(1) * 1.01
     first = bs.reserve(store, "digits", "nightly-2026-01-01", release(), 1.0,
                        DELTA, cap, DELTA)
+    bs.release_failed(first)  # stopped before reading: gives its lease back
     again = bs.reserve(store, "digits", "nightly-2026-01-01", release(), 1.0,
                        DELTA, cap, DELTA)
     assert again.already_spent and again.attempt == first.attempt == 1
+    assert again.owner != first.owner  # taken over: the first owns nothing
+    with pytest.raises(bs.AttemptLost):
+        bs.mark_running(first)
     assert again.lifetime_epsilon_spent == pytest.approx(
         first.lifetime_epsilon_spent)
     assert len(bs.history(store, "digits")) == 1
     # Same run id, other configuration: refused, not silently re-spent.
     with pytest.raises(bs.RunConflict, match="different mechanisms"):
         bs.reserve(store, "digits", "nightly-2026-01-01", release(sigma=5.0),
-                   1.0, DELTA, 100, DELTA)
+                   1.0, DELTA, None, None)
 
 
 def test_published_run_id_is_refused(store):
     r = bs.reserve(store, "digits", "n-1", release(), 1.0, DELTA, 10, DELTA)
     bs.mark_running(r)
-    bs.commit_staged(r)
+    bs.commit_staged(r, "gs://out/2026-01-01.staging-n-1@x", "ab" * 32)
     bs.commit(r, "gs://out/2026-01-01")
     bs.commit(r, "gs://out/2026-01-01")  # committing twice is a no-op
     with pytest.raises(bs.RunConflict, match="already published at "
@@ -160,12 +164,18 @@ def test_staged_release_is_republished_at_no_new_cost(store):
     r = bs.reserve(store, "digits", "run-1", release(), 1.0, DELTA,
                    eps_of(1) * 1.01, DELTA)
     bs.mark_running(r)
-    bs.commit_staged(r)
+    staged = {"folder": "/releases/1.staging-run-1@" + r.owner,
+              "manifest_sha256": "cd" * 32}
+    bs.commit_staged(r, **staged)
     bs.release_failed(r)  # e.g. a crash while publishing: stays staged
     again = bs.reserve(store, "digits", "run-1", release(), 1.0, DELTA,
-                       eps_of(1) * 1.01, DELTA, staged_available=True)
+                       eps_of(1) * 1.01, DELTA)
     assert again.already_spent and again.attempt == 1
-    assert again.status == bs.STAGED
+    assert again.status == bs.STAGED and again.staged == staged
+    assert r.owner in bs.run_owners(store, "digits", "run-1")
+    with pytest.raises(bs.RunConflict, match="refusing to publish another"):
+        bs.commit_staged(again, "/releases/1.staging-run-1@other", "ef" * 32)
+    bs.commit_staged(again, **staged)
     bs.commit(again, "/releases/1")
     (entry,) = bs.history(store, "digits")
     assert entry["status"] == bs.PUBLISHED
@@ -175,12 +185,15 @@ def test_staged_release_is_republished_at_no_new_cost(store):
 
 def test_mark_published_finishes_a_crash_after_the_manifest(store):
     r = bs.reserve(store, "digits", "run-1", release(), 1.0, DELTA, 10, DELTA)
+    digest = "ab" * 32
     with pytest.raises(ValueError, match="not staged"):
-        bs.mark_published(store, "digits", "run-1", "/releases/1")
+        bs.mark_published(store, "digits", "run-1", "/releases/1", digest)
     bs.mark_running(r)
-    bs.commit_staged(r)
-    bs.mark_published(store, "digits", "run-1", "/releases/1")
-    bs.mark_published(store, "digits", "run-1", "/releases/1")  # no-op
+    bs.commit_staged(r, "/releases/1.staging-run-1@x", digest)
+    with pytest.raises(bs.RunConflict, match="digests differ"):
+        bs.mark_published(store, "digits", "run-1", "/releases/1", "00" * 32)
+    bs.mark_published(store, "digits", "run-1", "/releases/1", digest)
+    bs.mark_published(store, "digits", "run-1", "/releases/1", digest)
     (entry,) = bs.history(store, "digits")
     assert entry["status"] == bs.PUBLISHED
     assert entry["release_uri"] == "/releases/1"
@@ -323,14 +336,19 @@ def test_cli_show_and_check(tmp_path):
                    "--mechanisms-json", str(manifest), "--run-id", "run-1")
     assert same_run.returncode == 0, same_run.stderr  # no data read yet
     (entry,) = bs.history(store, "digits")
-    r1 = bs._reservation(store, "digits", entry, False, 0.0, DELTA)
+    r1 = bs._reservation(store, "digits", entry, False, 0.0, DELTA, 120.0)
     bs.mark_running(r1)
     bs.release_failed(r1)  # crashed after reading: a retry is charged again
     retry = cli("check", *common, "--lifetime-epsilon", str(cap),
                 "--mechanisms-json", str(manifest), "--run-id", "run-1")
     assert retry.returncode == 3, retry.stdout
-    planned = cli("check", *common, "--lifetime-epsilon", "1000",
-                  "--epsilon", "1.0", "--num-classes", "3")
+    wider = cli("check", *common, "--lifetime-epsilon", "1000",
+                "--epsilon", "1.0", "--num-classes", "3")
+    assert wider.returncode == 3 and "pinned" in wider.stderr
+    changed = cli("set-cap", *common, "--lifetime-epsilon", "1000",
+                  "--lifetime-delta", str(DELTA), "--reason", "new contract")
+    assert changed.returncode == 0 and "new contract" in changed.stderr
+    planned = cli("check", *common, "--epsilon", "1.0", "--num-classes", "3")
     assert planned.returncode == 0, planned.stderr
     shown = cli("show", *common)
     assert json.loads(shown.stdout)["history"][0]["run_id"] == "run-1"

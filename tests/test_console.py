@@ -147,5 +147,21 @@ def test_a_job_faster_than_the_poll_still_shows_its_last_pass(tmp_path,
             pass
     lines = [r.getMessage() for r in caplog.records
              if r.name == "dpsynth.operator"]
-    assert lines[-2].endswith("pass 2/2, moments: 300 rows read")
+    assert lines[-2].endswith("pass 2/2: moments")
     assert lines[-1].endswith("pipeline finished")
+    assert not any("300" in line for line in lines)  # exact n: opt-in only
+
+
+def test_exact_row_counts_only_when_the_operator_asks(tmp_path, caplog):
+    import logging
+
+    from pipelines import console
+    path = tmp_path / "progress"
+    path.write_text("Centre\t300\nMoments\t300\n")
+    with caplog.at_level(logging.INFO, logger="dpsynth.operator"):
+        with console.ProgressPrinter(str(path), ["Centre", "Moments"],
+                                     show_rows=True):
+            pass
+    lines = [r.getMessage() for r in caplog.records
+             if r.name == "dpsynth.operator"]
+    assert lines[-2].endswith("pass 2/2, moments: 300 rows read")

@@ -114,8 +114,7 @@ def _crash_then_retry(monkeypatch, tmp_path, output: str, store: str,
     conf = dict(manifest["config"], labels=tuple(manifest["config"]["labels"]))
     consistency.check_staged(root, GeneratorConfig(**conf),
                              manifest["classes"], manifest["embedding_dim"])
-    assert not release.staged_manifest(release.staging_dir(output,
-                                                           "nightly-1"))
+    assert release.staging_folders(output, "nightly-1") == {}
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -142,7 +141,8 @@ def test_a_staged_release_is_republished_byte_for_byte(monkeypatch, tmp_path):
         _crash_at(patch, "committed")
         with pytest.raises(Crash):
             _run(data, out, store)
-    staged = release.staged_manifest(release.staging_dir(out, "nightly-1"))
+    (folder,) = release.staging_folders(out, "nightly-1").values()
+    staged = release.staged_manifest(folder)
     assert staged is not None
     assert _run(data, out, store) == 0
     assert release.read_manifest(out) == staged

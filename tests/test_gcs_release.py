@@ -108,7 +108,7 @@ def _stage(release, gcs, run: str, shards: int) -> str:
     """A complete staging directory on gs:// (what a run leaves before
     publishing): data shards, gmm.npz, the staged manifest naming them."""
     from apache_beam.io.filesystems import FileSystems
-    staging = release.staging_dir(gcs.uri("rel/final"), run)
+    staging = release.staging_dir(gcs.uri("rel/final"), run, "t0")
     names = [f"synthetic-{i:05d}-of-{shards:05d}.tfrecord"
              for i in range(shards)]
     for name in names:
@@ -196,7 +196,7 @@ def test_crash_while_replacing_keeps_the_old_release_whole(gcs, monkeypatch):
     assert release.read_manifest(final)["run_id"] == "run-old"
     assert all("v-run-old" in f for f in release.release_files(final))
     spy.crash_on = None
-    release.publish(release.staging_dir(final, "run-new"), final,
+    release.publish(release.staging_dir(final, "run-new", "t0"), final,
                     overwrite=True)
     assert release.read_manifest(final)["run_id"] == "run-new"
 

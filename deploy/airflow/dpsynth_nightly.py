@@ -19,8 +19,19 @@ Idempotency: the output prefix is ``{output_root}/{ds}`` and the run id is
 run id, so the budget store charges it once and the job does not write a
 second, different release.
 
+Privacy settings of the operator (see deploy/README.md, "Operating the budget
+store"): the lifetime cap is pinned in the dataset's budget document by its
+first run (``lifetime_epsilon`` / ``lifetime_delta`` below only create it; a
+trigger cannot change them, and a later run cannot widen the pinned cap: only
+``python -m pipelines.budget_store set-cap --reason ...`` can). The job's
+console, which the Beam operator forwards to the task log, carries no exact
+row counts (``--show-row-counts`` is refused in ``extra_args``), and the
+summary that goes to ``LATEST.json`` and the webhook has nothing from the
+budget store.
+
 Configuration: two Airflow Variables, overridden per run by the DAG params
-(``airflow dags trigger dpsynth_nightly -c '{"runner": "DataflowRunner"}'``):
+(``airflow dags trigger dpsynth_nightly -c '{"runner": "DataflowRunner"}'``;
+the params cannot touch the lifetime cap or the budget store):
 
   dpsynth_runner   DirectRunner (default) | DataflowRunner | FlinkRunner |
                    DaskRunner
@@ -36,7 +47,8 @@ Configuration: two Airflow Variables, overridden per run by the DAG params
     input             input glob ("" = the embedded digits demo)
     num_classes       labels are 0..N-1 (10 for the demo)
     epsilon, delta    of each release
-    lifetime_epsilon, lifetime_delta   the dataset's lifetime cap
+    lifetime_epsilon, lifetime_delta   the dataset's lifetime cap, used only
+                      when its budget document is created (then pinned)
     extra_args        JSON object of more `dpsynth generate` flags
     notify_url        optional webhook receiving the release summary
 
@@ -80,6 +92,12 @@ DEFAULTS = {
     "notify_url": "",
 }
 RUNNERS = ("DirectRunner", "DataflowRunner", "FlinkRunner", "DaskRunner")
+# Flags an Airflow run must never pass: exact counts would reach task logs,
+# a seed makes the release non-private.
+FORBIDDEN_EXTRA = ("show_row_counts", "show-row-counts", "noise_seed",
+                   "noise-seed")
+# What a trigger's params may override (never the cap or the store).
+TRIGGER_KEYS = ("runner", "epsilon", "output_root")
 
 
 def settings(params: dict) -> dict:
@@ -93,8 +111,20 @@ def settings(params: dict) -> dict:
     cfg.update(stored)
     cfg["runner"] = Variable.get("dpsynth_runner", default=cfg["runner"])
     cfg.update({k: v for k, v in params.items()
-                if k in DEFAULTS and v not in (None, "")})
+                if k in TRIGGER_KEYS and v not in (None, "")})
+    forbidden = sorted(set(cfg["extra_args"]) & set(FORBIDDEN_EXTRA))
+    if forbidden:
+        raise ValueError(f"dpsynth_config extra_args: {forbidden} may not be "
+                         "used by a scheduled run (exact counts in task logs, "
+                         "or seeded noise that is not private)")
     return cfg
+
+
+def _cap_flags(cfg: dict) -> list[str]:
+    """The configured cap: creates the pinned cap of a new dataset; for an
+    existing one the check refuses a value above the pinned cap."""
+    return ["--lifetime-epsilon", str(cfg["lifetime_epsilon"]),
+            "--lifetime-delta", str(cfg["lifetime_delta"])]
 
 
 def _dpsynth(args: list[str]) -> subprocess.CompletedProcess:
@@ -130,11 +160,8 @@ with DAG(
         "runner": Param(None, type=["null", "string"],
                         enum=[None, *RUNNERS],
                         description="overrides Variable dpsynth_runner"),
-        "lifetime_epsilon": Param(None, type=["null", "number"]),
         "epsilon": Param(None, type=["null", "number"]),
         "output_root": Param(None, type=["null", "string"]),
-        "budget_store": Param(None, type=["null", "string"]),
-        "dataset_id": Param(None, type=["null", "string"]),
     },
     tags=["dpsynth", "privacy"],
 ) as dag:
@@ -155,8 +182,7 @@ with DAG(
             "--dataset-id", cfg["dataset_id"], "--run-id", run_id,
             "--epsilon", str(cfg["epsilon"]), "--delta", str(cfg["delta"]),
             "--num-classes", str(cfg["num_classes"]),
-            "--lifetime-epsilon", str(cfg["lifetime_epsilon"]),
-            "--lifetime-delta", str(cfg["lifetime_delta"])])
+            *_cap_flags(cfg)])
         if check.returncode == 3:  # over the cap: retrying cannot help
             raise AirflowFailException(check.stderr.strip())
         if check.returncode != 0:
@@ -173,6 +199,7 @@ with DAG(
             "epsilon": cfg["epsilon"], "delta": cfg["delta"],
             "budget_store": cfg["budget_store"],
             "dataset_id": cfg["dataset_id"],
+            # Creates the pinned cap on the first run; equal to it after.
             "lifetime_epsilon": cfg["lifetime_epsilon"],
             "lifetime_delta": cfg["lifetime_delta"],
             **cfg["extra_args"]})
@@ -181,9 +208,6 @@ with DAG(
         return {"runner": cfg["runner"], "options": options,
                 "output": output, "run_id": run_id,
                 "output_root": cfg["output_root"],
-                "budget_store": cfg["budget_store"],
-                "dataset_id": cfg["dataset_id"],
-                "lifetime_delta": cfg["lifetime_delta"],
                 "notify_url": cfg["notify_url"]}
 
     plan = budget_check()
@@ -205,17 +229,13 @@ with DAG(
     def publish_notify(plan: dict) -> dict:
         proc = _dpsynth([
             "deploy.publish", "--output", plan["output"],
-            "--run-id", plan["run_id"], "--output-root", plan["output_root"],
-            "--budget-store", plan["budget_store"],
-            "--dataset-id", plan["dataset_id"],
-            "--lifetime-delta", str(plan["lifetime_delta"])])
+            "--run-id", plan["run_id"], "--output-root", plan["output_root"]])
         if proc.returncode != 0:
             raise RuntimeError(f"release check failed: {proc.stderr[-2000:]}")
         summary = json.loads(proc.stdout)
         print(f"dpsynth release {summary['run_id']} published at "
               f"{summary['release']}: {summary['samples_total']} rows, "
-              f"epsilon {summary['epsilon_spent']:.4g}; lifetime epsilon "
-              f"{summary['lifetime_epsilon_spent']}")
+              f"epsilon {summary['epsilon_spent']:.4g}")
         if plan["notify_url"]:
             import urllib.request
             request = urllib.request.Request(
