@@ -14,7 +14,14 @@ Runners:
     ``--setup_file`` (or a prebuilt container, ``--sdk_container_image``).
   * FlinkRunner (portable): ``--flink_master`` plus the SDK harness
     environment (DOCKER, PROCESS, EXTERNAL worker pool, or LOOPBACK for a
-    local cluster).
+    local cluster), the job server jar (``--flink_job_server_jar``, see
+    ``deploy.install_engines``) or a running job server
+    (``--job_endpoint``).
+  * SparkRunner (portable): ``--spark_master_url`` (``local[N]`` runs Spark
+    inside the job server), the environment and the job server as Flink's.
+  * PrismRunner: Beam's Go runner, ``--prism_location`` (the binary that
+    ``deploy.install_engines`` builds) or a running Prism
+    (``--job_endpoint``); the SDK harness runs in this process (LOOPBACK).
   * DaskRunner (``pipelines.dask_runner``): ``--dask_client_address`` of a
     running ``dask scheduler`` (or ``--dask_scheduler_file``); with neither,
     the job starts a local cluster for the run (for trying it).
@@ -39,17 +46,28 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SETUP_FILE = str(REPO_ROOT / "setup.py")
 
 DIRECT_MODES = ("in_memory", "multi_processing")
-FLINK_ENVIRONMENTS = ("DOCKER", "PROCESS", "EXTERNAL", "LOOPBACK")
+PORTABLE_ENVIRONMENTS = ("DOCKER", "PROCESS", "EXTERNAL", "LOOPBACK")
+FLINK_ENVIRONMENTS = PORTABLE_ENVIRONMENTS
+# Masters that run the engine inside the job server on this machine: there
+# the default environment is LOOPBACK (the submitting process runs the
+# Python code), elsewhere DOCKER.
+LOCAL_FLINK_MASTERS = ("[local]", "[auto]")
 DEFAULT_MACHINE_TYPE = "n2-standard-4"
 DEFAULT_REGION = "us-central1"
 DEFAULT_FLINK_MASTER = "localhost:8081"
+DEFAULT_SPARK_MASTER = "local[4]"  # Beam's default
+RUNNER_CHOICES = "direct, dataflow, flink, spark, prism, dask"
 RUNNER_NAMES = {"direct": "DirectRunner", "directrunner": "DirectRunner",
                 "dataflow": "DataflowRunner",
                 "dataflowrunner": "DataflowRunner",
                 "flink": "FlinkRunner", "flinkrunner": "FlinkRunner",
+                "spark": "SparkRunner", "sparkrunner": "SparkRunner",
+                "prism": "PrismRunner", "prismrunner": "PrismRunner",
                 **{name: "DaskRunner" for name in DASK_NAMES}}
 _JOB_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DASK_ADDRESS = re.compile(r"^([a-z]+://)?[^\s/:]+:\d+$")
+_ENDPOINT = re.compile(r"^[^\s/:]+:\d+$")
+_SPARK_MASTER = re.compile(r"^(local(\[(\d+|\*)\])?|spark://\S+|yarn|k8s://\S+)$")
 
 
 def direct_args(num_workers: int = 1,
@@ -131,44 +149,129 @@ def dataflow_args(project: str, temp_location: str,
 
 
 def flink_args(flink_master: str = DEFAULT_FLINK_MASTER,
-               environment_type: str = "DOCKER",
+               environment_type: Optional[str] = None,
                environment_config: Optional[str] = None,
                parallelism: Optional[int] = None,
                flink_version: Optional[str] = None,
                setup_file: Optional[str] = SETUP_FILE,
-               submit_uber_jar: bool = False) -> list[str]:
+               submit_uber_jar: bool = False,
+               job_server_jar: Optional[str] = None,
+               job_endpoint: Optional[str] = None) -> list[str]:
     """Portable FlinkRunner.
 
     ``environment_type``: DOCKER (``environment_config`` = SDK image, default
     ``apache/beam_python3.X_sdk``), PROCESS (``environment_config`` = JSON with
     the boot ``command``), EXTERNAL (``environment_config`` = host:port of a
     Beam worker pool sidecar), LOOPBACK (the submitting process runs the user
-    code: only for a local/test Flink cluster).
+    code: only for a local/test Flink cluster); default LOOPBACK for the
+    embedded cluster (``[local]``), DOCKER otherwise.
+    ``job_server_jar``: Beam's Flink job server (a path; without it Beam
+    downloads the jar of ``flink_version``); ``job_endpoint``: host:port of a
+    job server already running (then no jar is started).
     """
-    env = environment_type.upper()
-    if env not in FLINK_ENVIRONMENTS:
-        raise ValueError(f"--environment_type must be one of "
-                         f"{FLINK_ENVIRONMENTS}, got {environment_type!r}")
-    if env in ("PROCESS", "EXTERNAL") and not environment_config:
-        raise ValueError(f"--environment_type {env} needs --environment_config")
     if not flink_master:
         raise ValueError("--flink_master is required (host:port, [local] or "
                          "[auto])")
+    if environment_type is None:
+        environment_type = ("LOOPBACK" if flink_master in LOCAL_FLINK_MASTERS
+                            else "DOCKER")
+    env = _environment(environment_type, environment_config)
     args = ["--runner=FlinkRunner", f"--flink_master={flink_master}",
             f"--environment_type={env}"]
     if environment_config:
         args.append(f"--environment_config={environment_config}")
-    if parallelism is not None:
-        if parallelism < 1:
-            raise ValueError("--parallelism must be >= 1")
-        args.append(f"--parallelism={parallelism}")
+    args += _parallelism(parallelism)
     if flink_version:
         args.append(f"--flink_version={flink_version}")
     if submit_uber_jar:
         args.append("--flink_submit_uber_jar")
+    args += _job_server("flink", job_server_jar, job_endpoint)
     if setup_file and env != "LOOPBACK":
         args.append(f"--setup_file={setup_file}")
     return args
+
+
+def spark_args(master_url: str = DEFAULT_SPARK_MASTER,
+               environment_type: Optional[str] = None,
+               environment_config: Optional[str] = None,
+               parallelism: Optional[int] = None,
+               setup_file: Optional[str] = SETUP_FILE,
+               job_server_jar: Optional[str] = None,
+               job_endpoint: Optional[str] = None) -> list[str]:
+    """Portable SparkRunner (Spark 3).
+
+    ``master_url``: ``local[N]`` (Spark inside the job server, N threads),
+    ``spark://HOST:PORT`` of a standalone cluster, ``yarn`` or ``k8s://...``.
+    Environments as for Flink; default LOOPBACK for ``local[N]``, DOCKER
+    otherwise. ``job_server_jar`` / ``job_endpoint`` as for Flink.
+    """
+    if not _SPARK_MASTER.match(master_url or ""):
+        raise ValueError(f"--spark_master_url must be local[N], "
+                         f"spark://HOST:PORT, yarn or k8s://..., got "
+                         f"{master_url!r}")
+    if environment_type is None:
+        environment_type = ("LOOPBACK" if master_url.startswith("local")
+                            else "DOCKER")
+    env = _environment(environment_type, environment_config)
+    args = ["--runner=SparkRunner", f"--spark_master_url={master_url}",
+            f"--environment_type={env}"]
+    if environment_config:
+        args.append(f"--environment_config={environment_config}")
+    args += _parallelism(parallelism)
+    args += _job_server("spark", job_server_jar, job_endpoint)
+    if setup_file and env != "LOOPBACK":
+        args.append(f"--setup_file={setup_file}")
+    return args
+
+
+def prism_args(prism_location: Optional[str] = None,
+               job_endpoint: Optional[str] = None) -> list[str]:
+    """PrismRunner: Beam's Go runner on this machine, the Python code in
+    this process (LOOPBACK). ``prism_location``: the binary (``python -m
+    deploy.install_engines prism`` builds it; without it Beam downloads a
+    release); ``job_endpoint``: a Prism already running
+    (``prism --job_port N``)."""
+    if prism_location and job_endpoint:
+        raise ValueError("pass --prism_location or --job_endpoint, not both")
+    args = ["--runner=PrismRunner", "--environment_type=LOOPBACK"]
+    if prism_location:
+        args.append(f"--prism_location={prism_location}")
+    if job_endpoint:
+        args += _job_server("prism", None, job_endpoint)
+    return args
+
+
+def _environment(environment_type: str,
+                 environment_config: Optional[str]) -> str:
+    """The checked SDK harness environment of a portable runner."""
+    env = environment_type.upper()
+    if env not in PORTABLE_ENVIRONMENTS:
+        raise ValueError(f"--environment_type must be one of "
+                         f"{PORTABLE_ENVIRONMENTS}, got {environment_type!r}")
+    if env in ("PROCESS", "EXTERNAL") and not environment_config:
+        raise ValueError(f"--environment_type {env} needs --environment_config")
+    return env
+
+
+def _parallelism(parallelism: Optional[int]) -> list[str]:
+    if parallelism is None:
+        return []
+    if parallelism < 1:
+        raise ValueError("--parallelism must be >= 1")
+    return [f"--parallelism={parallelism}"]
+
+
+def _job_server(engine: str, jar: Optional[str],
+                endpoint: Optional[str]) -> list[str]:
+    """A job server jar for Beam to start, or one already running."""
+    if jar and endpoint:
+        raise ValueError(f"pass --{engine}_job_server_jar or --job_endpoint, "
+                         f"not both")
+    if endpoint is not None and not _ENDPOINT.match(endpoint):
+        raise ValueError(f"--job_endpoint must be HOST:PORT, got {endpoint!r}")
+    if jar:
+        return [f"--{engine}_job_server_jar={jar}"]
+    return [f"--job_endpoint={endpoint}"] if endpoint else []
 
 
 def dask_args(client_address: Optional[str] = None,
@@ -207,8 +310,8 @@ def dask_args(client_address: Optional[str] = None,
 
 
 def runner_args(runner: str, **params) -> list[str]:
-    """Dispatches on ``runner`` (direct / dataflow / flink / dask, any
-    case)."""
+    """Dispatches on ``runner`` (direct / dataflow / flink / spark / prism /
+    dask, any case)."""
     name = RUNNER_NAMES.get(runner.lower())
     if name == "DirectRunner":
         return direct_args(**params)
@@ -216,9 +319,13 @@ def runner_args(runner: str, **params) -> list[str]:
         return dataflow_args(**params)
     if name == "FlinkRunner":
         return flink_args(**params)
+    if name == "SparkRunner":
+        return spark_args(**params)
+    if name == "PrismRunner":
+        return prism_args(**params)
     if name == "DaskRunner":
         return dask_args(**params)
-    raise ValueError(f"--runner must be one of direct, dataflow, flink, dask; "
+    raise ValueError(f"--runner must be one of {RUNNER_CHOICES}; "
                      f"got {runner!r}")
 
 
@@ -237,10 +344,10 @@ def _child(uri: str, name: str) -> str:
 
 
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds ``--runner`` and the parameters of the four option sets."""
+    """Adds ``--runner`` and the parameters of the option sets."""
     g = parser.add_argument_group("runner (see deploy/README.md)")
     g.add_argument("--runner", default="direct",
-                   help="direct (default), dataflow, flink or dask")
+                   help=f"one of {RUNNER_CHOICES} (default direct)")
     g.add_argument("--direct-num-workers", type=int, default=1)
     g.add_argument("--direct-running-mode", default=None,
                    choices=DIRECT_MODES)
@@ -260,8 +367,23 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sdk-container-image", default=None)
     g.add_argument("--service-account-email", default=None)
     g.add_argument("--flink-master", default=DEFAULT_FLINK_MASTER)
-    g.add_argument("--environment-type", default="DOCKER",
-                   help=f"Flink: one of {FLINK_ENVIRONMENTS}")
+    g.add_argument("--flink-job-server-jar", default=None,
+                   help="Flink: Beam's job server jar (python -m "
+                   "deploy.install_engines flink)")
+    g.add_argument("--spark-master-url", default=DEFAULT_SPARK_MASTER,
+                   help="Spark: local[N], spark://HOST:PORT, yarn, k8s://...")
+    g.add_argument("--spark-job-server-jar", default=None,
+                   help="Spark: Beam's job server jar (python -m "
+                   "deploy.install_engines spark)")
+    g.add_argument("--prism-location", default=None,
+                   help="Prism: the binary (python -m deploy.install_engines "
+                   "prism)")
+    g.add_argument("--job-endpoint", default=None,
+                   help="Flink/Spark/Prism: HOST:PORT of a running job "
+                   "server")
+    g.add_argument("--environment-type", default=None,
+                   help=f"Flink/Spark: one of {PORTABLE_ENVIRONMENTS} "
+                   "(default LOOPBACK for a local master, else DOCKER)")
     g.add_argument("--environment-config", default=None)
     g.add_argument("--parallelism", type=int, default=None)
     g.add_argument("--dask-client-address", default=None,
@@ -291,10 +413,20 @@ def beam_args_from(ns: argparse.Namespace) -> list[str]:
     if name == "FlinkRunner":
         return flink_args(ns.flink_master, ns.environment_type,
                           ns.environment_config, ns.parallelism,
-                          setup_file=ns.setup_file)
+                          setup_file=ns.setup_file,
+                          job_server_jar=ns.flink_job_server_jar,
+                          job_endpoint=ns.job_endpoint)
+    if name == "SparkRunner":
+        return spark_args(ns.spark_master_url, ns.environment_type,
+                          ns.environment_config, ns.parallelism,
+                          setup_file=ns.setup_file,
+                          job_server_jar=ns.spark_job_server_jar,
+                          job_endpoint=ns.job_endpoint)
+    if name == "PrismRunner":
+        return prism_args(ns.prism_location, ns.job_endpoint)
     if name == "DaskRunner":
         return dask_args(ns.dask_client_address, ns.dask_scheduler_file)
-    raise ValueError(f"--runner must be one of direct, dataflow, flink, dask; "
+    raise ValueError(f"--runner must be one of {RUNNER_CHOICES}; "
                      f"got {ns.runner!r}")
 
 

@@ -24,6 +24,11 @@ class UsageError(ValueError):
 
 
 LOCAL_RUNNERS = ("directrunner", "direct", "fnapirunner")
+# Portable runners whose Python code runs in the submitting process when the
+# environment is LOOPBACK (Beam's default for Prism, and for Flink's embedded
+# cluster).
+PORTABLE_RUNNERS = ("prism", "prismrunner", "flink", "flinkrunner", "spark",
+                    "sparkrunner", "portablerunner")
 
 
 def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
@@ -96,16 +101,31 @@ def local_blas_threads(options: PipelineOptions) -> Optional[int]:
 
 def is_local(options: PipelineOptions) -> bool:
     """The job runs on this machine (its workers can write local files):
-    DirectRunner, or Dask on a local cluster (the one dpsynth starts when no
-    scheduler is given, or a scheduler on loopback)."""
+    DirectRunner, a portable runner (Prism, Flink, Spark) whose SDK harness
+    is this process (LOOPBACK), or Dask on a local cluster (the one dpsynth
+    starts when no scheduler is given, or a scheduler on loopback)."""
     runner = str(options.get_all_options().get("runner") or "").lower()
     if runner in LOCAL_RUNNERS:
         return True
+    if runner in PORTABLE_RUNNERS:
+        return _loopback_environment(options, runner)
     if not runner_names.is_dask(runner):
         return False
     from apache_beam.runners.dask.dask_runner import DaskOptions
     dask = options.view_as(DaskOptions)
     return not dask.scheduler_file and _loopback(dask.address)
+
+
+def _loopback_environment(options: PipelineOptions, runner: str) -> bool:
+    """The SDK harness of a portable runner is the submitting process."""
+    opts = options.get_all_options()
+    env = str(opts.get("environment_type") or "").upper()
+    if env:
+        return env == "LOOPBACK"
+    # Beam's defaults when no environment is given.
+    return runner.startswith("prism") or (
+        runner.startswith("flink")
+        and opts.get("flink_master") in ("[local]", "[auto]"))
 
 
 def _loopback(address: Optional[str]) -> bool:

@@ -90,3 +90,9 @@ def small_npz(tmp_path):
     path = tmp_path / "train.npz"
     np.savez(path, embeddings=x, labels=y)
     return str(path)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "engines: runs dpsynth on Flink / Spark / Prism "
+        "(tests/test_engines.py); deselect with -m 'not engines'")

@@ -122,7 +122,7 @@ def test_cli_parameters_and_dispatch():
     with pytest.raises(ValueError, match="--temp-location"):
         runners.beam_args_from(parser.parse_args(["--runner", "dataflow"]))
     with pytest.raises(ValueError, match="--runner must be one of"):
-        runners.runner_args("spark")
+        runners.runner_args("storm")
 
 
 def test_dask_options_reach_beam():
@@ -235,3 +235,106 @@ def test_local_blas_threads_share_the_cores_among_direct_workers(monkeypatch):
     assert local_blas_threads(beam_options(
         ["--runner=DataflowRunner", "--project=p", "--region=r",
          "--temp_location=gs://b/t"])) is None
+
+
+def test_flink_job_server_jar_and_endpoint_reach_beam():
+    opts = runners.pipeline_options(runners.flink_args(
+        "[local]", parallelism=2, job_server_jar="/c/flink-js.jar"))
+    assert opts.view_as(PortableOptions).environment_type == "LOOPBACK"
+    assert opts.view_as(FlinkRunnerOptions).flink_job_server_jar == \
+        "/c/flink-js.jar"
+    assert opts.view_as(SetupOptions).setup_file is None
+    ext = runners.pipeline_options(runners.flink_args(
+        "[local]", job_endpoint="localhost:8099"))
+    assert ext.view_as(PortableOptions).job_endpoint == "localhost:8099"
+    # a remote master keeps Docker workers and ships the package
+    assert runners.flink_args("jm:8081")[2] == "--environment_type=DOCKER"
+    with pytest.raises(ValueError, match="not both"):
+        runners.flink_args(job_server_jar="/j.jar", job_endpoint="h:1")
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        runners.flink_args(job_endpoint="http://h/x")
+
+
+def test_spark_options_reach_beam():
+    from apache_beam.options.pipeline_options import SparkRunnerOptions
+    args = runners.spark_args("local[2]", job_server_jar="/c/spark-js.jar")
+    assert args[:3] == ["--runner=SparkRunner", "--spark_master_url=local[2]",
+                        "--environment_type=LOOPBACK"]
+    opts = runners.pipeline_options(args)
+    assert opts.view_as(StandardOptions).runner == "SparkRunner"
+    spark = opts.view_as(SparkRunnerOptions)
+    assert (spark.spark_master_url, spark.spark_job_server_jar) == (
+        "local[2]", "/c/spark-js.jar")
+    remote = runners.pipeline_options(runners.spark_args(
+        "spark://m:7077", "EXTERNAL", "localhost:50000", parallelism=4))
+    assert remote.view_as(PortableOptions).environment_type == "EXTERNAL"
+    assert remote.view_as(SetupOptions).setup_file == str(REPO / "setup.py")
+    assert runners.spark_args("spark://m:7077")[2] == \
+        "--environment_type=DOCKER"
+    with pytest.raises(ValueError, match="spark_master_url must be"):
+        runners.spark_args("m:7077")
+    with pytest.raises(ValueError, match="needs --environment_config"):
+        runners.spark_args("local[2]", "PROCESS")
+    assert runners.runner_args("spark")[0] == "--runner=SparkRunner"
+
+
+def test_prism_options_reach_beam():
+    from apache_beam.options.pipeline_options import PrismRunnerOptions
+    opts = runners.pipeline_options(runners.prism_args("/c/prism"))
+    assert opts.view_as(StandardOptions).runner == "PrismRunner"
+    assert opts.view_as(PrismRunnerOptions).prism_location == "/c/prism"
+    assert opts.view_as(PortableOptions).environment_type == "LOOPBACK"
+    assert runners.prism_args(job_endpoint="localhost:8073") == [
+        "--runner=PrismRunner", "--environment_type=LOOPBACK",
+        "--job_endpoint=localhost:8073"]
+    assert runners.runner_args("PrismRunner") == [
+        "--runner=PrismRunner", "--environment_type=LOOPBACK"]
+    with pytest.raises(ValueError, match="not both"):
+        runners.prism_args("/c/prism", job_endpoint="localhost:8073")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["flink", "--flink-master", "[local]", "--flink-job-server-jar", "/j.jar",
+      "--parallelism", "2"],
+     ["--runner=FlinkRunner", "--flink_master=[local]",
+      "--environment_type=LOOPBACK", "--parallelism=2",
+      "--flink_job_server_jar=/j.jar"]),
+    (["spark", "--spark-master-url", "local[2]", "--job-endpoint", "h:8099"],
+     ["--runner=SparkRunner", "--spark_master_url=local[2]",
+      "--environment_type=LOOPBACK", "--job_endpoint=h:8099"]),
+    (["prism", "--prism-location", "/c/prism"],
+     ["--runner=PrismRunner", "--environment_type=LOOPBACK",
+      "--prism_location=/c/prism"]),
+])
+def test_cli_builds_portable_runner_options(argv, expected, capsys):
+    assert runners.main(argv) == 0
+    assert shlex.split(capsys.readouterr().out) == expected
+
+
+def test_install_engines_paths_are_pinned_to_beam(tmp_path):
+    from deploy import install_engines as ie
+    root = ie.cache_root({"HOME": "/h"})
+    assert root == Path("/h/.cache/dpsynth/engines")
+    assert ie.cache_root({"HOME": "/h", "XDG_CACHE_HOME": "/c"}) == \
+        Path("/c/dpsynth/engines")
+    assert ie.cache_root({"DPSYNTH_ENGINES_DIR": "/e"}) == Path("/e")
+    assert ie.flink_version({}) == "1.20"
+    with pytest.raises(ValueError, match="1.19"):
+        ie.flink_version({"DPSYNTH_FLINK_VERSION": "1.18"})
+    assert ie.engine_path("flink", tmp_path, "2.77.0", "1.20") == (
+        tmp_path / "m2/org/apache/beam/beam-runners-flink-1.20-job-server"
+        "/2.77.0/beam-runners-flink-1.20-job-server-2.77.0.jar")
+    assert ie.engine_path("spark", tmp_path, "2.77.0", "1.20").name == \
+        "beam-runners-spark-3-job-server-2.77.0.jar"
+    assert ie.engine_path("prism", tmp_path, "2.77.0", "1.20") == \
+        tmp_path / "beam-2.77.0/prism"
+    # the registry's "no such version" is told apart from a failed install
+    miss = ie._outcome("flink", False, tmp_path / "x.jar",
+                       "[ERROR] ... Could not find artifact a:b:jar:1 in "
+                       "central", ["mvn"])
+    assert miss["not_served"] and miss["error"].startswith("Could not find")
+    down = ie._outcome("flink", False, tmp_path / "x.jar",
+                       "Could not transfer artifact: connect timed out",
+                       ["mvn"])
+    assert not down["not_served"]
+    assert "INSTALL FAILED" in ie.describe("flink", down)

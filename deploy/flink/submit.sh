@@ -7,7 +7,7 @@
 #   FLINK_MASTER      host:port of the Flink REST endpoint (default localhost:8081;
 #                     "[local]" starts an embedded cluster for a smoke test)
 #   ENVIRONMENT_TYPE  how Flink task managers run the Python SDK harness:
-#                     DOCKER (default; ENVIRONMENT_CONFIG = SDK image, e.g. an
+#                     DOCKER (default, LOOPBACK for [local]; ENVIRONMENT_CONFIG = SDK image, e.g. an
 #                     image built from deploy/dataflow/Dockerfile), EXTERNAL
 #                     (ENVIRONMENT_CONFIG = host:port of a Beam worker pool
 #                     sidecar: `docker run IMAGE --worker_pool`), PROCESS
@@ -15,8 +15,11 @@
 #                     or LOOPBACK (this process runs the Python code; local
 #                     clusters only)
 #   ENVIRONMENT_CONFIG, PARALLELISM, FLINK_VERSION (e.g. 1.20), PYTHON
-# The job server jar matching FLINK_VERSION is downloaded by Beam on first
-# use (Maven Central), so the submitting machine needs that access.
+#   FLINK_JOB_SERVER_JAR  Beam's Flink job server jar; default: the one
+#                     `python -m deploy.install_engines flink` installed, if
+#                     any (else Beam downloads the jar of FLINK_VERSION)
+#   JOB_ENDPOINT      host:port of a Flink job server already running
+#                     (instead of a jar; tests/test_engines.py starts one)
 # --output and --input must be paths every task manager can reach (gs://,
 # hdfs://, s3:// or a shared mount), not this machine's local disk.
 # DRY_RUN=1 prints the command instead of running it.
@@ -26,11 +29,20 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 python="${PYTHON:-python3}"
 
-runner_flags=(flink --flink-master "${FLINK_MASTER:-localhost:8081}"
-              --environment-type "${ENVIRONMENT_TYPE:-DOCKER}")
+cd "$repo"
+runner_flags=(flink --flink-master "${FLINK_MASTER:-localhost:8081}")
+[[ -n "${ENVIRONMENT_TYPE:-}" ]] && runner_flags+=(--environment-type "$ENVIRONMENT_TYPE")
 [[ -n "${ENVIRONMENT_CONFIG:-}" ]] && runner_flags+=(--environment-config "$ENVIRONMENT_CONFIG")
 [[ -n "${PARALLELISM:-}" ]] && runner_flags+=(--parallelism "$PARALLELISM")
-cd "$repo"
+if [[ -n "${JOB_ENDPOINT:-}" ]]; then
+  runner_flags+=(--job-endpoint "$JOB_ENDPOINT")
+else
+  jar="${FLINK_JOB_SERVER_JAR:-}"
+  if [[ -z "$jar" && -z "${FLINK_VERSION:-}" ]]; then
+    jar="$("$python" -m deploy.install_engines --print flink 2>/dev/null || true)"
+  fi
+  [[ -n "$jar" ]] && runner_flags+=(--flink-job-server-jar "$jar")
+fi
 beam_line="$("$python" -m deploy.runners "${runner_flags[@]}")"
 eval "beam_args=($beam_line)"
 [[ -n "${FLINK_VERSION:-}" ]] && beam_args+=("--flink_version=$FLINK_VERSION")

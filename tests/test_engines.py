@@ -1,0 +1,238 @@
+"""dpsynth on Beam's portable runners for real: Prism, Flink (embedded
+MiniCluster, ``--flink_master=[local]``) and Spark (``local[2]``), each
+release byte-identical to the DirectRunner's with the same
+``--noise-seed`` (data files, gmm.npz, summary.json, schema.json; the
+manifest up to the fields that name the run).
+
+The engines come from ``python -m deploy.install_engines`` (``.ci/run``
+runs it): the Flink / Spark job server jars from Maven, Prism built with
+``go install``, pinned to the installed Beam. Without an engine the tests
+of that engine skip with the reason; with ``CI=true`` an engine whose
+install failed fails them instead (one its registry does not serve skips,
+naming the registry's answer). Deselect the whole file with
+``-m "not engines"``.
+
+DirectRunner releases come from dpsynth's options, which run Beam's
+FnApiRunner directly (Beam's DirectRunner would first try Prism), so the
+reference is the same whether or not Prism is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deploy import install_engines, runners
+from pipelines import cli
+from tests.conftest import gmm_data, release_bytes
+
+pytestmark = pytest.mark.engines
+
+# Fields of manifest.json that name the run, not the release ("root": the
+# random version folder).
+RUN_FIELDS = {"run_id", "created_utc", "root"}
+JOB_SERVER_START_S = 180
+# Flink 1.20 on Java 17 reflects into these JDK packages (the list of
+# Flink's own `env.java.opts.all`, trimmed to what its runtime opens).
+JAVA17_OPENS = [f"--add-opens=java.base/{pkg}=ALL-UNNAMED" for pkg in (
+    "java.lang", "java.lang.reflect", "java.io", "java.net", "java.nio",
+    "java.text", "java.time", "java.util", "java.util.concurrent",
+    "java.util.concurrent.atomic", "java.util.concurrent.locks",
+    "sun.nio.ch")]
+
+
+def _engine(name: str) -> str:
+    """The installed engine's path; skips (or, in CI, fails) with why not."""
+    if name in ("flink", "spark") and shutil.which("java") is None:
+        _missing(f"{name} needs Java (java is not on PATH)", served=True)
+    status = install_engines.read_status()
+    entry = (status or {}).get(name)
+    if entry and "path" in entry and Path(entry["path"]).is_file():
+        return entry["path"]
+    if entry is None:
+        _missing(f"{name} is not installed: python -m deploy.install_engines "
+                 f"{name} did not run", served=True)
+    if "path" in entry:
+        _missing(f"{name}: {entry['path']} is gone; run python -m "
+                 f"deploy.install_engines {name}", served=True)
+    _missing(install_engines.describe(name, entry),
+             served=not entry.get("not_served"))
+    raise AssertionError("unreachable")
+
+
+def _missing(reason: str, served: bool) -> None:
+    """Skip; in CI, fail unless the registry does not serve the engine
+    (a final answer there is nothing to retry)."""
+    if served and os.environ.get("CI") == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def _generate(out, *flags) -> Path:
+    assert cli.main(["generate", "--output", str(out),
+                     *map(str, flags)]) == 0
+    return Path(out)
+
+
+def assert_same_release(a: Path, b: Path) -> None:
+    fa, fb = release_bytes(a), release_bytes(b)
+    assert sorted(fa) == sorted(fb) and any(".tfrecord" in f for f in fa)
+    for name in fa:  # shards, gmm.npz, summary.json, schema.json
+        assert fa[name] == fb[name], f"{name} differs"
+    ma, mb = (json.loads((a / "manifest.json").read_text()),
+              json.loads((b / "manifest.json").read_text()))
+    assert {k for k in ma.keys() | mb.keys() if ma.get(k) != mb.get(k)} \
+        <= RUN_FIELDS
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + JOB_SERVER_START_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"job server exited {proc.returncode}: "
+                        f"{log.read_text()[-3000:]}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.5)
+    pytest.fail(f"job server not listening on {port} after "
+                f"{JOB_SERVER_START_S} s: {log.read_text()[-3000:]}")
+
+
+# --------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory):
+    """DirectRunner releases by job name, made once per module."""
+    root = tmp_path_factory.mktemp("direct")
+    made: dict[str, Path] = {}
+
+    def direct(job: str, flags) -> Path:
+        if job not in made:
+            made[job] = _generate(root / job, *flags)
+        return made[job]
+    return direct
+
+
+@pytest.fixture(scope="module")
+def several_files(tmp_path_factory):
+    """Three .npz files, 1,800 rows of 3 classes in 8 dimensions."""
+    root = tmp_path_factory.mktemp("files")
+    x, y = gmm_data(1800, d=8, classes=3, seed=5)
+    for i in range(3):
+        part = slice(i * 600, (i + 1) * 600)
+        np.savez(root / f"part-{i}.npz", embeddings=x[part], labels=y[part])
+    return str(root / "part-*.npz")
+
+
+@pytest.fixture(scope="module")
+def flink_endpoint(tmp_path_factory):
+    """One Flink job server for the module (``--flink_master=[local]``: each
+    job runs on an embedded MiniCluster inside it); its host:port."""
+    jar = _engine("flink")
+    scratch = tmp_path_factory.mktemp("flink-job-server")
+    port = _free_port()
+    log = scratch / "job-server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            ["java", *JAVA17_OPENS, "-jar", jar, "--flink-master", "[local]",
+             "--job-port", str(port), "--artifact-port", "0",
+             "--expansion-port", "0", "--artifacts-dir", str(scratch)],
+            stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_for_port(port, proc, log)
+        yield f"localhost:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _engine_args(engine: str, request) -> list[str]:
+    """The runner flags a test uses for ``engine`` (deploy.runners)."""
+    if engine == "prism":
+        return runners.prism_args(prism_location=_engine("prism"))
+    if engine == "flink":
+        endpoint = request.getfixturevalue("flink_endpoint")
+        return runners.flink_args("[local]", "LOOPBACK", parallelism=2,
+                                  job_endpoint=endpoint)
+    raise ValueError(engine)
+
+
+# ------------------------------------------------------------------ tests
+
+DEMO = ["--noise-seed", 1]
+
+
+def test_demo_on_prism(releases, tmp_path):
+    args = runners.prism_args(prism_location=_engine("prism"))
+    out = _generate(tmp_path / "prism", *DEMO, *args)
+    assert_same_release(releases("demo", DEMO), out)
+
+
+def test_demo_on_flink_embedded_cluster(releases, tmp_path):
+    """Beam starts the installed job server jar itself, as
+    deploy/flink/submit.sh does with FLINK_MASTER='[local]'."""
+    args = runners.flink_args("[local]", "LOOPBACK", parallelism=2,
+                              job_server_jar=_engine("flink"))
+    jvm = [f"--job_server_jvm_properties={opt}" for opt in JAVA17_OPENS]
+    out = _generate(tmp_path / "flink", *DEMO, *args, *jvm)
+    assert_same_release(releases("demo", DEMO), out)
+
+
+def test_demo_on_spark_local(releases, tmp_path):
+    args = runners.spark_args("local[2]", "LOOPBACK",
+                              job_server_jar=_engine("spark"))
+    out = _generate(tmp_path / "spark", *DEMO, *args)
+    assert_same_release(releases("demo", DEMO), out)
+
+
+FILES = ["--num-classes", 3, "--epsilon", 3, "--rows-per-shard", 200,
+         "--block-size", 128, "--noise-seed", 11]
+
+
+@pytest.mark.parametrize("engine", ["prism", "flink"])
+def test_k_means_on_several_files(engine, request, releases, several_files,
+                                  tmp_path):
+    flags = [*FILES, "--input", several_files, "--clusters", 2]
+    args = _engine_args(engine, request)
+    out = _generate(tmp_path / engine, *flags, *args)
+    assert_same_release(releases("k-means", flags), out)
+
+
+@pytest.mark.parametrize("engine", ["prism", "flink"])
+def test_vote_filter_on_several_files(engine, request, releases,
+                                      several_files, tmp_path):
+    flags = [*FILES, "--input", several_files, "--vote-filter",
+             "--vote-threshold", 2]
+    args = _engine_args(engine, request)
+    out = _generate(tmp_path / engine, *flags, *args)
+    assert_same_release(releases("vote", flags), out)
+
+
+def test_direct_runner_stays_on_the_fnapi_runner():
+    """With Prism installed, dpsynth's DirectRunner still runs Beam's
+    FnApiRunner (Beam's DirectRunner would try Prism first): the byte
+    comparisons above have one reference."""
+    from pipelines.options import beam_options, is_local
+    for argv in ([], ["--runner", "DirectRunner"], ["--runner=direct"]):
+        opts = beam_options(argv).get_all_options()
+        assert opts["runner"] == "FnApiRunner", argv
+    assert is_local(beam_options(runners.prism_args("/opt/prism")))
+    assert not is_local(beam_options(runners.flink_args("jm:8081")))
