@@ -11,7 +11,9 @@ Only listings happen while the graph is built (class folder names, an npz's `cla
 read and decoded in the workers, after a Reshuffle so that decoding and encoding spread over them.
 
 A file or record that cannot be read or decoded goes to the `bad` output as (source, reason) — never dropped
-silently. Two policies (`CheckBadImages`):
+silently. A TFRecord file that cannot be opened or whose framing is damaged (bad checksum, truncated) is not
+one bad image: it fails the run with an `ImageInputError` naming the file and the byte offset, since the records
+after the damage cannot be found. Two policies (`CheckBadImages`):
 
 * `dpsynth encode` (data preparation inside the trust boundary, no release): counts them, logs the names, can
   write them to a report file, and stops the run with `BadImagesError` when there are more than
@@ -189,35 +191,24 @@ def _class_files(item: tuple[str, str, int]) -> Iterator[tuple[str, int]]:
             yield meta.path, label
 
 
-def _tfrecord_records(path: str) -> Iterator[tuple[str, Optional[bytes], Optional[str]]]:
-    """path → (source 'path#i', record, None) ...; framing corruption → (source, None, reason) and stop."""
-    from apache_beam.io.tfrecordio import _TFRecordUtil
+def _tfrecord_records(path: str) -> Iterator[tuple[str, bytes]]:
+    """path → (source 'path#i', record) ...
+
+    Damaged framing (a bad checksum, a file that ends inside a record) fails the run with an ImageInputError
+    naming the file and the byte offset, as the embedding reader does: skipping the rest of the file would drop
+    other people's records, and skipping only the damaged one is impossible (its length cannot be trusted).
+    """
+    from transforms.io import InputError, tfrecord_payloads
     try:
-        handle = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
-    except Exception as err:
-        yield path, None, f"cannot open: {type(err).__name__}: {err}"
-        return
-    with handle:
-        index = 0
-        while True:
-            try:
-                record = _TFRecordUtil.read_record(handle)
-            except Exception as err:
-                yield f"{path}#{index}", None, f"corrupt TFRecord framing, rest of file skipped ({err})"
-                return
-            if record is None:
-                return
-            yield f"{path}#{index}", record, None
-            index += 1
+        for index, record in enumerate(tfrecord_payloads(path)):
+            yield f"{path}#{index}", record
+    except InputError as err:
+        raise ImageInputError(str(err)) from None
 
 
 class _ReadTFRecordsFn(beam.DoFn):
     def process(self, path: str):
-        for source, record, reason in _tfrecord_records(path):
-            if record is None:
-                yield beam.pvalue.TaggedOutput("bad", (source, reason))
-            else:
-                yield source, record
+        yield from _tfrecord_records(path)
 
 
 def _first_key(features, wanted: Optional[str], candidates: Sequence[str], what: str) -> str:
@@ -323,13 +314,12 @@ class ReadImages(beam.PTransform):
             rows = files | "ReadNpz" >> beam.ParDo(_ReadNpzFn()).with_outputs("bad", main="images")
             spread = rows.images | "SpreadImages" >> beam.Reshuffle()
             return {"images": spread, "bad": rows.bad}
-        records = files | "ReadRecords" >> beam.ParDo(_ReadTFRecordsFn()).with_outputs("bad", main="records")
-        decoded = (records.records
+        records = files | "ReadRecords" >> beam.ParDo(_ReadTFRecordsFn())
+        decoded = (records
                    | "SpreadRecords" >> beam.Reshuffle()
                    | "Decode" >> beam.ParDo(_DecodeExamplesFn(self.image_key, self.label_key)
                                             ).with_outputs("bad", main="images"))
-        bad = (records.bad, decoded.bad) | "AllBad" >> beam.Flatten()
-        return {"images": decoded.images, "bad": bad}
+        return {"images": decoded.images, "bad": decoded.bad}
 
 
 def _budget_check(bad: list, max_bad: int, report_path: Optional[str]) -> dict:

@@ -28,6 +28,7 @@ import dataclasses
 import io
 import os
 import struct
+import zipfile
 from typing import Iterator, Optional, Sequence, Union
 
 import apache_beam as beam
@@ -137,7 +138,9 @@ def _npz_arrays(path: str, spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
 # ------------------------------------------------------------ file ranges
 # A large TFRecord or Parquet file is read as several byte ranges, one Beam
 # element each, so its rows spread over every worker. The ranges are listed
-# when the graph is built, from file sizes alone (no data read), and spread
+# when the graph is built, from file sizes (Parquet: row groups are placed
+# by the footer when read) and, for a TFRecord file larger than one range,
+# one walk over its record headers (``_record_boundaries``), and spread
 # with a Reshuffle (DirectRunner, Dataflow, Flink) or as separate Dask
 # partitions. Beam's own sources are not used: its TFRecord source is not
 # splittable, and on the DaskRunner ``beam.io.Read`` is not translated while
@@ -149,7 +152,9 @@ class FileRange:
     """Bytes [start, stop) of one input file (stop None: to its end).
 
     A TFRecord record or a Parquet row group belongs to the range that
-    holds its first byte; .npz files are always one whole-file range.
+    holds its first byte; .npz files are always one whole-file range. A
+    TFRecord range's start and stop are record boundaries, found by
+    ``file_ranges`` walking the file's records from its start.
     """
 
     path: str
@@ -158,10 +163,15 @@ class FileRange:
 
 
 def file_ranges(path: str, size: int, spec: InputSpec) -> list[FileRange]:
-    """The ranges of one file of ``size`` bytes (``spec.split_bytes`` each)."""
-    if detect_format(path, spec.fmt) == "npz" or size <= spec.split_bytes:
+    """The ranges of one file of ``size`` bytes (``spec.split_bytes`` each;
+    a TFRecord range runs from the first record starting in its piece to
+    the next range's: the same records for every ``--split-bytes``)."""
+    fmt = detect_format(path, spec.fmt)
+    if fmt == "npz" or size <= spec.split_bytes:
         return [FileRange(path)]
     starts = list(range(0, size, spec.split_bytes))
+    if fmt == "tfrecord":  # the first record starting in each piece
+        starts = [0] + _record_boundaries(path, size, starts[1:])
     return [FileRange(path, a, b) for a, b in zip(starts, starts[1:])] + [
         FileRange(path, starts[-1])]
 
@@ -220,6 +230,9 @@ def _parquet_blocks(r: FileRange, spec: InputSpec
             raise InputError(f"{path}: not a readable Parquet file "
                              f"({err})") from None
         _check_parquet_schema(pf.schema_arrow, path, spec)
+        if r.start == 0 and pf.metadata.num_rows == 0:
+            width = _fixed_list_size(pf.schema_arrow, spec) or 0
+            yield Rows(0), np.zeros((0, width)), np.zeros(0, np.int64)
         first, groups = 0, []
         for i in range(pf.metadata.num_row_groups):
             group = pf.metadata.row_group(i)
@@ -233,9 +246,9 @@ def _parquet_blocks(r: FileRange, spec: InputSpec
                 for batch in pf.iter_batches(batch_size=spec.block_size,
                                              row_groups=[index],
                                              columns=columns):
-                    emb = batch.column(0).to_pylist()
                     lab = batch.column(1).to_numpy(zero_copy_only=False)
-                    yield Rows(start), _stack_rows(emb, path, Rows(start)), lab
+                    emb = _list_rows(batch.column(0), path, Rows(start))
+                    yield Rows(start), emb, lab
                     start += len(lab)
             except InputError:
                 raise
@@ -256,6 +269,44 @@ def _check_parquet_schema(schema, path: str, spec: InputSpec) -> None:
         raise InputError(f"{path}: column {spec.embedding_feature!r} must be a "
                          f"list of floats per row, got type {emb_type} (see "
                          f"--embedding-feature)")
+
+
+def _list_rows(column, path: str, where: Rows) -> np.ndarray:
+    """An Arrow list column (fixed-size, list or large list; one array or
+    chunked) -> [b, d] float64 straight from its buffers: Python lists per
+    row cost 20x the read (issue 27). Errors name the first bad row, with
+    the messages of ``_stack_rows``; value types numpy cannot take from
+    Arrow (decimals, strings, ...) go through it."""
+    import pyarrow as pa
+    if isinstance(column, pa.ChunkedArray):
+        column = (column.combine_chunks() if column.num_chunks != 1
+                  else column.chunk(0))
+    n = len(column)
+    if pa.types.is_fixed_size_list(column.type):
+        width = column.type.list_size
+        lengths = np.full(n, width, np.int64)
+    else:
+        lengths = np.diff(column.offsets.to_numpy())
+        width = int(lengths[0]) if n else 0
+    if n == 0:
+        return np.zeros((0, width))
+    null = (column.is_null().to_numpy(zero_copy_only=False)
+            if column.null_count else np.zeros(n, bool))
+    bad = null | (lengths != width) if not null[0] else np.ones(n, bool)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        got = "no" if null[i] else int(lengths[i])
+        expected = "some" if null[0] else width
+        raise InputError(f"{path}: {where.row(i)} has {got} embedding "
+                         f"values, expected {expected}")
+    values = column.flatten()  # no null rows: n * width values, in order
+    kind = values.type
+    if not (pa.types.is_floating(kind) or pa.types.is_integer(kind)
+            or pa.types.is_boolean(kind)):
+        return _stack_rows(column.to_pylist(), path, where)
+    # A null value becomes NaN, as before (so --non-finite decides).
+    flat = values.to_numpy(zero_copy_only=False)
+    return flat.astype(np.float64).reshape(n, width)
 
 
 def _stack_rows(rows: Sequence, path: str, where: Rows) -> np.ndarray:
@@ -283,13 +334,12 @@ def _stack_rows(rows: Sequence, path: str, where: Rows) -> np.ndarray:
 # ----------------------------------------------------------------- TFRecord
 # Framing: uint64 length, uint32 masked CRC32C of the length, payload,
 # uint32 masked CRC32C of the payload (all little-endian). A range that
-# starts inside the file begins at the first offset holding a whole valid
-# record (both checksums); the range before it checks, once it has read its
-# last record, that this search lands exactly on the record that follows,
-# so a payload that happens to look like a record cannot shift the split.
+# starts inside the file begins at a record boundary found when the ranges
+# are listed, by walking the record lengths from the start of the file:
+# bytes inside a payload are never taken for a record, so the records a
+# range reads never depend on what other records hold (issue 25).
 
 _HEADER = struct.Struct("<QI")
-_SCAN_BYTES = 1 << 16
 
 
 def _mask(crc):
@@ -347,11 +397,19 @@ def _read_record(read, path: str, offset: int,
     return data[:length]
 
 
-def _seek_read(f):
-    def read(pos: int, n: int) -> bytes:
-        f.seek(pos)
-        return f.read(n)
-    return read
+def tfrecord_payloads(path: str) -> Iterator[bytes]:
+    """The payloads of a TFRecord file of records of any size, in order,
+    checksums checked; damage raises the error of ``_record_damage``
+    (file, record number, byte offset)."""
+    with _open(path) as f:
+        read, pos, index = _Window(f, 0), 0, 0
+        while True:
+            record = _read_record(read, path, pos, index)
+            if record is None:
+                return
+            yield record
+            pos += _HEADER.size + len(record) + 4
+            index += 1
 
 
 class _Window:
@@ -381,39 +439,6 @@ class _Window:
         return self.buf[start:start + n]
 
 
-def _valid_record_at(f, offset: int) -> bool:
-    try:
-        return _read_record(_seek_read(f), "", offset, None) is not None
-    except InputError:
-        return False
-
-
-def _find_record(f, start: int, limit: Optional[int]) -> Optional[int]:
-    """First offset in [start, limit) holding a whole valid record (None:
-    none). Lengths are taken to be < 4 GiB, so candidates are the offsets
-    followed by four zero bytes at +4; their length checksum filters the
-    rest before the payload is read."""
-    pos = start
-    while limit is None or pos < limit:
-        f.seek(pos)
-        want = _SCAN_BYTES if limit is None else min(_SCAN_BYTES, limit - pos)
-        buf = f.read(want + _HEADER.size - 1)
-        if len(buf) < _HEADER.size:
-            return None
-        b = np.frombuffer(buf, np.uint8)
-        n = len(buf) - _HEADER.size + 1  # offsets with a whole header
-        zero = b == 0
-        cand = np.flatnonzero(zero[4:n + 4] & zero[5:n + 5] & zero[6:n + 6]
-                              & zero[7:n + 7])
-        for p in cand[cand < want].tolist():
-            length_crc = struct.unpack_from("<I", buf, p + 8)[0]
-            if masked_crc32c(buf[p:p + 8]) == length_crc and \
-                    _valid_record_at(f, pos + p):
-                return pos + p
-        pos += min(want, n)
-    return None
-
-
 @dataclasses.dataclass(frozen=True)
 class _Run:
     """Consecutive records of one length: the first at byte ``offset``
@@ -433,21 +458,20 @@ _RUN_RECORDS = 4096
 
 
 def _tfrecord_runs(r: FileRange) -> Iterator[_Run]:
-    """The records starting in the range, as runs of equal-length records.
+    """The records of the range, as runs of equal-length records.
 
     Embedding files hold records of one length (a fixed-size float list and
     a small label), so after one record is read and checked the next ones
     sit at a fixed stride: their headers are compared as one numpy array
     and only the payload checksums are computed per record (4.9 -> ~1 us a
-    record at 384-d). Anything else falls back to one record at a time."""
-    path = r.path
+    record at 384-d). Anything else falls back to one record at a time.
+    ``r.start`` must be a record boundary (``file_ranges``)."""
+    path, pos = r.path, r.start
+    if r.stop is not None and pos >= r.stop:
+        return  # no record starts in this range
     with _open(path) as f:
-        pos = r.start if r.start == 0 else _find_record(f, r.start, r.stop)
-        if pos is None:
-            return  # no record starts in this range
         index = 0 if r.start == 0 else None
         read = _Window(f, pos)
-        last = None
         while r.stop is None or pos < r.stop:
             record = _read_record(read, path, pos, index)
             if record is None:
@@ -456,16 +480,60 @@ def _tfrecord_runs(r: FileRange) -> Iterator[_Run]:
             header = np.frombuffer(read(pos, _HEADER.size), np.uint8)
             yield _Run(pos, index, stride,
                        np.frombuffer(record, np.uint8)[None, :])
-            last, pos = pos, pos + stride
+            pos += stride
             index = None if index is None else index + 1
             run = _uniform_run(read, path, pos, index, header, stride, r.stop)
             if run is not None:
                 yield run
-                last = pos + (len(run.rows) - 1) * stride
                 pos += len(run.rows) * stride
                 index = None if index is None else index + len(run.rows)
-        if r.stop is not None and last is not None:
-            _check_split(f, path, r.stop, pos, last)
+
+
+def _record_boundaries(path: str, size: int, points: Sequence[int]
+                       ) -> list[int]:
+    """For each point (ascending), the offset of the first record that
+    starts at or after it (``size`` if none), found by walking the frames
+    from the start of the file: lengths only, runs of equal headers
+    compared as numpy arrays, no payload checksum (the readers check
+    those). A search from the point itself could stop at bytes inside a
+    payload that look like a record (issue 25), so one person's record
+    could change how others are read; the walk cannot.
+
+    Where a header is damaged or the file ends inside a record, the walk
+    stops: later points get ``size``, so the range holding the damage reads
+    to the end of the file and names it."""
+    out: list[int] = []
+    with _open(path) as f:
+        read = _Window(f, 0)
+        pos, header, stride = 0, None, 0
+        for point in points:
+            while pos < point:
+                head = read(pos, _HEADER.size)
+                if len(head) < _HEADER.size:
+                    pos = size  # the end, or a truncated header
+                    break
+                if head != header:
+                    length, crc = _HEADER.unpack(head)
+                    if masked_crc32c(head[:8]) != crc:
+                        pos = size  # damaged: its range reads to the end
+                        break
+                    header, stride = head, _HEADER.size + length + 4
+                if pos + stride > size:
+                    pos = size  # truncated: its range reads to the end
+                    break
+                pos += stride
+                # The following records of this length, up to the point.
+                m = min(_RUN_RECORDS, -(-(point - pos) // stride))
+                if m > 0:
+                    buf = read(pos, m * stride)
+                    m = len(buf) // stride  # whole records only
+                    frames = np.frombuffer(buf, np.uint8, m * stride
+                                           ).reshape(m, stride)
+                    same = (frames[:, :_HEADER.size]
+                            == np.frombuffer(header, np.uint8)).all(axis=1)
+                    pos += stride * (m if same.all() else int(np.argmin(same)))
+            out.append(min(pos, size))
+    return out
 
 
 def _uniform_run(read, path: str, pos: int, index: Optional[int],
@@ -498,19 +566,6 @@ def _uniform_run(read, path: str, pos: int, index: Optional[int],
                              None if index is None else index + i,
                              "corrupt (data checksum mismatch)")
     return _Run(pos, index, stride, rows)
-
-
-def _check_split(f, path: str, stop: int, boundary: int, last: int) -> None:
-    """The next range starts its search at ``stop``: it must find the
-    record at ``boundary`` (or nothing when the file ends there)."""
-    f.seek(boundary)
-    at_end = not f.read(1)
-    found = _find_record(f, stop, None if at_end else boundary + 1)
-    if found != (None if at_end else boundary):
-        raise InputError(f"{path}: cannot split this TFRecord file at byte "
-                         f"{stop}: the payload of the record at byte {last} "
-                         f"looks like a record; pass a larger --split-bytes "
-                         f"or write the data in several files")
 
 
 def _parse_examples(records: Union[list, np.ndarray], path: str,
@@ -589,6 +644,8 @@ def _npz_blocks(path: str, spec: InputSpec
     if y.ndim != 1 or len(y) != len(x):
         raise InputError(f"{path}: 'labels' must be 1-D with {len(x)} "
                          f"rows, got shape {y.shape}")
+    if not len(x):  # its width is still checked against the input's
+        yield Rows(0), x, y
     for s in range(0, len(x), spec.block_size):
         yield Rows(s), x[s:s + spec.block_size], y[s:s + spec.block_size]
 
@@ -629,9 +686,12 @@ def validate_block(x: np.ndarray, y: np.ndarray, path: str,
     if x.ndim != 2:
         raise InputError(f"{path}: embeddings must be 2-D [n, d], got shape "
                          f"{x.shape}")
-    if dim is not None and x.shape[1] != dim and len(x):
+    if dim is not None and x.shape[1] != dim and (len(x) or x.shape[1]):
+        # An empty block of known width (an empty .npz or fixed-size
+        # Parquet file) is checked like a row: as if it held one.
         source = f"that of {dim_source}" if dim_source else "the first file's"
-        raise InputError(f"{path}: {where.row(0)} has dimension {x.shape[1]}, "
+        what = where.row(0) if len(x) else "its schema (no rows)"
+        raise InputError(f"{path}: {what} has dimension {x.shape[1]}, "
                          f"expected {dim} ({source}); all input files must "
                          f"have the same embedding dimension")
     y = _integer_labels(np.asarray(y), path, where)
@@ -715,10 +775,16 @@ def peek_dim(path: str, spec: InputSpec) -> int:
 
 
 def _peek_dim(path: str, spec: InputSpec) -> Optional[int]:
-    """Dimension of the first row, or None for a file with no rows."""
+    """The dimension the file records (``_schema_dim``), else that of its
+    first row; None for a file with no rows and no recorded dimension."""
+    dim = _schema_dim(path, spec)
+    if dim is not None:
+        return dim
     one_row = dataclasses.replace(spec, block_size=1)
     for _, x, _ in _raw_blocks(FileRange(path), one_row):
         x = np.asarray(x)
+        if not len(x) and x.ndim == 2:
+            continue  # an empty file's block
         if x.ndim != 2 or x.shape[1] < 1:
             raise InputError(f"{path}: embeddings must be 2-D [n, d] with "
                              f"d >= 1, got shape {x.shape}")
@@ -727,10 +793,67 @@ def _peek_dim(path: str, spec: InputSpec) -> Optional[int]:
     return None
 
 
+def _schema_dim(path: str, spec: InputSpec) -> Optional[int]:
+    """The embedding dimension a file records without its rows: an .npz
+    array's header (shape [n, d], also for n = 0), a Parquet fixed-size
+    list's size. None where the format does not record it (TFRecord,
+    variable-length Parquet lists) or the file is not as expected: reading
+    its rows then reports what is wrong. So an empty file of these formats
+    takes the same path as one with a row (issue 25)."""
+    try:
+        fmt = detect_format(path, spec.fmt)
+        with _open(path) as f:
+            if fmt == "npz":
+                return _npz_header_dim(f)
+            if fmt == "parquet":
+                return _fixed_list_size(_parquet_schema(f), spec)
+    except Exception:  # noqa: BLE001  (the rows' reader names the problem)
+        return None
+    return None
+
+
+def _npz_header_dim(f) -> Optional[int]:
+    """d of the 'embeddings' array of an .npz (zip) file: its .npy header
+    only, whatever the array's size or compression."""
+    with zipfile.ZipFile(f) as z:
+        if "labels.npy" not in z.namelist():
+            return None
+        with z.open("embeddings.npy") as member:
+            version = np.lib.format.read_magic(member)
+            read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0)
+            shape, _, dtype = read(member)
+    if len(shape) != 2 or shape[1] < 1 or dtype.kind not in "biuf":
+        return None
+    return int(shape[1])
+
+
+def _parquet_schema(f):
+    import pyarrow.parquet as pq
+    return pq.ParquetFile(f).schema_arrow
+
+
+def _fixed_list_size(schema, spec: InputSpec) -> Optional[int]:
+    """The embedding column's fixed list size (None: not a fixed-size list
+    of numbers, or no such column)."""
+    import pyarrow as pa
+    if spec.embedding_feature not in schema.names:
+        return None
+    kind = schema.field(spec.embedding_feature).type
+    if not pa.types.is_fixed_size_list(kind) or kind.list_size < 1:
+        return None
+    value = kind.value_type
+    if not (pa.types.is_floating(value) or pa.types.is_integer(value)):
+        return None
+    return int(kind.list_size)
+
+
 def input_schema(paths: Sequence[str], spec: InputSpec) -> tuple[int, str]:
-    """(embedding dimension, file it was read from): the first file with
-    rows. Empty files are skipped (they are valid); if every file is empty
-    the input is refused, naming the pattern."""
+    """(embedding dimension, file it was read from): the first file that
+    records it (``_schema_dim``: .npz, fixed-size Parquet lists, also with
+    no rows) or has a row. Other empty files are skipped (they are valid);
+    if no file gives a dimension the input is refused, naming the pattern
+    and ``--embedding-dim``."""
     for path in paths:
         dim = _peek_dim(path, spec)
         if dim is not None:
@@ -738,8 +861,9 @@ def input_schema(paths: Sequence[str], spec: InputSpec) -> tuple[int, str]:
     files = (f"{paths[0]} holds" if len(paths) == 1
              else f"all {len(paths)} matched files hold")
     raise InputError(f"--input {spec.pattern!r}: {files} no rows "
-                     f"(empty input), so the embedding dimension is unknown; "
-                     f"pass --embedding-dim to release it (empty classes get "
+                     f"(empty input) and the format does not record the "
+                     f"embedding dimension, so it is unknown; pass "
+                     f"--embedding-dim to release it (empty classes get "
                      f"noisy outputs like any other)")
 
 
@@ -791,8 +915,10 @@ class ReadEmbeddingBlocks(beam.PTransform):
     input fails before the pipeline starts. Each range is one element,
     spread over the workers: one large file is read by all of them.
     ``dim`` (public configuration, ``--embedding-dim``) skips reading the
-    dimension from the first row: every row is checked against it, and an
-    input with no rows is still a valid (empty) dataset.
+    dimension from the input: every row is checked against it, and an
+    input with no rows is still a valid (empty) dataset. Without it the
+    dimension is the one the first file records (.npz header, fixed-size
+    Parquet list, even with no rows: ``input_schema``) or its first row's.
     """
 
     def __init__(self, spec: InputSpec, dim: Optional[int] = None) -> None:
