@@ -48,6 +48,7 @@ SETUP_FILE = str(REPO_ROOT / "setup.py")
 DIRECT_MODES = ("in_memory", "multi_processing")
 PORTABLE_ENVIRONMENTS = ("DOCKER", "PROCESS", "EXTERNAL", "LOOPBACK")
 FLINK_ENVIRONMENTS = PORTABLE_ENVIRONMENTS
+PRISM_ENVIRONMENTS = ("LOOPBACK", "EXTERNAL", "DOCKER")
 # Masters that run the engine inside the job server on this machine: there
 # the default environment is LOOPBACK (the submitting process runs the
 # Python code), elsewhere DOCKER.
@@ -225,15 +226,29 @@ def spark_args(master_url: str = DEFAULT_SPARK_MASTER,
 
 
 def prism_args(prism_location: Optional[str] = None,
-               job_endpoint: Optional[str] = None) -> list[str]:
-    """PrismRunner: Beam's Go runner on this machine, the Python code in
-    this process (LOOPBACK). ``prism_location``: the binary (``python -m
-    deploy.install_engines prism`` builds it; without it Beam downloads a
-    release); ``job_endpoint``: a Prism already running
-    (``prism --job_port N``)."""
+               job_endpoint: Optional[str] = None,
+               environment_type: Optional[str] = None,
+               environment_config: Optional[str] = None) -> list[str]:
+    """PrismRunner: Beam's Go runner on this machine.
+
+    ``prism_location``: the binary (``python -m deploy.install_engines
+    prism`` builds it; without it Beam downloads a release), which Beam
+    starts; or ``job_endpoint``: a Prism already running (``prism
+    --job_port N``). ``environment_type``: LOOPBACK (default: the Python
+    code runs in this process), EXTERNAL (``environment_config`` = host:port
+    of a Beam worker pool, ``python -m
+    apache_beam.runners.worker.worker_pool_main --service_port N``: SDK
+    workers in their own processes) or DOCKER.
+    """
     if prism_location and job_endpoint:
         raise ValueError("pass --prism_location or --job_endpoint, not both")
-    args = ["--runner=PrismRunner", "--environment_type=LOOPBACK"]
+    env = _environment(environment_type or "LOOPBACK", environment_config)
+    if env not in PRISM_ENVIRONMENTS:
+        raise ValueError(f"Prism runs the environments "
+                         f"{PRISM_ENVIRONMENTS}, got {env}")
+    args = ["--runner=PrismRunner", f"--environment_type={env}"]
+    if environment_config:
+        args.append(f"--environment_config={environment_config}")
     if prism_location:
         args.append(f"--prism_location={prism_location}")
     if job_endpoint:
@@ -382,8 +397,9 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
                    help="Flink/Spark/Prism: HOST:PORT of a running job "
                    "server")
     g.add_argument("--environment-type", default=None,
-                   help=f"Flink/Spark: one of {PORTABLE_ENVIRONMENTS} "
-                   "(default LOOPBACK for a local master, else DOCKER)")
+                   help=f"Flink/Spark/Prism: one of {PORTABLE_ENVIRONMENTS} "
+                   "(default LOOPBACK for Prism and a local master, else "
+                   "DOCKER)")
     g.add_argument("--environment-config", default=None)
     g.add_argument("--parallelism", type=int, default=None)
     g.add_argument("--dask-client-address", default=None,
@@ -423,7 +439,8 @@ def beam_args_from(ns: argparse.Namespace) -> list[str]:
                           job_server_jar=ns.spark_job_server_jar,
                           job_endpoint=ns.job_endpoint)
     if name == "PrismRunner":
-        return prism_args(ns.prism_location, ns.job_endpoint)
+        return prism_args(ns.prism_location, ns.job_endpoint,
+                          ns.environment_type, ns.environment_config)
     if name == "DaskRunner":
         return dask_args(ns.dask_client_address, ns.dask_scheduler_file)
     raise ValueError(f"--runner must be one of {RUNNER_CHOICES}; "

@@ -291,6 +291,17 @@ def test_prism_options_reach_beam():
         "--runner=PrismRunner", "--environment_type=LOOPBACK"]
     with pytest.raises(ValueError, match="not both"):
         runners.prism_args("/c/prism", job_endpoint="localhost:8073")
+    ext = runners.pipeline_options(runners.prism_args(
+        job_endpoint="localhost:8073", environment_type="external",
+        environment_config="localhost:50000"))
+    assert ext.view_as(PortableOptions).environment_type == "EXTERNAL"
+    assert ext.view_as(PortableOptions).environment_config == \
+        "localhost:50000"
+    with pytest.raises(ValueError, match="needs --environment_config"):
+        runners.prism_args(environment_type="EXTERNAL")
+    with pytest.raises(ValueError, match="Prism runs the environments"):
+        runners.prism_args(environment_type="PROCESS",
+                           environment_config='{"command": "boot"}')
 
 
 @pytest.mark.parametrize("argv, expected", [

@@ -4,6 +4,13 @@ release byte-identical to the DirectRunner's with the same
 ``--noise-seed`` (data files, gmm.npz, summary.json, schema.json; the
 manifest up to the fields that name the run).
 
+Prism runs twice over: the demo with Beam starting the binary and the
+Python code in this process (LOOPBACK), and the several-file jobs (DP
+k-means, vote filter) on a standalone Prism job server with SDK workers
+started by Beam's worker pool in their own processes (EXTERNAL), the
+layout of a cluster. Flink and Spark run the same jobs (one job server
+started by the test for all Flink jobs).
+
 The engines come from ``python -m deploy.install_engines`` (``.ci/run``
 runs it): the Flink / Spark job server jars from Maven, Prism built with
 ``go install``, pinned to the installed Beam. Without an engine the tests
@@ -20,10 +27,12 @@ reference is the same whether or not Prism is installed.
 from __future__ import annotations
 
 import json
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -39,6 +48,7 @@ pytestmark = pytest.mark.engines
 # Fields of manifest.json that name the run, not the release ("root": the
 # random version folder).
 RUN_FIELDS = {"run_id", "created_utc", "root"}
+REPO = Path(__file__).resolve().parent.parent
 JOB_SERVER_START_S = 180
 # Flink 1.20 on Java 17 reflects into these JDK packages (the list of
 # Flink's own `env.java.opts.all`, trimmed to what its runtime opens).
@@ -139,20 +149,14 @@ def several_files(tmp_path_factory):
     return str(root / "part-*.npz")
 
 
-@pytest.fixture(scope="module")
-def flink_endpoint(tmp_path_factory):
-    """One Flink job server for the module (``--flink_master=[local]``: each
-    job runs on an embedded MiniCluster inside it); its host:port."""
-    jar = _engine("flink")
-    scratch = tmp_path_factory.mktemp("flink-job-server")
-    port = _free_port()
-    log = scratch / "job-server.log"
+@contextlib.contextmanager
+def _serve(cmd: list[str], port: int, log: Path):
+    """Runs a server (a job server, a worker pool) until the block ends;
+    yields localhost:port once it listens."""
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            ["java", *JAVA17_OPENS, "-jar", jar, "--flink-master", "[local]",
-             "--job-port", str(port), "--artifact-port", "0",
-             "--expansion-port", "0", "--artifacts-dir", str(scratch)],
-            stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=REPO, env={**os.environ,
+                                               "PYTHONPATH": str(REPO)})
     try:
         _wait_for_port(port, proc, log)
         yield f"localhost:{port}"
@@ -162,12 +166,49 @@ def flink_endpoint(tmp_path_factory):
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def flink_endpoint(tmp_path_factory):
+    """One Flink job server for the module (``--flink_master=[local]``: each
+    job runs on an embedded MiniCluster inside it); its host:port."""
+    jar = _engine("flink")
+    scratch = tmp_path_factory.mktemp("flink-job-server")
+    port = _free_port()
+    with _serve(["java", *JAVA17_OPENS, "-jar", jar, "--flink-master",
+                 "[local]", "--job-port", str(port), "--artifact-port", "0",
+                 "--expansion-port", "0", "--artifacts-dir", str(scratch)],
+                port, scratch / "job-server.log") as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="module")
+def prism_cluster(tmp_path_factory):
+    """Prism as a standalone job server and Beam's SDK worker pool, each its
+    own process: (job endpoint, worker pool address). With the EXTERNAL
+    environment the pool starts an SDK worker process per job, so dpsynth's
+    code runs outside this test process."""
+    binary = _engine("prism")
+    scratch = tmp_path_factory.mktemp("prism")
+    job_port, pool_port = _free_port(), _free_port()
+    with _serve([binary, "--job_port", str(job_port), "--serve_http=false",
+                 "--log_level", "warn"], job_port,
+                scratch / "prism.log") as endpoint, \
+        _serve([sys.executable, "-m",
+                "apache_beam.runners.worker.worker_pool_main",
+                "--service_port", str(pool_port)], pool_port,
+               scratch / "worker-pool.log") as pool:
+        yield endpoint, pool, scratch / "worker-pool.log"
 
 
 def _engine_args(engine: str, request) -> list[str]:
     """The runner flags a test uses for ``engine`` (deploy.runners)."""
     if engine == "prism":
-        return runners.prism_args(prism_location=_engine("prism"))
+        endpoint, pool, _ = request.getfixturevalue("prism_cluster")
+        return runners.prism_args(job_endpoint=endpoint,
+                                  environment_type="EXTERNAL",
+                                  environment_config=pool)
     if engine == "flink":
         endpoint = request.getfixturevalue("flink_endpoint")
         return runners.flink_args("[local]", "LOOPBACK", parallelism=2,
@@ -214,6 +255,9 @@ def test_k_means_on_several_files(engine, request, releases, several_files,
     args = _engine_args(engine, request)
     out = _generate(tmp_path / engine, *flags, *args)
     assert_same_release(releases("k-means", flags), out)
+    if engine == "prism":  # the SDK workers were the pool's processes
+        log = request.getfixturevalue("prism_cluster")[2].read_text()
+        assert "Starting worker with command" in log
 
 
 @pytest.mark.parametrize("engine", ["prism", "flink"])
