@@ -693,15 +693,19 @@ def _stage(job: Job, args: argparse.Namespace, beam_argv: Sequence[str],
     progress = _progress_file(options, job)
     try:
         with console.quiet_stderr(args.verbose):
-            if job.adaptive_mu is None:
-                with console.ProgressPrinter(progress.path,
-                                             pass_names(job.cfg, args),
-                                             show_rows=args.show_row_counts):
-                    p = beam.Pipeline(options=options)
-                    build(p, job, reader, args, progress)
-                    p.run().wait_until_finish()
-            else:
-                _run_adaptive(job, args, options, reader, progress, timings)
+            try:
+                if job.adaptive_mu is None:
+                    with console.ProgressPrinter(
+                            progress.path, pass_names(job.cfg, args),
+                            show_rows=args.show_row_counts):
+                        p = beam.Pipeline(options=options)
+                        build(p, job, reader, args, progress)
+                        p.run().wait_until_finish()
+                else:
+                    _run_adaptive(job, args, options, reader, progress,
+                                  timings)
+            finally:  # its shutdown output stays in the captured log
+                _close_dask_cluster()
     finally:
         if progress.path:
             os.unlink(progress.path)
@@ -714,6 +718,14 @@ def _stage(job: Job, args: argparse.Namespace, beam_argv: Sequence[str],
     doc = manifest(job, args, reader.dim, summary)
     release.write_manifest(job.staging, doc)
     return doc
+
+
+def _close_dask_cluster() -> None:
+    """Closes this run's local Dask cluster, if one was started (one cluster
+    serves both phases of the adaptive plan; see pipelines/dask_runner.py)."""
+    dask_runner = sys.modules.get("pipelines.dask_runner")  # never imports
+    if dask_runner is not None:
+        dask_runner.close_local_cluster()
 
 
 def _run_adaptive(job: Job, args: argparse.Namespace, options,
