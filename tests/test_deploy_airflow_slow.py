@@ -134,6 +134,10 @@ def test_one_nightly_run_end_to_end(nightly):
     latest = json.loads((root / "releases" / "LATEST.json").read_text())
     assert latest["release"] == str(release)
     assert latest["run_id"] == manifest["run_id"]
+    # Public files and task logs: nothing from the budget store, no exact
+    # row counts (issue 25).
+    assert not any(k.startswith("lifetime") for k in latest)
+    assert "rows read" not in report["log"]
 
 
 def test_rerun_of_the_same_date_spends_nothing_twice(nightly, airflow_venv,
