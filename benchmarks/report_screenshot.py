@@ -77,7 +77,10 @@ def main(argv=None) -> int:
             assert cli.main(["evaluate", "--synthetic", release,
                              "--real-train", train, "--real-test", test,
                              "--output", release + "-evaluation.json"]) == 0
-        assert cli.main(["report", release]) == 0
+        report = ["report", release]
+        if not args.no_evaluate:  # embedded only when named explicitly
+            report += ["--evaluation", release + "-evaluation.json"]
+        assert cli.main(report) == 0
         shot = os.path.join(work, "page.png")
         screenshot(os.path.join(release + "-report", "index.html"), shot)
         two_columns(shot, args.output)
