@@ -44,6 +44,10 @@ class _DropNoise(logging.Filter):
         if record.name.startswith("dpsynth"):
             return True
         text = str(record.msg)
+        exc = record.exc_info[1] if record.exc_info else None
+        if "KeyboardInterrupt" in text or (exc is not None
+                                           and interrupted(exc)):
+            return False  # Ctrl-C: one line from run_command, no traceback
         if any(marker in text for marker in _NOISE):
             return False
         exc = record.exc_info[1] if record.exc_info else None
@@ -95,6 +99,43 @@ def fail(message: str) -> int:
     return 2
 
 
+def _silent(args) -> None:
+    pass
+
+
+_SILENT = _silent
+
+
+def silence_dying_threads() -> None:
+    """After Ctrl-C the runner's gRPC threads die with tracebacks of the
+    same interrupt (workers gone): nothing for the user to act on."""
+    threading.excepthook = _SILENT
+
+
+def _to_runner_log(path: str):
+    def hook(args) -> None:
+        import traceback
+        with open(path, "a", encoding="utf-8") as log_file:
+            print(f"Exception in thread {getattr(args.thread, 'name', '?')}:",
+                  file=log_file)
+            traceback.print_exception(args.exc_type, args.exc_value,
+                                      args.exc_traceback, file=log_file)
+    return hook
+
+
+def interrupted(err: BaseException) -> bool:
+    """Ctrl-C, also when a runner re-raised it from inside a pass (Beam
+    wraps it: ``RuntimeError: KeyboardInterrupt [while running '...']``)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, KeyboardInterrupt) or str(err).startswith(
+                "KeyboardInterrupt"):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
 def inner_error(err: BaseException) -> Optional[str]:
     """Beam wraps worker exceptions; our own input errors inside them are
     surfaced as one line (other errors keep their traceback: they are bugs
@@ -112,12 +153,18 @@ def run_command(fn: Callable[[], int], command: str,
     try:
         return fn()
     except KeyboardInterrupt:
+        silence_dying_threads()
         print(f"dpsynth {command}: interrupted; nothing was published",
               file=sys.stderr)
         return 130
     except tuple(input_errors) as err:
         return fail(inner_error(err) or str(err))
     except Exception as err:
+        if interrupted(err):
+            silence_dying_threads()
+            print(f"dpsynth {command}: interrupted; nothing was published",
+                  file=sys.stderr)
+            return 130
         inner = inner_error(err)
         if inner is not None:
             return fail(inner)
@@ -147,14 +194,27 @@ def quiet_stderr(verbose: bool, keep_as: Optional[str] = None
     os.dup2(fd, 2)
     os.close(fd)
     sys.stderr = console
+    # Library threads (Beam's gRPC readers) that die print to sys.stderr:
+    # their tracebacks belong in the runner's log too.
+    old_hook = threading.excepthook
+    threading.excepthook = _to_runner_log(path)
     for handler in streams:
         _point(handler, console)
     ok = False
     try:
         yield
         ok = True
+    except BaseException as err:
+        # Ctrl-C: the runner's own log holds only the workers' tracebacks
+        # of the same interrupt; the console's one line says it all.
+        ok = interrupted(err)
+        if ok:
+            silence_dying_threads()
+        raise
     finally:
         _QUIET = False
+        if threading.excepthook is not _SILENT:
+            threading.excepthook = old_hook
         os.dup2(saved, 2)
         os.close(saved)
         sys.stderr = old_stderr

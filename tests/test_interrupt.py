@@ -1,0 +1,72 @@
+"""Ctrl-C inside a Beam pass: one line, exit 130, nothing published, the
+budget store consistent (the attempt failed, its lease given back)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipelines import budget_store, release
+from tests.conftest import gmm_data
+
+REPO = Path(__file__).resolve().parent.parent
+
+# The read of the first pass blocks (in the in-process DirectRunner) until
+# the test interrupts it, as a user pressing Ctrl-C mid-pass would.
+SLOW_READ = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, {repo!r})
+    from pipelines import cli
+    from transforms import io
+    real = io._ReadBlocksFn.process
+
+    def slow(self, r):
+        open({mark!r}, "w").close()
+        time.sleep(120)
+        yield from real(self, r)
+
+    io._ReadBlocksFn.process = slow
+    sys.exit(cli.main(sys.argv[1:]))
+""")
+
+
+def test_ctrl_c_inside_a_pass_is_one_line_and_exit_130(tmp_path):
+    x, y = gmm_data(300, d=4, classes=2)
+    np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
+    mark, out, store = tmp_path / "reading", tmp_path / "out", \
+        tmp_path / "b"
+    code = SLOW_READ.format(repo=str(REPO), mark=str(mark))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "generate", "--input",
+         str(tmp_path / "in.npz"), "--num-classes", "2", "--output", str(out),
+         "--run-id", "r1", "--budget-store", str(store), "--dataset-id", "p",
+         "--lifetime-epsilon", "10"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True)
+    deadline = time.time() + 180
+    while not mark.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "the pass never started"
+        time.sleep(0.1)
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the group
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert lines[-1] == "dpsynth generate: interrupted; nothing was published"
+    assert not any("Traceback" in l or "KeyboardInterrupt" in l
+                   for l in lines), err
+    assert len(lines) <= 6, err  # the plan, progress lines, the one line
+    assert not release.release_exists(str(out))
+    assert release.staging_folders(str(out), "r1") == {}
+    (entry,) = budget_store.history(str(store), "p")
+    assert entry["status"] == budget_store.FAILED  # read data: charged
+    assert entry["lease_until"] == 0  # a retry need not wait
+    assert not list(tmp_path.glob("dpsynth-*.log"))
