@@ -86,8 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--embedding-dim", type=int,
                         help="the embedding dimension (public). Embedding "
                         "files: every row must have it, and an input with no "
-                        "rows is still released (default: read from the "
-                        "first row). --images with a keras:/onnx: encoder: "
+                        "rows is still released (default: the .npz header "
+                        "or a fixed-size Parquet list, else the first row). "
+                        "--images with a keras:/onnx: encoder: "
                         "its output dimension")
     parser.add_argument("--verbose", action="store_true",
                         help="also show Beam's and other libraries' logs")

@@ -261,10 +261,12 @@ def test_glob_matching_only_a_directory(tmp_path, capsys):
            "--num-classes", 2, expect=("part-*.npz", "no files match"))
 
 
-def test_empty_npz_file(tmp_path, capsys):
-    path = _npz(tmp_path / "empty.npz", np.zeros((0, 6)), np.zeros(0, int))
+def test_empty_tfrecord_file_without_a_dimension(tmp_path, capsys):
+    """TFRecord records no dimension: an empty one needs --embedding-dim
+    (an empty .npz has it in its header and is released, like n = 1)."""
+    path = _tfrecord(tmp_path / "empty.tfrecord", [])
     _fails(capsys, tmp_path / "out", "--input", path, "--num-classes", 2,
-           expect=("empty.npz", "no rows", "empty input"))
+           expect=("no rows", "--embedding-dim"))
 
 
 def test_all_matched_files_empty(tmp_path, capsys):
