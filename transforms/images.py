@@ -13,7 +13,8 @@ read and decoded in the workers, after a Reshuffle so that decoding and encoding
 A file or record that cannot be read or decoded goes to the `bad` output as (source, reason) — never dropped
 silently. A TFRecord file that cannot be opened or whose framing is damaged (bad checksum, truncated) is not
 one bad image: it fails the run with an `ImageInputError` naming the file and the byte offset, since the records
-after the damage cannot be found. Two policies (`CheckBadImages`):
+after the damage cannot be found; so does an `.npz` of images that cannot be read or is malformed (skipping it
+would drop every record in it). Two policies (`CheckBadImages`) for single bad images:
 
 * `dpsynth encode` (data preparation inside the trust boundary, no release): counts them, logs the names, can
   write them to a report file, and stops the run with `BadImagesError` when there are more than
@@ -251,7 +252,9 @@ class _DecodeExamplesFn(beam.DoFn):
 
 
 class _ReadNpzFn(beam.DoFn):
-    """npz path → (path#i, label, image) rows; an unreadable or malformed file → one 'bad' entry."""
+    """npz path → (path#i, label, image) rows. An unreadable or malformed file fails the run with an
+    ImageInputError naming it: it holds many people's records, so skipping it whole would let one damaged
+    file (or one record that damages it) drop the others, which no per-record rule can account for."""
 
     def __init__(self):
         self.decoded = Metrics.counter(_METRICS, "images_decoded")
@@ -266,8 +269,8 @@ class _ReadNpzFn(beam.DoFn):
             if labels.ndim != 1 or len(labels) != len(images) or not np.issubdtype(labels.dtype, np.integer):
                 raise ValueError(f"'labels' must be integers [n={len(images)}], got {labels.dtype} {labels.shape}")
         except Exception as err:
-            yield beam.pvalue.TaggedOutput("bad", (path, f"whole file unreadable: {type(err).__name__}: {err}"))
-            return
+            raise ImageInputError(f"{path}: cannot read this .npz of images ({type(err).__name__}: {err}); "
+                                  "fix or remove the file (skipping it would drop every record in it)") from None
         for i in range(len(images)):
             self.decoded.inc()
             yield f"{path}#{i}", int(labels[i]), images[i]
