@@ -161,7 +161,9 @@ def install_prism(root: Path, beam: str) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     modcache = Path(tempfile.mkdtemp(prefix="gomod-", dir=root))
     env = {**os.environ, "GOBIN": str(path.parent),
-           "GOMODCACHE": str(modcache), "GOFLAGS": "-modcacherw"}
+           "GOMODCACHE": str(modcache),
+           # -modcacherw: the temporary module cache can be deleted
+           "GOFLAGS": f"{os.environ.get('GOFLAGS', '')} -modcacherw".strip()}
     cmd = ["go", "install", f"{PRISM_PACKAGE}@v{beam}"]
     try:
         ok, out = _run(cmd, env)
