@@ -280,3 +280,32 @@ def test_direct_runner_stays_on_the_fnapi_runner():
         assert opts["runner"] == "FnApiRunner", argv
     assert is_local(beam_options(runners.prism_args("/opt/prism")))
     assert not is_local(beam_options(runners.flink_args("jm:8081")))
+
+
+@pytest.mark.parametrize("script, env, expected", [
+    ("deploy/flink/submit.sh",
+     {"FLINK_MASTER": "[local]", "PARALLELISM": "2",
+      "FLINK_JOB_SERVER_JAR": "/c/flink.jar"},
+     runners.flink_args("[local]", "LOOPBACK", parallelism=2,
+                        job_server_jar="/c/flink.jar")),
+    ("deploy/flink/submit.sh",
+     {"FLINK_MASTER": "[local]", "PARALLELISM": "2",
+      "JOB_ENDPOINT": "localhost:8099"},
+     runners.flink_args("[local]", "LOOPBACK", parallelism=2,
+                        job_endpoint="localhost:8099")),
+    ("deploy/spark/submit.sh",
+     {"SPARK_MASTER_URL": "local[2]", "SPARK_JOB_SERVER_JAR": "/c/spark.jar"},
+     runners.spark_args("local[2]", "LOOPBACK",
+                        job_server_jar="/c/spark.jar")),
+])
+def test_submit_scripts_run_what_the_tests_run(script, env, expected):
+    """deploy/{flink,spark}/submit.sh with a local master pass the runner
+    flags these tests use (DRY_RUN prints the command)."""
+    import shlex
+    proc = subprocess.run(
+        ["bash", str(REPO / script), "--noise-seed", "1", "--output", "/o"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+        env={**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, **env})
+    cmd = shlex.split(proc.stdout)
+    assert cmd == [sys.executable, "-m", "pipelines.generate", *expected,
+                   "--noise-seed", "1", "--output", "/o"]
