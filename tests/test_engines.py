@@ -61,11 +61,11 @@ JAVA17_OPENS = [f"--add-opens=java.base/{pkg}=ALL-UNNAMED" for pkg in (
 
 def _engine(name: str) -> str:
     """The installed engine's path; skips (or, in CI, fails) with why not."""
-    if name in ("flink", "spark") and shutil.which("java") is None:
-        _missing(f"{name} needs Java (java is not on PATH)", served=True)
     status = install_engines.read_status()
     entry = (status or {}).get(name)
     if entry and "path" in entry and Path(entry["path"]).is_file():
+        if name in ("flink", "spark") and shutil.which("java") is None:
+            _missing(f"{name} needs Java (java is not on PATH)", served=True)
         return entry["path"]
     if entry is None:
         _missing(f"{name} is not installed: python -m deploy.install_engines "
