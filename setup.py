@@ -14,7 +14,7 @@ setup(
                  "(DP k-means + DP Gaussian mixture) on Apache Beam"),
     python_requires=">=3.10",
     packages=["dp_ops", "transforms", "pipelines", "models",
-              "models.encoders", "models.baselines", "deploy"],
+              "models.encoders", "deploy"],
     package_data={"deploy": ["*.json", "*.yaml", "*.md", "airflow/*.py",
                              "airflow/*.sh",
                              "dataflow/*", "flink/*"]},

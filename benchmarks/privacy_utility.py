@@ -63,7 +63,7 @@ import numpy as np
 
 from dp_ops.clipping import normalize_rows
 from models import classifiers
-from models.baselines import METHODS, make_method
+from benchmarks.baselines import METHODS, make_method
 from pipelines.evaluate import fit_size
 
 SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
@@ -83,7 +83,7 @@ ORDER = ("dpgmm", "dpgmm-adaptive", "dpgmm-vote", "dpsgd", "dpsgd-linear",
          "nonprivate-gmm")
 OURS = ("dpgmm", "dpgmm-adaptive", "dpgmm-vote")
 # Tuned DP-SGD: per dataset, model and epsilon, the grid point chosen on
-# the validation split of the private train set (benchmarks/dpsgd_bars.py,
+# the validation split of the private train set (benchmarks/studies/dpsgd_bars.py,
 # results/dpsgd_bars-issue13.jsonl; unaccounted tuning, as the papers do).
 # Missing entries use the module's values (tuned on CIFAR-10 at eps 4).
 TUNED_DPSGD: dict = {

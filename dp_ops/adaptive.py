@@ -518,7 +518,7 @@ def class_block(noisy_projected: np.ndarray, n_c: float,
     """The class's own covariance inside the subspace: P^T M_c P / n_c -
     (P^T mu_c)(P^T mu_c)^T (a raw, noisy estimate; the noise is kept: it
     was measured to regularise the downstream classifier, see
-    benchmarks/results/utility_study-issue13.md)."""
+    benchmarks/studies/results/utility_study-issue13.md)."""
     m = basis.T @ mean_c
     return noisy_projected / n_c - np.outer(m, m)
 

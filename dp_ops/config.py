@@ -10,7 +10,7 @@ from dp_ops.clipping import NORMALIZATIONS
 
 # "per-class" needs large classes: it won on CIFAR-10 (5,000 rows a class)
 # from epsilon 2 up and lost on the 140-row classes of the demo
-# (benchmarks/results/utility_study.md, README). Class sizes are private:
+# (benchmarks/studies/results/utility_study.md, README). Class sizes are private:
 # "auto" (the CLI's default) spends a small budget on noisy class counts and
 # lets a public rule choose (dp_ops/adaptive.py, issue 13).
 COVARIANCE_MODES = ("auto", "shared", "per-class")

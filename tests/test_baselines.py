@@ -12,8 +12,8 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from dp_ops.calibration import gdp_mu
 from dp_ops.ledger import ADD_REMOVE
 from dp_ops.noise import SeededNoise
-from models.baselines import METHODS, REGISTRY, make_method
-from models.baselines import dpsgd, pe, psg
+from benchmarks.baselines import METHODS, REGISTRY, make_method
+from benchmarks.baselines import dpsgd, pe, psg
 from tests.conftest import gmm_data
 
 LABELS = [0, 1, 2]
@@ -278,7 +278,7 @@ def test_pe_moves_towards_the_data():
 # ---------------------------------------------------------------- ClustMix
 
 def test_clustmix_every_draw_is_a_ledger_mechanism(data, monkeypatch):
-    from models.baselines import clustmix
+    from benchmarks.baselines import clustmix
     x, y, _, _ = data
     rec = RecordingNoise()
     monkeypatch.setattr(clustmix, "make_noise_source", lambda s: rec)
@@ -296,7 +296,7 @@ def test_clustmix_every_draw_is_a_ledger_mechanism(data, monkeypatch):
 
 
 def test_clustmix_mix_stays_on_segments():
-    from models.baselines import clustmix
+    from benchmarks.baselines import clustmix
     c = np.array([[1.0, 0.0], [0.0, 1.0]])
     out = clustmix.mix(np.array([1.0, 1.0]), c, 200, np.random.default_rng(0))
     assert np.allclose(np.linalg.norm(out, axis=1), 1.0)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from models.baselines import dpsgd, dpsgd_variants as dv, make_method
+from benchmarks.baselines import dpsgd, dpsgd_variants as dv, make_method
 from tests.conftest import gmm_data
 
 LABELS = [0, 1, 2]

@@ -84,3 +84,18 @@ def test_each_folder_imports_only_the_layers_below():
            for dep in deps
            if dep.split(".")[0] not in ALLOWED[mod.split(".")[0]]]
     assert not bad, "\n".join(bad)
+
+
+def test_product_packages_never_import_benchmarks_or_studies():
+    """The product holds what it runs: baselines, audits and studies live in
+    benchmarks/ (issue 28), and nothing in the product imports them."""
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names]
+                         if isinstance(node, ast.Import) else
+                         [node.module or ""]
+                         if isinstance(node, ast.ImportFrom) else [])
+                assert not any(n.split(".")[0] == "benchmarks"
+                               for n in names), path
+    assert not (ROOT / "models" / "baselines").exists()

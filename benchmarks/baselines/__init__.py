@@ -10,23 +10,23 @@ import importlib
 
 # name -> (module, class, fixed constructor arguments)
 REGISTRY = {
-    "dpgmm": ("models.baselines.dpgmm", "DPGMM", {"vote_filter": False}),
-    "dpgmm-vote": ("models.baselines.dpgmm", "DPGMM", {"vote_filter": True}),
-    "dpgmm-adaptive": ("models.baselines.dpgmm", "DPGMM", {"adaptive": True}),
-    "nonprivate-gmm": ("models.baselines.nonprivate_gmm", "NonPrivateGMM", {}),
-    "dpsgd": ("models.baselines.dpsgd", "DPSGD", {}),
-    "dpsgd-linear": ("models.baselines.dpsgd", "DPSGD", {"linear": True}),
-    "dpsgd-default": ("models.baselines.dpsgd_variants",
+    "dpgmm": ("benchmarks.baselines.dpgmm", "DPGMM", {"vote_filter": False}),
+    "dpgmm-vote": ("benchmarks.baselines.dpgmm", "DPGMM", {"vote_filter": True}),
+    "dpgmm-adaptive": ("benchmarks.baselines.dpgmm", "DPGMM", {"adaptive": True}),
+    "nonprivate-gmm": ("benchmarks.baselines.nonprivate_gmm", "NonPrivateGMM", {}),
+    "dpsgd": ("benchmarks.baselines.dpsgd", "DPSGD", {}),
+    "dpsgd-linear": ("benchmarks.baselines.dpsgd", "DPSGD", {"linear": True}),
+    "dpsgd-default": ("benchmarks.baselines.dpsgd_variants",
                       "DPSGDLibraryDefaults", {}),
-    "dpsgd-linear-default": ("models.baselines.dpsgd_variants",
+    "dpsgd-linear-default": ("benchmarks.baselines.dpsgd_variants",
                              "DPSGDLibraryDefaults", {"linear": True}),
-    "dpsgd-private-tuning": ("models.baselines.dpsgd_variants",
+    "dpsgd-private-tuning": ("benchmarks.baselines.dpsgd_variants",
                              "DPSGDPrivateTuning", {}),
-    "dpsgd-linear-private-tuning": ("models.baselines.dpsgd_variants",
+    "dpsgd-linear-private-tuning": ("benchmarks.baselines.dpsgd_variants",
                                     "DPSGDPrivateTuning", {"linear": True}),
-    "pe": ("models.baselines.pe", "PE", {}),
-    "clustmix": ("models.baselines.clustmix", "ClustMix", {}),
-    "psg": ("models.baselines.psg", "PSG", {}),
+    "pe": ("benchmarks.baselines.pe", "PE", {}),
+    "clustmix": ("benchmarks.baselines.clustmix", "ClustMix", {}),
+    "psg": ("benchmarks.baselines.psg", "PSG", {}),
 }
 METHODS = tuple(REGISTRY)
 

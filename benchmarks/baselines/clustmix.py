@@ -42,7 +42,7 @@ from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import NoiseSource, make_noise_source
 from dp_ops.sampling import project_to_sphere
-from models.baselines.base import (Generator, MethodOutput, assert_within_budget,
+from benchmarks.baselines.base import (Generator, MethodOutput, assert_within_budget,
                                    check_inputs, labels_tuple)
 
 WEIGHTS = {"tree": 0.15, "lloyd": 0.25, "centroids": 0.6}

@@ -19,7 +19,7 @@ import numpy as np
 from dp_ops import plan, reference
 from dp_ops.config import GeneratorConfig
 from dp_ops.noise import make_noise_source
-from models.baselines.base import (Generator, MethodOutput, assert_within_budget,
+from benchmarks.baselines.base import (Generator, MethodOutput, assert_within_budget,
                                    check_inputs, labels_tuple)
 
 

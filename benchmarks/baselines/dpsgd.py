@@ -33,7 +33,7 @@ import numpy as np
 
 from dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger, make_accountant
 from dp_ops.noise import NoiseSource
-from models.baselines.base import (Method, MethodOutput, assert_within_budget,
+from benchmarks.baselines.base import (Method, MethodOutput, assert_within_budget,
                                    check_inputs, noise_and_sampler,
                                    quiet_accountant)
 from models.classifiers import Classifier, label_index

@@ -50,8 +50,8 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger
-from models.baselines import dpsgd
-from models.baselines.base import (MethodOutput, assert_within_budget,
+from benchmarks.baselines import dpsgd
+from benchmarks.baselines.base import (MethodOutput, assert_within_budget,
                                    check_inputs, quiet_accountant,
                                    secret_seed)
 from models.classifiers import Classifier, label_index
@@ -110,7 +110,7 @@ def repeat_and_select_rdp(orders: Sequence[float], rdp: Sequence[float],
     return np.minimum.accumulate(out[::-1])[::-1]
 
 
-# The search grids of the unaccounted tuning (benchmarks/dpsgd_bars.py).
+# The search grids of the unaccounted tuning (benchmarks/studies/dpsgd_bars.py).
 LINEAR_LEARNING_RATES = (1.0, 4.0, 16.0)
 MLP_LEARNING_RATES = (0.5, 2.0, 8.0)
 

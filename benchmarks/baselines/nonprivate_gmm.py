@@ -14,8 +14,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from models.baselines.base import MethodOutput
-from models.baselines.dpgmm import DPGMM
+from benchmarks.baselines.base import MethodOutput
+from benchmarks.baselines.dpgmm import DPGMM
 
 
 class NonPrivateGMM(DPGMM):

@@ -40,7 +40,7 @@ from dp_ops.calibration import Slot, calibrate
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import NoiseSource
 from dp_ops.sampling import project_to_sphere
-from models.baselines.base import (Generator, MethodOutput, assert_within_budget,
+from benchmarks.baselines.base import (Generator, MethodOutput, assert_within_budget,
                                    check_inputs, noise_and_sampler)
 
 

@@ -35,10 +35,10 @@ import numpy as np
 
 from dp_ops.ledger import Mechanism, PrivacyLedger, make_accountant
 from dp_ops.noise import NoiseSource
-from models.baselines import dpsgd
-from models.baselines.base import (Generator, MethodOutput, assert_within_budget,
+from benchmarks.baselines import dpsgd
+from benchmarks.baselines.base import (Generator, MethodOutput, assert_within_budget,
                                    check_inputs, noise_and_sampler)
-from models.baselines.pe import random_api
+from benchmarks.baselines.pe import random_api
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,13 +2,13 @@
 the old default (``--covariance shared``): wall time and validation
 accuracy, on the fit / validation split of a shared TRAIN file.
 
-    nice python benchmarks/adaptive_beam.py --dataset cifar10 --epsilons 1,8
+    nice python benchmarks/studies/adaptive_beam.py --dataset cifar10 --epsilons 1,8
 
 Runs ``python -m pipelines.generate`` on the fit part (written to a
 temporary .npz), the modes back to back per epsilon (same machine load,
 same secret noise seed: paired), scores the shared README's probe on the
 validation part and appends one JSON line per run to
-benchmarks/results/adaptive_beam-issue13.jsonl. Test files are not read.
+benchmarks/studies/results/adaptive_beam-issue13.jsonl. Test files are not read.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from benchmarks.study_data import RESULTS, probe, selection_split  # noqa: E402
+from benchmarks.studies.study_data import RESULTS, probe, selection_split  # noqa: E402
 
 LOG = os.path.join(RESULTS, "adaptive_beam-issue13.jsonl")
 

@@ -5,7 +5,7 @@ the reference generator on the full CIFAR-10 train set at epsilon 1, old
 defaults then the adaptive plan, back to back in one process, with the
 per-stage seconds of ``dp_ops.reference``.
 
-    nice -n 10 python benchmarks/adaptive_timing.py --epsilon 1
+    nice -n 10 python benchmarks/studies/adaptive_timing.py --epsilon 1
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from benchmarks.study_data import load_npz  # noqa: E402
+from benchmarks.studies.study_data import load_npz  # noqa: E402
 from dp_ops import plan, reference  # noqa: E402
 from dp_ops.config import GeneratorConfig  # noqa: E402
 from dp_ops.noise import SeededNoise  # noqa: E402

@@ -1,14 +1,14 @@
 """DP-SGD bars on the selection split (issue 13): tuned linear softmax and
 tuned MLP (unaccounted tuning on the validation split, as the papers do),
 plus the fixed library-default hyperparameters and the privately tuned
-DP-SGD (models.baselines.dpsgd), on the SAME fit/validation split as the
-generator study (benchmarks/study_data.py).
+DP-SGD (benchmarks.baselines.dpsgd), on the SAME fit/validation split as the
+generator study (benchmarks/studies/study_data.py).
 
-    python benchmarks/dpsgd_bars.py --dataset 20news --epsilons 1,2,4,8
+    python benchmarks/studies/dpsgd_bars.py --dataset 20news --epsilons 1,2,4,8
 
 Stage 1 (grid, seed 0) picks per epsilon the best grid point on the
 validation split; stage 2 reruns it with seeds 0..S-1. JSON lines go to
-benchmarks/results/dpsgd_bars-issue13.jsonl.
+benchmarks/studies/results/dpsgd_bars-issue13.jsonl.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from benchmarks.study_data import RESULTS, selection_split  # noqa: E402
+from benchmarks.studies.study_data import RESULTS, selection_split  # noqa: E402
 
 LOG = os.path.join(RESULTS, "dpsgd_bars-issue13.jsonl")
 # (batch, epochs) x learning rate; input scale fixed per model (the
@@ -36,7 +36,7 @@ LRS = {"linear": [1.0, 4.0, 16.0], "mlp": [0.5, 2.0, 8.0]}
 
 def run(model: str, eps: float, seed: int, split, variant: str = "tuned",
         **hp) -> dict:
-    from models.baselines import make_method
+    from benchmarks.baselines import make_method
     t = time.time()
     name = {"tuned": "dpsgd", "default": "dpsgd-default",
             "private": "dpsgd-private-tuning"}[variant]

@@ -11,7 +11,7 @@ machine. This module minimises the SAME objective,
 with L-BFGS in a preconditioned variable W = L^{-T} U, L the Cholesky factor
 of a/K * Z^T Z / n + I / (C n) (a Hessian approximation from a row
 subsample; the substitution changes the path, not the optimum) and float32
-products. Its optimum is the probe's; benchmarks/utility_study13.py checks
+products. Its optimum is the probe's; benchmarks/studies/utility_study13.py checks
 the two agree on both shared datasets (``--check-probe``). Final tables use
 scikit-learn itself.
 """

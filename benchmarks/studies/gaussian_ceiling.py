@@ -3,7 +3,7 @@
 Fits class-conditional Gaussian models to the EXACT statistics of the
 fitting part of a shared train set, samples as many rows per class as the
 fitting part has, and scores the shared README's logistic probe on the
-validation split (benchmarks/study_data.py). No privacy here: this bounds
+validation split (benchmarks/studies/study_data.py). No privacy here: this bounds
 what any DP generator of that model family can reach, so it tells whether
 noise or the family is the limit.
 
@@ -11,8 +11,8 @@ As in the generator, rows are unit-normalised, centred (here: exact mean)
 and clipped to R (the default 0.7); samples get the centre back and are
 projected onto the unit sphere. "no clip" rows skip centring and clipping.
 
-    python benchmarks/gaussian_ceiling.py --dataset cifar10
-    python benchmarks/gaussian_ceiling.py --dataset 20news
+    python benchmarks/studies/gaussian_ceiling.py --dataset cifar10
+    python benchmarks/studies/gaussian_ceiling.py --dataset 20news
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from benchmarks.study_data import RESULTS, probe, selection_split  # noqa: E402
+from benchmarks.studies.study_data import RESULTS, probe, selection_split  # noqa: E402
 from dp_ops.clipping import clip_rows, normalize_rows  # noqa: E402
 
 CLIP = 0.7

@@ -1,7 +1,7 @@
 """Does choosing the MLP's learning rate by synthetic hold-out LOG-LOSS
 (instead of accuracy) pick rates that transfer better to real rows?
 
-    python benchmarks/mlp_selection.py --datasets cifar10,20news \
+    python benchmarks/studies/mlp_selection.py --datasets cifar10,20news \
         --epsilons 1,2,4,8 --seeds 0
 
 For each release (dpsynth defaults, made in memory as run_reference does
@@ -10,7 +10,7 @@ stratified_holdout(y, 0.2, seed); for each learning rate of TUNING_GRID the
 paper's MLP is trained on the 80 % and scored on the 20 % (accuracy,
 log-loss) and on the REAL validation rows of the train file (accuracy).
 One JSON line per (dataset, eps, seed, lr) goes to
-benchmarks/results/mlp_selection.jsonl. Test files are never read.
+benchmarks/studies/results/mlp_selection.jsonl. Test files are never read.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from benchmarks.study_data import RESULTS, selection_split  # noqa: E402
-from benchmarks.utility_study13 import adaptive_release  # noqa: E402
+from benchmarks.studies.study_data import RESULTS, selection_split  # noqa: E402
+from benchmarks.studies.utility_study13 import adaptive_release  # noqa: E402
 from models.classifiers import (TUNING_GRID, MLPConfig,  # noqa: E402
                                 stratified_holdout, train_mlp)
 

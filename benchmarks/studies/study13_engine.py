@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-from benchmarks.study_data import Split, probe
+from benchmarks.studies.study_data import Split, probe
 from dp_ops import covariance
 from dp_ops.calibration import gdp_mu
 from dp_ops.clipping import clip_rows, normalize_rows

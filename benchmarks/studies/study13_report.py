@@ -1,8 +1,8 @@
 """Tables of the issue-13 utility study from its JSON-lines logs.
 
-    python benchmarks/study13_report.py   # prints markdown tables
+    python benchmarks/studies/study13_report.py   # prints markdown tables
 
-Reads benchmarks/results/utility_study-issue13.jsonl (generator runs),
+Reads benchmarks/studies/results/utility_study-issue13.jsonl (generator runs),
 dpsgd_bars-issue13.jsonl (DP-SGD on the same splits) and
 gaussian_ceiling-<dataset>.json (noiseless ceilings). Cells are mean ±
 std over seeds (count in brackets), validation accuracy in %.
@@ -17,8 +17,8 @@ import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS = os.path.join(ROOT, "benchmarks", "studies", "results")
 EPS = (1.0, 2.0, 4.0, 8.0)
 
 
@@ -235,7 +235,7 @@ def section_table(rows: list, items: list) -> list:
 
 
 def beam_table(rows: list) -> list:
-    """The Beam job (benchmarks/adaptive_beam.py): one line per
+    """The Beam job (benchmarks/studies/adaptive_beam.py): one line per
     (dataset, epsilon, mode), validation accuracy and wall times in the
     order they ran (with the 1-minute load average)."""
     groups: dict = {}

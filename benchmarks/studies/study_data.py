@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
@@ -25,7 +25,7 @@ from dp_ops.clipping import normalize_rows  # noqa: E402
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
 DATASETS = {"cifar10": ("cifar10-effnetlite0", 0.1),
             "20news": ("20news-minilm", 0.2)}
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
+RESULTS = os.path.join(ROOT, "benchmarks", "studies", "results")
 
 
 @dataclasses.dataclass
@@ -114,7 +114,7 @@ def probe(xs: np.ndarray, ys: np.ndarray, split: Split,
     split's evaluation rows. ``fast``: the same objective through
     benchmarks.fast_probe (checked equal to scikit-learn)."""
     if fast:
-        from benchmarks import fast_probe
+        from benchmarks.studies import fast_probe
         return fast_probe.accuracy(xs, ys, split.x_val, split.y_val,
                                    split.classes, warm=split.name)
     from sklearn.linear_model import LogisticRegression

@@ -9,21 +9,21 @@ Protocol (no peeking at the real test set):
 2. Final table: per epsilon, the configuration that won on validation runs
    on the full train set; the probe trained on its output is scored on the
    real test set, next to DP-SGD (linear softmax, the probe's DP
-   counterpart; models.baselines.dpsgd) and the non-private ceiling.
+   counterpart; benchmarks.baselines.dpsgd) and the non-private ceiling.
    DP-SGD is also scored on the validation split, as the bar (it is not
    a candidate).
 
 Candidates: the paper's diagonal k=8 mixture (the baseline), shared or
 per-class covariance factors, k, rank, budget split, and the DP centre
 with its clip radius. Round 1 (before the centre) is kept in
-results/utility_study-round1.md; benchmarks/gaussian_ceiling.py gives the
+results/utility_study-round1.md; benchmarks/studies/gaussian_ceiling.py gives the
 non-private ceilings of each covariance model.
 
 Every configuration is the in-memory reference (dp_ops.reference), which
 the test suite checks equal to the Beam pipeline.
 
-    python benchmarks/utility_study.py                  # full study
-    python benchmarks/utility_study.py --quick          # 2 eps, 3 configs
+    python benchmarks/studies/utility_study.py                  # full study
+    python benchmarks/studies/utility_study.py --quick          # 2 eps, 3 configs
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from dp_ops import plan, reference  # noqa: E402
@@ -47,7 +47,7 @@ from dp_ops.noise import SeededNoise  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(ROOT), "shared", "data",
                     "cifar10-effnetlite0")
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
+RESULTS = os.path.join(ROOT, "benchmarks", "studies", "results")
 
 # name -> GeneratorConfig overrides (labels/epsilon added per run)
 CANDIDATES = {
@@ -119,7 +119,7 @@ def run_config(name: str, eps: float, x, y, xe, ye, seed: int) -> dict:
 
 
 def dpsgd_accuracy(eps: float, x, y, xe, ye, seed: int) -> float:
-    from models.baselines.dpsgd import DPSGD
+    from benchmarks.baselines.dpsgd import DPSGD
     out = DPSGD(linear=True).fit(x, y, list(range(10)), eps, 1e-5, seed=seed)
     return out.classifier.accuracy(normalize_rows(xe, "unit"), ye)
 
@@ -184,7 +184,7 @@ def write_report(selection: list, final: list, args) -> None:
     eps_list = sorted({r["epsilon"] for r in selection})
     names = list(dict.fromkeys(r["config"] for r in selection))
     lines = ["# Utility study (issue 8)", "",
-             f"Command: `python benchmarks/utility_study.py "
+             f"Command: `python benchmarks/studies/utility_study.py "
              f"{' '.join(sys.argv[1:])}`", "",
              "Logistic probe (StandardScaler + LogisticRegression(C=1e-3), "
              "unit-normalised rows) trained on the synthetic data. "

@@ -1,10 +1,10 @@
 """Utility study, issue 13: which DP generator design matches DP-SGD on both
 shared datasets? Selection on validation splits of the TRAIN files only.
 
-    python benchmarks/utility_study13.py --dataset 20news --recipes A,B \
+    python benchmarks/studies/utility_study13.py --dataset 20news --recipes A,B \
         --epsilons 1,2,4,8 --seeds 0,1,2
 
-Every run appends one JSON line to benchmarks/results/utility_study-issue13
+Every run appends one JSON line to benchmarks/studies/results/utility_study-issue13
 .jsonl (dataset, recipe, epsilon, seed, validation accuracy).
 """
 
@@ -16,11 +16,11 @@ import json
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from benchmarks.study13_engine import Engine, Recipe  # noqa: E402
-from benchmarks.study_data import RESULTS, selection_split  # noqa: E402
+from benchmarks.studies.study13_engine import Engine, Recipe  # noqa: E402
+from benchmarks.studies.study_data import RESULTS, selection_split  # noqa: E402
 
 COV = 0.5968
 RECIPES = {
@@ -95,7 +95,7 @@ def run_reference(name: str, eps: float, seed: int, split,
     """One run of the dp_ops reference on the fit part, probed on val."""
     import time
     import numpy as np
-    from benchmarks.study_data import probe
+    from benchmarks.studies.study_data import probe
     from dp_ops import plan, reference
     from dp_ops.config import GeneratorConfig
     from dp_ops.noise import SeededNoise
@@ -146,7 +146,7 @@ def synthetic_holdout(xs, ys, labels, seed: int, fraction: float = 0.2,
         idx = np.flatnonzero(ys == c)
         held[rng.permutation(idx)[:int(round(len(idx) * fraction))]] = True
     if linear:
-        from benchmarks.study_data import Split, probe
+        from benchmarks.studies.study_data import Split, probe
         part = Split("synthetic-holdout", xs[~held], ys[~held], xs[held],
                      ys[held], len(labels))
         return probe(xs[~held], ys[~held], part)
