@@ -21,6 +21,8 @@ def build_parser() -> console.Parser:
     parser = console.Parser(
         prog="dpsynth",
         description="Differentially private synthetic embedding datasets.")
+    parser.add_argument("--version", action="version",
+                        version=f"dpsynth {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, _ in COMMANDS:
         try:
@@ -31,7 +33,20 @@ def build_parser() -> console.Parser:
     return parser
 
 
+def version() -> str:
+    """The installed dpsynth version (no Beam import: answers at once)."""
+    from importlib import metadata
+    try:
+        return metadata.version("dpsynth")
+    except metadata.PackageNotFoundError:  # run from a checkout
+        return "unknown (not installed)"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--version"]:
+        print(f"dpsynth {version()}")
+        return 0
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     takes_beam = dict((n.rsplit(".", 1)[1], b) for n, b in COMMANDS)

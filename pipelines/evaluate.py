@@ -175,6 +175,11 @@ def parse_models(text: str) -> list[str]:
     if not names or bad:
         raise ValueError(f"--models: choose from {list(classifiers.TRAINERS)},"
                          f" got {text!r}")
+    import importlib.util
+    if "mlp" in names and importlib.util.find_spec("keras") is None:
+        raise ValueError("--models mlp needs Keras/TensorFlow, which the base "
+                         "install leaves out: pip install 'dpsynth[tf]', or "
+                         "pass --models logreg")
     return names
 
 
