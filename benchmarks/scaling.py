@@ -40,6 +40,20 @@ the default .npz shards: ``--files 1 --format tfrecord`` is one large file,
 read in ``--split-bytes`` ranges by every worker. Each run records the
 load average before and after it and the peak RSS of every worker process.
 
+``--workers 1,2,... [--engines direct,dask] [--configs ...]`` (issue 27)
+runs each configuration on each engine (``ENGINES``: DirectRunner
+multi_processing, dpsynth's Dask runner on a LocalCluster; Flink, Spark
+and Prism plug in there) with each worker count, every pass re-reading
+the files, and reports job time, speed-up, efficiency, Amdahl's serial
+fraction f = (W/S - 1)/(W - 1) (W = 2: 2/S(2) - 1), the load average, and
+a per-stage table from the stage trace (``transforms.progress``: which
+worker processes ran each stage, busy vs elapsed time) to
+``results/scaling-workers.md``:
+
+    nice -n 5 python benchmarks/scaling.py --workers 1,2 \
+        --configs default,k16,vote --dims 384 --sizes 300000 \
+        --gen-args "--output-format parquet" --section after
+
 The report (Markdown) goes between markers in ``--out``, so hand-written
 notes around it survive a rerun; ``--section`` names the block (e.g.
 ``before`` / ``after``). ``--profile`` adds a cProfile of one in-process
@@ -280,12 +294,10 @@ def child_beam(data: str, flags: Sequence[str], result: str,
     # other modes keep one materialised copy of the blocks.
     layout = [] if reread else ["--materialise-blocks"]
     out = tempfile.mkdtemp(prefix="dpsynth-bench-")
-    cluster = None
-    if dask_workers:
-        from pipelines.dask_runner import start_local_cluster
-        cluster = start_local_cluster(dask_workers)
-        layout += ["--runner", "dask",
-                   f"--dask_client_address={cluster.scheduler_address}"]
+    if dask_workers:  # generate's own local cluster, started here
+        from pipelines.dask_runner import local_cluster
+        local_cluster(dask_workers)
+        layout += ["--runner", "dask"]
     try:
         args, beam_argv = _parse_generate(
             ["--input", os.path.join(data, "part-*"),
@@ -308,8 +320,9 @@ def child_beam(data: str, flags: Sequence[str], result: str,
                        "plan_mode": plan.get("mode"),
                        "samples": manifest["samples_total"]})
     finally:
-        if cluster is not None:
-            cluster.close()
+        if dask_workers:
+            from pipelines.dask_runner import close_local_cluster
+            close_local_cluster()
         shutil.rmtree(out, ignore_errors=True)
 
 
@@ -914,6 +927,15 @@ def parser() -> argparse.ArgumentParser:
                    "(the largest d/n run)")
     p.add_argument("--profile-reread", action="store_true",
                    help="profile the -reread variant")
+    p.add_argument("--workers", type=_ints, default=None,
+                   help="issue 27: run each --configs (default: default) on "
+                   "each --engines with these worker counts, e.g. 1,2; "
+                   "report speed-up, efficiency, Amdahl's serial fraction "
+                   "and a per-stage table (to --out, default "
+                   "results/scaling-workers.md)")
+    p.add_argument("--engines", default=",".join(ENGINES),
+                   help=f"with --workers: comma-separated from "
+                   f"{', '.join(ENGINES)}")
     p.add_argument("--vote-bench", action="store_true")
     p.add_argument("--vote-bench-rows", type=int, default=20_000)
     p.add_argument("--vote-bench-candidates", type=_ints,
@@ -928,6 +950,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if argv and argv[0] == "_floor":
         child_floor(argv[1], argv[3:], argv[2])
+        return 0
+    if argv and argv[0] == "_workers":
+        child_workers(argv[1], argv[5:], argv[2], argv[3], int(argv[4]))
         return 0
     if argv and argv[0] == "_beam":
         rest, profile = argv[3:], None
@@ -951,6 +976,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise SystemExit(f"--configs: choose from {', '.join(CONFIGS)}")
     if configs and args.modes == ",".join(DEFAULT_MODES):
         modes = list(FLOOR_MODES)
+    if args.workers:  # issue 27: speed-up over worker counts
+        return sweep_workers(args, configs)
     if args.report_from:  # re-report saved runs (e.g. a cut-short sweep)
         with open(args.report_from) as f:
             results = [json.loads(line) for line in f if line.strip()]
@@ -961,6 +988,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args.clusters, args.vote = CONFIGS[config]
         results += run_grid(args, modes, config)
     return finish(results, args, configs)
+
+
+def sweep_workers(args: argparse.Namespace, configs: Sequence[str]) -> int:
+    """--workers: run (or --report-from) the sweep, print and write it."""
+    engines = [e for e in args.engines.split(",") if e]
+    if set(engines) - set(ENGINES):
+        raise SystemExit(f"--engines: choose from {', '.join(ENGINES)}")
+    if args.report_from:
+        with open(args.report_from) as f:
+            results = [json.loads(line) for line in f if line.strip()]
+    else:
+        results = run_workers(args, configs or ["default"], engines,
+                              args.workers)
+    text = workers_report(results)
+    print(text)
+    out = (args.out if args.out != DEFAULT_OUT else
+           os.path.join(ROOT, "benchmarks", "results", "scaling-workers.md"))
+    write_section(out, args.section, text)
+    return 0
 
 
 def run_grid(args: argparse.Namespace, modes: Sequence[str],
@@ -1001,6 +1047,205 @@ def run_grid(args: argparse.Namespace, modes: Sequence[str],
                 if r["rc"] != 0 or r.get("failed"):
                     print(r["log_tail"], flush=True)
     return results
+
+
+# ------------------------------------------------ worker sweep (issue 27)
+# One engine = how `dpsynth generate` gets W workers. Flink, Spark and
+# Prism go here too (deploy.runners.flink_args / spark_args / prism_args
+# with parallelism W), one entry each; start()/stop() bracket the job for
+# engines that need a cluster started for it.
+
+class Engine:
+    """W workers of one runner: the Beam flags, and any cluster to start
+    (inside the timed job: its start-up is part of the job's time)."""
+
+    name = ""
+
+    def flags(self, workers: int) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, workers: int) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+class DirectEngine(Engine):
+    """DirectRunner, W SDK worker processes (multi_processing even for 1,
+    so W = 1 pays the same start-up as W > 1)."""
+
+    name = "direct"
+
+    def flags(self, workers: int) -> list[str]:
+        from deploy.runners import direct_args
+        return direct_args(workers, "multi_processing")
+
+
+class DaskEngine(Engine):
+    """dpsynth's Dask runner on a LocalCluster of W single-threaded worker
+    processes (generate reuses the cluster started here)."""
+
+    name = "dask"
+
+    def flags(self, workers: int) -> list[str]:
+        from deploy.runners import dask_args
+        return dask_args()
+
+    def start(self, workers: int) -> None:
+        from pipelines.dask_runner import local_cluster
+        local_cluster(workers)
+
+    def stop(self) -> None:
+        from pipelines.dask_runner import close_local_cluster
+        close_local_cluster()
+
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (DirectEngine(),
+                                                   DaskEngine())}
+
+
+def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
+                  workers: int) -> None:
+    """One job on ``engine`` with ``workers`` workers, every pass reading
+    the files (generate's default layout); job time = cluster start +
+    generate.run; the stage trace (transforms.progress) of every worker."""
+    from pipelines import console, generate
+    from transforms import progress
+    eng = ENGINES[engine]
+    out = tempfile.mkdtemp(prefix="dpsynth-bench-")
+    trace = os.path.join(out, "trace.tsv")
+    os.environ[progress.TRACE_ENV] = trace  # before any worker starts
+    try:
+        args, beam_argv = _parse_generate(
+            ["--input", os.path.join(data, "part-*"),
+             "--output", os.path.join(out, "rel"), *flags,
+             *eng.flags(workers)])
+        console.setup_logging()
+        t0 = time.time()
+        try:
+            eng.start(workers)
+            generate.run(args, beam_argv)
+        finally:
+            eng.stop()
+        work = time.time() - t0
+        with open(os.path.join(out, "rel", "manifest.json")) as f:
+            manifest = json.load(f)
+        spans = (progress.read_trace(trace) if os.path.exists(trace)
+                 else [])
+        _dump(result, {"work_s": work, "t0": t0,
+                       "stages": progress.stage_table(spans),
+                       "samples": manifest["samples_total"]})
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def run_workers(args: argparse.Namespace, configs: Sequence[str],
+                engines: Sequence[str], workers: Sequence[int]) -> list[dict]:
+    """Every (config, engine, W) on one data set (--dims[0] x --sizes[0])."""
+    d, n = args.dims[0], (args.sizes or [200_000])[0]
+    data = (make_data(args.cache, n, d) if args.files is None else
+            make_files(args.cache, n, d, args.files, args.format))
+    results = []
+    for config in configs:
+        args.clusters, args.vote = CONFIGS[config]
+        for engine in engines:
+            for w in workers:
+                fd, result = tempfile.mkstemp(suffix=".json")
+                os.close(fd)
+                cmd = [sys.executable, os.path.abspath(__file__), "_workers",
+                       data, result, engine, str(w), *_gen_flags(args)]
+                if args.nice:
+                    cmd = ["nice", "-n", str(args.nice)] + cmd
+                r = measure(cmd, args.timeout, args.max_rss_gb * 2 ** 30)
+                try:
+                    with open(result) as f:
+                        r.update(json.load(f))
+                except (OSError, ValueError):
+                    r["failed"] = True
+                os.remove(result)
+                r.update(d=d, n=n, config=config, engine=engine, workers=w,
+                         flags=" ".join(_gen_flags(args)))
+                results.append(r)
+                if args.save:
+                    with open(args.save, "a") as f:
+                        f.write(json.dumps(r) + "\n")
+                print(f"  {config:8s} {engine:6s} W={w:<3d} job "
+                      f"{r.get('work_s', float('nan')):6.1f} s  wall "
+                      f"{r['wall_s']:6.1f} s  load {_load(r)}  rc={r['rc']}",
+                      flush=True)
+                if r["rc"] != 0 or r.get("failed"):
+                    print(r["log_tail"], flush=True)
+    return results
+
+
+def amdahl_serial(speedup: float, workers: int) -> Optional[float]:
+    """Amdahl's serial fraction from S(W): f = (W/S - 1) / (W - 1)
+    (W = 2: f = 2/S - 1)."""
+    if workers < 2 or not speedup:
+        return None
+    return (workers / speedup - 1) / (workers - 1)
+
+
+def workers_report(results: list[dict], top_share: float = 0.03) -> str:
+    """Speed-up table per (config, engine) and the per-stage table of each
+    engine's widest run."""
+    ok = [r for r in results if r.get("rc") == 0 and not r.get("failed")]
+    if not ok:
+        return "no successful runs\n"
+    first = ok[0]
+    lines = [f"{first['n']:,} x {first['d']} float32, {CLASSES} classes, "
+             f"flags `{first['flags']}` + each config's; every pass re-reads "
+             f"the files. Job time = cluster start (Dask) + `generate.run`. "
+             f"Machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}); "
+             f"load = 1-min load average before / after the run (shared "
+             f"machine).", "",
+             "| config | engine | W | job s | speed-up | efficiency | "
+             "Amdahl f | load |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    keys = sorted({(r["config"], r["engine"]) for r in ok},
+                  key=lambda k: (list(CONFIGS).index(k[0]), k[1]))
+    for config, engine in keys:
+        runs = {r["workers"]: r for r in ok
+                if (r["config"], r["engine"]) == (config, engine)}
+        base = runs.get(1)
+        for w in sorted(runs):
+            t = runs[w]["work_s"]
+            s = base["work_s"] / t if base else None
+            f = amdahl_serial(s, w) if s else None
+            lines.append(
+                f"| {config} | {engine} | {w} | {t:.1f} | "
+                f"{'-' if s is None else f'{s:.2f}x'} | "
+                f"{'-' if s is None else f'{100 * s / w:.0f} %'} | "
+                f"{'-' if f is None else f'{f:.2f}'} | {_load(runs[w])} |")
+    lines += ["", "Per stage (the widest run of each config and engine; "
+              "stages with at least "
+              f"{100 * top_share:.0f} % of the traced busy time): spans, "
+              "distinct worker processes, busy s (sum of spans), elapsed s "
+              "(first start to last end) and parallelism = busy / elapsed. "
+              "`read:<pass>` / `sums:<fn>` / `write`: dpsynth's DoFns (on "
+              "DirectRunner a span is a whole fused bundle, read included); "
+              "`step:<label>`: every ParDo task on Dask. A stage with 1 "
+              "worker and a large busy time is serial.", ""]
+    for config, engine in keys:
+        widest = max((r for r in ok if (r["config"], r["engine"])
+                      == (config, engine)), key=lambda r: r["workers"])
+        lines += [f"`{config}` on {engine}, W={widest['workers']} "
+                  f"(job {widest['work_s']:.1f} s):", "",
+                  "| stage | spans | workers | busy s | elapsed s | "
+                  "starts at s | parallelism |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        stages = widest.get("stages") or []
+        total = sum(st["busy_s"] for st in stages) or 1.0
+        for st in stages:
+            if st["busy_s"] / total < top_share:
+                continue
+            lines.append(
+                f"| {st['stage']} | {st['spans']} | {st['workers']} | "
+                f"{st['busy_s']:.2f} | {st['elapsed_s']:.2f} | "
+                f"{st['start'] - widest.get('t0', st['start']):.1f} | "
+                f"{st['parallelism']:.2f} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
 
 
 def finish(results: list[dict], args: argparse.Namespace,

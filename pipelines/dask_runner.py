@@ -40,6 +40,17 @@ rewrites all of them to ``pipelines.dask_runner.DaskRunner``). Needs the
 * Each created element (e.g. a read range) is its own Dask partition unless
   ``--dask_npartitions`` / ``--dask_partition_size`` say otherwise, so the
   reads spread over the workers.
+* ``Reshuffle`` redistributes (Beam's translation is a no-op, so the
+  release's shards, which come from one element in the default plan or
+  one per class, were drawn and written by one task per class or one in
+  all: issue 27). Its input is computed at that point and, when small,
+  created again as one partition per worker thread without dependencies
+  (Dask runs a task where its inputs are, so pieces of one task's output
+  would all run on that worker); see ``_spread``.
+* With ``DPSYNTH_STAGE_TRACE=<file>`` in the workers' environment every
+  ParDo task appends its step name, process id and start/end time to the
+  file (``transforms.progress``; benchmarks/scaling.py --workers and
+  tests/test_scaleout.py read it).
 * ``metrics()`` returns empty results instead of raising
   ``NotImplementedError``: Beam's DaskRunner collects no counters, so the
   operator counters (rows_read, rows_clipped, ...) are not available there.
@@ -53,6 +64,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import weakref
 from typing import Any, Optional
 
@@ -62,9 +74,12 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.pipeline import PipelineVisitor, PTransformOverride
 from apache_beam.runners.dask import dask_runner as beam_dask
 from apache_beam.runners.dask import transform_evaluator
+from apache_beam.runners.dask.overrides import _Create, _Reshuffle
 from apache_beam.runners.common import DoFnInvoker
 from apache_beam.runners.runner import PipelineResult, PipelineState
 from apache_beam.transforms.combiners import LiftedCombinePerKey
+
+from transforms.progress import trace, trace_path
 
 log = logging.getLogger("dpsynth")
 
@@ -91,6 +106,7 @@ def apply_dofn_to_bundle(items, invoker_args, invoker_kwargs, receivers):
     ``OneReceiver``, which belongs to the step, not to the bundle) is
     emptied first, and read after ``finish_bundle``, whose outputs Beam's
     version drops (and then returns with the next bundle)."""
+    start = time.time()
     with _lock_for(receivers):
         del receivers.values[:]
         invoker = DoFnInvoker.create_invoker(*invoker_args, **invoker_kwargs)
@@ -102,7 +118,19 @@ def apply_dofn_to_bundle(items, invoker_args, invoker_kwargs, receivers):
         invoker.invoke_teardown()
         results = [v.value for v in receivers.values]
         del receivers.values[:]
-        return results
+    if trace_path():  # benchmarks/tests: which worker ran each step
+        trace(f"step:{_step_name(invoker_args)}", start, time.time())
+    return results
+
+
+def _step_name(invoker_args) -> str:
+    """The DoFn's name, or the function's of a Map/FlatMap (Beam's
+    DoFnContext, which holds the transform's label, does not pickle it)."""
+    fn = getattr(invoker_args[0], "do_fn", None)
+    inner = getattr(fn, "_fn", None)  # CallableWrapperDoFn
+    named = inner if inner is not None else fn
+    name = getattr(named, "__qualname__", None) or type(named).__name__
+    return name.replace(".<locals>", "")
 
 
 def install_workaround() -> None:
@@ -349,6 +377,10 @@ class DaskRunner(beam_dask.DaskRunner):
         class Visitor(type(base)):
             def visit_transform(self, node):
                 super().visit_transform(node)
+                if isinstance(node.transform, _Reshuffle):
+                    self.bags[node] = _spread(
+                        node, self.bags[node],
+                        pending.needs_pending(self.bags[node], self.bags))
                 pending.visited(node)
                 if readers.side(node):
                     for n, bag in pending.store_with(node, self.bags).items():
@@ -365,6 +397,99 @@ class DaskRunner(beam_dask.DaskRunner):
 
 
 _ALL_OUTPUTS = "dpsynth: every output of the graph"
+
+
+def _cluster_threads() -> int:
+    """Worker threads of the cluster the job runs on (at least 1)."""
+    import distributed
+    try:
+        return max(1, sum(distributed.default_client().nthreads().values()))
+    except ValueError:  # no client (cannot happen inside run_pipeline)
+        return os.cpu_count() or 1
+
+
+# A Reshuffle input up to this size (the shard list, a few KB) is brought
+# to the client and created again as root tasks.
+SMALL_RESHUFFLE_BYTES = 16 * 2 ** 20
+
+
+def _spread(node, bag, needs_pending: bool):
+    """Beam's Reshuffle as a real redistribution (Beam's Dask translation
+    makes it a no-op, so e.g. every shard of the release, which came from
+    one element, was drawn and written by one task).
+
+    A bag straight from a Create with one element per partition (the read
+    ranges) is already spread and stays as it is (merging partitions would
+    make one task hold several ranges' blocks). Otherwise the input is
+    computed now (it is a barrier anyway) and, when small, created again
+    as about one partition per worker thread with no dependencies: Dask
+    places a task on the worker holding its inputs, so partitions dealt
+    from one task's output would all run on that worker. A large input
+    (or one that needs a shared collection not computed yet) is dealt
+    round-robin in the graph (``deal_partitions``)."""
+    producer = node.inputs[0].producer
+    if (isinstance(producer.transform, _Create)
+            and bag.npartitions >= len(producer.transform.values)):
+        return bag
+    ways = _cluster_threads()
+    if needs_pending:
+        return deal_partitions(bag, ways)
+    import math
+
+    import dask.bag as db
+    import distributed
+    client = distributed.default_client()
+    (persisted,) = client.persist([bag])
+    futures = distributed.futures_of(persisted)
+    distributed.wait(futures)
+    for future in futures:
+        if future.status == "error":
+            future.result()  # raises the worker's exception
+    size = sum(client.nbytes(keys=[f.key for f in futures],
+                             summary=False).values())
+    if size > SMALL_RESHUFFLE_BYTES:
+        return deal_partitions(persisted, ways)
+    items = [item for part in client.gather(futures) for item in part]
+    if not items:
+        return db.from_sequence([], npartitions=1)
+    return db.from_sequence(items,
+                            partition_size=math.ceil(len(items) / ways))
+
+
+def deal_partitions(bag, ways: int):
+    """``bag`` in ``ways`` partitions: element e of input partition i goes
+    to output (i + e) % ways (the offset spreads one-element partitions
+    too). n_in x ways small ``getitem`` tasks, each output fetching only
+    its own piece of every input partition."""
+    import operator
+
+    import dask.bag as db
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+    token = tokenize(bag.name, ways)
+    deal, piece = f"dpsynth-deal-{token}", f"dpsynth-piece-{token}"
+    out = f"dpsynth-spread-{token}"
+    layer: dict = {}
+    for i in range(bag.npartitions):
+        layer[(deal, i)] = (_deal, (bag.name, i), i, ways)
+        for j in range(ways):
+            layer[(piece, i, j)] = (operator.getitem, (deal, i), j)
+    for j in range(ways):
+        layer[(out, j)] = (_concat, [(piece, i, j)
+                                     for i in range(bag.npartitions)])
+    graph = HighLevelGraph.from_collections(out, layer, dependencies=[bag])
+    return db.Bag(graph, out, ways)
+
+
+def _deal(partition, index: int, ways: int) -> list:
+    pieces: list = [[] for _ in range(ways)]
+    for e, item in enumerate(partition):
+        pieces[(index + e) % ways].append(item)
+    return pieces
+
+
+def _concat(pieces) -> list:
+    return [item for piece in pieces for item in piece]
 
 
 class _Readers:
@@ -434,6 +559,11 @@ class _Pending:
 
     def defer(self, node) -> None:
         self._pending.append(node)
+
+    def needs_pending(self, bag, bags: dict) -> bool:
+        """Whether ``bag`` computes a shared collection not stored yet
+        (computing it now would compute that collection twice)."""
+        return any(_depends(bag, bags[x]) for x in self._pending)
 
     def _open(self, node) -> bool:
         """Read by transforms not built yet, or by none (a sink)."""

@@ -23,7 +23,7 @@ from dp_ops.kmeans import blas_threads
 from dp_ops.config import GeneratorConfig
 from transforms import allocator
 from transforms.coders import ArraysCoder
-from transforms.progress import ProgressFile, ReportProgress
+from transforms.progress import BundleSpan, ProgressFile, ReportProgress
 
 
 @dataclasses.dataclass
@@ -85,9 +85,11 @@ def prepare_block(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
 
 
 class _PrepareFn(beam.DoFn):
-    def __init__(self, cfg: GeneratorConfig, dim: int) -> None:
+    def __init__(self, cfg: GeneratorConfig, dim: int,
+                 stage: str = "blocks") -> None:
         self._cfg, self._dim = cfg, dim
         self._clipped = Metrics.counter("dpsynth", "rows_clipped")
+        self._span = BundleSpan(f"read:{stage}")
 
     def setup(self) -> None:
         allocator.keep_heap_pages()
@@ -95,7 +97,14 @@ class _PrepareFn(beam.DoFn):
             self._proj = generator.projection(self._dim, self._cfg)
         self._planes = generator.planes(self._cfg, self._dim)
 
+    def start_bundle(self) -> None:
+        self._span.start()
+
+    def finish_bundle(self) -> None:
+        self._span.end()
+
     def process(self, block: tuple[np.ndarray, np.ndarray], centre=None):
+        self._span.mark()
         x, y = block
         with blas_threads(1):
             prepared, n_clipped = prepare_block(x, y, self._cfg, self._proj,
@@ -109,13 +118,16 @@ class PrepareBlocks(beam.PTransform):
     PCollection of the DP centre (``transforms.centre``), or None."""
 
     def __init__(self, cfg: GeneratorConfig, dim: int,
-                 centre: Optional[PCollection] = None) -> None:
+                 centre: Optional[PCollection] = None,
+                 stage: str = "blocks") -> None:
         super().__init__()
         self._cfg, self._dim, self._centre = cfg, dim, centre
+        self._stage = stage  # the pass's name in the stage trace
 
     def expand(self, blocks):
         side = [] if self._centre is None else [AsSingleton(self._centre)]
-        return blocks | beam.ParDo(_PrepareFn(self._cfg, self._dim),
+        return blocks | beam.ParDo(_PrepareFn(self._cfg, self._dim,
+                                              self._stage),
                                    *side).with_output_types(Block)
 
 
@@ -141,7 +153,7 @@ class RereadBlocks:
                 | f"{name}Read" >> self._reader
                 | f"{name}Progress" >> ReportProgress(self._progress, name)
                 | f"{name}Prepare" >> PrepareBlocks(self._cfg, self._dim,
-                                                    self._centre))
+                                                    self._centre, name))
 
 
 Blocks = Union[PCollection, RereadBlocks]
@@ -202,11 +214,25 @@ class _SumFn(beam.CombineFn):
         return acc
 
 
+def _stage_name(fn: Any) -> str:
+    """``sums:<function or accumulator>`` for the stage trace."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return "sums:" + name.split(".<locals>")[0].lstrip("_")
+
+
 class _PartialFn(beam.DoFn):
     def __init__(self, fn: Callable[..., Any], threads: Optional[int]) -> None:
         self._fn, self._threads = fn, threads
+        self._span = BundleSpan(_stage_name(fn))
+
+    def start_bundle(self) -> None:
+        self._span.start()
+
+    def finish_bundle(self) -> None:
+        self._span.end()
 
     def process(self, block: Block, *side):
+        self._span.mark()
         with blas_threads(self._threads):
             partials = [(label, self._fn(label, rows, *side))
                         for label, rows in block.by_class()]
@@ -255,11 +281,14 @@ class _AccumulateAllFn(beam.DoFn):
                  threads: Optional[int]) -> None:
         self._acc, self._threads = accumulator, threads
         self._value = None
+        self._span = BundleSpan(_stage_name(accumulator))
 
     def start_bundle(self) -> None:
         self._value = None  # a retried bundle starts from nothing
+        self._span.start()
 
     def process(self, block: Block):
+        self._span.mark()
         if len(block.y):
             with blas_threads(self._threads):
                 if self._value is None:
@@ -271,6 +300,7 @@ class _AccumulateAllFn(beam.DoFn):
         if self._value is not None:
             yield GlobalWindows.windowed_value(self._acc.done(self._value))
         self._value = None
+        self._span.end()
 
 
 class GlobalSum(beam.PTransform):
@@ -297,11 +327,14 @@ class _AccumulateFn(beam.DoFn):
                  threads: Optional[int]) -> None:
         self._acc, self._threads = accumulator, threads
         self._open: dict = {}
+        self._span = BundleSpan(_stage_name(accumulator))
 
     def start_bundle(self) -> None:
         self._open = {}  # a retried bundle starts from nothing
+        self._span.start()
 
     def process(self, block: Block):
+        self._span.mark()
         with blas_threads(self._threads):
             for label, rows in block.by_class():
                 if label not in self._open:
@@ -314,6 +347,7 @@ class _AccumulateFn(beam.DoFn):
             yield GlobalWindows.windowed_value(
                 (label, self._acc.done(self._open[label])))
         self._open = {}
+        self._span.end()
 
 
 def _label_sum(label: int, sums: dict) -> tuple:

@@ -14,6 +14,7 @@ import dataclasses
 import io as stdio
 import json
 import struct
+import time
 from typing import Iterable, Optional, Sequence
 
 import apache_beam as beam
@@ -25,6 +26,7 @@ from dp_ops import generator
 from dp_ops.config import GeneratorConfig
 from models.gmm import MixtureRelease
 from transforms import allocator, io
+from transforms.progress import trace
 
 DATA_DIR = "data"
 GMM_FILE = "gmm.npz"
@@ -189,6 +191,7 @@ class _WriteShard(beam.DoFn):
         allocator.keep_heap_pages()
 
     def process(self, task, mixtures=None):
+        start = time.time()
         label, index, part = task
         name = shard_name(label, index, self._fmt)
         encode, rows = _ENCODERS[self._fmt], 0
@@ -198,6 +201,7 @@ class _WriteShard(beam.DoFn):
                 f.write(encode(x, int(label), *self._features))
                 rows += len(x)
         self._kept.inc(rows)
+        trace(f"write:class{int(label)}", start, time.time())
         yield {"label": int(label), "index": index, "samples": rows,
                "shard": name}
 

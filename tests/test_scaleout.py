@@ -1,0 +1,121 @@
+"""No serial stage on a 2-worker cluster (issue 27).
+
+Every stage of the release path whose work grows with n (the reads, the
+per-class sums, drawing and writing the shards) must run on both workers
+of a 2-worker Dask cluster and of DirectRunner ``multi_processing`` with
+2 workers, and one class's shards must be written by both. The workers
+record which process ran each span in the stage trace
+(``transforms.progress``, ``DPSYNTH_STAGE_TRACE``: set before the workers
+start, so they inherit it). The data has one large class and a small one;
+``--rows-per-shard 100`` makes the large class ~20 shards.
+
+DirectRunner ``multi_processing`` splits each stage's input between its
+worker processes (Beam's FnApiRunner gives every worker a share of the
+bundle), so the same check applies; its read stage is fused with the sums
+and the passes' PrepareBlocks, so its ``read:`` spans cover both.
+Before issue 27, Beam's Dask translation made ``Reshuffle`` a no-op: all
+shards of the default plan (its mixtures come from one element) were one
+Dask partition, drawn and written by one worker.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+distributed = pytest.importorskip(
+    "distributed", reason="the Dask tests need pip install -e '.[test]' "
+    "(apache-beam[dask])")
+
+from pipelines import cli  # noqa: E402
+from tests.conftest import gmm_data  # noqa: E402
+from transforms import progress  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory):
+    """The stage trace file, in the environment while this module runs
+    (the workers of the cluster below and DirectRunner's inherit it)."""
+    path = str(tmp_path_factory.mktemp("trace") / "trace.tsv")
+    old = os.environ.get(progress.TRACE_ENV)
+    os.environ[progress.TRACE_ENV] = path
+    yield path
+    if old is None:
+        del os.environ[progress.TRACE_ENV]
+    else:
+        os.environ[progress.TRACE_ENV] = old
+
+
+@pytest.fixture(scope="module")
+def scheduler(trace_file, tmp_path_factory):
+    scratch = str(tmp_path_factory.mktemp("dask-scratch"))
+    cluster = distributed.LocalCluster(
+        n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1",
+        dashboard_address=None, local_directory=scratch,
+        scheduler_kwargs={"local_directory": scratch,
+                          "dashboard_address": "127.0.0.1:0"})
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Four .npz files, 2,400 rows: class 0 ~90 % of them, class 1 the
+    rest."""
+    root = tmp_path_factory.mktemp("files")
+    x, _ = gmm_data(2400, d=8, classes=2, seed=3)
+    y = (np.random.default_rng(4).random(2400) < 0.1).astype(np.int64)
+    for i in range(4):
+        part = slice(i * 600, (i + 1) * 600)
+        np.savez(root / f"part-{i}.npz", embeddings=x[part], labels=y[part])
+    return str(root / "part-*")
+
+
+FLAGS = ["--num-classes", 2, "--epsilon", 8, "--noise-seed", 3,
+         "--rows-per-shard", 100, "--block-size", 100,
+         "--output-format", "parquet"]
+CONFIGS = {"default": [],  # the adaptive plan
+           "k-means+vote": ["--clusters", 2, "--vote-filter",
+                            "--vote-threshold", 1]}
+
+
+def _run(trace: str, out, *flags) -> dict:
+    """Runs generate; the trace's processes per stage."""
+    open(trace, "w").close()
+    assert cli.main(["generate", "--output", str(out),
+                     *map(str, flags)]) == 0
+    workers: dict = {}
+    for stage, pid, _, _ in progress.read_trace(trace):
+        workers.setdefault(stage, set()).add(pid)
+    return workers
+
+
+def _assert_spread(workers: dict) -> None:
+    reads = [s for s in workers if s.startswith("read:")]
+    sums = [s for s in workers if s.startswith("sums:")]
+    assert reads and sums and "write:class0" in workers, sorted(workers)
+    for stage in reads + sums + ["write:class0"]:
+        assert len(workers[stage]) == 2, (stage, sorted(workers.items()))
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_dask_runs_every_stage_on_both_workers(trace_file, scheduler, files,
+                                               tmp_path, config):
+    workers = _run(trace_file, tmp_path / "rel", *FLAGS, *CONFIGS[config],
+                   "--input", files, "--runner", "dask",
+                   f"--dask_client_address={scheduler}")
+    _assert_spread(workers)
+    # and every shard-writing task too (the runner's own trace)
+    assert len(workers["step:_WriteShard"]) == 2
+
+
+def test_direct_runner_runs_every_stage_on_both_workers(trace_file, files,
+                                                        tmp_path):
+    workers = _run(trace_file, tmp_path / "rel", *FLAGS, "--input", files,
+                   "--direct_num_workers", 2, "--direct_running_mode",
+                   "multi_processing")
+    _assert_spread(workers)
