@@ -35,6 +35,7 @@ from pipelines.options import (UsageError, beam_options, check_beam_args,
                                local_blas_threads)
 from models.encoders import EncoderError, EncoderUnavailableError, get_encoder, list_encoders
 from pipelines.help_format import DefaultsHelpFormatter
+from pipelines.spec import ImageOptions
 from transforms.images import (BAD_IMAGES_MARKER, LAYOUTS, BadImagesError, CheckBadImages, ImageInputError,
                                ReadImages, gate_on)
 
@@ -207,15 +208,16 @@ def encoded_blocks(pipeline, images_pattern: str, encoder_name: str, *, encoder_
     return rows | f"{label}ToBlocks" >> ToBlocks(block_size)
 
 
-def encoded_blocks_from_args(pipeline, args: argparse.Namespace, num_threads: Optional[int] = None):
-    """`encoded_blocks` driven by the flags of `add_image_arguments` (for `generate --images`)."""
+def encoded_image_blocks(pipeline, images: ImageOptions, num_threads: Optional[int] = None):
+    """`encoded_blocks` for `generate --images` (a DP release: unreadable images are skipped one by one, so
+    there is no bad-image budget)."""
     return encoded_blocks(
-        pipeline, args.images, args.encoder, encoder_weights=args.encoder_weights, batch_size=args.batch_size,
-        l2_normalize=args.l2_normalize, max_bad_images=getattr(args, "max_bad_images", None),
-        bad_report_path=args.bad_images_report, classes=_classes(args.classes), layout=args.image_layout,
-        image_key=args.image_feature, label_key=args.label_feature, image_size=args.image_size,
-        pixel_scale=args.pixel_scale, resize_mode=args.resize_mode,
-        num_threads=num_threads or args.encoder_threads)
+        pipeline, images.path, images.encoder, encoder_weights=images.encoder_weights,
+        batch_size=images.batch_size, l2_normalize=images.l2_normalize, max_bad_images=None,
+        bad_report_path=images.bad_images_report, classes=list(images.classes) if images.classes else None,
+        layout=images.layout, image_key=images.image_feature, label_key=images.label_feature,
+        image_size=images.image_size, pixel_scale=images.pixel_scale, resize_mode=images.resize_mode,
+        num_threads=num_threads or images.encoder_threads)
 
 
 # ------------------------------------------------------------------ writers

@@ -26,7 +26,7 @@ import pytest
 
 from dp_ops.ledger import Mechanism
 from pipelines import budget_store as bs
-from pipelines import cli, generate, release
+from pipelines import cli, job, release
 from tests.conftest import gmm_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,7 +56,7 @@ def _crash_at(monkeypatch, step: str) -> None:
     def checkpoint(name):
         if name == step:
             raise Crash(f"crash at {step}")
-    monkeypatch.setattr(generate, "_checkpoint", checkpoint)
+    monkeypatch.setattr(job, "_checkpoint", checkpoint)
 
 
 # ------------------------------------------- two launches of one run id
@@ -64,7 +64,7 @@ def _crash_at(monkeypatch, step: str) -> None:
 LAUNCH = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {repo!r})
-    from pipelines import cli, generate
+    from pipelines import cli, job
 
     def checkpoint(step):
         # The launch that got the attempt holds it while reading the data.
@@ -73,7 +73,7 @@ LAUNCH = textwrap.dedent("""
             while not os.path.exists({finish!r}):
                 time.sleep(0.02)
 
-    generate._checkpoint = checkpoint
+    job._checkpoint = checkpoint
     while not os.path.exists({go!r}):
         time.sleep(0.01)
     sys.exit(cli.main(["generate", "--input", {data!r}, "--output",
@@ -345,7 +345,7 @@ def test_a_retried_run_keeps_its_first_attempts_timestamp(monkeypatch,
     data, out, store = _data(tmp_path), str(tmp_path / "out"), \
         str(tmp_path / "b")
     stamps = iter(["20260101T000000Z", "20260101T031500Z"])
-    monkeypatch.setattr(generate, "_timestamp", lambda: next(stamps))
+    monkeypatch.setattr(job, "_timestamp", lambda: next(stamps))
     budget = ["--epsilon", "1", "--budget-store", store, "--dataset-id",
               "patients", "--lifetime-epsilon", "5"]
     with monkeypatch.context() as patch:

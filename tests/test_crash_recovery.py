@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import budget_store, cli, consistency, generate, release
+from pipelines import budget_store, cli, consistency, job, release
 from tests.conftest import gmm_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,7 +48,7 @@ def _crash_at(monkeypatch, step: str) -> None:
     def checkpoint(name):
         if name == step:
             raise Crash(f"crash at {step}")
-    monkeypatch.setattr(generate, "_checkpoint", checkpoint)
+    monkeypatch.setattr(job, "_checkpoint", checkpoint)
 
 
 def _visible(output: str) -> dict[str, str]:

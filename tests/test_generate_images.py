@@ -70,7 +70,8 @@ def _plan(root, classes):
                               "--encoder", "keras:/nowhere.keras",
                               "--embedding-dim", "6", "--output",
                               str(root) + "-out", "--epsilon", "2"])
-    job = generate.prepare(args)
+    from pipelines import job as job_module
+    job = job_module.prepare(generate.spec_from_args(args))
     return job.cfg.labels, [m.to_dict() for m in job.ledger.mechanisms]
 
 

@@ -1,0 +1,744 @@
+"""The `dpsynth generate` job below the command line: typed values in
+(``pipelines.spec.GenerateSpec``), a published release out.
+
+``run(spec)`` plans the run before any private data is read
+(calibration, the output check, the lifetime reservation), builds and runs
+the Beam graph into this launch's own staging folder, checks the staged
+release and publishes it atomically; see ``run`` for the protocol and
+``pipelines/budget_store.py`` for the lifetime ledger's side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import time
+import uuid
+from typing import Optional
+
+import apache_beam as beam
+
+from dp_ops import adaptive, generator, plan
+from dp_ops.calibration import validate_weights
+from dp_ops.config import GeneratorConfig, check_delta, labels_from
+from dp_ops.ledger import PrivacyLedger
+from dp_ops.noise import NoiseSource, make_noise_source
+from pipelines import console, consistency, demo, release
+from pipelines.options import UsageError, beam_options, local_blas_threads
+from pipelines.spec import GenerateSpec, ImageOptions
+from transforms import allocator, io
+from transforms.adaptive import (PHASE1_FILE, AdaptiveMixture, AdaptivePhase1,
+                                 read_phase1, write_json)
+from transforms.aggregate import PrepareBlocks, RereadBlocks
+from transforms.centre import DPCentre
+from transforms.dp_kmeans import DPKMeans
+from transforms.mixture import DPMixture, SampleSynthetic
+from transforms.progress import ProgressFile, ReportProgress
+from transforms.write import SUMMARY_FILE, WriteRelease, describe_outputs
+
+log = logging.getLogger("dpsynth")
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+@dataclasses.dataclass
+class Job:
+    """Everything decided before any private data is read."""
+
+    cfg: GeneratorConfig
+    ledger: PrivacyLedger
+    spec: Optional[io.InputSpec]
+    output: str
+    staging: str
+    run_id: str
+    owner: str = ""  # this launch's random token (names its staging)
+    version: str = ""  # the release's folder under --output (random)
+    created_utc: str = ""  # taken before any data is read
+    noise: Optional[NoiseSource] = None
+    already_published: bool = False
+    # --covariance auto: the per-class GDP mu of the adaptive plan, the
+    # lifetime reservation (data-independent) and, after phase 1, the
+    # rule's structure; None for the fixed plans.
+    adaptive_mu: Optional[float] = None
+    reserved: Optional[list] = None
+    structure: Optional[adaptive.Structure] = None
+    lifetime_cap: Optional[dict] = None  # the store's, when there is one
+
+
+def prepare(spec: GenerateSpec) -> Job:
+    """Validates the spec, calibrates the noise, checks the output: no data
+    is read."""
+    pattern, labels = _input_and_labels(spec)
+    check_delta(spec.generator.delta, spec.generator.allow_large_delta)
+    # Cheap checks first: calibration (below) takes seconds.
+    cfg = resolve_config(spec, labels)
+    inp, out = spec.input, spec.output
+    if inp.block_size < 1 or out.rows_per_shard < 1:
+        raise ValueError("--block-size and --rows-per-shard must be >= 1")
+    if inp.embedding_dim is not None and inp.embedding_dim < 1:
+        raise ValueError(f"--embedding-dim must be >= 1, got {inp.embedding_dim}")
+    if out.run_id is not None and not _RUN_ID.fullmatch(out.run_id):
+        raise ValueError(f"--run-id must match {_RUN_ID.pattern} (it names "
+                         f"the staging directory), got {out.run_id!r}")
+    run_id = out.run_id or uuid.uuid4().hex[:12]
+    output = out.path or f"dpsynth-releases/{run_id}"
+    _check_budget_flags(spec)
+    owner = os.urandom(8).hex()
+    staging = release.staging_dir(output, run_id, owner)
+    if _published_by(output, run_id):
+        return Job(cfg, PrivacyLedger(cfg.epsilon, cfg.delta), None, output,
+                   staging, run_id, owner, already_published=True)
+    release.check_output(output, out.overwrite)
+    input_spec = io.InputSpec(pattern, inp.format, inp.embedding_feature,
+                              inp.label_feature, tuple(labels), inp.non_finite,
+                              inp.block_size, inp.split_bytes)
+    if cfg.covariance != "auto":
+        validate_weights(cfg.weights(), cfg.stages)
+    if not inp.images:
+        io.match_files(input_spec.pattern)  # lists names only: no data read
+    job = Job(cfg, PrivacyLedger(cfg.epsilon, cfg.delta), input_spec, output,
+              staging, run_id, owner,
+              version=f"{release.VERSION_PREFIX}{uuid.uuid4().hex[:12]}",
+              created_utc=_timestamp(),
+              noise=make_noise_source(spec.generator.noise_seed))
+    if cfg.covariance == "auto":  # phase 1 now, phase 2 after the rule
+        constants = adaptive.constants_for(cfg)
+        job.adaptive_mu = adaptive.calibrate_mu(cfg, inp.embedding_dim or 1,
+                                                constants)
+        job.ledger = adaptive.phase1_ledger(cfg, job.adaptive_mu)
+        if spec.budget.store is not None:  # dp_accounting: seconds
+            job.reserved = adaptive.reserved_mechanisms(
+                cfg, job.adaptive_mu, constants)
+    else:
+        job.ledger = plan.make_ledger(cfg)  # refuses impossible targets
+    return job
+
+
+def _input_and_labels(spec: GenerateSpec) -> tuple[str, tuple[int, ...]]:
+    """The input pattern named in the manifest and the public label set
+    (images: from --classes or --num-classes/--labels; no --input: the
+    embedded demo and its labels)."""
+    inp = spec.input
+    if inp.images is not None:
+        if inp.path:
+            raise ValueError("pass either --input (embeddings) or --images")
+        return inp.images.path, tuple(image_labels(inp.images,
+                                                   inp.num_classes,
+                                                   inp.labels))
+    if inp.path is None:
+        pattern, _ = demo.demo_files()
+        labels = inp.labels
+        if inp.num_classes is None and not labels:
+            labels = tuple(demo.DEMO_LABELS)
+        return pattern, tuple(labels_from(inp.num_classes, labels))
+    return inp.path, tuple(labels_from(inp.num_classes, inp.labels))
+
+
+def resolve_config(spec: GenerateSpec,
+                   labels: tuple[int, ...]) -> GeneratorConfig:
+    """The run's generator configuration: ``--covariance auto`` outside
+    the adaptive plan's scope (a public function of the flags,
+    ``adaptive.applies``; images: phase 1 would encode them twice) is the
+    fixed "shared" plan."""
+    cfg = spec.generator.config(labels)
+    if cfg.covariance != "auto" or (adaptive.applies(cfg)
+                                    and spec.input.images is None):
+        return cfg
+    log.info("--covariance auto: the adaptive plan needs --clusters 1, "
+             "--center, no --vote-filter / --budget-weights and embedding "
+             "input; running the fixed 'shared' plan")
+    return dataclasses.replace(cfg, covariance="shared")
+
+
+def _check_budget_flags(spec: GenerateSpec) -> None:
+    if spec.budget.store is None:
+        if (spec.budget.dataset_id or spec.budget.lifetime_epsilon
+                or spec.budget.lifetime_delta is not None):
+            raise ValueError("--dataset-id/--lifetime-epsilon/--lifetime-delta "
+                             "need --budget-store")
+        return
+    if not spec.budget.dataset_id:
+        raise ValueError("--budget-store needs --dataset-id (and "
+                         "--lifetime-epsilon the first time: the store pins "
+                         "the dataset's cap)")
+    if spec.generator.noise_seed is not None:
+        raise ValueError("--noise-seed cannot be used with --budget-store: "
+                         "seeded noise is reproducible, so two releases with "
+                         "one seed on neighbouring data cancel each other's "
+                         "noise; such releases are not private and must not "
+                         "be charged as if they were")
+    if spec.budget.lifetime_delta is not None and not 0 < spec.budget.lifetime_delta < 1:
+        raise ValueError(f"--lifetime-delta must be in (0, 1), got "
+                         f"{spec.budget.lifetime_delta}")
+
+
+def _published_by(output: str, run_id: Optional[str]) -> bool:
+    """True when --output already holds the release of this --run-id.
+
+    Re-running a published run spends nothing and writes nothing: one run
+    id, one release.
+    """
+    if run_id is None or not release.release_exists(output):
+        return False
+    return release.read_manifest(output).get("run_id") == run_id
+
+
+def _reserve(job: Job, spec: GenerateSpec):
+    """Records this attempt's spend in the lifetime ledger (or refuses), or
+    takes over the run id's reserved or staged attempt at no new cost."""
+    if spec.budget.store is None:
+        return None
+    from pipelines import budget_store
+    reservation = budget_store.reserve(
+        spec.budget.store, spec.budget.dataset_id, job.run_id,
+        job.reserved or job.ledger.mechanisms,
+        job.cfg.epsilon, job.cfg.delta, spec.budget.lifetime_epsilon,
+        spec.budget.lifetime_delta, job.cfg.accountant, owner=job.owner,
+        created_utc=job.created_utc)
+    job.created_utc = reservation.created_utc or job.created_utc
+    job.lifetime_cap = reservation.lifetime_cap
+    return reservation
+
+
+def _budget_manifest(job: Job, spec: GenerateSpec) -> Optional[dict]:
+    """Public configuration of the lifetime budget: the store, the dataset
+    id and the cap this run was checked against. (What earlier runs and
+    attempts spent is not released: how many attempts a run needed may
+    depend on the data, e.g. one that ran out of memory.)"""
+    if spec.budget.store is None:
+        return None
+    return {"store": spec.budget.store, "dataset_id": spec.budget.dataset_id,
+            "lifetime_cap": job.lifetime_cap}
+
+
+def _timestamp() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+class ImageSource(beam.PTransform):
+    """`generate --images`: encode images in the workers, then the DP job.
+
+    Same interface as ``io.ReadEmbeddingBlocks`` (``paths``, ``dim``, blocks
+    of ``(x, y)``); the embedding dimension comes from the encoder (public).
+    """
+
+    def __init__(self, images: ImageOptions,
+                 embedding_dim: Optional[int] = None) -> None:
+        super().__init__()
+        from models.encoders import get_encoder
+        self._images = images
+        encoder = get_encoder(images.encoder, weights=images.encoder_weights)
+        self.dim = encoder.embedding_dim or embedding_dim
+        if not self.dim:
+            raise ValueError(f"--encoder {images.encoder}: its output "
+                             "dimension is not known before running it; pass "
+                             "--embedding-dim")
+        self.paths = [images.path]
+
+    def expand(self, pbegin):
+        from pipelines.encode import encoded_image_blocks
+        return encoded_image_blocks(pbegin.pipeline, self._images)
+
+
+def image_labels(images: ImageOptions, num_classes: Optional[int],
+                 labels: Optional[tuple[int, ...]]) -> list[int]:
+    """The label set of ``--images``, from public configuration only.
+
+    A folder-per-class layout needs ``--classes`` (folder names in label
+    order: label i is the i-th name); folders are never listed to find the
+    classes, since a class folder that holds no image would then change the
+    label set and the numbering of every other class. A missing or empty
+    class folder is an empty class, which still gets its noisy outputs.
+    TFRecord/npz layouts store integer labels: the set comes from
+    ``--classes``, ``--num-classes`` or ``--labels``.
+    """
+    from transforms.images import ImageInputError, detect_layout
+    names = list(images.classes or ())
+    if len(set(names)) != len(names):
+        raise ImageInputError(f"--classes has duplicates: {','.join(names)}")
+    layout = detect_layout(images.path, images.layout)
+    if names:
+        if num_classes is not None or labels:
+            raise ValueError("--images: pass the label set once: --classes, "
+                             "or --num-classes/--labels")
+        return list(range(len(names)))
+    if layout == "folder":
+        raise ValueError("--images with a folder-per-class layout needs "
+                         "--classes NAME,NAME,... (the class folders in label "
+                         "order): the label set is public configuration, so "
+                         "the private folders are not listed to find it")
+    return list(labels_from(num_classes, labels))
+
+
+def build(p: beam.Pipeline, job: Job, reader: beam.PTransform,
+          spec: GenerateSpec,
+          progress: Optional[ProgressFile] = None) -> None:
+    """The whole DP generation graph, from the blocks to the staged files.
+
+    Embedding files are re-read by every pass (``RereadBlocks``): worker
+    memory stays at a block plus the model state whatever n is (measured in
+    benchmarks/results/scaling.md). Images are encoded once and the blocks
+    materialised, since re-encoding per pass would cost far more.
+    """
+    cfg, ledger, dim, noise = job.cfg, job.ledger, reader.dim, job.noise
+    centre = None
+    if isinstance(reader, ImageSource) or spec.run.materialise_blocks:
+        raw = (p | "Read" >> reader
+               | "ReadProgress" >> ReportProgress(progress, "Read"))
+        if cfg.center:
+            centre = raw | "DPCentre" >> DPCentre(cfg, ledger, dim, noise)
+        blocks = (raw
+                  | "Prepare" >> PrepareBlocks(cfg, dim, centre)
+                  | "Materialise" >> beam.Reshuffle())
+    else:
+        if cfg.center:
+            centre = (p | "CentreRead" >> reader
+                      | "CentreProgress" >> ReportProgress(progress, "Centre")
+                      | "DPCentre" >> DPCentre(cfg, ledger, dim, noise))
+        blocks = RereadBlocks(p, reader, cfg, dim, centre, progress)
+    centres = p | "DPKMeans" >> DPKMeans(cfg, ledger, dim, noise,
+                                         blocks=blocks)
+    mixtures = p | "DPMixture" >> DPMixture(cfg, ledger, dim, centres,
+                                            noise, blocks=blocks)
+    if centre is not None:  # means back to the input space (post-processing)
+        mixtures = mixtures | "AddCentre" >> beam.Map(
+            lambda kv, c: (kv[0], generator.with_centre(kv[1], c)),
+            beam.pvalue.AsSingleton(centre))
+    synthetic = mixtures | "Sample" >> SampleSynthetic(
+        cfg, ledger, blocks, noise, local_blas_threads(p.options))
+    _ = synthetic | "Write" >> WriteRelease(
+        job.staging, mixtures, spec.output.rows_per_shard, spec.input.embedding_feature,
+        spec.input.label_feature, output_format=spec.output.format, cfg=cfg, dim=dim)
+
+
+def build_adaptive(p: beam.Pipeline, job: Job, reader: beam.PTransform,
+                   spec: GenerateSpec, centre, noisy_counts,
+                   progress: Optional[ProgressFile] = None) -> None:
+    """Phase 2 of ``--covariance auto``, from the blocks to the staged
+    files; ``centre`` and ``noisy_counts`` are phase 1's DP outputs and
+    ``job.structure`` the rule's choice (public constants of this graph)."""
+    cfg, dim = job.cfg, reader.dim
+    centre_pc = p | "PublicCentre" >> beam.Create([centre])
+    if spec.run.materialise_blocks:
+        blocks = (p | "Read" >> reader
+                  | "ReadProgress" >> ReportProgress(progress, "Read")
+                  | "Prepare" >> PrepareBlocks(cfg, dim, centre_pc)
+                  | "Materialise" >> beam.Reshuffle())
+    else:
+        blocks = RereadBlocks(p, reader, cfg, dim, centre_pc, progress)
+    mixtures = p | "AdaptiveMixture" >> AdaptiveMixture(
+        cfg, job.ledger, dim, job.structure, noisy_counts, centre, job.noise,
+        blocks)
+    synthetic = mixtures | "Sample" >> SampleSynthetic(cfg, job.ledger,
+                                                       blocks, job.noise)
+    _ = synthetic | "Write" >> WriteRelease(
+        job.staging, mixtures, spec.output.rows_per_shard, spec.input.embedding_feature,
+        spec.input.label_feature, output_format=spec.output.format, cfg=cfg, dim=dim)
+
+
+def run_phase1(job: Job, reader: beam.PTransform, options,
+               progress: Optional[ProgressFile] = None):
+    """Phase 1 of ``--covariance auto`` as its own pipeline run: one pass
+    ("Counts"); returns its DP outputs (centre, noisy class counts)."""
+    path = io.join(job.staging, PHASE1_FILE)
+    p = beam.Pipeline(options=options)
+    _ = (p | "CountsRead" >> reader
+         | "CountsProgress" >> ReportProgress(progress, "Counts")
+         | "Phase1" >> AdaptivePhase1(job.cfg, job.ledger, reader.dim,
+                                      job.noise)
+         | "WritePhase1" >> beam.Map(write_json, path))
+    p.run().wait_until_finish()
+    from apache_beam.io.filesystems import FileSystems
+    centre, counts = read_phase1(path)
+    FileSystems.delete([path])
+    return centre, counts
+
+
+def choose_phase2(job: Job, dim: int, noisy_counts) -> adaptive.Structure:
+    """The public rule on phase 1's noisy counts; registers the chosen
+    phase-2 mechanisms in the run's ledger."""
+    cfg = job.cfg
+    job.structure = adaptive.choose_structure(
+        cfg.epsilon, cfg.delta, dim, noisy_counts,
+        adaptive.constants_for(cfg), job.adaptive_mu)
+    adaptive.add_phase2(job.ledger, cfg, job.structure, job.adaptive_mu)
+    log.info("covariance rule: %s, sums %.2f of mu^2 (signal %.1f from the "
+             "noisy counts)", job.structure.name, job.structure.sum_share,
+             dict(job.structure.inputs)["signal"])
+    return job.structure
+
+
+def adaptive_pass_names(structure: adaptive.Structure,
+                        spec: GenerateSpec) -> list[str]:
+    """Phase 2's passes over the private rows (progress lines)."""
+    if spec.run.materialise_blocks:
+        return ["Read"]
+    return ["Moments"] + (["ClassSubspace"] if structure.mode == "subspace"
+                          else [])
+
+
+SEEDED_WARNING = (
+    "NOT PRIVATE: the noise came from the secret --noise-seed, for tests and "
+    "audits. Anyone holding releases made with the same seed on neighbouring "
+    "data can cancel the noise. Never share this release.")
+
+NOISE_DESCRIPTION = (
+    "{kind}: exact discrete Gaussian on each aggregate's fixed-point lattice "
+    "(Canonne-Kamath-Steinke), drawn from an AES-256-CTR keystream under "
+    "{key} (never recorded), so re-executed steps redraw nothing")
+
+
+def manifest(job: Job, spec: GenerateSpec, dim: int,
+             summary: list) -> dict:
+    """The release's manifest: public configuration and DP outputs only.
+
+    Not in it: the matched input file names (one file per person would
+    reveal membership; they go to the operator's console with --verbose),
+    wall times (they grow with n), how many attempts the run took.
+    ``created_utc`` is taken before any data is read.
+    """
+    cfg = job.cfg
+    noisy_n = sum(max(c["noisy_count"], 0.0) for c in summary)
+    warnings = []
+    if cfg.noiseless:
+        warnings.append("NOT PRIVATE: epsilon=inf: NO NOISE WAS ADDED. This "
+                        "release is NOT differentially private. Never share "
+                        "it.")
+    elif spec.generator.noise_seed is not None:
+        warnings.append(SEEDED_WARNING)
+    if not cfg.noiseless and noisy_n > 0 and cfg.delta > 1.0 / noisy_n:
+        warnings.append(f"delta={cfg.delta:g} is larger than 1/n for the noisy "
+                        f"record count n~{noisy_n:.0f}; choose delta << 1/n")
+    config = dataclasses.asdict(cfg)
+    plan_doc = None if job.structure is None else job.structure.to_manifest()
+    config["labels"] = list(cfg.labels)
+    noise = (NOISE_DESCRIPTION.format(kind="seeded",
+                                      key="a key from the secret --noise-seed")
+             if spec.generator.noise_seed is not None else
+             NOISE_DESCRIPTION.format(kind="secure",
+                                      key="a per-run key from os.urandom"))
+    return {
+        "format": "dpsynth-release/2",
+        "run_id": job.run_id,
+        "root": job.version,
+        "created_utc": job.created_utc,
+        "privacy": job.ledger.to_manifest(),
+        "adaptive_plan": plan_doc,
+        "noise": "none (epsilon=inf)" if cfg.noiseless else noise,
+        # False: no noise, or noise from a secret seed (reusing it on
+        # neighbouring data cancels the noise): not differentially private.
+        "private": not cfg.noiseless and spec.generator.noise_seed is None,
+        "config": config,
+        "input": {"pattern": job.spec.pattern, "format": job.spec.fmt,
+                  "non_finite": job.spec.non_finite},
+        "embedding_dim": dim,
+        "classes": summary,
+        "samples_total": sum(c["samples"] for c in summary),
+        "outputs": describe_outputs(cfg, dim, summary,
+                                    job.spec.embedding_feature,
+                                    job.spec.label_feature,
+                                    plan_doc and plan_doc["mode"]),
+        "lifetime_budget": _budget_manifest(job, spec),
+        "versions": release.versions(),
+        "warnings": warnings,
+    }
+
+
+def _checkpoint(step: str) -> None:
+    """A named point of the stage -> commit -> publish protocol (tests
+    inject crashes here)."""
+
+
+def _make_reader(job: Job, spec: GenerateSpec) -> beam.PTransform:
+    if spec.input.images:
+        return ImageSource(spec.input.images, spec.input.embedding_dim)
+    return io.ReadEmbeddingBlocks(job.spec, dim=spec.input.embedding_dim)
+
+
+def pass_names(cfg: GeneratorConfig, spec: GenerateSpec) -> list[str]:
+    """The passes over the private rows, in order (progress lines)."""
+    if spec.input.images or spec.run.materialise_blocks:
+        return ["Read"]
+    if cfg.covariance == "auto":  # phase 1; phase 2: adaptive_pass_names
+        return ["Counts"]
+    names = ["Centre"] if cfg.center else []
+    if cfg.clusters > 1:
+        names += ["TreeCounts", "LeafSums"]
+        names += [f"Lloyd{r}" for r in range(1, cfg.lloyd_rounds + 1)]
+    names.append("Moments")  # with the second moment, if any
+    if cfg.vote_filter:
+        names.append("Votes")
+    return names
+
+
+def _progress_file(options, job: Job) -> ProgressFile:
+    """A local progress file when the workers run on this machine."""
+    from pipelines.options import is_local
+    if not is_local(options):
+        return ProgressFile(None)
+    fd, path = tempfile.mkstemp(prefix=f"dpsynth-progress-{job.run_id}-")
+    os.close(fd)
+    return ProgressFile(path)
+
+
+def _stage(job: Job, spec: GenerateSpec, reservation, timings: dict) -> dict:
+    """Runs the pipeline into staging and writes the staged manifest."""
+    options = beam_options(spec.run.beam_args)
+    try:
+        reader = _make_reader(job, spec)
+    except (io.InputError, release.ReleaseError):
+        raise
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    log.info("plan: %d mechanisms%s, target (eps=%g, delta=%g), accountant "
+             "%s; dim %d", len(job.ledger.mechanisms),
+             "" if job.adaptive_mu is None else " in phase 1 (phase 2: "
+             "chosen from its noisy counts)", job.cfg.epsilon,
+             job.cfg.delta, job.cfg.accountant, reader.dim)
+    log.debug("input files: %s", ", ".join(reader.paths))
+    release.discard(job.staging)  # a crashed attempt's partial files
+    if reservation is not None:
+        from pipelines import budget_store
+        budget_store.mark_running(reservation)
+    _checkpoint("running")
+    t1 = time.time()
+    progress = _progress_file(options, job)
+    try:
+        with console.quiet_stderr(spec.run.verbose):
+            try:
+                if job.adaptive_mu is None:
+                    with console.ProgressPrinter(
+                            progress.path, pass_names(job.cfg, spec),
+                            show_rows=spec.run.show_row_counts):
+                        p = beam.Pipeline(options=options)
+                        build(p, job, reader, spec, progress)
+                        p.run().wait_until_finish()
+                else:
+                    _run_adaptive(job, spec, options, reader, progress,
+                                  timings)
+            finally:  # its shutdown output stays in the captured log
+                _close_dask_cluster()
+    finally:
+        if progress.path:
+            os.unlink(progress.path)
+    timings["pipeline"] = round(time.time() - t1, 3)
+    _checkpoint("pipeline-done")
+    summary = _read_summary(job.staging)
+    consistency.check_staged(job.staging, job.cfg, summary, reader.dim,
+                             spec.input.embedding_feature, spec.input.label_feature,
+                             spec.output.format)
+    doc = manifest(job, spec, reader.dim, summary)
+    release.write_manifest(job.staging, doc)
+    return doc
+
+
+def _close_dask_cluster() -> None:
+    """Closes this run's local Dask cluster, if one was started (one cluster
+    serves both phases of the adaptive plan; see pipelines/dask_runner.py)."""
+    dask_runner = sys.modules.get("pipelines.dask_runner")  # never imports
+    if dask_runner is not None:
+        dask_runner.close_local_cluster()
+
+
+def _run_adaptive(job: Job, spec: GenerateSpec, options,
+                  reader: beam.PTransform, progress: ProgressFile,
+                  timings: dict) -> None:
+    """Phase 1 run -> the rule -> phase 2 run (adaptive composition)."""
+    t0 = time.time()
+    with console.ProgressPrinter(progress.path, ["Counts"],
+                                 show_rows=spec.run.show_row_counts):
+        centre, counts = run_phase1(job, reader, options, progress)
+    timings["phase1"] = round(time.time() - t0, 3)
+    structure = choose_phase2(job, reader.dim, counts)
+    progress.reset()
+    reader = _make_reader(job, spec)  # a transform belongs to one pipeline
+    with console.ProgressPrinter(progress.path,
+                                 adaptive_pass_names(structure, spec),
+                                 show_rows=spec.run.show_row_counts):
+        p = beam.Pipeline(options=options)
+        build_adaptive(p, job, reader, spec, centre, counts, progress)
+        p.run().wait_until_finish()
+
+
+def run(spec: GenerateSpec) -> str:
+    """Runs the job; returns the published release path.
+
+    Protocol (see pipelines/budget_store.py for the lifetime ledger's side):
+    reserve the spend (or take over the run id's attempt) -> run into this
+    launch's own staging folder -> staged manifest -> record the staged
+    folder and its manifest's digest -> place the files under
+    --output/<version> -> write --output/manifest.json (the commit point for
+    readers) -> record the release as published. A retry of a run id whose
+    staged release is recorded re-publishes exactly that folder (same noise,
+    no new spend); one run id never publishes a second draw.
+    """
+    t0 = time.time()
+    allocator.keep_heap_pages()  # the runner process moves blocks too
+    try:
+        job = prepare(spec)
+    except (io.InputError, release.ReleaseError):
+        raise
+    except ValueError as err:  # flags and configuration: before any data
+        raise UsageError(str(err)) from None
+    if job.already_published:
+        _finish_published(job, spec)
+        log.info("run %s is already published at %s: nothing to do, no "
+                 "budget spent", job.run_id, job.output)
+        return job.output
+    if job.cfg.noiseless:
+        log.warning("!!! --epsilon inf: running WITHOUT NOISE. The output is "
+                    "NOT differentially private. Debugging only. !!!")
+    from pipelines import budget_store
+    staged = _staged_to_reuse(job, spec)
+    reservation = _reserve(job, spec)
+    timings = {"plan": round(time.time() - t0, 3)}
+    recorded = False  # this launch's staged folder is recorded in the store
+    with budget_store.Lease(reservation) as lease:
+        try:
+            if reservation is not None and reservation.staged is not None:
+                staged = _recorded_staged(job, reservation)
+            _checkpoint("reserved")
+            if staged is None:
+                _stage(job, spec, reservation, timings)
+            else:
+                log.info("run %s: re-publishing its staged release (no new "
+                         "noise, no new spend)", job.run_id)
+            _checkpoint("staged")
+            if reservation is not None:
+                lease.check()
+                budget_store.commit_staged(
+                    reservation, job.staging,
+                    release.manifest_digest(job.staging))
+                recorded = True
+            _checkpoint("committed")
+            release.publish(job.staging, job.output, spec.output.overwrite)
+            _checkpoint("published")
+            if reservation is not None:
+                budget_store.commit(reservation, job.output)
+            _checkpoint("recorded")
+        except BaseException:
+            _stop_attempt(job, spec, reservation, recorded)
+            raise
+    release.remove_unreferenced(job.output)
+    for folder in release.staging_folders(job.output, job.run_id).values():
+        release.discard(folder)  # this one and crashed attempts' leftovers
+    timings["total"] = round(time.time() - t0, 3)
+    if spec.run.record_timings:
+        log.info("wall times (s, operator only, not DP): %s", timings)
+    return job.output
+
+
+def _stop_attempt(job: Job, spec: GenerateSpec, reservation,
+                  recorded: bool) -> None:
+    """After a failure: give the attempt back and keep the staged release
+    only where a retry may publish it (recorded in the store, or no store
+    and no release of this run id published by another launch)."""
+    if reservation is not None:
+        from pipelines import budget_store
+        try:
+            budget_store.release_failed(reservation)
+        except Exception as err:  # must not hide the original error
+            log.warning("could not record the failed attempt of run %s in "
+                        "the budget store (%s); its lease expires by itself",
+                        job.run_id, err)
+    keep = release.staged_manifest(job.staging) is not None and (
+        recorded if reservation is not None
+        else not _published_by(job.output, job.run_id))
+    if not keep:
+        release.discard(job.staging)
+        return
+    log.warning("the staged release of run %s is kept at %s: re-run with "
+                "--run-id %s to publish it (no new spend)", job.run_id,
+                job.staging, job.run_id)
+
+
+def _staged_to_reuse(job: Job, spec: GenerateSpec) -> Optional[dict]:
+    """Complete staged releases of this run id left by earlier launches.
+
+    With a budget store, each must belong to an attempt the store charged
+    (its folder is named by the attempt's owner token); the store then says
+    which one, if any, is re-published. Without a store, one whose
+    configuration is this run's is re-published; anything else is refused
+    before any data is read or anything is charged.
+    """
+    complete = {token: folder for token, folder in
+                release.staging_folders(job.output, job.run_id).items()
+                if release.staged_manifest(folder) is not None}
+    if spec.budget.store is not None:
+        from pipelines import budget_store
+        charged = budget_store.run_owners(spec.budget.store, spec.budget.dataset_id,
+                                          job.run_id)
+        unknown = sorted(f for t, f in complete.items() if t not in charged)
+        if unknown:
+            raise release.ReleaseError(
+                f"{unknown[0]} holds a complete staged release of run "
+                f"{job.run_id!r} that budget store {spec.budget.store} "
+                f"(dataset {spec.budget.dataset_id!r}) never charged (it was staged "
+                "without this store or under another dataset id). Publishing "
+                "it would escape the ledger and a new draw would make a "
+                "second release of one run id: delete it, or use a new "
+                "--run-id")
+        return None  # the store names the staged folder to re-publish
+    if len(complete) > 1:
+        raise release.ReleaseError(
+            f"run {job.run_id!r} has {len(complete)} complete staged releases "
+            f"({', '.join(sorted(complete.values()))}): launches without a "
+            "budget store raced; delete them or use a new --run-id")
+    for folder in complete.values():
+        staged = release.staged_manifest(folder)
+        if not _same_configuration(staged, job):
+            raise release.ReleaseError(
+                f"{folder} holds a staged release of run {job.run_id!r} made "
+                "with another configuration (epsilon, delta, input or "
+                "generator flags differ); a retry must re-publish exactly "
+                "what was drawn: delete it or use a new --run-id")
+        job.staging = folder
+        return staged
+    return None
+
+
+def _same_configuration(staged: dict, job: Job) -> bool:
+    config = dataclasses.asdict(job.cfg)
+    config["labels"] = list(job.cfg.labels)
+    same_input = staged.get("input", {}).get("pattern") == job.spec.pattern
+    return json.loads(json.dumps(config)) == staged.get("config") and same_input
+
+
+def _recorded_staged(job: Job, reservation) -> dict:
+    """The staged release the budget store recorded for this run id, after
+    checking that its manifest is the one recorded."""
+    folder = reservation.staged["folder"]
+    staged = release.staged_manifest(folder)
+    if staged is None or release.manifest_digest(folder) != \
+            reservation.staged["manifest_sha256"]:
+        raise release.ReleaseError(
+            f"run {job.run_id!r}: the budget store recorded a staged release "
+            f"at {folder}, which is missing or changed; nothing is published "
+            "(the attempt stays charged). Start a new --run-id")
+    job.staging = folder
+    return staged
+
+
+def _finish_published(job: Job, spec: GenerateSpec) -> None:
+    """A retry after the manifest was written: record the publication (if
+    the crash came before that) and clean up; nothing is recomputed."""
+    if spec.budget.store is not None:
+        from pipelines import budget_store
+        budget_store.mark_published(spec.budget.store, spec.budget.dataset_id,
+                                    job.run_id, job.output,
+                                    release.manifest_digest(job.output))
+    release.remove_unreferenced(job.output)
+    for folder in release.staging_folders(job.output, job.run_id).values():
+        release.discard(folder)
+
+
+def _read_summary(staging: str) -> list:
+    from apache_beam.io.filesystems import FileSystems
+    with FileSystems.open(io.join(staging, SUMMARY_FILE)) as f:
+        return json.loads(f.read().decode())
+
