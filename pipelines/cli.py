@@ -17,7 +17,9 @@ COMMANDS = (("pipelines.generate", True), ("pipelines.encode", True),
             ("pipelines.evaluate", False), ("pipelines.report", False))
 
 
-def build_parser() -> console.Parser:
+def build_parser(only: Optional[str] = None) -> console.Parser:
+    """The `dpsynth` parser; ``only``: register just that sub-command (its
+    module alone is imported: `dpsynth generate --help` loads no other)."""
     parser = console.Parser(
         prog="dpsynth",
         description="Differentially private synthetic embedding datasets.")
@@ -25,6 +27,8 @@ def build_parser() -> console.Parser:
                         version=f"dpsynth {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, _ in COMMANDS:
+        if only is not None and name.rsplit(".", 1)[1] != only:
+            continue
         try:
             module = importlib.import_module(name)
         except ImportError:
@@ -47,7 +51,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv[:1] == ["--version"]:
         print(f"dpsynth {version()}")
         return 0
-    parser = build_parser()
+    names = {n.rsplit(".", 1)[1] for n, _ in COMMANDS}
+    parser = build_parser(argv[0] if argv[:1] and argv[0] in names else None)
     args, rest = parser.parse_known_args(argv)
     takes_beam = dict((n.rsplit(".", 1)[1], b) for n, b in COMMANDS)
     if takes_beam.get(args.command):

@@ -154,7 +154,7 @@ def run_command(fn: Callable[[], int], command: str,
         return fn()
     except KeyboardInterrupt:
         silence_dying_threads()
-        print(f"dpsynth {command}: interrupted; nothing was published",
+        print("dpsynth: interrupted; nothing was published",
               file=sys.stderr)
         return 130
     except tuple(input_errors) as err:
@@ -162,7 +162,7 @@ def run_command(fn: Callable[[], int], command: str,
     except Exception as err:
         if interrupted(err):
             silence_dying_threads()
-            print(f"dpsynth {command}: interrupted; nothing was published",
+            print("dpsynth: interrupted; nothing was published",
                   file=sys.stderr)
             return 130
         inner = inner_error(err)
@@ -365,7 +365,8 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
-        print(f"{self.prog}: error: {message} (see {self.prog} --help)",
+        # One prefix for every error line, whoever finds it.
+        print(f"dpsynth: error: {message} (see {self.prog} --help)",
               file=sys.stderr)
         raise SystemExit(2)
 

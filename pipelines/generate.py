@@ -20,13 +20,11 @@ from typing import Optional, Sequence
 from dp_ops.clipping import NORMALIZATIONS
 from dp_ops.config import (COVARIANCE_MODES, GeneratorConfig, parse_weights)
 from dp_ops.ledger import ACCOUNTANTS
-from pipelines import demo, release, summary
-from pipelines.options import UsageError, check_beam_args
 from pipelines.spec import (BudgetOptions, GenerateSpec, GeneratorOptions,
                             ImageOptions, InputOptions, OutputOptions,
                             RunOptions)
-from transforms import io
-from transforms.write import OUTPUT_FORMATS
+from transforms.formats import (FORMATS, NON_FINITE_POLICIES, OUTPUT_FORMATS,
+                                SPLIT_BYTES)
 
 log = logging.getLogger("dpsynth")
 
@@ -58,70 +56,49 @@ def _weights(text: str) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipelines.encode import add_image_arguments
-    # Image flags first: generate's own --label-feature (embedding files)
-    # then replaces the image reader's one.
-    parser.conflict_handler = "resolve"
-    add_image_arguments(parser, images_required=False, for_release=True)
-    parser.add_argument("--embedding-dim", type=int,
-                        help="the embedding dimension (public). Embedding "
-                        "files: every row must have it, and an input with no "
-                        "rows is still released (default: the .npz header "
-                        "or a fixed-size Parquet list, else the first row). "
-                        "--images with a keras:/onnx: encoder: "
-                        "its output dimension")
-    parser.add_argument("--verbose", action="store_true",
-                        help="also show Beam's and other libraries' logs")
-    data = parser.add_argument_group("input and output")
+    """generate's flags, in the order a user needs them: embeddings in and
+    the release out first, then the privacy target, the lifetime budget,
+    the generator, images (instead of --input) and operator diagnostics."""
+    from pipelines.image_flags import add_image_arguments
+    data = parser.add_argument_group("input (private labelled embeddings)")
     data.add_argument("--input", help="glob of .npz / TFRecord / Parquet files "
                       "(local or gs://); default: the embedded digits demo")
-    data.add_argument("--input-format", choices=io.FORMATS,
+    data.add_argument("--num-classes", type=int, help="labels are 0..N-1 "
+                      "(public); REQUIRED with --input unless --labels")
+    data.add_argument("--labels", type=_labels, help="explicit public label "
+                      "list, e.g. 0,1,7 (instead of --num-classes)")
+    data.add_argument("--input-format", choices=FORMATS,
                       help="default: from the file extension")
     data.add_argument("--embedding-feature", default="embedding",
                       help="TFRecord feature / Parquet column of the vector")
     data.add_argument("--label-feature", default="label",
-                      help="TFRecord feature / Parquet column of the label")
-    data.add_argument("--non-finite", choices=io.NON_FINITE_POLICIES,
+                      help="TFRecord feature / Parquet column of the label "
+                      "(with --images: the image TFRecords' label feature)")
+    data.add_argument("--embedding-dim", type=int,
+                      help="the embedding dimension (public). Every row must "
+                      "have it, and an input with no rows is still released "
+                      "(default: the .npz header or a fixed-size Parquet "
+                      "list, else the first row). --images with a "
+                      "keras:/onnx: encoder: its output dimension")
+    data.add_argument("--non-finite", choices=NON_FINITE_POLICIES,
                       default="reject", help="rows with NaN/inf: fail the run "
                       "(default) or drop them (a per-record rule, DP-safe)")
-    data.add_argument("--output", help="release directory (local or gs://); "
-                      "default: ./dpsynth-releases/<run id>")
-    data.add_argument("--overwrite", action="store_true",
-                      help="replace an existing release at --output")
-    data.add_argument("--run-id", help="names this run in the manifest and "
-                      "the budget store; re-running a run id re-publishes "
-                      "its staged release or does nothing if published "
-                      "(default: random)")
-    data.add_argument("--block-size", type=int, default=4096,
-                      help="rows per numpy block moved between stages")
-    data.add_argument("--rows-per-shard", type=int, default=50_000)
-    data.add_argument("--split-bytes", type=int, default=io.SPLIT_BYTES,
-                      help="TFRecord/Parquet files are read in byte ranges "
-                      "of this size, spread over the workers (default 64 "
-                      "MiB); .npz files are read whole")
-    data.add_argument("--output-format", choices=OUTPUT_FORMATS,
-                      default="tfrecord", help="data shards: TFRecord of "
-                      "tf.train.Example (default) or Parquet; schema.json "
-                      "describes either")
-    data.add_argument("--materialise-blocks", action="store_true",
-                      help="read the input once and keep the blocks in the "
-                      "runner between passes (default: every pass re-reads "
-                      "the files, so memory does not grow with n)")
-    data.add_argument("--show-row-counts", action="store_true",
-                      help="progress lines show the exact rows each pass has "
-                      "read (operator diagnostics: exact counts are private "
-                      "and NOT differentially private; off by default because "
-                      "schedulers forward the console to shared logs)")
-    data.add_argument("--record-timings", action="store_true",
-                      help="print the wall times of the run's steps on the "
-                      "console (operator diagnostics: they grow with n, so "
-                      "they are NOT differentially private and never go "
-                      "into the release)")
 
-    cls = parser.add_argument_group("classes (public configuration)")
-    cls.add_argument("--num-classes", type=int, help="labels are 0..N-1")
-    cls.add_argument("--labels", type=_labels, help="explicit label list, "
-                     "e.g. 0,1,7")
+    out = parser.add_argument_group("output (the release)")
+    out.add_argument("--output", help="release directory (local or gs://); "
+                     "default: ./dpsynth-releases/<run id>")
+    out.add_argument("--output-format", choices=OUTPUT_FORMATS,
+                     default="tfrecord", help="data shards: TFRecord of "
+                     "tf.train.Example (default) or Parquet; schema.json "
+                     "describes either")
+    out.add_argument("--run-id", help="names this run in the manifest and "
+                     "the budget store; re-running a run id re-publishes "
+                     "its staged release or does nothing if published "
+                     "(default: random)")
+    out.add_argument("--overwrite", action="store_true",
+                     help="replace a release of another run id at --output")
+    out.add_argument("--rows-per-shard", type=int, default=50_000,
+                     help="synthetic rows per data file")
 
     dp = parser.add_argument_group("privacy")
     dp.add_argument("--epsilon", type=_epsilon, default=4.0,
@@ -133,7 +110,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "below 1/n, and n is private)")
     dp.add_argument("--allow-large-delta", action="store_true",
                     help="accept a delta above 1e-4 (testing only)")
-    dp.add_argument("--accountant", choices=ACCOUNTANTS, default="pld")
+    dp.add_argument("--accountant", choices=ACCOUNTANTS, default="pld",
+                    help="how the mechanisms are composed: privacy loss "
+                    "distributions (tight) or Renyi DP")
     dp.add_argument("--budget-weights", type=_weights,
                     help="share of the budget per stage, naming exactly the "
                     "enabled stages and summing to 1; the default stages are "
@@ -143,7 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "lloyd 0.15, moments 0.3, covariance 0.45, vote 0.1, "
                     "renormalised over the enabled stages)")
     dp.add_argument("--noise-seed", type=int, help="SECRET seed for "
-                    "reproducible noise (testing/audits); never recorded. "
+                    "reproducible noise (tests and audits): the release is "
+                    "marked NOT private; refused with --budget-store. "
                     "Default: secure non-reproducible noise")
 
     life = parser.add_argument_group(
@@ -159,10 +139,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       "changes it)")
     life.add_argument("--lifetime-delta", type=float,
                       help="delta at which the lifetime epsilon is measured, "
-                      "pinned with the cap "
-                      "(default: --delta)")
+                      "pinned with the cap (default: --delta)")
 
     gen = parser.add_argument_group("generator")
+    gen.add_argument("--covariance", choices=COVARIANCE_MODES, default="auto",
+                     help="'auto' (default): a small budget on noisy class "
+                     "counts, then a public rule picks shared, shared + "
+                     "class subspace or per-class matrices and the mean / "
+                     "covariance split (README: covariance defaults; needs "
+                     "--clusters 1, --center, no --vote-filter or "
+                     "--budget-weights, embedding input, else it is "
+                     "'shared'); 'shared': one matrix of all records; "
+                     "'per-class': one matrix per class")
     gen.add_argument("--clusters", type=int, default=GeneratorConfig.clusters,
                      help="k per class (DP k-means: LSH-tree coreset + Lloyd)")
     gen.add_argument("--clip-norm", type=float,
@@ -173,39 +161,63 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument("--center", action=argparse.BooleanOptionalAction,
                      default=True, help="subtract a DP mean of all rows "
                      "(stage 'centre') before clipping to --clip-norm")
-    gen.add_argument("--cluster-dim", type=int, default=32, help="dimension "
-                     "of the public random projection used for clustering")
-    gen.add_argument("--tree-depth", type=int, default=8)
-    gen.add_argument("--branch-threshold", type=float,
-                     help="noisy count a tree node needs to branch "
-                     "(default: 3 x its noise sigma)")
-    gen.add_argument("--lloyd-rounds", type=int, default=2)
-    gen.add_argument("--variance-floor", type=float, default=1e-6)
     gen.add_argument("--covariance-rank", type=int, default=128,
                      help="add rank-r covariance factors (DP second-moment "
                      "matrix, stage 'covariance'); 0: diagonal only")
-    gen.add_argument("--covariance", choices=COVARIANCE_MODES, default="auto",
-                     help="'auto' (default): a small budget on noisy class "
-                     "counts, then a public rule picks shared, shared + "
-                     "class subspace or per-class matrices and the mean / "
-                     "covariance split (README: covariance defaults; needs "
-                     "--clusters 1, --center, no --vote-filter or "
-                     "--budget-weights, embedding input, else it is "
-                     "'shared'); 'shared': one matrix of all records; "
-                     "'per-class': one matrix per class")
     gen.add_argument("--samples-per-class", type=int,
                      help="default: the noisy class count")
     gen.add_argument("--seed", type=int, default=0,
                      help="public seed: hyperplanes, projections, sampling")
+    gen.add_argument("--cluster-dim", type=int, default=32, help="dimension "
+                     "of the public random projection used for clustering")
+    gen.add_argument("--tree-depth", type=int, default=8,
+                     help="levels of the LSH prefix tree of DP k-means")
+    gen.add_argument("--branch-threshold", type=float,
+                     help="noisy count a tree node needs to branch "
+                     "(default: 3 x its noise sigma)")
+    gen.add_argument("--lloyd-rounds", type=int, default=2,
+                     help="DP Lloyd rounds after the tree's centres")
+    gen.add_argument("--variance-floor", type=float, default=1e-6,
+                     help="smallest variance of a mixture component, as a "
+                     "fraction of clip-norm^2 / d")
     gen.add_argument("--vote-filter", action="store_true",
                      help="keep samples with a noisy nearest-neighbour vote "
                      ">= --vote-threshold")
-    gen.add_argument("--vote-threshold", type=float, default=6.0)
+    gen.add_argument("--vote-threshold", type=float, default=6.0,
+                     help="noisy votes a candidate needs to be kept")
     gen.add_argument("--vote-oversample", type=float, default=6.0,
                      help="candidates generated per wanted sample")
     gen.add_argument("--vote-max-candidates", type=int,
                      help="public cap on vote candidates per class (the "
                      "nearest-neighbour search costs n x candidates x d)")
+
+    add_image_arguments(parser, images_required=False, for_release=True)
+
+    ops = parser.add_argument_group("running (none of these changes the "
+                                    "release)")
+    ops.add_argument("--block-size", type=int, default=4096,
+                     help="rows per numpy block moved between stages")
+    ops.add_argument("--split-bytes", type=int, default=SPLIT_BYTES,
+                     help="TFRecord/Parquet files are read in byte ranges "
+                     "of this size, spread over the workers (default 64 "
+                     "MiB); .npz files are read whole")
+    ops.add_argument("--materialise-blocks", action="store_true",
+                     help="read the input once and keep the blocks in the "
+                     "runner between passes (default: every pass re-reads "
+                     "the files, so memory does not grow with n)")
+    ops.add_argument("--verbose", action="store_true",
+                     help="also show Beam's and other libraries' logs, and "
+                     "the matched input file names")
+    ops.add_argument("--show-row-counts", action="store_true",
+                     help="progress lines show the exact rows each pass has "
+                     "read (operator diagnostics: exact counts are private "
+                     "and NOT differentially private; off by default because "
+                     "schedulers forward the console to shared logs)")
+    ops.add_argument("--record-timings", action="store_true",
+                     help="print the wall times of the run's steps on the "
+                     "console (operator diagnostics: they grow with n, so "
+                     "they are NOT differentially private and never go "
+                     "into the release)")
 
 
 def spec_from_args(args: argparse.Namespace,
@@ -287,8 +299,13 @@ DESCRIPTION = ("Generate a differentially private synthetic embedding "
                "refused before any data is read.")
 
 
+USAGE = ("dpsynth generate [--input GLOB --num-classes N] [--epsilon E] "
+         "[--output DIR] [options] [Beam options]")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = console.Parser(prog="dpsynth generate", description=DESCRIPTION)
+    p = console.Parser(prog="dpsynth generate", description=DESCRIPTION,
+                       usage=USAGE)
     add_arguments(p)
     return p
 
@@ -297,7 +314,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     """Adds the `generate` sub-command to the `dpsynth` parser."""
     p = subparsers.add_parser(
         "generate", help="private embeddings -> DP synthetic release "
-        "(no flags: embedded demo)", description=DESCRIPTION)
+        "(no flags: embedded demo)", description=DESCRIPTION, usage=USAGE)
     add_arguments(p)
     p.set_defaults(handler=handle, command="generate")
     return p
@@ -306,7 +323,11 @@ def register(subparsers) -> argparse.ArgumentParser:
 def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
     """`dpsynth generate`: runs the job with dpsynth's error policy."""
     console.setup_logging(args.verbose)
-    from pipelines import budget_store
+    # Beam and the pipeline load here, after the flags parsed (--help and
+    # flag errors answer without them).
+    from pipelines import budget_store, demo, release, summary
+    from pipelines.options import UsageError, check_beam_args
+    from transforms import io
     from transforms.images import ImageInputError
 
     def go() -> int:

@@ -156,10 +156,14 @@ def _flag_names(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def _closest(flag: str, candidates: Iterable[str]) -> Optional[str]:
-    """The valid flag a typo most likely meant ('_' and '-' compared alike)."""
-    norm = {c.replace("_", "-"): c for c in candidates}
-    match = difflib.get_close_matches(flag.split("=", 1)[0].replace("_", "-"),
-                                      list(norm), n=1, cutoff=0.6)
+    """The valid flag a typo most likely meant ('_' and '-' compared alike):
+    the one flag it abbreviates (--eps: --epsilon), else the closest."""
+    norm = {c.replace("_", "-"): c for c in candidates if c != "--help"}
+    typed = flag.split("=", 1)[0].replace("_", "-")
+    longer = sorted(n for n in norm if n.startswith(typed))
+    if longer:
+        return norm[longer[0]] if len(longer) == 1 else None
+    match = difflib.get_close_matches(typed, list(norm), n=1, cutoff=0.6)
     return norm[match[0]] if match else None
 
 

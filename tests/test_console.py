@@ -101,7 +101,7 @@ def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 130
     assert [l for l in err if "error" in l or "interrupted" in l] == [
-        "dpsynth generate: interrupted; nothing was published"]
+        "dpsynth: interrupted; nothing was published"]
     assert sorted(os.listdir(tmp_path)) == ["in.npz"]
 
 

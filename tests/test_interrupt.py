@@ -60,7 +60,7 @@ def test_ctrl_c_inside_a_pass_is_one_line_and_exit_130(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     lines = err.strip().splitlines()
-    assert lines[-1] == "dpsynth generate: interrupted; nothing was published"
+    assert lines[-1] == "dpsynth: interrupted; nothing was published"
     assert not any("Traceback" in l or "KeyboardInterrupt" in l
                    for l in lines), err
     assert len(lines) <= 6, err  # the plan, progress lines, the one line

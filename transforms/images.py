@@ -45,10 +45,11 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from transforms.formats import IMAGE_EXTENSIONS, IMAGE_LAYOUTS
+
 log = logging.getLogger("dpsynth.images")
 
-LAYOUTS = ("folder", "tfrecord", "npz")
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+LAYOUTS = IMAGE_LAYOUTS
 IMAGE_FEATURE_KEYS = ("image/encoded", "image", "image_raw", "image/raw", "encoded", "jpeg", "png")
 LABEL_FEATURE_KEYS = ("image/class/label", "label", "class", "image/label", "labels")
 _METRICS = "dpsynth_images"

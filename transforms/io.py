@@ -39,9 +39,7 @@ from apache_beam.metrics import Metrics
 
 from transforms import allocator, coders, example_wire
 
-FORMATS = ("npz", "tfrecord", "parquet")
-SPLIT_BYTES = 64 << 20
-NON_FINITE_POLICIES = ("reject", "drop")
+from transforms.formats import FORMATS, NON_FINITE_POLICIES, SPLIT_BYTES  # noqa: E402,F401
 
 
 class InputError(ValueError):

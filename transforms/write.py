@@ -32,7 +32,7 @@ DATA_DIR = "data"
 GMM_FILE = "gmm.npz"
 SUMMARY_FILE = "summary.json"
 SCHEMA_FILE = "schema.json"
-OUTPUT_FORMATS = ("tfrecord", "parquet")
+from transforms.formats import OUTPUT_FORMATS  # noqa: E402,F401
 
 
 def shard_name(label: int, index: int, fmt: str = "tfrecord") -> str:

@@ -1,0 +1,68 @@
+"""`--help`, `--version` and flag typos answer without loading Beam
+(issue 29): the parser is built from light modules only, and errors share
+one prefix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+PROBE = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {repo!r})
+    from pipelines import cli
+    try:
+        cli.main({argv!r})
+    except SystemExit:
+        pass
+    heavy = [m for m in ("apache_beam", "tensorflow", "sklearn", "pyarrow")
+             if m in sys.modules]
+    print("HEAVY", ",".join(heavy))
+""")
+
+
+def _probe(argv: list[str]) -> tuple[str, str]:
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE.format(repo=str(REPO), argv=argv)],
+        capture_output=True, text=True, timeout=120)
+    heavy = proc.stdout.strip().splitlines()[-1]
+    return heavy[len("HEAVY "):], proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("argv", [["generate", "--help"], ["--version"],
+                                  ["generate", "--epsilon", "abc"]])
+def test_the_help_path_loads_no_pipeline_library(argv):
+    heavy, out = _probe(argv)
+    assert heavy == "", f"{argv} imported {heavy}"
+    if argv == ["--version"]:
+        assert out.startswith("dpsynth ")
+
+
+def test_generate_help_starts_with_the_embeddings_and_explains_every_flag():
+    from pipelines import generate
+    text = generate.parser().format_help()
+    groups = [line for line in text.splitlines() if line.endswith(":")
+              and not line.startswith(" ")]
+    assert groups[1].startswith("input (private labelled embeddings)")
+    assert groups.index("privacy:") < groups.index("generator:") < [
+        i for i, g in enumerate(groups) if g.startswith("images")][0]
+    for action in generate.parser()._actions:
+        assert action.help, action.option_strings
+    assert "REQUIRED with --input" in text
+
+
+def test_typos_suggest_the_flag_meant(capsys):
+    from pipelines import cli
+    assert cli.main(["generate", "--eps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("dpsynth: error: unknown flag --eps; did you mean "
+                           "--epsilon?")
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--epsilon", "abc"])
+    assert capsys.readouterr().err.startswith("dpsynth: error: ")

@@ -1,0 +1,16 @@
+"""Public names of the formats and policies the readers and writers accept.
+
+Pure constants, no Beam import: the command lines build their ``--help``
+from these without loading Beam (``dpsynth generate --help`` answers in a
+fraction of a second).
+"""
+
+# Input embeddings (transforms.io).
+FORMATS = ("npz", "tfrecord", "parquet")
+SPLIT_BYTES = 64 << 20  # TFRecord / Parquet files are read in ranges of this
+NON_FINITE_POLICIES = ("reject", "drop")
+# Release data shards (transforms.write).
+OUTPUT_FORMATS = ("tfrecord", "parquet")
+# Image inputs (transforms.images).
+IMAGE_LAYOUTS = ("folder", "tfrecord", "npz")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
