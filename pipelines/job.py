@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -403,7 +404,6 @@ def manifest(job: Job, spec: GenerateSpec, dim: int,
     ``created_utc`` is taken before any data is read.
     """
     cfg = job.cfg
-    noisy_n = sum(max(c["noisy_count"], 0.0) for c in summary)
     warnings = []
     if cfg.noiseless:
         warnings.append("NOT PRIVATE: epsilon=inf: NO NOISE WAS ADDED. This "
@@ -411,9 +411,8 @@ def manifest(job: Job, spec: GenerateSpec, dim: int,
                         "it.")
     elif spec.generator.noise_seed is not None:
         warnings.append(SEEDED_WARNING)
-    if not cfg.noiseless and noisy_n > 0 and cfg.delta > 1.0 / noisy_n:
-        warnings.append(f"delta={cfg.delta:g} is larger than 1/n for the noisy "
-                        f"record count n~{noisy_n:.0f}; choose delta << 1/n")
+    if not cfg.noiseless:
+        warnings += weak_setting_warnings(cfg, summary, job.ledger)
     config = dataclasses.asdict(cfg)
     plan_doc = None if job.structure is None else job.structure.to_manifest()
     config["labels"] = list(cfg.labels)
@@ -447,6 +446,53 @@ def manifest(job: Job, spec: GenerateSpec, dim: int,
         "versions": release.versions(),
         "warnings": warnings,
     }
+
+
+# A class whose noisy count is below this many rows (or 3 noise sigmas)
+# tells the user little; above this share of a typical class, the count
+# noise dominates the release.
+FEW_ROWS = 10
+NOISY_SHARE = 0.1
+
+
+def weak_setting_warnings(cfg: GeneratorConfig, summary: list,
+                          ledger: PrivacyLedger) -> list[str]:
+    """Warnings about weak or risky settings, from DP outputs (the noisy
+    class counts) and public configuration (the calibrated sigmas) only,
+    so they may go into the manifest and the console."""
+    sigma = {m.name: m.sigma for m in ledger.mechanisms}
+    out = []
+    counts = [c["noisy_count"] for c in summary]
+    sigmas = [sigma.get(f"class={c['label']}/count") for c in summary]
+    for c, s in zip(summary, sigmas):
+        floor = max(FEW_ROWS, 3 * s) if s else FEW_ROWS
+        if c["noisy_count"] < floor:
+            noise = f", count noise sigma {s:.1f}" if s else ""
+            out.append(
+                f"class {c['label']}: noisy count {c['noisy_count']:.1f}"
+                f"{noise}: too few rows to describe; its {c['samples']} "
+                "synthetic rows carry little or no signal (merge rare "
+                "classes, or raise --epsilon)")
+    known = [s for s in sigmas if s]
+    if counts and known:
+        typical = float(sorted(counts)[len(counts) // 2])
+        noise = float(sorted(known)[len(known) // 2])
+        if typical > 0 and noise > NOISY_SHARE * typical:
+            out.append(
+                f"epsilon={cfg.epsilon:g} is low for these class sizes: the "
+                f"noise on a class count (sigma {noise:.1f}) is over "
+                f"{NOISY_SHARE:.0%} of a typical noisy class size "
+                f"({typical:.0f}), and the means and covariances are noisier "
+                "still; expect a release close to noise (raise --epsilon or "
+                "use fewer classes)")
+    noisy_n = sum(max(c, 0.0) for c in counts)
+    if noisy_n > 0 and cfg.delta > 1.0 / noisy_n:
+        suggest = 10 ** math.floor(math.log10(0.1 / noisy_n))
+        out.append(f"delta={cfg.delta:g} is not far below 1/n for the noisy "
+                   f"record count n~{noisy_n:.0f}: a release may then expose "
+                   f"a few records outright with probability ~delta*n; pass "
+                   f"--delta {suggest:g} or smaller")
+    return out
 
 
 def _checkpoint(step: str) -> None:

@@ -355,3 +355,25 @@ def test_a_retried_run_keeps_its_first_attempts_timestamp(monkeypatch,
     assert _generate(data, out, *budget) == 0
     assert [e["attempt"] for e in bs.history(store, "patients")] == [1, 2]
     assert release.read_manifest(out)["created_utc"] == "20260101T000000Z"
+
+
+# ------------------------------------------------- weak settings (issue 29)
+
+def test_weak_settings_are_warned_from_dp_outputs_only(tmp_path):
+    """--epsilon 0.01 on a few hundred rows: classes drown in noise. The
+    warnings name noisy counts and sigmas (DP outputs and configuration),
+    never the true sizes."""
+    out = str(tmp_path / "out")
+    data = _data(tmp_path)
+    assert cli.main(["generate", "--input", str(data), "--num-classes", "2",
+                     "--epsilon", "0.01", "--output", out]) == 0
+    manifest = release.read_manifest(out)
+    warnings = manifest["warnings"]
+    assert any(w.startswith("epsilon=0.01 is low") for w in warnings), warnings
+    true_sizes = [str(int(n)) for n in np.bincount(np.load(data)["labels"])]
+    for w in warnings:
+        for size in true_sizes:
+            assert f" {size} " not in f" {w} ".replace(",", " ")
+    assert cli.main(["generate", "--input", str(data), "--num-classes", "2",
+                     "--epsilon", "8", "--output", str(tmp_path / "ok")]) == 0
+    assert release.read_manifest(str(tmp_path / "ok"))["warnings"] == []

@@ -538,9 +538,13 @@ def test_empty_class_succeeds_with_a_noisy_mixture_and_delta_warning(
     assert set(gmm.mixtures) == {0, 1, 2}
     assert gmm.mixtures[2].means.shape == (3, 6)
     noisy_n = sum(max(c["noisy_count"], 0) for c in manifest["classes"])
-    warning = [w for w in manifest["warnings"] if "larger than 1/n" in w]
+    warning = [w for w in manifest["warnings"] if "not far below 1/n" in w]
     assert warning and f"n~{noisy_n:.0f}" in warning[0]
     assert "delta=0.01" in warning[0]
+    # The empty class is flagged from its noisy count (DP), not its size.
+    empty = [w for w in manifest["warnings"] if w.startswith("class 2:")]
+    noisy = manifest["classes"][2]["noisy_count"]
+    assert empty and f"noisy count {noisy:.1f}" in empty[0]
 
 
 def test_fewer_records_than_clusters_succeeds(tmp_path):

@@ -319,9 +319,14 @@ def test_dp_fields_are_mechanism_outputs(run, expected):
         assert len(c["shards"]) == max(1, math.ceil(c["samples"] / 100))
     assert m["samples_total"] == len(expected["ys"])
     noisy_n = sum(max(c["noisy_count"], 0) for c in m["classes"])
+    noisy = {c["label"]: c["noisy_count"] for c in m["classes"]}
     for warning in m["warnings"]:
+        if warning.startswith("class "):  # a class's own noisy count
+            label = int(warning.split()[1].rstrip(":"))
+            assert f"noisy count {noisy[label]:.1f}" in warning
+            continue
         assert (f"{noisy_n:.0f}" in warning or "NOT differentially" in warning
-                or warning.startswith("NOT PRIVATE"))
+                or warning.startswith(("NOT PRIVATE", "epsilon=")))
 
 
 def test_gmm_npz_holds_only_mechanism_outputs(run, expected):
