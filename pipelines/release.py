@@ -30,9 +30,29 @@ import tempfile
 from typing import Optional
 
 import numpy as np
-from apache_beam.io.filesystems import FileSystems
 
-from transforms import io
+
+def _import_filesystems():
+    """Beam's FileSystems, without the root-logger warning Beam prints while
+    its GCP modules load ("apitools not found"): a reader of a release (a
+    notebook, a training script) should see nothing but its data."""
+    import logging
+    root = logging.getLogger()
+    quiet = not root.handlers  # nobody configured logging: Python would
+    level = root.level         # print WARNINGs through its last resort
+    if quiet:
+        root.setLevel(logging.ERROR)
+    try:
+        from apache_beam.io.filesystems import FileSystems
+        return FileSystems
+    finally:
+        if quiet:
+            root.setLevel(level)
+
+
+FileSystems = _import_filesystems()
+
+from transforms import io  # noqa: E402  (after the quiet Beam import)
 
 MANIFEST = "manifest.json"
 VERSION_PREFIX = "v-"  # version folders: v-<random hex>
@@ -256,17 +276,48 @@ def release_blocks(path: str, manifest: dict):
             yield f, x, y
 
 
-def load_release(path: str) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(x, y, manifest) of a published release; refuses incomplete ones."""
+LOAD_AS = ("tuple", "numpy", "pandas", "tf")
+
+
+def load_release(path: str, as_: str = "tuple", shuffle: bool = True,
+                 seed: int = 0):
+    """A published release (refuses incomplete ones), read through its
+    manifest.
+
+    ``as_``: "tuple" (default) -> (x, y, manifest) in file order (shards
+    hold one class each); "numpy" -> (x, y) float32 / int64, rows
+    shuffled; "pandas" -> a DataFrame with an ``embedding`` column (float32
+    arrays) and a ``label`` column, rows shuffled; "tf" -> a shuffled
+    ``tf.data.Dataset`` of (embedding, label). Shuffling matters: training
+    on the files in order gives single-class batches. ``seed`` makes the
+    order reproducible (the order is public: it is not data).
+    """
+    if as_ not in LOAD_AS:
+        raise ValueError(f"as_ must be one of {LOAD_AS}, got {as_!r}")
     manifest = read_manifest(path)
     xs, ys = [], []
     for _, x, y in release_blocks(path, manifest):
         xs.append(x)
         ys.append(y)
     dim = manifest.get("embedding_dim", 0)
-    if not xs:
-        return np.zeros((0, dim)), np.zeros(0, np.int64), manifest
-    return np.vstack(xs), np.concatenate(ys), manifest
+    x = np.vstack(xs) if xs else np.zeros((0, dim))
+    y = np.concatenate(ys) if ys else np.zeros(0, np.int64)
+    if as_ == "tuple":
+        return x, y, manifest
+    order = (np.random.default_rng(seed).permutation(len(y)) if shuffle
+             else np.arange(len(y)))
+    x, y = x[order].astype(np.float32), y[order].astype(np.int64)
+    if as_ == "numpy":
+        return x, y
+    if as_ == "pandas":
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError("load_release(as_='pandas') needs pandas: "
+                              "pip install pandas") from None
+        return pd.DataFrame({"embedding": list(x), "label": y})
+    import tensorflow as tf  # the tf extra
+    return tf.data.Dataset.from_tensor_slices((x, y))
 
 
 def load_gmm(path: str):
