@@ -1,0 +1,193 @@
+"""PipelineDP (optional extra, pinned 0.3.1) for the per-class clipped sums:
+what works byte-identically and what the pinned version cannot do."""
+
+import numpy as np
+import pytest
+
+pipeline_dp = pytest.importorskip("pipeline_dp")
+
+import apache_beam as beam  # noqa: E402
+from apache_beam.pvalue import AsDict  # noqa: E402
+
+from dp_ops import adaptive, plan  # noqa: E402
+from dp_ops.ledger import Mechanism, PrivacyLedger  # noqa: E402
+from dp_ops.noise import SeededNoise  # noqa: E402
+from transforms import adaptive as adaptive_t  # noqa: E402
+from transforms.aggregate import Block, PerClassSum  # noqa: E402
+from transforms.pipelinedp import (PINNED_VERSION, ClassSums,  # noqa: E402
+                                   KeyedSumCombiner, LedgerAccountant)
+
+LABELS, D, R, SIGMA = [0, 1, 2, 3], 5, 0.7, 3.0
+FAMILY = "moments/sum"
+
+
+def _ledger(sigma=SIGMA):
+    ledger = PrivacyLedger(2.0, 1e-5)
+    for c in LABELS:
+        ledger.register(Mechanism(adaptive.sum_name(c), "moments",
+                                  plan.partition(c), R, sigma))
+    return ledger
+
+
+def _data(n=300, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, D))
+    x *= np.minimum(1, R / np.linalg.norm(x, axis=1))[:, None]
+    return x, rng.integers(0, 3, n)  # class 3 has no rows
+
+
+def _blocks(x, y, size):
+    out = []
+    for i in range(0, len(y), size):
+        o = np.argsort(y[i:i + size], kind="stable")
+        xx, yy = x[i:i + size][o], y[i:i + size][o]
+        out.append(Block(xx, yy, np.zeros((len(yy), 0)),
+                         np.zeros(len(yy), np.int64)))
+    return out
+
+
+def _partial(rows):
+    return adaptive.block_class_sum(rows, R)
+
+
+def _save(folder):
+    """A sink for (label, array): one .npy file each (the runner pickles
+    the functions, so a closure over a dict would fill a copy)."""
+    return beam.Map(lambda kv: np.save(f"{folder}/{kv[0]}.npy", kv[1]))
+
+
+def _load(folder):
+    return {c: np.load(f"{folder}/{c}.npy") for c in LABELS
+            if (folder / f"{c}.npy").exists()}
+
+
+def _pipelinedp_sums(x, y, size, ledger, noise, folder):
+    folder.mkdir()
+    with beam.Pipeline() as p:
+        t = ClassSums(LABELS, D, FAMILY, _partial, ledger, noise)
+        out = p | beam.Create(_blocks(x, y, size)) | t
+        t.aggregation.accountant.compute_budgets()
+        out | _save(folder)
+    return _load(folder), t.aggregation.explain()
+
+
+def _today_sums(x, y, size, ledger, noise, folder):
+    """The default pass today: PerClassSum(_ClassMoments) + noisy sums."""
+    folder.mkdir()
+    with beam.Pipeline() as p:
+        sums = (p | beam.Create(_blocks(x, y, size))
+                | PerClassSum(LABELS, adaptive_t._ClassMoments(R, False),
+                              every_label=False))
+        (p | "Once" >> beam.Create([None])
+         | beam.Map(lambda _, s: adaptive.noisy_class_sums(
+             adaptive_t._exact(s, LABELS, D), LABELS, ledger, noise),
+             AsDict(sums))
+         | beam.FlatMap(lambda a: list(zip(LABELS, a)))
+         | _save(folder))
+    return _load(folder)
+
+
+def test_pinned_version():
+    assert pipeline_dp.__version__ == PINNED_VERSION
+
+
+def test_release_byte_identical_to_today_for_a_seeded_key(tmp_path):
+    x, y = _data()
+    ledger = _ledger()
+    today = _today_sums(x, y, 64, ledger, SeededNoise(7), tmp_path / "t")
+    assert sorted(today) == LABELS
+    for size in (64, 37):  # block boundaries never change the bits
+        got, _ = _pipelinedp_sums(x, y, size, ledger, SeededNoise(7),
+                                  tmp_path / f"p{size}")
+        assert sorted(got) == LABELS  # the empty class too
+        for c in LABELS:
+            assert got[c].tobytes() == today[c].tobytes(), c
+    other, _ = _pipelinedp_sums(x, y, 64, ledger, SeededNoise(8),
+                                tmp_path / "other")
+    assert other[0].tobytes() != today[0].tobytes()
+
+
+def test_explain_computation_text_names_our_mechanism(tmp_path):
+    x, y = _data(60)
+    _, text = _pipelinedp_sums(x, y, 64, _ledger(), SeededNoise(1),
+                               tmp_path / "p")
+    assert "Partition selection: public partitions" in text
+    assert "contribution_bounds_already_enforced=True" in text
+    assert "class=<c>/moments/sum" in text and "sigma=3," in text
+    # PipelineDP adds no stage of its own but the empty public partitions:
+    # no bounding, sampling, partition selection or noise.
+    stages = [s for s in text.split("Computation graph:")[1].splitlines()
+              if s.strip()]
+    assert len(stages) == 2 and "empty partitions" in stages[0]
+
+
+def test_empty_public_partition_has_no_key_without_seeds():
+    """Limitation: compute_metrics is not given the partition key and the
+    empty public partitions' accumulators are create_accumulator([]), so a
+    class without rows could not get its keyed draw; ClassSums seeds each
+    label."""
+    ledger, (x, y) = _ledger(), _data(60)
+    comb = KeyedSumCombiner(FAMILY, _partial, LABELS, ledger, SeededNoise(1))
+    engine = pipeline_dp.DPEngine(LedgerAccountant(ledger),
+                                  pipeline_dp.LocalBackend())
+    params = pipeline_dp.AggregateParams(
+        noise_kind=pipeline_dp.NoiseKind.GAUSSIAN, metrics=[],
+        max_partitions_contributed=1, max_contributions_per_partition=1,
+        contribution_bounds_already_enforced=True,
+        public_partitions_already_filtered=True, custom_combiners=[comb])
+    rows = [(int(c), (int(c), x[i:i + 1])) for i, c in enumerate(y)]
+    out = engine.aggregate(rows, params, pipeline_dp.DataExtractors(
+        partition_extractor=lambda kv: kv[0], value_extractor=lambda kv: kv[1]),
+        public_partitions=LABELS)
+    engine._budget_accountant.compute_budgets()
+    with pytest.raises(ValueError, match="without its label"):
+        dict(out)
+
+
+def test_stock_accountants_cannot_take_our_sigma():
+    naive = pipeline_dp.NaiveBudgetAccountant(2.0, 1e-5)
+    with pytest.raises(NotImplementedError):
+        naive.request_budget(pipeline_dp.aggregate_params.MechanismType
+                             .GAUSSIAN, sensitivity=R,
+                             noise_standard_deviation=SIGMA)
+    # The naive accountant splits (eps, delta) by weight: three mechanisms
+    # get eps/3 each, not what a PLD-composed calibration spends.
+    naive = pipeline_dp.NaiveBudgetAccountant(2.0, 1e-5)
+    specs = [naive.request_budget(
+        pipeline_dp.aggregate_params.MechanismType.GAUSSIAN, name=str(i))
+        for i in range(3)]
+    naive.compute_budgets()
+    assert [s.eps for s in specs] == pytest.approx([2 / 3] * 3)
+    # The PLD accountant is refused with custom combiners by DPEngine.
+    pld = pipeline_dp.PLDBudgetAccountant(2.0, 1e-5)
+    engine = pipeline_dp.DPEngine(pld, pipeline_dp.LocalBackend())
+    comb = KeyedSumCombiner(FAMILY, _partial, LABELS, _ledger(),
+                            SeededNoise(1))
+    params = pipeline_dp.AggregateParams(
+        noise_kind=pipeline_dp.NoiseKind.GAUSSIAN, metrics=[],
+        max_partitions_contributed=1, max_contributions_per_partition=1,
+        contribution_bounds_already_enforced=True, custom_combiners=[comb])
+    with pytest.raises(ValueError, match="custom combiners"):
+        engine.aggregate([(0, (0, np.zeros((1, D))))], params,
+                         pipeline_dp.DataExtractors(
+                             partition_extractor=lambda kv: kv[0],
+                             value_extractor=lambda kv: kv[1]),
+                         public_partitions=LABELS)
+
+
+def test_ledger_accountant_reconciles_with_the_ledger():
+    acc = LedgerAccountant(_ledger())
+    spec = acc.request_budget(sensitivity=R, noise_standard_deviation=SIGMA,
+                              name=plan.name("*", FAMILY))
+    acc.compute_budgets()
+    assert spec.noise_standard_deviation == SIGMA and spec.delta == 1e-5
+    bad = LedgerAccountant(_ledger())
+    bad.request_budget(sensitivity=R, noise_standard_deviation=SIGMA / 2,
+                       name=plan.name("*", FAMILY))
+    with pytest.raises(ValueError, match="not what the ledger holds"):
+        bad.compute_budgets()
+    over = LedgerAccountant(_ledger(sigma=0.05))  # spends more than 2.0
+    over.request_budget(sensitivity=R, noise_standard_deviation=0.05,
+                        name=plan.name("*", FAMILY))
+    with pytest.raises(ValueError, match="> target"):
+        over.compute_budgets()

@@ -1,0 +1,246 @@
+"""Per-class exact sums through PipelineDP's ``DPEngine.aggregate`` (issue 28).
+
+Optional (``pip install -e ".[pipelinedp]"``, pinned ``pipeline-dp==0.3.1``):
+the pipeline itself does not use this module. It runs one mechanism family,
+``class=<c>/<family>`` (e.g. ``moments/sum``: each class's clipped sum), as one
+PipelineDP aggregation on its Beam backend:
+
+* public partitions = the configured labels (no partition selection),
+  ``contribution_bounds_already_enforced`` (each row is its own privacy unit
+  and is clipped before) and ``public_partitions_already_filtered`` (the
+  readers reject labels outside the set), so PipelineDP adds no bounding,
+  sampling or filtering stage;
+* the ``CustomCombiner`` (experimental in 0.3.x) accumulates dpsynth's exact
+  fixed-point partials (grid values: the sum is the same bits in any merge
+  order) and its ``compute_metrics`` adds the keyed discrete Gaussian noise
+  of ``dp_ops.noise`` under the ledger mechanism's name and sigma;
+* the budget is requested through PipelineDP from ``LedgerAccountant``, a view
+  of the run's ``PrivacyLedger``: PipelineDP's own accountants cannot take a
+  calibrated sigma (see ``benchmarks/results/pipelinedp.md``).
+
+Two things PipelineDP 0.3.1 does that need care here:
+
+* ``compute_metrics(accumulator)`` is not told the partition key, and the
+  accumulators PipelineDP makes for public partitions absent from the data
+  are ``create_accumulator([])``: they cannot know their class. So the
+  accumulator carries its label, and ``ClassSums`` feeds one zero-row seed
+  per label; a class with no rows still gets its own keyed draw.
+* Its Beam combine wraps every input element into an accumulator and merges
+  them with a plain callable: no in-place accumulation per bundle. Elements
+  are therefore (label, rows of one block), not single rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional, Sequence
+
+import apache_beam as beam
+import numpy as np
+import pipeline_dp
+from pipeline_dp import budget_accounting, combiners, report_generator
+from pipeline_dp.aggregate_params import MechanismType
+
+from dp_ops import generator, plan
+from dp_ops.ledger import Mechanism, PrivacyLedger, compose_epsilon
+from dp_ops.noise import NoiseSource
+
+PINNED_VERSION = "0.3.1"
+GAUSSIAN = MechanismType.GAUSSIAN
+
+# (label or None, exact aggregate or None): None is the zero.
+Acc = tuple[Optional[int], Optional[np.ndarray]]
+
+
+def family_mechanisms(ledger: PrivacyLedger, labels: Sequence[int],
+                      family: str) -> list[Mechanism]:
+    """The ledger mechanisms ``class=<c>/<family>`` of every label; one
+    PipelineDP mechanism stands for all of them (classes compose in
+    parallel), so they must share sensitivity and sigma."""
+    mechs = []
+    for c in labels:
+        name = plan.name(c, family)
+        if name not in ledger:
+            raise ValueError(f"PipelineDP aggregation {family}: mechanism "
+                             f"{name} is not in the ledger")
+        mechs.append(ledger.get(name))
+    if len({(m.sensitivity, m.sigma) for m in mechs}) != 1:
+        raise ValueError(f"PipelineDP aggregation {family}: the classes' "
+                         "mechanisms differ in sensitivity or sigma; one "
+                         "PipelineDP mechanism cannot stand for them")
+    return mechs
+
+
+class LedgerAccountant(budget_accounting.NaiveBudgetAccountant):
+    """PipelineDP's budget accountant as a view of a ``PrivacyLedger``.
+
+    ``request_budget`` takes the ledger's calibrated sigma (stock
+    accountants raise NotImplementedError for it) and returns a spec that
+    already holds that sigma and the (epsilon, delta) of its one mechanism at
+    the run's delta. ``compute_budgets`` reconciles: every request names
+    mechanisms of the ledger with that sensitivity and sigma, and the
+    ledger's composed epsilon meets its target. (It subclasses the naive
+    accountant because DPEngine 0.3.1 rejects custom combiners with any
+    other accountant.)
+    """
+
+    def __init__(self, ledger: PrivacyLedger) -> None:
+        super().__init__(ledger.target_epsilon, ledger.target_delta)
+        self.ledger = ledger
+        self.requests: list[tuple[str, float, float]] = []
+
+    def request_budget(self, mechanism_type=GAUSSIAN, sensitivity: float = 1,
+                       weight: float = 1, count: int = 1,
+                       noise_standard_deviation: Optional[float] = None,
+                       name: str = "") -> budget_accounting.MechanismSpec:
+        if self._finalized:
+            raise ValueError("request_budget after compute_budgets")
+        if mechanism_type != GAUSSIAN or noise_standard_deviation is None:
+            raise ValueError(f"{name}: only Gaussian mechanisms with the "
+                             "ledger's sigma are accounted here")
+        spec = budget_accounting.MechanismSpec(GAUSSIAN, name=name,
+                                               _count=count)
+        spec.set_noise_standard_deviation(noise_standard_deviation)
+        one = Mechanism(name, "pipelinedp", "class=*", sensitivity,
+                        noise_standard_deviation, count=count)
+        spec.set_eps_delta(compose_epsilon([one], self.ledger.target_delta,
+                                           self.ledger.accountant),
+                           self.ledger.target_delta)
+        self._register_mechanism(budget_accounting.MechanismSpecInternal(
+            sensitivity=sensitivity, weight=weight, mechanism_spec=spec))
+        self.requests.append((name, sensitivity, noise_standard_deviation))
+        return spec
+
+    def compute_budgets(self) -> None:
+        self._finalize()
+        for name, sensitivity, sigma in self.requests:
+            family = name.split("/", 1)[1] if name.startswith("class=") else name
+            mechs = [m for m in self.ledger.mechanisms
+                     if m.name.endswith("/" + family)]
+            if not mechs or any((m.sensitivity, m.sigma) != (sensitivity, sigma)
+                                for m in mechs):
+                raise ValueError(f"PipelineDP requested {name} (sensitivity "
+                                 f"{sensitivity}, sigma {sigma}): not what "
+                                 "the ledger holds")
+        spent = self.ledger.spent_epsilon()
+        if spent > self.ledger.target_epsilon * (1 + 1e-9):
+            raise ValueError(f"ledger spends epsilon {spent} > target "
+                             f"{self.ledger.target_epsilon}")
+
+
+class KeyedSumCombiner(combiners.CustomCombiner):
+    """Exact per-class sum of ``partial(rows)`` plus the class mechanism's
+    keyed noise. Values are (label, rows); the accumulator is (label, sum)."""
+
+    def __init__(self, family: str, partial: Callable[[np.ndarray], np.ndarray],
+                 labels: Sequence[int], ledger: PrivacyLedger,
+                 noise: NoiseSource) -> None:
+        self._family, self._partial = family, partial
+        self._ledger, self._noise = ledger, noise
+        mech = family_mechanisms(ledger, labels, family)[0]
+        self._sensitivity, self._sigma = mech.sensitivity, mech.sigma
+        self._spec = None
+
+    def request_budget(self, budget_accountant) -> None:
+        self._spec = budget_accountant.request_budget(
+            GAUSSIAN, sensitivity=self._sensitivity,
+            noise_standard_deviation=self._sigma,
+            name=plan.name("*", self._family))
+
+    def create_accumulator(self, values) -> Acc:
+        label, total = None, None
+        for c, rows in values:
+            label = c
+            part = self._partial(rows)
+            total = part if total is None else total + part
+        return label, total
+
+    def merge_accumulators(self, a: Acc, b: Acc) -> Acc:
+        if a[0] is not None and b[0] is not None and a[0] != b[0]:
+            raise AssertionError(f"merging classes {a[0]} and {b[0]}")
+        label = a[0] if a[0] is not None else b[0]
+        if a[1] is None or b[1] is None:
+            return label, a[1] if b[1] is None else b[1]
+        return label, a[1] + b[1]  # new array: inputs may be shared
+
+    def compute_metrics(self, acc: Acc) -> np.ndarray:
+        label, total = acc
+        if label is None or total is None:
+            raise ValueError(f"{self._family}: a class reached the noise "
+                             "without its label (seed every label)")
+        return generator.add_noise(self._ledger, self._noise,
+                                   plan.name(label, self._family), total)
+
+    def metrics_names(self) -> list[str]:
+        return [self._family]
+
+    def explain_computation(self):
+        spec = self._spec
+        return lambda: (
+            f"Computed {self._family} per class: exact fixed-point sum, keyed "
+            f"discrete Gaussian noise (dpsynth ledger class=<c>/{self._family},"
+            f" L2 sensitivity={self._sensitivity:.6g}, "
+            f"sigma={spec.noise_standard_deviation:.6g}, alone "
+            f"eps={spec.eps:.6g} delta={spec.delta:.3g} per class, classes "
+            f"in parallel)")
+
+    def expects_per_partition_sampling(self) -> bool:
+        return False
+
+
+@dataclasses.dataclass
+class Aggregation:
+    """What ``ClassSums`` built: the accountant (call ``compute_budgets``
+    before running) and the explain-computation report (text after)."""
+
+    accountant: LedgerAccountant
+    report: report_generator.ExplainComputationReport
+
+    def explain(self) -> str:
+        return self.report.text()
+
+
+def _class_rows(block) -> list[tuple[int, tuple[int, np.ndarray]]]:
+    return [(c, (c, rows.x)) for c, rows in block.by_class()]
+
+
+class ClassSums(beam.PTransform):
+    """Prepared ``Block``s -> (label, noisy sum) for every label, through
+    one ``DPEngine.aggregate``. ``partial(rows)`` is the exact partial of a
+    class's rows of one block (e.g. ``adaptive.block_class_sum``)."""
+
+    def __init__(self, labels: Sequence[int], dim: int, family: str,
+                 partial: Callable[[np.ndarray], np.ndarray],
+                 ledger: PrivacyLedger, noise: NoiseSource,
+                 accountant: Optional[LedgerAccountant] = None) -> None:
+        super().__init__()
+        self._labels, self._dim = [int(c) for c in labels], dim
+        self._combiner = KeyedSumCombiner(family, partial, self._labels,
+                                          ledger, noise)
+        self.aggregation = Aggregation(accountant or LedgerAccountant(ledger),
+                                       report_generator.ExplainComputationReport())
+
+    def expand(self, blocks):
+        dim = self._dim
+        rows = blocks | "ClassRows" >> beam.FlatMap(_class_rows)
+        # One zero-row element per label: the accumulator of a class absent
+        # from the data then still knows its label (see the module doc).
+        seeds = (blocks.pipeline | "Labels" >> beam.Create(self._labels)
+                 | "Seeds" >> beam.Map(
+                     lambda c: (c, (c, np.zeros((0, dim))))))
+        col = (rows, seeds) | "WithSeeds" >> beam.Flatten()
+        params = pipeline_dp.AggregateParams(
+            noise_kind=pipeline_dp.NoiseKind.GAUSSIAN, metrics=[],
+            max_partitions_contributed=1, max_contributions_per_partition=1,
+            contribution_bounds_already_enforced=True,
+            public_partitions_already_filtered=True,
+            custom_combiners=[self._combiner])
+        engine = pipeline_dp.DPEngine(self.aggregation.accountant,
+                                      pipeline_dp.BeamBackend())
+        out = engine.aggregate(
+            col, params,
+            pipeline_dp.DataExtractors(partition_extractor=lambda kv: kv[0],
+                                       value_extractor=lambda kv: kv[1]),
+            public_partitions=self._labels,
+            out_explain_computation_report=self.aggregation.report)
+        return out | "Unwrap" >> beam.MapTuple(lambda c, m: (c, m[0]))
