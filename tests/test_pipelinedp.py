@@ -9,13 +9,14 @@ pipeline_dp = pytest.importorskip("pipeline_dp")
 import apache_beam as beam  # noqa: E402
 from apache_beam.pvalue import AsDict  # noqa: E402
 
-from dp_ops import adaptive, plan  # noqa: E402
+from dp_ops import adaptive, covariance, generator, plan  # noqa: E402
 from dp_ops.ledger import Mechanism, PrivacyLedger  # noqa: E402
 from dp_ops.noise import SeededNoise  # noqa: E402
 from transforms import adaptive as adaptive_t  # noqa: E402
 from transforms.aggregate import Block, PerClassSum  # noqa: E402
-from transforms.pipelinedp import (PINNED_VERSION, ClassSums,  # noqa: E402
-                                   KeyedSumCombiner, LedgerAccountant)
+from transforms.pipelinedp import (  # noqa: E402
+    PINNED_VERSION, ClassSums, KeyedSumCombiner, LedgerAccountant,
+    class_second_moment_family, class_sum_family)
 
 LABELS, D, R, SIGMA = [0, 1, 2, 3], 5, 0.7, 3.0
 FAMILY = "moments/sum"
@@ -46,10 +47,6 @@ def _blocks(x, y, size):
     return out
 
 
-def _partial(rows):
-    return adaptive.block_class_sum(rows, R)
-
-
 def _save(folder):
     """A sink for (label, array): one .npy file each (the runner pickles
     the functions, so a closure over a dict would fill a copy)."""
@@ -61,10 +58,11 @@ def _load(folder):
             if (folder / f"{c}.npy").exists()}
 
 
-def _pipelinedp_sums(x, y, size, ledger, noise, folder):
+def _pipelinedp_sums(x, y, size, ledger, noise, folder, family=None):
     folder.mkdir()
     with beam.Pipeline() as p:
-        t = ClassSums(LABELS, D, FAMILY, _partial, ledger, noise)
+        t = ClassSums(LABELS, D, family or class_sum_family(R), ledger,
+                      noise)
         out = p | beam.Create(_blocks(x, y, size)) | t
         t.aggregation.accountant.compute_budgets()
         out | _save(folder)
@@ -107,6 +105,23 @@ def test_release_byte_identical_to_today_for_a_seeded_key(tmp_path):
     assert other[0].tobytes() != today[0].tobytes()
 
 
+def test_class_second_moments_byte_identical(tmp_path):
+    """The per-class mode's d x d moments: isometric upper-triangle noise."""
+    x, y = _data()
+    ledger = PrivacyLedger(2.0, 1e-5)
+    for c in LABELS:
+        ledger.register(Mechanism(plan.class_covariance(c), "covariance",
+                                  plan.partition(c), R * R, SIGMA))
+    got, text = _pipelinedp_sums(x, y, 37, ledger, SeededNoise(3),
+                                 tmp_path / "m", class_second_moment_family(R))
+    for c in LABELS:
+        exact = covariance.block_second_moment(x[y == c], R)
+        want = generator.noisy_second_moment(exact, ledger, SeededNoise(3),
+                                             plan.class_covariance(c))
+        assert got[c].tobytes() == want.tobytes(), c
+    assert "class=<c>/covariance/second-moment" in text
+
+
 def test_explain_computation_text_names_our_mechanism(tmp_path):
     x, y = _data(60)
     _, text = _pipelinedp_sums(x, y, 64, _ledger(), SeededNoise(1),
@@ -127,7 +142,8 @@ def test_empty_public_partition_has_no_key_without_seeds():
     class without rows could not get its keyed draw; ClassSums seeds each
     label."""
     ledger, (x, y) = _ledger(), _data(60)
-    comb = KeyedSumCombiner(FAMILY, _partial, LABELS, ledger, SeededNoise(1))
+    comb = KeyedSumCombiner(class_sum_family(R), LABELS, ledger,
+                            SeededNoise(1))
     engine = pipeline_dp.DPEngine(LedgerAccountant(ledger),
                                   pipeline_dp.LocalBackend())
     params = pipeline_dp.AggregateParams(
@@ -161,7 +177,7 @@ def test_stock_accountants_cannot_take_our_sigma():
     # The PLD accountant is refused with custom combiners by DPEngine.
     pld = pipeline_dp.PLDBudgetAccountant(2.0, 1e-5)
     engine = pipeline_dp.DPEngine(pld, pipeline_dp.LocalBackend())
-    comb = KeyedSumCombiner(FAMILY, _partial, LABELS, _ledger(),
+    comb = KeyedSumCombiner(class_sum_family(R), LABELS, _ledger(),
                             SeededNoise(1))
     params = pipeline_dp.AggregateParams(
         noise_kind=pipeline_dp.NoiseKind.GAUSSIAN, metrics=[],

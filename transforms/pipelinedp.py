@@ -41,7 +41,7 @@ import pipeline_dp
 from pipeline_dp import budget_accounting, combiners, report_generator
 from pipeline_dp.aggregate_params import MechanismType
 
-from dp_ops import generator, plan
+from dp_ops import adaptive, covariance, generator, plan
 from dp_ops.ledger import Mechanism, PrivacyLedger, compose_epsilon
 from dp_ops.noise import NoiseSource
 
@@ -50,6 +50,52 @@ GAUSSIAN = MechanismType.GAUSSIAN
 
 # (label or None, exact aggregate or None): None is the zero.
 Acc = tuple[Optional[int], Optional[np.ndarray]]
+# (ledger, noise, mechanism name, exact aggregate) -> released value.
+Release = Callable[[PrivacyLedger, NoiseSource, str, np.ndarray], np.ndarray]
+
+
+def second_moment_release(ledger: PrivacyLedger, noise: NoiseSource,
+                          name: str, exact: np.ndarray) -> np.ndarray:
+    """``generator.noisy_second_moment`` with ``Release``'s arguments."""
+    return generator.noisy_second_moment(exact, ledger, noise, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A per-class mechanism family: ``class=<c>/<name>``, the exact
+    partial of a class's rows of one block, and how the noise is added."""
+
+    name: str
+    partial: Callable[[np.ndarray], np.ndarray]
+    release: Release = generator.add_noise
+
+
+def class_sum_family(clip_norm: float) -> Family:
+    """``class=<c>/moments/sum`` (sensitivity R), as ``transforms.adaptive``."""
+    return Family("moments/sum", _ClassSum(clip_norm))
+
+
+def class_second_moment_family(clip_norm: float) -> Family:
+    """``class=<c>/covariance/second-moment`` (R^2, isometric upper
+    triangle), as the per-class mode of ``transforms.adaptive``."""
+    return Family("covariance/second-moment", _SecondMoment(clip_norm),
+                  second_moment_release)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ClassSum:
+    clip_norm: float
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        return adaptive.block_class_sum(rows, self.clip_norm)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SecondMoment:
+    clip_norm: float
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        return covariance.block_second_moment(rows, self.clip_norm)
 
 
 def family_mechanisms(ledger: PrivacyLedger, labels: Sequence[int],
@@ -129,15 +175,16 @@ class LedgerAccountant(budget_accounting.NaiveBudgetAccountant):
 
 
 class KeyedSumCombiner(combiners.CustomCombiner):
-    """Exact per-class sum of ``partial(rows)`` plus the class mechanism's
-    keyed noise. Values are (label, rows); the accumulator is (label, sum)."""
+    """Exact per-class sum of ``family.partial(rows)``, released by
+    ``family.release`` (the class mechanism's keyed noise). Values are
+    (label, rows); the accumulator is (label, sum)."""
 
-    def __init__(self, family: str, partial: Callable[[np.ndarray], np.ndarray],
-                 labels: Sequence[int], ledger: PrivacyLedger,
-                 noise: NoiseSource) -> None:
-        self._family, self._partial = family, partial
+    def __init__(self, family: Family, labels: Sequence[int],
+                 ledger: PrivacyLedger, noise: NoiseSource) -> None:
+        self._family, self._partial = family.name, family.partial
+        self._release = family.release
         self._ledger, self._noise = ledger, noise
-        mech = family_mechanisms(ledger, labels, family)[0]
+        mech = family_mechanisms(ledger, labels, family.name)[0]
         self._sensitivity, self._sigma = mech.sensitivity, mech.sigma
         self._spec = None
 
@@ -168,8 +215,8 @@ class KeyedSumCombiner(combiners.CustomCombiner):
         if label is None or total is None:
             raise ValueError(f"{self._family}: a class reached the noise "
                              "without its label (seed every label)")
-        return generator.add_noise(self._ledger, self._noise,
-                                   plan.name(label, self._family), total)
+        return self._release(self._ledger, self._noise,
+                             plan.name(label, self._family), total)
 
     def metrics_names(self) -> list[str]:
         return [self._family]
@@ -205,18 +252,15 @@ def _class_rows(block) -> list[tuple[int, tuple[int, np.ndarray]]]:
 
 
 class ClassSums(beam.PTransform):
-    """Prepared ``Block``s -> (label, noisy sum) for every label, through
-    one ``DPEngine.aggregate``. ``partial(rows)`` is the exact partial of a
-    class's rows of one block (e.g. ``adaptive.block_class_sum``)."""
+    """Prepared ``Block``s -> (label, released aggregate) for every label,
+    through one ``DPEngine.aggregate`` of one mechanism ``family``."""
 
-    def __init__(self, labels: Sequence[int], dim: int, family: str,
-                 partial: Callable[[np.ndarray], np.ndarray],
+    def __init__(self, labels: Sequence[int], dim: int, family: Family,
                  ledger: PrivacyLedger, noise: NoiseSource,
                  accountant: Optional[LedgerAccountant] = None) -> None:
         super().__init__()
         self._labels, self._dim = [int(c) for c in labels], dim
-        self._combiner = KeyedSumCombiner(family, partial, self._labels,
-                                          ledger, noise)
+        self._combiner = KeyedSumCombiner(family, self._labels, ledger, noise)
         self.aggregation = Aggregation(accountant or LedgerAccountant(ledger),
                                        report_generator.ExplainComputationReport())
 
