@@ -50,3 +50,19 @@ def test_reading_a_release_prints_nothing(demo):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == "" and proc.stdout == ""
+
+
+def test_the_readme_pandas_snippet_reads_a_parquet_release(demo):
+    import re
+    text = (REPO / "README.md").read_text()
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S)
+               if "pd.read_parquet" in b]
+    code = re.sub(r'^release = ".*"$', f"release = {demo!r}", code,
+                  flags=re.M)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    df = scope["df"]
+    _, y, manifest = release.load_release(demo)
+    assert len(df) == manifest["samples_total"]
+    assert len(np.unique(df.label.to_numpy()[:50])) > 3  # shuffled
+    assert sorted(df.label) == sorted(y)
