@@ -2,6 +2,7 @@
 # Submit dpsynth to Google Cloud Dataflow.
 #
 #   deploy/dataflow/submit.sh classic        [dpsynth generate flags...]
+#   deploy/dataflow/submit.sh graph          [dpsynth generate flags...]
 #   deploy/dataflow/submit.sh build-template
 #   deploy/dataflow/submit.sh run-template   key=value [key=value...]
 #
@@ -9,6 +10,12 @@
 #                 workers get this project through --setup_file (or IMAGE, if
 #                 set, as --sdk_container_image). This process waits for the
 #                 job, then writes the manifest and publishes the release.
+# graph           builds the job `classic` would submit, with Dataflow's own
+#                 translation under --dry_run, and writes it to GRAPH_OUT
+#                 (default ./dataflow-graph): phase1/phase2.job.json (job
+#                 description + pipeline proto). Stages and submits nothing
+#                 (deploy/dataflow/job_graph.py; PHASE1_COUNTS: stand-in
+#                 noisy class counts for phase 2).
 # build-template  builds and pushes deploy/dataflow/Dockerfile as IMAGE and
 #                 writes the Flex Template spec to TEMPLATE with metadata.json.
 # run-template    launches a job from TEMPLATE; parameters as in metadata.json.
@@ -47,7 +54,7 @@ run() {
 mode="${1:-}"
 shift || true
 case "$mode" in
-  classic)
+  classic|graph)
     need PROJECT BUCKET
     runner_flags=(dataflow --project "$PROJECT" --region "$region"
                   --temp-location "$BUCKET/tmp" --machine-type "$machine")
@@ -58,7 +65,14 @@ case "$mode" in
     beam_line="$(cd "$repo" && "$python" -m deploy.runners "${runner_flags[@]}")"
     eval "beam_args=($beam_line)"
     cd "$repo"
-    run "$python" -m pipelines.generate "${beam_args[@]}" "$@"
+    if [[ "$mode" == graph ]]; then
+      graph_flags=(--out "${GRAPH_OUT:-$OLDPWD/dataflow-graph}")
+      [[ -n "${PHASE1_COUNTS:-}" ]] && graph_flags+=(--phase1-counts "$PHASE1_COUNTS")
+      run "$python" deploy/dataflow/job_graph.py print "${graph_flags[@]}" \
+        "${beam_args[@]}" "$@"
+    else
+      run "$python" -m pipelines.generate "${beam_args[@]}" "$@"
+    fi
     ;;
   build-template)
     need PROJECT BUCKET IMAGE
@@ -87,7 +101,7 @@ case "$mode" in
       --parameters "sdk_container_image=$IMAGE,$params" "${extra[@]}"
     ;;
   *)
-    sed -n '2,26p' "$0" >&2
+    sed -n '2,28p' "$0" >&2
     exit 2
     ;;
 esac
