@@ -382,12 +382,13 @@ def transform_payload_sizes(pipeline_json: dict) -> dict[str, int]:
 
 
 def _gcp_importable() -> bool:
+    """Beam's Dataflow client's dependencies (found, not imported)."""
+    from importlib.util import find_spec
     try:
-        from apache_beam.runners.dataflow.internal import apiclient  # noqa: F401
-        from google.cloud import dataflow_v1beta3  # noqa: F401
-    except ImportError:
+        return all(find_spec(name) is not None for name in
+                   ("google.cloud.dataflow_v1beta3", "apitools"))
+    except ImportError:  # a parent package is missing
         return False
-    return True
 
 
 def _summary(name: str, doc: dict) -> str:
