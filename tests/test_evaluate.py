@@ -245,3 +245,77 @@ def test_existing_report_is_not_overwritten_without_the_flag(files, capsys):
     assert run_cli(*argv, "--overwrite") == 0
     assert json.loads(open(files["out"]).read())["synthetic_trained"]["logreg"]["mean"] > 0.9
     assert [p for p in os.listdir(os.path.dirname(files["out"])) if ".tmp-" in p] == []
+
+
+def test_small_sets_get_a_larger_mlp_learning_rate():
+    from models.classifiers import MLPConfig
+    paper = MLPConfig()
+    # CIFAR-10's 50,000 rows make the paper's 4,900 steps: its rate stays.
+    assert evaluate.scaled_learning_rate(50_000, paper) == paper.learning_rate
+    # The demo's 1,437 rows: 3 batches x 50 epochs = 150 steps.
+    assert evaluate.scaled_learning_rate(1437, paper) == pytest.approx(
+        1e-3 * 4900 / 150)
+    one_epoch = MLPConfig(epochs=1)  # 1 step: capped
+    assert evaluate.scaled_learning_rate(10, one_epoch) == evaluate.MAX_AUTO_LR
+
+
+@pytest.fixture(scope="module")
+def demo_release(tmp_path_factory):
+    from pipelines import cli
+    rel = tmp_path_factory.mktemp("demo") / "release"
+    assert cli.main(["generate", "--output", str(rel), "--noise-seed", "3"]) == 0
+    return str(rel)
+
+
+def test_demo_release_scores_like_generates_utility_line(demo_release,
+                                                         tmp_path, capsys):
+    from pipelines import demo
+    capsys.readouterr()
+    out = tmp_path / "r.json"
+    # No --real-* flags: a demo release is scored on the demo's split.
+    assert run_cli("--synthetic", demo_release, "--models", "logreg",
+                   "--no-distribution", "--output", out) == 0
+    printed = capsys.readouterr()
+    report = json.loads(out.read_text())
+    train, test = demo.demo_files()
+    assert report["real"]["demo"] is True
+    assert (report["real"]["train"], report["real"]["test"]) == (train, test)
+    assert "the embedded demo's split" in printed.err
+    assert "C=1 (--logreg-c) (the demo: generate's utility-line" in printed.out
+    line = demo.utility_line(demo_release, test, train)
+    real, synthetic = re.findall(r"trained on (?:real|synthetic) (\d\.\d{3})",
+                                 line)
+    assert f"{report['real_trained_ceiling']['logreg']['mean']:.3f}" == real
+    assert f"{report['synthetic_trained']['logreg']['mean']:.3f}" == synthetic
+
+
+def test_plain_files_still_need_both_real_flags(files, capsys):
+    assert run_cli("--synthetic", files["syn"], "--normalize", "unit",
+                   "--real-test", files["test"], "--output", files["out"]) == 2
+    assert "--real-train required" in capsys.readouterr().err
+
+
+def test_console_is_quiet_and_explains_every_metric(files, tmp_path):
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.evaluate", "--synthetic",
+         files["syn"], "--real-train", files["train"], "--real-test",
+         files["test"], "--normalize", "unit", "--metrics-max-rows", "200",
+         "--output", files["out"], "--mlp-epochs", "2", "--no-ceiling"],
+        capture_output=True, text=True, env=env, timeout=300,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0, proc.stderr
+    # Only dpsynth's own progress lines: no TensorFlow / absl banners.
+    noise = [l for l in proc.stderr.splitlines()
+             if not l.startswith("dpsynth evaluate: ")]
+    assert noise == []
+    assert "mlp trained on synthetic" in proc.stderr
+    for words in ("Fréchet distance", "k-NN precision", "k-NN recall",
+                  "DCR (distance to the closest real train row",
+                  "mlp: the paper's two-layer MLP", "logreg: standardised"):
+        assert words in proc.stdout, words
+    report = json.loads(open(files["out"]).read())
+    reference = report["distribution"]["real_test_reference"]
+    assert reference["precision"] > 0.5  # fresh real rows look real
