@@ -24,11 +24,16 @@ phase 2 as ``job.build_adaptive`` builds it from a *stand-in* phase-1 result
 (a zero centre and ``--phase1-counts``, default 1000 per class; the real
 counts are noisy outputs of phase 1 and may pick another covariance
 structure, see ``structure`` in the output). For each phase it writes
-``phaseN.job.json``: ``job``, the ``dataflow.Job`` that
+``phaseN.job.json`` (a fixed ``--covariance`` plan: ``main.job.json``):
+``job``, the ``dataflow.Job`` that
 ``DataflowApplicationClient.create_job_description`` fills (environment,
 worker pool, SDK container, options, the packages it would stage), and
 ``pipeline``, the portable pipeline proto that Dataflow runner v2 receives
-(staged as ``pipeline.pb``; the job itself carries no legacy ``steps``).
+(staged as ``pipeline.pb``; the job itself carries no legacy ``steps``),
+and ``staged``, the files that would be uploaded (the sdist's file list
+included); ``plan.json`` names the stand-in counts and the structure the
+rule chose for them. ``decoded_blobs`` opens the graph's pickled payloads for
+review (what anyone reading ``pipeline.pb`` can recover).
 Staging is replaced by a recorder (no upload, no GCS call), and
 ``--no_auth`` keeps the API client from looking up credentials. Nothing is
 sent to Google by this command; the input glob is matched and its files'
