@@ -16,7 +16,7 @@ from dp_ops.noise import NoiseSource
 from transforms.aggregate import (Block, Blocks, GlobalSum, PerClassSum,
                                   SecondMoment, pass_blocks)
 from transforms.noise import AddNoise
-from transforms.write import DrawRows
+from transforms.write import DrawRows, KeptRows
 
 
 def _moments(k: int, bound: float, sumsq: bool):
@@ -197,10 +197,28 @@ def _fingerprint(mix: generator.ClassMixture) -> str:
     return h.hexdigest()
 
 
+def _candidate_count(mix: generator.ClassMixture,
+                     cfg: GeneratorConfig) -> int:
+    """Rows of ``generator.candidates(mix, cfg)``, without drawing them."""
+    if mix.weights.sum() <= 0:
+        return 0
+    wanted = generator.num_samples(mix, cfg)
+    return int(round(wanted * vote.candidate_oversample(wanted, cfg)))
+
+
+def _keep_mask(votes: np.ndarray, label: int, cfg: GeneratorConfig,
+               ledger: PrivacyLedger, noise: NoiseSource) -> np.ndarray:
+    """``generator.filter_by_votes``'s mask (the same mechanism and noise):
+    the writers draw the candidates and keep these rows."""
+    noisy = generator.add_noise(ledger, noise,
+                                plan.name(label, "vote", "histogram"), votes)
+    return vote.keep_mask(noisy, cfg.vote_threshold)
+
+
 class SampleSynthetic(beam.PTransform):
     """(label, ClassMixture) -> (label, what to write): ``DrawRows`` (the
-    writers draw the rows shard by shard) or, with the vote filter, the
-    kept candidates.
+    writers draw the rows shard by shard) or, with the vote filter,
+    ``KeptRows`` (which candidates to keep; the writers draw them).
 
     The vote histogram is dense over all candidates of a class (L2
     sensitivity 1 under add/remove one record: one record casts one vote).
@@ -225,11 +243,11 @@ class SampleSynthetic(beam.PTransform):
 
         def keep(kv, mixes):
             label, votes = kv
-            c = generator.candidates(mixes[label], cfg)
+            total = _candidate_count(mixes[label], cfg)
             if votes is None:
-                votes = np.zeros(len(c))
-            return label, generator.filter_by_votes(
-                c, votes, label, cfg, ledger, noise)
+                votes = np.zeros(total)
+            return label, KeptRows(total, _keep_mask(votes, label, cfg,
+                                                     ledger, noise))
 
         return (pass_blocks(self._blocks, "Votes")
                 | "Votes" >> PerClassSum(list(cfg.labels), _Votes(cfg),

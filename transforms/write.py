@@ -162,14 +162,38 @@ class DrawRows:
     total: int
 
 
+@dataclasses.dataclass(frozen=True)
+class KeptRows:
+    """The vote filter's rows of a class: the candidates (the class's
+    first ``total`` rows of ``generator.sample_rows``) where ``keep`` is
+    True. Writers draw the candidate ranges of their shards and keep those
+    rows, so no worker draws a whole class's candidates and only the mask
+    (a byte per candidate) travels."""
+
+    total: int
+    keep: np.ndarray
+
+
 def shard_tasks(kv, rows_per_shard: int):
-    """(label, DrawRows | rows) -> (label, shard index, (start, stop) |
-    rows) for each shard; a class with no rows gets one empty shard."""
+    """(label, DrawRows | KeptRows | rows) -> (label, shard index, (start,
+    stop, total, mask or None) | rows) for each shard: ``rows_per_shard``
+    rows each (kept rows for ``KeptRows``, whose shard draws candidates
+    start..stop and keeps ``mask``); a class with no rows gets one empty
+    shard."""
     label, rows = kv
+    if isinstance(rows, KeptRows):
+        kept = np.flatnonzero(rows.keep)
+        for i, first in enumerate(range(0, max(len(kept), 1),
+                                        rows_per_shard)):
+            sel = kept[first:first + rows_per_shard]
+            start, stop = (int(sel[0]), int(sel[-1]) + 1) if len(sel) else (0, 0)
+            yield label, i, (start, stop, rows.total,
+                             np.array(rows.keep[start:stop]))
+        return
     total = rows.total if isinstance(rows, DrawRows) else len(rows)
     for i, start in enumerate(range(0, max(total, 1), rows_per_shard)):
         stop = min(start + rows_per_shard, total)
-        part = ((start, stop, total) if isinstance(rows, DrawRows)
+        part = ((start, stop, total, None) if isinstance(rows, DrawRows)
                 else np.asarray(rows[start:stop], np.float32))
         yield label, i, part
 
@@ -213,13 +237,15 @@ class _WriteShard(beam.DoFn):
         if not isinstance(part, tuple):
             yield part
             return
-        start, stop, total = part
+        start, stop, total, *kept = part  # kept: the vote filter's mask
+        mask = kept[0] if kept else None
         ends = ([min(stop, e) for e in range(
             (start // WRITE_PIECE + 1) * WRITE_PIECE, stop + WRITE_PIECE,
             WRITE_PIECE)] if self._fmt == "tfrecord" else [stop])
         for a, b in zip([start] + ends[:-1], ends):  # one BLAS thread each
-            yield generator.sample_rows(mixtures[label], self._cfg, total,
-                                        a, b)
+            rows = generator.sample_rows(mixtures[label], self._cfg, total,
+                                         a, b)
+            yield rows if mask is None else rows[mask[a - start:b - start]]
 
 
 # ------------------------------------------------- what the release holds
