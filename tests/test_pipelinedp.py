@@ -151,7 +151,8 @@ def test_empty_public_partition_has_no_key_without_seeds():
         max_partitions_contributed=1, max_contributions_per_partition=1,
         contribution_bounds_already_enforced=True,
         public_partitions_already_filtered=True, custom_combiners=[comb])
-    rows = [(int(c), (int(c), x[i:i + 1])) for i, c in enumerate(y)]
+    rows = [(int(c), (int(c), adaptive.block_class_sum(x[i:i + 1], R)))
+            for i, c in enumerate(y)]
     out = engine.aggregate(rows, params, pipeline_dp.DataExtractors(
         partition_extractor=lambda kv: kv[0], value_extractor=lambda kv: kv[1]),
         public_partitions=LABELS)
