@@ -315,6 +315,16 @@ def stage_shares(rows: Sequence[dict]) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+def planned_shares(manifest: dict) -> Optional[dict]:
+    """Each stage's planned share of the budget: the adaptive plan's split
+    (--covariance auto re-splits after its count phase), else the
+    configured weights."""
+    plan = manifest.get("adaptive_plan") or {}
+    if plan.get("shares_of_mu2"):
+        return dict(plan["shares_of_mu2"])
+    return configured_weights(manifest.get("config", {}))
+
+
 def configured_weights(config: dict) -> Optional[dict]:
     from dp_ops.config import GeneratorConfig
     try:
@@ -359,15 +369,28 @@ def _hbar(labels: Sequence[str], values: Sequence[float], title: str,
     return _png(fig)
 
 
-def plot_stages(shares: dict[str, float], weights: Optional[dict],
+def stage_note(share: float, planned: Optional[float]) -> str:
+    """A bar's label: its share of the cost, and the planned share only
+    where the two differ by more than half a point."""
+    note = f"{100 * share:.1f} %"
+    if planned is not None and abs(share - planned) > 0.005:
+        note += f" (planned {100 * planned:.1f} %)"
+    return note
+
+
+def _who(partition: str) -> str:
+    """'class=0' -> 'class 0' (the page's wording)."""
+    return partition.replace("=", " ")
+
+
+def plot_stages(shares: dict[str, float], planned: Optional[dict],
                 partition: str) -> bytes:
     labels = list(shares)
-    notes = [f"{100 * shares[s]:.1f} %" + (f" (weight {weights[s]:.2f})"
-                                            if weights and s in weights else "")
-             for s in labels]
+    notes = [stage_note(shares[s], (planned or {}).get(s)) for s in labels]
     return _hbar(labels, [100 * v for v in shares.values()],
-                 f"Privacy cost by stage: a record of {partition} (costliest)",
-                 "% of Σ 1/z² (z = σ / sensitivity)", "#4c72b0", notes)
+                 f"Share of the privacy cost by stage (a record of "
+                 f"{_who(partition)}, the costliest class)",
+                 "% of the privacy cost", "#4c72b0", notes)
 
 
 def plot_mechanisms(rows: Sequence[dict], partition: str,
@@ -379,8 +402,8 @@ def plot_mechanisms(rows: Sequence[dict], partition: str,
         labels.append(f"{len(rows) - limit} others")
         values.append(100 * sum(m["share"] for m in rows[limit:]))
     return _hbar(labels, values,
-                 f"Privacy cost by mechanism: a record of {partition} (costliest)",
-                 "% of Σ 1/z²", "#dd8452",
+                 f"Share of the privacy cost by mechanism (a record of "
+                 f"{_who(partition)})", "% of the privacy cost", "#dd8452",
                  [f"{v:.1f} %" for v in values])
 
 
@@ -409,6 +432,12 @@ def plot_class_sizes(summary: Sequence[dict]) -> bytes:
 def plot_projection(points: np.ndarray, labels: np.ndarray,
                     means: Optional[np.ndarray], mean_labels: Sequence[int],
                     ratio: np.ndarray) -> bytes:
+    return _png(projection_figure(points, labels, means, mean_labels, ratio))
+
+
+def projection_figure(points: np.ndarray, labels: np.ndarray,
+                      means: Optional[np.ndarray], mean_labels: Sequence[int],
+                      ratio: np.ndarray):
     from matplotlib import colormaps
     fig = _figure(7.5, 5.6)
     ax = fig.add_subplot()
@@ -430,11 +459,13 @@ def plot_projection(points: np.ndarray, labels: np.ndarray,
     ax.set_ylabel(f"PC 2 ({100 * ratio[1]:.1f} % of variance)")
     ax.set_title(f"{len(labels):,} synthetic rows, coloured by class",
                  fontsize=10)
-    if classes:
-        ax.legend(fontsize=7, markerscale=2, ncol=2, loc="best",
+    if classes:  # beside the axes: never over the points
+        ax.legend(fontsize=7, markerscale=2,
+                  ncol=1 if len(classes) <= 12 else 2, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
                   title="class", title_fontsize=8)
     ax.grid(alpha=0.3)
-    return _png(fig)
+    return fig
 
 
 # ------------------------------------------------------------------ page
@@ -523,18 +554,26 @@ def _privacy_section(manifest: dict, images: dict) -> str:
            f"Composition: {_e(privacy.get('composition', '-'))}. "
            f"Noise: {_e(manifest.get('noise', '-'))}.</p>"]
     if "privacy-by-stage.png" in images:
-        out.append("<p>Every mechanism is Gaussian: one with noise multiplier "
-                   "z = σ / sensitivity costs 1/z² of μ² (μ-GDP), and the "
-                   "costs of what one record can change add up. A record "
-                   "changes the global mechanisms and those of its own "
-                   "class; the bars show the class that costs most (it sets "
-                   "the ε spent) and each stage's or mechanism's share of "
-                   "its Σ 1/z².</p>")
         out.append(_img("privacy-by-stage.png", images["privacy-by-stage.png"],
                         "privacy cost by stage"))
         out.append(_img("privacy-by-mechanism.png",
                         images["privacy-by-mechanism.png"],
                         "privacy cost by mechanism"))
+        out.append(
+            "<p><b>How to read the bars.</b> Each mechanism releases one "
+            "noisy statistic (a sum, a count) with Gaussian noise. Its "
+            "privacy cost grows as 1/z², where the <i>noise multiplier</i> "
+            "z = σ / sensitivity is the noise's size relative to the most "
+            "one record can change that statistic: more noise, less cost. "
+            "One record changes the global mechanisms and those of its own "
+            "class; their costs add up, and the class whose records cost "
+            "most sets the ε spent. The bars split that class's total cost "
+            "(100 %) between stages and mechanisms. <i>Planned</i> is the "
+            "share the budget split (<code>--budget-weights</code>, or the "
+            "adaptive plan of <code>--covariance auto</code>) gave a stage; "
+            "it is shown only where the cost differs from it. (In the "
+            "accountant's terms: each mechanism is (1/z)-Gaussian DP and "
+            "the total is μ = √Σ 1/z².)</p>")
     else:
         out.append("<p class=warn>No noise was added (σ = 0): the cost of "
                    "each mechanism is unbounded; nothing to draw.</p>")
@@ -544,10 +583,13 @@ def _privacy_section(manifest: dict, images: dict) -> str:
     rows = [(m["name"], m["stage"], m["partition"], m["sensitivity"],
              m["sigma"], m.get("noise_multiplier"), m.get("count", 1))
             for m in mechs]
-    table = _table(["name", "stage", "partition", "sensitivity", "σ",
-                    "noise multiplier z", "count"], rows, numeric=(3, 4, 5, 6))
-    out.append(f"<details{' open' if len(rows) <= 40 else ''}><summary>"
-               f"All {len(rows)} mechanisms</summary>{table}</details>")
+    table = _table(["name", "stage", "partition (who it covers)",
+                    "sensitivity (most one record changes)", "noise σ",
+                    "noise multiplier z = σ / sensitivity",
+                    "times released"], rows, numeric=(3, 4, 5, 6))
+    # Closed: a long table would push the plots below it down the page.
+    out.append(f"<details id=mechanisms><summary>All {len(rows)} mechanisms "
+               f"(table)</summary>{table}</details>")
     return "".join(out)
 
 
@@ -556,14 +598,17 @@ def _classes_section(rel: Release, images: dict) -> str:
              c.get("components_with_mass", "-"), c.get("covariance_rank", "-"),
              len(c.get("shards", [])))
             for c in rel.summary]
+    table = _table(["label", "noisy count", "synthetic rows",
+                    "mixture components with weight > 0",
+                    "covariance factors kept", "shards"], rows,
+                   numeric=(1, 2, 3, 4, 5))
     return ("<h2 id=classes>Classes</h2>"
             + _img("class-sizes.png", images["class-sizes.png"],
                    "noisy class sizes")
             + "<p class=muted>Class sizes are released only as noisy counts "
               "(DP); the exact sizes are never written.</p>"
-            + _table(["label", "noisy count", "synthetic rows",
-                      "components with mass", "covariance factors",
-                      "shards"], rows, numeric=(1, 2, 3, 4, 5)))
+            + f"<details id=class-table><summary>Per-class table ({len(rows)}"
+              f" classes)</summary>{table}</details>")
 
 
 def _projection_section(images: dict, n: int, total: int) -> str:
@@ -573,10 +618,11 @@ def _projection_section(images: dict, n: int, total: int) -> str:
     return ("<h2 id=projection>Synthetic rows in 2-D</h2>"
             + _img("projection.png", images["projection.png"],
                    "2-D projection of the synthetic rows")
-            + f"<p class=muted>PCA (numpy SVD) of a uniform subsample of "
-              f"{n:,} of the {total:,} synthetic rows; crosses: the DP "
-              f"mixture means (gmm.npz) on the same axes. Post-processing "
-              f"of the release only.</p>")
+            + f"<p class=muted>{n:,} of the {total:,} synthetic rows "
+              f"(a uniform subsample) drawn on the two directions in which "
+              f"they vary most (principal components, PCA); crosses: the "
+              f"centres of the DP mixture's components (gmm.npz) on the "
+              f"same axes. Post-processing of the release only.</p>")
 
 
 def _evaluation_section(found: Optional[tuple[str, dict]], release: str) -> str:
@@ -599,21 +645,62 @@ def _evaluation_section(found: Optional[tuple[str, dict]], release: str) -> str:
             return "-"
         if "error" in res:
             return "error: " + res["error"]
+        if seeds == 1:
+            return f"{res['mean']:.4f}"
         return f"{res['mean']:.4f} ± {res['std']:.4f}"
     rows = [(m, cell(syn.get(m)), cell(ceil.get(m))) for m in syn]
+    spread = ("1 seed" if seeds == 1 else
+              f"mean ± sample std over {seeds} seeds")
     out = [head, f"<p class=nondp><b>The numbers of this section are "
            f"{_e(NOT_DP_EVALUATION)}.</b> "
            + (f"{_e(note)}. " if note else "") +
            f"Source: <code>{_e(path)}</code>.</p>",
            _table(["model", "trained on synthetic",
                    "trained on real (ceiling)"], rows),
-           f"<p class=muted>Test accuracy on real held-out rows, mean ± "
-           f"sample std over {seeds} seed(s).</p>"]
-    dist = (doc.get("distribution") or {}).get("mean")
-    if dist:
-        out.append(_table(["distribution metric (mean over classes)", "value"],
-                          [(k, v) for k, v in dist.items()], numeric=(1,)))
+           f"<p class=muted>Accuracy on real held-out test rows ({spread}) "
+           f"of models trained on the synthetic rows, next to the same "
+           f"models trained on the real train rows (what the data allows "
+           f"without privacy).</p>"]
+    dist = doc.get("distribution") or {}
+    if dist.get("mean"):
+        out.append(_distribution_table(dist))
     return "".join(out)
+
+
+# The evaluate report's distribution metrics, in words: (key, name, how to
+# read it). The reference column is real test rows scored the same way.
+DISTRIBUTION_METRICS = (
+    ("frechet", "Fréchet distance",
+     "distance between Gaussian fits (mean, covariance) of the synthetic and "
+     "the real train rows; 0 = same, lower is better"),
+    ("precision", "k-NN precision",
+     "share of synthetic rows that fall among real rows (inside a real row's "
+     "k-nearest-neighbour radius): do they look real?"),
+    ("recall", "k-NN recall",
+     "share of real rows that fall among synthetic rows: do the synthetic "
+     "rows cover the real variety?"),
+    ("dcr_share_below_holdout_p05", "closer than real test rows",
+     "share of synthetic rows closer to a real train row than the closest "
+     "5 % of real test rows are: ≈ 0.05 without copying, 1 = copies"),
+    ("dcr_share_closer_to_train", "nearer to train than to test",
+     "share of synthetic rows nearer to the real train rows than to the "
+     "real test rows: ≈ 0.5 without memorisation"),
+    ("dcr_exact_copies", "exact copies",
+     "synthetic rows identical to a real train row"),
+)
+
+
+def _distribution_table(dist: dict) -> str:
+    mean, ref = dist["mean"], dist.get("real_test_reference") or {}
+    rows = [(name, mean.get(key), ref.get(key, "-") if key in (
+                "frechet", "precision", "recall") else "-", meaning)
+            for key, name, meaning in DISTRIBUTION_METRICS if key in mean]
+    return (_table(["distribution metric (mean over classes)",
+                    "synthetic vs real train", "real test vs real train "
+                    "(for scale)", "what it says"], rows, numeric=(1, 2))
+            + "<p class=muted>Low precision with fair recall means the "
+              "synthetic rows are spread wider than the real ones (the DP "
+              "noise blurs each class) while still covering it.</p>")
 
 
 def _reading_section(manifest: dict) -> str:
@@ -657,7 +744,9 @@ def _config_section(manifest: dict) -> str:
              ("embedding dimension", manifest.get("embedding_dim")),
              ("versions", json.dumps(manifest.get("versions", {})))]
     return ("<h2 id=config>Configuration</h2>"
-            + _table(["setting", "value"], rows + extra))
+            + f"<details id=config-table><summary>All {len(rows + extra)} "
+              f"settings (table)</summary>"
+            + _table(["setting", "value"], rows + extra) + "</details>")
 
 
 def render(rel: Release, images: dict, evaluation, sample_size: int) -> str:
@@ -721,9 +810,8 @@ def build_report(rel: Release, evaluation, max_points: int, seed: int
     mechs = rel.manifest.get("privacy", {}).get("mechanisms", [])
     if mechs and all(m.get("noise_multiplier") for m in mechs):
         worst, rows = worst_partition(mechs)
-        weights = configured_weights(rel.manifest.get("config", {}))
-        images["privacy-by-stage.png"] = plot_stages(stage_shares(rows),
-                                                     weights, worst)
+        images["privacy-by-stage.png"] = plot_stages(
+            stage_shares(rows), planned_shares(rel.manifest), worst)
         images["privacy-by-mechanism.png"] = plot_mechanisms(rows, worst)
     images["class-sizes.png"] = plot_class_sizes(rel.summary)
     x, y = sample_rows(rel, max_points, seed)

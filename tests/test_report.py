@@ -182,7 +182,7 @@ def test_evaluation_table_is_shown_and_marked_not_dp(release, tmp_path):
                      "--output", str(out), "--max-points", "300"]) == 0
     text = (out / "index.html").read_text()
     assert "0.8123 ± 0.0100" in text and "0.9001 ± 0.0000" in text
-    assert report.NOT_DP_EVALUATION in text and "frechet" in text
+    assert report.NOT_DP_EVALUATION in text and "Fréchet distance" in text
 
 
 def test_evaluation_of_another_run_is_refused(release, tmp_path, capsys):
@@ -216,3 +216,53 @@ def test_report_of_a_gcs_release(release, gcs, tmp_path):
                      "--max-points", "300"]) == 0
     text = (out / "index.html").read_text()
     assert gcs.uri("rel") in text and "projection.png" in os.listdir(out)
+
+
+def test_plots_come_first_and_the_mechanism_table_is_collapsed(page):
+    text = (page / "index.html").read_text()
+    table = text.index("<details id=mechanisms>")  # no "open": collapsed
+    for name in ("privacy-by-stage.png", "privacy-by-mechanism.png"):
+        assert text.index(f'title="{name}"') < table, name
+    assert "<details open" not in text and "<details id=mechanisms open" not in text
+
+
+def test_collapsed_in_chromium_too(page, tmp_path):
+    done = _browse(tmp_path, (page / "index.html").as_uri(), "--dump-dom")
+    assert done.returncode == 0, done.stderr[-2000:]
+    tag = re.search(r"<details id=\"mechanisms\"[^>]*>", done.stdout).group(0)
+    assert "open" not in tag
+
+
+def test_stage_bars_say_shares_plainly(page, release):
+    manifest = json.loads((release / "manifest.json").read_text())
+    rows = report.worst_partition(manifest["privacy"]["mechanisms"])[1]
+    shares = report.stage_shares(rows)
+    planned = report.planned_shares(manifest)
+    # The bars' cost shares are the plan's: no "72.5 % (weight 0.39)".
+    for stage, share in shares.items():
+        assert share == pytest.approx(planned[stage], abs=0.005), stage
+        assert report.stage_note(share, planned[stage]) == f"{100 * share:.1f} %"
+    assert report.stage_note(0.725, 0.39) == "72.5 % (planned 39.0 %)"
+    text = re.sub(r"<[^>]+>", " ", (page / "index.html").read_text())
+    assert "How to read the bars." in text and "noise multiplier" in text
+    for jargon in ("weight 0.", "mu^2", "signal", "Σ 1/z² (z"):
+        assert jargon not in text, jargon
+
+
+def test_adaptive_plan_sets_the_planned_shares():
+    manifest = {"adaptive_plan": {"shares_of_mu2": {"moments": 0.7251,
+                                                    "covariance": 0.2749}},
+                "config": {}}
+    assert report.planned_shares(manifest) == {"moments": 0.7251,
+                                               "covariance": 0.2749}
+
+
+def test_projection_legend_is_outside_the_plot_area():
+    rng = np.random.default_rng(0)
+    points, labels = rng.normal(size=(500, 2)), np.arange(500) % 10
+    fig = report.projection_figure(points, labels, points[:10], list(range(10)),
+                                   np.array([0.2, 0.1]))
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent()
+    assert legend.x0 >= ax.get_window_extent().x1  # right of the axes
