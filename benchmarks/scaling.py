@@ -1135,6 +1135,7 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
                  else [])
         _dump(result, {"work_s": work, "t0": t0,
                        "stages": progress.stage_table(spans),
+                       "busy_profile": busy_profile(spans, t0, t0 + work),
                        "samples": manifest["samples_total"]})
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -1179,6 +1180,51 @@ def run_workers(args: argparse.Namespace, configs: Sequence[str],
     return results
 
 
+def busy_profile(spans, start: float, end: float) -> list[float]:
+    """Seconds of [start, end] during which exactly k worker processes
+    were busy (k = 0, 1, ...): each process's spans merged first (a DoFn's
+    span nests in its Dask task's)."""
+    per_pid: dict = {}
+    for _, pid, a, b in spans:
+        per_pid.setdefault(pid, []).append((max(a, start), min(b, end)))
+    events = []
+    for items in per_pid.values():
+        items.sort()
+        cur = None
+        for a, b in items:
+            if b <= a:
+                continue
+            if cur and a <= cur[1]:
+                cur[1] = max(cur[1], b)
+            else:
+                if cur:
+                    events += [(cur[0], 1), (cur[1], -1)]
+                cur = [a, b]
+        if cur:
+            events += [(cur[0], 1), (cur[1], -1)]
+    events.sort()
+    seconds = [0.0] * (len(per_pid) + 1)
+    busy, t = 0, start
+    for when, delta in events:
+        seconds[busy] += when - t
+        busy, t = busy + delta, when
+    seconds[busy] += max(end - t, 0.0)
+    return seconds
+
+
+def timeline_serial(profile: Sequence[float], workers: int) -> Optional[float]:
+    """Amdahl's f from one run's busy profile: the run on one worker would
+    take sum(max(k, 1) * s_k) (the idle time s_0, driver and start-up, stays),
+    so S = that / sum(s_k). Less sensitive to other jobs' load than two
+    timed runs (both phases see the same machine), but still an estimate:
+    contention stretches spans, and untraced work counts as idle."""
+    total = sum(profile)
+    if workers < 2 or total <= 0:
+        return None
+    one = sum(max(k, 1) * s for k, s in enumerate(profile))
+    return amdahl_serial(one / total, workers)
+
+
 def amdahl_serial(speedup: float, workers: int) -> Optional[float]:
     """Amdahl's serial fraction from S(W): f = (W/S - 1) / (W - 1)
     (W = 2: f = 2/S - 1)."""
@@ -1199,9 +1245,14 @@ def workers_report(results: list[dict], top_share: float = 0.03) -> str:
              f"the files. Job time = cluster start (Dask) + `generate.run`. "
              f"Machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}); "
              f"load = 1-min load average before / after the run (shared "
-             f"machine).", "",
+             f"machine). Amdahl f = (W/S - 1)/(W - 1) from the job times "
+             f"(W = 2: 2/S(2) - 1); f from trace: the same from one run's "
+             f"busy profile (seconds with 0, 1, 2.. worker processes "
+             f"running traced work; see `timeline_serial`).", "",
              "| config | engine | W | job s | speed-up | efficiency | "
-             "Amdahl f | load |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "Amdahl f | f from trace | s with 0/1/2.. workers busy | "
+             "load |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     keys = sorted({(r["config"], r["engine"]) for r in ok},
                   key=lambda k: (list(CONFIGS).index(k[0]), k[1]))
     for config, engine in keys:
@@ -1212,11 +1263,16 @@ def workers_report(results: list[dict], top_share: float = 0.03) -> str:
             t = runs[w]["work_s"]
             s = base["work_s"] / t if base else None
             f = amdahl_serial(s, w) if s else None
+            prof = runs[w].get("busy_profile") or []
+            ft = timeline_serial(prof, w)
             lines.append(
                 f"| {config} | {engine} | {w} | {t:.1f} | "
                 f"{'-' if s is None else f'{s:.2f}x'} | "
                 f"{'-' if s is None else f'{100 * s / w:.0f} %'} | "
-                f"{'-' if f is None else f'{f:.2f}'} | {_load(runs[w])} |")
+                f"{'-' if f is None else f'{f:.2f}'} | "
+                f"{'-' if ft is None else f'{ft:.2f}'} | "
+                f"{' / '.join(f'{v:.1f}' for v in prof) or '-'} | "
+                f"{_load(runs[w])} |")
     lines += ["", "Per stage (the widest run of each config and engine; "
               "stages with at least "
               f"{100 * top_share:.0f} % of the traced busy time): spans, "
