@@ -91,6 +91,12 @@ class KeyedNoise:
     def __repr__(self) -> str:  # never show the key
         return f"{type(self).__name__}(<secret>)"
 
+    def export_key(self) -> bytes:
+        """The secret key, for the launcher to hand to a restricted key
+        store (``transforms.noise.StoredKeyNoise``); never log or write it
+        anywhere else."""
+        return self._key
+
     def _stream(self, name: str) -> WordStream:
         return WordStream(hmac.new(self._key, name.encode(), "sha256").digest())
 

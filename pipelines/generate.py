@@ -205,6 +205,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="read the input once and keep the blocks in the "
                      "runner between passes (default: every pass re-reads "
                      "the files, so memory does not grow with n)")
+    ops.add_argument("--noise-key-location",
+                     help="a prefix (gs://...) readable only by the job's "
+                     "service account: the launcher writes the run's secret "
+                     "noise key there for the workers and deletes it after "
+                     "the run, so the key is not in the job graph the "
+                     "service stores. Required with DataflowRunner")
     ops.add_argument("--verbose", action="store_true",
                      help="also show Beam's and other libraries' logs, and "
                      "the matched input file names")
@@ -247,7 +253,8 @@ def spec_from_args(args: argparse.Namespace,
             beam_args=tuple(beam_argv),
             materialise_blocks=args.materialise_blocks, verbose=args.verbose,
             show_row_counts=args.show_row_counts,
-            record_timings=args.record_timings))
+            record_timings=args.record_timings,
+            noise_key_location=args.noise_key_location))
 
 
 def _image_options(args: argparse.Namespace) -> Optional[ImageOptions]:

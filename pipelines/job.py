@@ -89,6 +89,7 @@ def prepare(spec: GenerateSpec) -> Job:
     run_id = out.run_id or uuid.uuid4().hex[:12]
     output = out.path or f"dpsynth-releases/{run_id}"
     _check_budget_flags(spec)
+    _check_noise_key_location(spec)
     owner = os.urandom(8).hex()
     staging = release.staging_dir(output, run_id, owner)
     if _published_by(output, run_id):
@@ -176,6 +177,49 @@ def _check_budget_flags(spec: GenerateSpec) -> None:
     if spec.budget.lifetime_delta is not None and not 0 < spec.budget.lifetime_delta < 1:
         raise ValueError(f"--lifetime-delta must be in (0, 1), got "
                          f"{spec.budget.lifetime_delta}")
+
+
+# Runners whose service keeps the job graph (the pickled DoFns) where more
+# people may read it than the data: the noise key must not be in it.
+GRAPH_KEEPING_RUNNERS = ("dataflow",)
+
+
+def _runner_keeps_job_graph(beam_args: tuple[str, ...]) -> bool:
+    runner = ""
+    for i, arg in enumerate(beam_args):
+        if arg.startswith("--runner="):
+            runner = arg.split("=", 1)[1]
+        elif arg == "--runner" and i + 1 < len(beam_args):
+            runner = beam_args[i + 1]
+    return any(name in runner.lower() for name in GRAPH_KEEPING_RUNNERS)
+
+
+def _check_noise_key_location(spec: GenerateSpec) -> None:
+    secure = (spec.generator.noise_seed is None
+              and not math.isinf(spec.generator.epsilon))
+    if (secure and spec.run.noise_key_location is None
+            and _runner_keeps_job_graph(spec.run.beam_args)):
+        raise ValueError(
+            "DataflowRunner keeps the job graph in the staging location and "
+            "the job's metadata, and a noise key pickled into it would let "
+            "their readers remove the noise: pass --noise-key-location "
+            "gs://BUCKET/PREFIX, readable only by the job's service account "
+            "(the key is written there for the run and deleted after it)")
+
+
+def store_noise_key(job: Job, spec: GenerateSpec) -> Optional[str]:
+    """Moves the run's key out of the job graph (``--noise-key-location``):
+    writes it for the workers, pickles only its URI; returns the URI the
+    launcher deletes when the run ends."""
+    location = spec.run.noise_key_location
+    if location is None or spec.generator.noise_seed is not None:
+        return None
+    from transforms.noise import StoredKeyNoise, key_uri, write_key
+    uri = key_uri(location, job.run_id, job.owner)
+    key = job.noise.export_key()
+    write_key(uri, key)
+    job.noise = StoredKeyNoise(uri, key)
+    return uri
 
 
 def _published_by(output: str, run_id: Optional[str]) -> bool:
@@ -500,7 +544,7 @@ def _checkpoint(step: str) -> None:
     inject crashes here)."""
 
 
-def _make_reader(job: Job, spec: GenerateSpec) -> beam.PTransform:
+def make_reader(job: Job, spec: GenerateSpec) -> beam.PTransform:
     if spec.input.images:
         return ImageSource(spec.input.images, spec.input.embedding_dim)
     return io.ReadEmbeddingBlocks(job.spec, dim=spec.input.embedding_dim)
@@ -536,7 +580,7 @@ def _stage(job: Job, spec: GenerateSpec, reservation, timings: dict) -> dict:
     """Runs the pipeline into staging and writes the staged manifest."""
     options = beam_options(spec.run.beam_args)
     try:
-        reader = _make_reader(job, spec)
+        reader = make_reader(job, spec)
     except (io.InputError, release.ReleaseError):
         raise
     except ValueError as err:
@@ -547,6 +591,29 @@ def _stage(job: Job, spec: GenerateSpec, reservation, timings: dict) -> dict:
              "chosen from its noisy counts)", job.cfg.epsilon,
              job.cfg.delta, job.cfg.accountant, reader.dim)
     log.debug("input files: %s", ", ".join(reader.paths))
+    key_object = store_noise_key(job, spec)  # before any data is read
+    try:
+        t1 = _run_pipelines(job, spec, options, reader, reservation, timings)
+    finally:
+        if key_object is not None:
+            from transforms.noise import delete_key
+            delete_key(key_object)
+    timings["pipeline"] = round(time.time() - t1, 3)
+    _checkpoint("pipeline-done")
+    summary = _read_summary(job.staging)
+    consistency.check_staged(job.staging, job.cfg, summary, reader.dim,
+                             spec.input.embedding_feature, spec.input.label_feature,
+                             spec.output.format)
+    doc = manifest(job, spec, reader.dim, summary)
+    release.write_manifest(job.staging, doc)
+    return doc
+
+
+def _run_pipelines(job: Job, spec: GenerateSpec, options,
+                   reader: beam.PTransform, reservation,
+                   timings: dict) -> float:
+    """Marks the attempt running and runs the job's pipeline(s) into
+    staging; returns when the reading began."""
     release.discard(job.staging)  # a crashed attempt's partial files
     if reservation is not None:
         from pipelines import budget_store
@@ -572,15 +639,7 @@ def _stage(job: Job, spec: GenerateSpec, reservation, timings: dict) -> dict:
     finally:
         if progress.path:
             os.unlink(progress.path)
-    timings["pipeline"] = round(time.time() - t1, 3)
-    _checkpoint("pipeline-done")
-    summary = _read_summary(job.staging)
-    consistency.check_staged(job.staging, job.cfg, summary, reader.dim,
-                             spec.input.embedding_feature, spec.input.label_feature,
-                             spec.output.format)
-    doc = manifest(job, spec, reader.dim, summary)
-    release.write_manifest(job.staging, doc)
-    return doc
+    return t1
 
 
 def _close_dask_cluster() -> None:
@@ -602,7 +661,7 @@ def _run_adaptive(job: Job, spec: GenerateSpec, options,
     timings["phase1"] = round(time.time() - t0, 3)
     structure = choose_phase2(job, reader.dim, counts)
     progress.reset()
-    reader = _make_reader(job, spec)  # a transform belongs to one pipeline
+    reader = make_reader(job, spec)  # a transform belongs to one pipeline
     with console.ProgressPrinter(progress.path,
                                  adaptive_pass_names(structure, spec),
                                  show_rows=spec.run.show_row_counts):

@@ -133,6 +133,10 @@ class RunOptions:
     # the progress lines, wall times at the end.
     show_row_counts: bool = False
     record_timings: bool = False
+    # Where the launcher puts the run's secret noise key for the workers
+    # (a prefix readable only by the job's service account), instead of
+    # pickling it into the job graph; required on DataflowRunner.
+    noise_key_location: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -389,7 +389,8 @@ def test_dimension_differs_across_files(tmp_path, capsys):
     _fails(capsys, tmp_path / "out", "--input", tmp_path / "part-*.npz",
            "--num-classes", 2,
            expect=("part-1.npz: row 0 has dimension 7, expected 6",
-                   "part-0.npz", "same embedding dimension"))
+                   "the first file matching --input", "part-*.npz",
+                   "same embedding dimension"))
 
 
 def test_dimension_differs_inside_a_tfrecord(tmp_path, capsys):

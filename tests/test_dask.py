@@ -33,6 +33,7 @@ distributed = pytest.importorskip(
 import apache_beam as beam  # noqa: E402
 
 from pipelines import cli, generate  # noqa: E402
+from pipelines.options import beam_options  # noqa: E402
 from tests.conftest import gmm_data, release_bytes, release_dir  # noqa: E402
 from transforms import io  # noqa: E402
 from transforms.write import tfrecord_bytes  # noqa: E402
@@ -149,7 +150,7 @@ def test_beam_dask_bug_is_still_there_and_worked_around(scheduler):
             result.client.close()
     finally:
         transform_evaluator.apply_dofn_to_bundle = patched
-    with beam.Pipeline(options=generate.beam_options(_dask(scheduler))) as p:
+    with beam.Pipeline(options=beam_options(_dask(scheduler))) as p:
         _singleton_of_total(p)
     assert transform_evaluator.apply_dofn_to_bundle is \
         dask_runner.apply_dofn_to_bundle
@@ -170,7 +171,7 @@ def test_a_step_read_by_two_branches_runs_once(scheduler, tmp_path):
     another, each branch a sink: both sinks run (Beam's DaskRunner computes
     only the last transform's ancestors: "main" would not be written) and
     see the same draw (shared collections are computed once)."""
-    with beam.Pipeline(options=generate.beam_options(_dask(scheduler))) as p:
+    with beam.Pipeline(options=beam_options(_dask(scheduler))) as p:
         drawn = p | beam.Create([None]) | beam.Map(_draw)
         _ = drawn | "Main" >> beam.Map(_save, str(tmp_path), "main")
         side = beam.pvalue.AsSingleton(drawn)
@@ -205,7 +206,7 @@ def test_blocks_read_by_two_branches_are_not_stored(scheduler, tmp_path,
     monkeypatch.setattr(dask_runner._Pending, "store_with", recording)
     notes = tmp_path / "notes"
     notes.mkdir()
-    with beam.Pipeline(options=generate.beam_options(_dask(scheduler))) as p:
+    with beam.Pipeline(options=beam_options(_dask(scheduler))) as p:
         blocks = (p | beam.Create([1, 2, 3])
                   | "Blocks" >> beam.Map(_note_run, str(notes)))
 
@@ -286,7 +287,7 @@ def test_one_file_is_read_by_both_workers(scheduler, tmp_path):
     assert len(reader.ranges) >= 8
     notes = tmp_path / "notes"
     notes.mkdir()
-    p = beam.Pipeline(options=generate.beam_options(_dask(scheduler)))
+    p = beam.Pipeline(options=beam_options(_dask(scheduler)))
     _ = p | reader | beam.Map(_note_worker, str(notes))
     result = p.run()
     result.wait_until_finish()

@@ -103,7 +103,8 @@ def built(gcs_server, tmp_path_factory):
              "--phase1-counts", "400,300,200",
              "--input", pattern, "--num-classes", str(CLASSES),
              "--output", f"gs://{bucket.name}/releases/r1",
-             "--run-id", "review-1", *beam_args],
+             "--run-id", "review-1", "--noise-key-location",
+             f"gs://{bucket.name}/keys", *beam_args],
             cwd=str(local), env=env, capture_output=True, text=True,
             timeout=300)
         assert proc.returncode == 0, proc.stderr[-4000:]
@@ -230,7 +231,7 @@ def test_payload_decoding_reaches_the_pickled_dofns(built):
     make sure the decoder really opens them."""
     blobs = _blobs(built["docs"]["phase2"])
     assert any(b"_ReadBlocksFn" in b for b in blobs)
-    assert any(b"KeyedNoise" in b or b"SecureNoise" in b for b in blobs)
+    assert any(b"StoredKeyNoise" in b for b in blobs)
 
 
 def test_job_text_holds_no_noise_key(built):
@@ -244,23 +245,36 @@ def test_job_text_holds_no_noise_key(built):
         assert NOISE_KEY not in job_graph.pipeline_bytes(doc["pipeline"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "privacy finding (issue 26 item 4): the SecureNoise key is pickled into "
-    "the DoFns (DPCentre, Phase1 noise, AdaptiveMixture, Sample), so it "
-    "travels in pipeline.pb to the staging bucket and to Dataflow; the key "
-    "must reach the workers another way (see deploy/README.md, Dataflow)"))
 def test_graph_holds_no_noise_key(built):
+    """The key reaches the workers through --noise-key-location (a
+    restricted object written for the run and deleted after it): the graph
+    holds only that object's URI (found by the review of issue 26 item 4:
+    it used to be pickled into DPCentre, the phase-1 noise,
+    AdaptiveMixture and Sample)."""
+    uris = set()
     for phase, doc in built["docs"].items():
-        hits = [b for b in _blobs(doc) if NOISE_KEY in b]
+        blobs = _blobs(doc)
+        hits = [b for b in blobs if NOISE_KEY in b]
         assert not hits, f"{phase}: the noise key is in {len(hits)} payloads"
+        uris |= {b.count(b"dpsynth-noise-key-review-1-") for b in blobs}
+    assert max(uris) > 0  # the reference travels instead
+    assert not [o for o in built["objects"] if "noise-key" in o]  # deleted
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "privacy finding (issue 26 item 4): ReadEmbeddingBlocks lists the input "
-    "files and their byte ranges at launch and puts them into the graph "
-    "(ListRanges: beam.Create), so the private file names and sizes go to "
-    "Dataflow; only the --input pattern should"))
+def test_dataflow_without_a_key_location_is_refused(tmp_path, capsys):
+    from pipelines import cli
+    rc = cli.main(["generate", "--output", str(tmp_path / "r"),
+                   "--runner", "DataflowRunner", "--project", PROJECT,
+                   "--temp_location", TEMP])
+    assert rc == 2
+    assert "--noise-key-location" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
 def test_graph_holds_no_input_file_names(built):
+    """Only the --input pattern travels; the workers list the files (found
+    by the review of issue 26 item 4: the matched names and byte ranges used
+    to be a beam.Create in the graph)."""
     for phase, doc in built["docs"].items():
         blobs = _blobs(doc)
         for name in built["inputs"]:

@@ -128,7 +128,7 @@ def test_cli_parameters_and_dispatch():
 def test_dask_options_reach_beam():
     pytest.importorskip("distributed", reason="needs the dask extra")
     from apache_beam.runners.dask.dask_runner import DaskOptions
-    from pipelines import generate
+    from pipelines import options
     opts = runners.pipeline_options(runners.dask_args("tcp://10.0.0.5:8786"))
     assert opts.view_as(StandardOptions).runner == \
         "pipelines.dask_runner.DaskRunner"
@@ -136,7 +136,7 @@ def test_dask_options_reach_beam():
     for name in ("dask", "DaskRunner",
                  "apache_beam.runners.dask.dask_runner.DaskRunner"):
         assert runners.runner_args(name) == ["--runner=DaskRunner"]
-        beam = generate.beam_options(["--runner", name])
+        beam = options.beam_options(["--runner", name])
         assert beam.view_as(StandardOptions).runner == \
             "pipelines.dask_runner.DaskRunner"
     parser = argparse.ArgumentParser()

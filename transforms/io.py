@@ -160,6 +160,12 @@ class FileRange:
     stop: Optional[int] = None
 
 
+def list_ranges(pattern: str, spec: InputSpec) -> list["FileRange"]:
+    """Every read range of the files matching ``pattern``."""
+    return [r for path, size in _match(pattern)
+            for r in file_ranges(path, size, spec)]
+
+
 def file_ranges(path: str, size: int, spec: InputSpec) -> list[FileRange]:
     """The ranges of one file of ``size`` bytes (``spec.split_bytes`` each;
     a TFRecord range runs from the first record starting in its piece to
@@ -907,11 +913,14 @@ class _ReadBlocksFn(beam.DoFn):
 class ReadEmbeddingBlocks(beam.PTransform):
     """Files matching ``spec.pattern`` -> validated (x, y) numpy blocks.
 
-    The file list, the embedding dimension (schema) and the read ranges
-    (``file_ranges``: TFRecord and Parquet files in ``spec.split_bytes``
-    pieces, .npz whole) are made when the graph is built, so a missing
-    input fails before the pipeline starts. Each range is one element,
-    spread over the workers: one large file is read by all of them.
+    The file list and the embedding dimension (schema) are checked when
+    the graph is built, so a missing input fails before the pipeline
+    starts; the graph itself holds only the pattern (a service that keeps
+    the job graph, like Dataflow, never sees the private file names): the
+    read ranges (``file_ranges``: TFRecord and Parquet files in
+    ``spec.split_bytes`` pieces, .npz whole) are listed by a worker. Each
+    range is one element, spread over the workers: one large file is read
+    by all of them.
     ``dim`` (public configuration, ``--embedding-dim``) skips reading the
     dimension from the input: every row is checked against it, and an
     input with no rows is still a valid (empty) dataset. Without it the
@@ -925,15 +934,25 @@ class ReadEmbeddingBlocks(beam.PTransform):
         sizes = _match(spec.pattern)
         self.paths = [path for path, _ in sizes]
         if dim is None:
-            self.dim, self.dim_source = input_schema(self.paths, spec)
+            self.dim, first = input_schema(self.paths, spec)
+            # Named by the pattern: the DoFns (the job graph) carry no
+            # private file name.
+            self.dim_source = (f"the first file matching --input "
+                               f"{spec.pattern!r}" if first != spec.pattern
+                               else first)
         else:
             self.dim, self.dim_source = int(dim), "--embedding-dim"
-        self.ranges = [r for path, size in sizes
-                       for r in file_ranges(path, size, spec)]
+
+    @property
+    def ranges(self) -> list["FileRange"]:
+        """The read ranges, as the workers list them."""
+        return list_ranges(self.spec.pattern, self.spec)
 
     def expand(self, pbegin):
+        spec = self.spec
         return (pbegin
-                | "ListRanges" >> beam.Create(self.ranges)
+                | "Pattern" >> beam.Create([spec.pattern])
+                | "ListRanges" >> beam.FlatMap(list_ranges, spec)
                 | "SpreadRanges" >> beam.Reshuffle()
                 | "ReadBlocks" >> beam.ParDo(_ReadBlocksFn(
                     self.spec, self.dim, self.dim_source)

@@ -21,7 +21,7 @@ import numpy as np
 
 from dp_ops import generator
 from dp_ops.ledger import PrivacyLedger
-from dp_ops.noise import NoiseSource
+from dp_ops.noise import KeyedNoise, NoiseSource
 
 
 class AddNoise(beam.PTransform):
@@ -45,3 +45,63 @@ class AddNoise(beam.PTransform):
             return key, generator.add_noise(
                 ledger, noise, name_of(key), np.asarray(value, np.float64))
         return pcoll | "AddNoise" >> beam.Map(add)
+
+
+class StoredKeyNoise(KeyedNoise):
+    """Keyed noise whose secret key stays out of the job graph.
+
+    On a service that keeps the job description (Dataflow stores the
+    pipeline in the staging location and in the job's metadata, readable by
+    whoever may view the project's jobs), a key pickled into the DoFns
+    would let those readers subtract the noise from the release. Here the
+    launcher writes the key to one object at a location the operator
+    restricts to the job's service account (``--noise-key-location``); only
+    that object's URI is pickled, each worker reads the key on first use,
+    and the launcher deletes the object when the run ends. Draws are the
+    same as ``KeyedNoise``'s for the same key.
+    """
+
+    def __init__(self, uri: str, key: bytes) -> None:
+        super().__init__(key)
+        self._uri = uri
+
+    def __getstate__(self) -> dict:
+        return {"uri": self._uri}  # never the key
+
+    def __setstate__(self, state: dict) -> None:
+        self._uri = state["uri"]
+        self._key = None
+
+    def _stream(self, name: str):
+        if self._key is None:
+            self._key = read_key(self._uri)
+        return super()._stream(name)
+
+
+def key_uri(location: str, run_id: str, owner: str) -> str:
+    """Where one attempt's key object lives under the operator's location."""
+    return f"{location.rstrip('/')}/dpsynth-noise-key-{run_id}-{owner}"
+
+
+def write_key(uri: str, key: bytes) -> None:
+    from apache_beam.io.filesystems import FileSystems
+    with FileSystems.create(uri) as f:
+        f.write(key)
+
+
+def read_key(uri: str) -> bytes:
+    from apache_beam.io.filesystems import FileSystems
+    with FileSystems.open(uri) as f:
+        key = f.read()
+    if len(key) < 16:
+        raise RuntimeError(f"{uri}: not a dpsynth noise key")
+    return key
+
+
+def delete_key(uri: str) -> None:
+    """Best effort: the run is over (a lost key only stops retries)."""
+    from apache_beam.io.filesystems import FileSystems
+    try:
+        FileSystems.delete([uri])
+    except Exception:  # already gone, or the location is unreachable
+        pass

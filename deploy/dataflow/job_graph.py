@@ -273,12 +273,6 @@ def build_graphs(generate_argv: Sequence[str],
     """Dry-run Dataflow descriptions of the run these `dpsynth generate`
     flags (Beam's options included) would launch: {"phase1", "phase2"}
     for ``--covariance auto``, {"main"} for a fixed plan."""
-    from unittest import mock
-
-    import apache_beam as beam
-    import numpy as np
-    from apache_beam.io.filesystems import FileSystems
-
     from pipelines import generate
     from pipelines import job as job_mod
     from pipelines.options import beam_options
@@ -297,8 +291,27 @@ def build_graphs(generate_argv: Sequence[str],
                          f"{job.output}: a launch would build no graph")
     no_progress = ProgressFile(None)  # as on any remote runner
     out: dict = {"run_id": job.run_id}
+    # As a launch does: the key goes to --noise-key-location, the graph
+    # holds only its URI; the object is deleted when the build ends.
+    key_object = job_mod.store_noise_key(job, spec)
+    try:
+        _build(job_mod, job, spec, options, no_progress, phase1_counts, out)
+    finally:
+        if key_object is not None:
+            from transforms.noise import delete_key
+            delete_key(key_object)
+    return out
+
+
+def _build(job_mod, job, spec, options, no_progress, phase1_counts,
+           out: dict) -> None:
+    from unittest import mock
+
+    import apache_beam as beam
+    import numpy as np
+    from apache_beam.io.filesystems import FileSystems
     with _Capture() as capture:
-        reader = job_mod._make_reader(job, spec)
+        reader = job_mod.make_reader(job, spec)
         if job.adaptive_mu is None:
             p = beam.Pipeline(options=options)
             job_mod.build(p, job, reader, spec, no_progress)
@@ -316,7 +329,7 @@ def build_graphs(generate_argv: Sequence[str],
                 centre, counts = job_mod.run_phase1(job, reader, options,
                                                     no_progress)
             structure = job_mod.choose_phase2(job, reader.dim, counts)
-            reader = job_mod._make_reader(job, spec)
+            reader = job_mod.make_reader(job, spec)
             p = beam.Pipeline(options=options)
             job_mod.build_adaptive(p, job, reader, spec, centre, counts,
                                    no_progress)
@@ -326,7 +339,6 @@ def build_graphs(generate_argv: Sequence[str],
             out["stand_in_counts"] = counts.tolist()
     for name, dry_job in zip(names, capture.jobs, strict=True):
         out[name] = describe(dry_job)
-    return out
 
 
 # ------------------------------------------------------- review helpers

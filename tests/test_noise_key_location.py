@@ -1,0 +1,60 @@
+"""The noise key stays out of the job graph (``--noise-key-location``):
+only a reference is pickled, the workers read the key, the launcher deletes
+it after the run, and the draws equal the in-memory key's."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+from dp_ops.noise import KeyedNoise
+from pipelines import cli, job, release
+from tests.conftest import gmm_data
+from transforms.noise import StoredKeyNoise, key_uri, write_key
+
+KEY = bytes(range(32))
+
+
+def test_only_the_reference_is_pickled_and_draws_are_the_keys(tmp_path):
+    uri = key_uri(str(tmp_path), "run", "owner")
+    write_key(uri, KEY)
+    stored = StoredKeyNoise(uri, KEY)
+    blob = pickle.dumps(stored)
+    assert KEY not in blob and KEY.hex().encode() not in blob
+    worker = pickle.loads(blob)  # what a worker gets
+    expected = KeyedNoise(KEY).gaussian(2.0, 50, "class=0/sum")
+    np.testing.assert_array_equal(worker.gaussian(2.0, 50, "class=0/sum"),
+                                  expected)
+
+
+def test_a_run_with_a_key_location_writes_reads_and_deletes_the_key(
+        tmp_path, monkeypatch):
+    x, y = gmm_data(300, d=4, classes=2)
+    data = tmp_path / "in.npz"
+    np.savez(data, embeddings=x, labels=y)
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    seen = []
+    real = job.store_noise_key
+
+    def spy(j, spec):
+        uri = real(j, spec)
+        seen.append((uri, Path(uri).exists()))
+        return uri
+    monkeypatch.setattr(job, "store_noise_key", spy)
+    out = str(tmp_path / "out")
+    # Worker processes (multi_processing) unpickle the reference and read
+    # the key object themselves.
+    assert cli.main(["generate", "--input", str(data), "--num-classes", "2",
+                     "--output", out, "--noise-key-location", str(keys),
+                     "--runner", "DirectRunner", "--direct_num_workers", "2",
+                     "--direct_running_mode", "multi_processing"]) == 0
+    assert seen and seen[0][1]  # written for the run
+    assert list(keys.iterdir()) == []  # and deleted after it
+    manifest = release.read_manifest(out)
+    assert manifest["samples_total"] > 0 and manifest["private"] is True
+    for path in Path(out).rglob("*"):
+        if path.is_file():
+            assert KEY not in path.read_bytes()
