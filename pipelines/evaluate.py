@@ -122,8 +122,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     proto.add_argument("--seeds", type=int, default=None,
                        help="training seeds per model (default: the "
                        "protocol's)")
-    proto.add_argument("--models", default="mlp,logreg",
-                       help="comma list of mlp, logreg")
+    proto.add_argument("--models", default=None,
+                       help="comma list of mlp, logreg (default: both; "
+                       "logreg alone where Keras/TensorFlow is not installed"
+                       ", e.g. the base install)")
     proto.add_argument("--size-policy", choices=SIZE_POLICIES, default=None,
                        help="paper: cut synthetic sets larger than the real "
                        "train set to its size; match: also repeat smaller "
@@ -223,14 +225,24 @@ def scaled_learning_rate(n_rows: int, cfg: classifiers.MLPConfig) -> float:
                max(MAX_AUTO_LR, cfg.learning_rate))
 
 
-def parse_models(text: str) -> list[str]:
+def keras_installed() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("keras") is not None
+
+
+def default_models() -> str:
+    return "mlp,logreg" if keras_installed() else "logreg"
+
+
+def parse_models(text: Optional[str]) -> list[str]:
+    if text is None:
+        text = default_models()
     names = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in names if m not in classifiers.TRAINERS]
     if not names or bad:
         raise ValueError(f"--models: choose from {list(classifiers.TRAINERS)},"
                          f" got {text!r}")
-    import importlib.util
-    if "mlp" in names and importlib.util.find_spec("keras") is None:
+    if "mlp" in names and not keras_installed():
         raise ValueError("--models mlp needs Keras/TensorFlow, which the base "
                          "install leaves out: pip install 'dpsynth[tf]', or "
                          "pass --models logreg")
@@ -646,7 +658,17 @@ def resolve_real_paths(args: argparse.Namespace,
         raise ValueError(f"{' and '.join(missing)} required (only a release "
                          f"made from the embedded demo defaults to its split;"
                          f" or pass --demo)")
-    return args.real_train, args.real_test, False
+    return args.real_train, args.real_test, (
+        made_from_demo(manifest) and _is_demo_split(args.real_train,
+                                                    args.real_test))
+
+
+def _is_demo_split(train: str, test: str) -> bool:
+    """Whether the two paths name the demo's own train and test files."""
+    from pipelines import demo
+    same = lambda a, b: os.path.realpath(a) == os.path.realpath(b)
+    demo_train, demo_test = demo.demo_files()
+    return same(train, demo_train) and same(test, demo_test)
 
 
 def logreg_config(args: argparse.Namespace,
@@ -678,6 +700,9 @@ def _run(args: argparse.Namespace) -> int:
         mlp_cfg = mlp_config(args)
         x_syn, y_syn, manifest = load_synthetic(args.synthetic)
         real_train, real_test, demo = resolve_real_paths(args, manifest)
+        if args.models is None and "mlp" not in models:
+            progress("no Keras/TensorFlow here: the logistic probe only (pip "
+                     "install 'dpsynth[tf]' adds the paper's MLP)")
         logreg_cfg = logreg_config(args, demo)
         size_policy = args.size_policy or ("none" if demo else "paper")
         norm = resolve_normalize(args.normalize, manifest)

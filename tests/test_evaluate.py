@@ -282,6 +282,15 @@ def test_demo_release_scores_like_generates_utility_line(demo_release,
     assert (report["real"]["train"], report["real"]["test"]) == (train, test)
     assert "the embedded demo's split" in printed.err
     assert "C=1 (--logreg-c) (the demo: generate's utility-line" in printed.out
+    # Naming the demo's files explicitly (the command) is the same.
+    again = tmp_path / "again.json"
+    assert run_cli("--synthetic", demo_release, "--real-train", train,
+                   "--real-test", test, "--models", "logreg",
+                   "--no-distribution", "--output", again) == 0
+    capsys.readouterr()
+    repeat = json.loads(again.read_text())
+    assert repeat["real"]["demo"] is True
+    assert repeat["synthetic_trained"] == report["synthetic_trained"]
     line = demo.utility_line(demo_release, test, train)
     real, synthetic = re.findall(r"trained on (?:real|synthetic) (\d\.\d{3})",
                                  line)
@@ -319,3 +328,12 @@ def test_console_is_quiet_and_explains_every_metric(files, tmp_path):
     report = json.loads(open(files["out"]).read())
     reference = report["distribution"]["real_test_reference"]
     assert reference["precision"] > 0.5  # fresh real rows look real
+
+
+def test_without_keras_the_default_is_the_logistic_probe(monkeypatch):
+    monkeypatch.setattr(evaluate, "keras_installed", lambda: False)
+    assert evaluate.parse_models(None) == ["logreg"]
+    with pytest.raises(ValueError, match="dpsynth\\[tf\\]"):
+        evaluate.parse_models("mlp,logreg")
+    monkeypatch.setattr(evaluate, "keras_installed", lambda: True)
+    assert evaluate.parse_models(None) == ["mlp", "logreg"]
