@@ -9,7 +9,7 @@ synthetic rows (Fréchet distance, k-NN precision/recall, distance to the
 closest record against a real holdout).
 
 --protocol quick (the default) trains each model once (1 seed): minutes on
-CIFAR-10-size data, about 10 s on the demo. --protocol full is the paper's:
+CIFAR-10-size data, about 10 s of CPU on the demo. --protocol full is the paper's:
 3 seeds, mean and std. Progress goes to stderr, one line per trained model
 and seed (TensorFlow's start-up lines go to a log file; --verbose shows them).
 
