@@ -17,7 +17,7 @@ import numpy as np
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.pvalue import AsDict
 
-from dp_ops import adaptive, generator, plan
+from dp_ops import plan
 from dp_ops.ledger import Mechanism, PrivacyLedger
 from dp_ops.noise import SeededNoise
 from transforms import adaptive as adaptive_t

@@ -144,8 +144,8 @@ def test_empty_public_partition_has_no_key_without_seeds():
     ledger, (x, y) = _ledger(), _data(60)
     comb = KeyedSumCombiner(class_sum_family(R), LABELS, ledger,
                             SeededNoise(1))
-    engine = pipeline_dp.DPEngine(LedgerAccountant(ledger),
-                                  pipeline_dp.LocalBackend())
+    accountant = LedgerAccountant(ledger)
+    engine = pipeline_dp.DPEngine(accountant, pipeline_dp.LocalBackend())
     params = pipeline_dp.AggregateParams(
         noise_kind=pipeline_dp.NoiseKind.GAUSSIAN, metrics=[],
         max_partitions_contributed=1, max_contributions_per_partition=1,
@@ -156,7 +156,7 @@ def test_empty_public_partition_has_no_key_without_seeds():
     out = engine.aggregate(rows, params, pipeline_dp.DataExtractors(
         partition_extractor=lambda kv: kv[0], value_extractor=lambda kv: kv[1]),
         public_partitions=LABELS)
-    engine._budget_accountant.compute_budgets()
+    accountant.compute_budgets()
     with pytest.raises(ValueError, match="without its label"):
         dict(out)
 

@@ -186,8 +186,7 @@ class KeyedSumCombiner(combiners.CustomCombiner):
 
     def __init__(self, family: Family, labels: Sequence[int],
                  ledger: PrivacyLedger, noise: NoiseSource) -> None:
-        self._family, self._partial = family.name, family.partial
-        self._release = family.release
+        self._family, self._release = family.name, family.release
         self._ledger, self._noise = ledger, noise
         mech = family_mechanisms(ledger, labels, family.name)[0]
         self._sensitivity, self._sigma = mech.sensitivity, mech.sigma
@@ -274,12 +273,13 @@ class ClassSums(beam.PTransform):
                  accountant: Optional[LedgerAccountant] = None) -> None:
         super().__init__()
         self._labels, self._dim = [int(c) for c in labels], dim
+        self._partial = family.partial
         self._combiner = KeyedSumCombiner(family, self._labels, ledger, noise)
         self.aggregation = Aggregation(accountant or LedgerAccountant(ledger),
                                        report_generator.ExplainComputationReport())
 
     def expand(self, blocks):
-        dim, partial = self._dim, self._combiner._partial
+        dim, partial = self._dim, self._partial
         parts = (blocks
                  | "Partials" >> beam.ParDo(aggregate._AccumulateFn(
                      _FamilyAccumulator(partial), 1))
