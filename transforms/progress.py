@@ -56,16 +56,34 @@ class ReportProgress(beam.PTransform):
         self._progress, self._stage = progress, stage
 
     def expand(self, blocks):
-        if self._progress is None or not self._progress.path:
+        path = None if self._progress is None else self._progress.path
+        if not path and not trace_path():
             return blocks
-        progress, stage = self._progress, self._stage
-
-        def report(block):
-            progress.add(stage, _rows(block))
-            return block
         # the blocks' own type (and so their coder) passes through
-        return blocks | beam.Map(report).with_output_types(
-            blocks.element_type)
+        return blocks | beam.ParDo(_ReportFn(
+            ProgressFile(path), self._stage)).with_output_types(
+                blocks.element_type)
+
+
+class _ReportFn(beam.DoFn):
+    """Reports each block's rows; with a stage trace, each bundle of the
+    pass as a ``pass:<stage>`` span (on DirectRunner the fused bundle: the
+    read and what follows it)."""
+
+    def __init__(self, progress: ProgressFile, stage: str) -> None:
+        self._progress, self._stage = progress, stage
+        self._span = BundleSpan(f"pass:{stage}")
+
+    def start_bundle(self) -> None:
+        self._span.start()
+
+    def finish_bundle(self) -> None:
+        self._span.end()
+
+    def process(self, block):
+        self._span.mark()
+        self._progress.add(self._stage, _rows(block))
+        yield block
 
 
 # ------------------------------------------------------------ stage trace
