@@ -51,6 +51,25 @@ def release_bytes(out) -> dict:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+# Manifest fields that name one run, not its outputs.
+RUN_FIELDS = frozenset({"run_id", "created_utc", "root"})
+
+
+def assert_same_release(a, b, may_differ: frozenset = frozenset()) -> None:
+    """Two published releases hold the same bytes: every file of the
+    version folder, and the manifest but for the fields naming the run."""
+    from pathlib import Path
+    from pipelines.release import read_manifest
+    fa, fb = release_bytes(a), release_bytes(b)
+    assert sorted(fa) == sorted(fb) and any(
+        f.startswith("data/") for f in fa)
+    for name in fa:  # shards, gmm.npz, summary.json, schema.json
+        assert fa[name] == fb[name], f"{name} differs"
+    ma, mb = read_manifest(str(Path(a))), read_manifest(str(Path(b)))
+    assert {k for k in ma.keys() | mb.keys()
+            if ma.get(k) != mb.get(k)} <= RUN_FIELDS | may_differ
+
+
 def shared_image_subset(split: str, per_class: int, dest,
                         classes=("cat", "ship")):
     """Copies the first ``per_class`` shared CIFAR-10 JPEGs of each class

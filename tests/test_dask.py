@@ -34,13 +34,13 @@ import apache_beam as beam  # noqa: E402
 
 from pipelines import cli, generate  # noqa: E402
 from pipelines.options import beam_options  # noqa: E402
-from tests.conftest import gmm_data, release_bytes, release_dir  # noqa: E402
+from tests.conftest import (assert_same_release, gmm_data,  # noqa: E402
+                            release_dir)
 from transforms import io  # noqa: E402
 from transforms.write import tfrecord_bytes  # noqa: E402
 
 # Fields of manifest.json that name the run, not the release ("root": the
 # random version folder).
-RUN_FIELDS = {"run_id", "created_utc", "root"}
 
 
 @pytest.fixture(scope="module")
@@ -68,16 +68,6 @@ def _generate(out, *flags) -> None:
 def _dask(address: str) -> list[str]:
     return ["--runner", "dask", f"--dask_client_address={address}"]
 
-
-def _assert_same_release(a, b, may_differ: frozenset = frozenset()) -> None:
-    fa, fb = release_bytes(a), release_bytes(b)
-    assert sorted(fa) == sorted(fb) and any(".tfrecord" in f for f in fa)
-    for name in fa:  # shards, gmm.npz, summary.json, schema.json
-        assert fa[name] == fb[name], f"{name} differs"
-    ma, mb = (json.loads((a / "manifest.json").read_text()),
-              json.loads((b / "manifest.json").read_text()))
-    assert {k for k in ma.keys() | mb.keys() if ma.get(k) != mb.get(k)} \
-        <= RUN_FIELDS | may_differ
 
 
 # ------------------------------------------------------------------ flags
@@ -230,7 +220,7 @@ def test_blocks_read_by_two_branches_are_not_stored(scheduler, tmp_path,
 def test_demo_is_byte_identical_to_direct_runner(scheduler, tmp_path):
     _generate(tmp_path / "direct", "--noise-seed", 7)
     _generate(tmp_path / "dask", "--noise-seed", 7, *_dask(scheduler))
-    _assert_same_release(tmp_path / "direct", tmp_path / "dask")
+    assert_same_release(tmp_path / "direct", tmp_path / "dask")
 
 
 def _write_tfrecord(path, x, y) -> None:
@@ -266,7 +256,7 @@ def test_k_means_and_vote_filter_on_several_files(scheduler, several_files,
     _generate(tmp_path / "direct", *flags)
     _generate(tmp_path / "dask", *flags, "--split-bytes", 16_000,
               *_dask(scheduler))
-    _assert_same_release(tmp_path / "direct", tmp_path / "dask")
+    assert_same_release(tmp_path / "direct", tmp_path / "dask")
 
 
 # ------------------------------------------------------------ split reads
@@ -368,5 +358,5 @@ def test_demo_on_a_local_cluster_is_quiet_and_leaves_nothing(tmp_path):
         n.startswith("dpsynth-") and n != "dpsynth-demo")]  # cached input
     assert leftovers == []
     # "input": the demo's rows are the same, cached under another TMPDIR.
-    _assert_same_release(tmp_path / "direct", tmp_path / "dask",
+    assert_same_release(tmp_path / "direct", tmp_path / "dask",
                          frozenset({"input"}))

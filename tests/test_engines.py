@@ -26,7 +26,6 @@ reference is the same whether or not Prism is installed.
 
 from __future__ import annotations
 
-import json
 import contextlib
 import os
 import shutil
@@ -41,13 +40,12 @@ import pytest
 
 from deploy import install_engines, runners
 from pipelines import cli
-from tests.conftest import gmm_data, release_bytes
+from tests.conftest import assert_same_release, gmm_data
 
 pytestmark = pytest.mark.engines
 
 # Fields of manifest.json that name the run, not the release ("root": the
 # random version folder).
-RUN_FIELDS = {"run_id", "created_utc", "root"}
 REPO = Path(__file__).resolve().parent.parent
 JOB_SERVER_START_S = 180
 # Flink 1.20 on Java 17 reflects into these JDK packages (the list of
@@ -91,16 +89,6 @@ def _generate(out, *flags) -> Path:
                      *map(str, flags)]) == 0
     return Path(out)
 
-
-def assert_same_release(a: Path, b: Path) -> None:
-    fa, fb = release_bytes(a), release_bytes(b)
-    assert sorted(fa) == sorted(fb) and any(".tfrecord" in f for f in fa)
-    for name in fa:  # shards, gmm.npz, summary.json, schema.json
-        assert fa[name] == fb[name], f"{name} differs"
-    ma, mb = (json.loads((a / "manifest.json").read_text()),
-              json.loads((b / "manifest.json").read_text()))
-    assert {k for k in ma.keys() | mb.keys() if ma.get(k) != mb.get(k)} \
-        <= RUN_FIELDS
 
 
 def _free_port() -> int:
