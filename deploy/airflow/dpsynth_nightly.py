@@ -34,12 +34,14 @@ Configuration: two Airflow Variables, overridden per run by the DAG params
 the params cannot touch the lifetime cap or the budget store):
 
   dpsynth_runner   DirectRunner (default) | DataflowRunner | FlinkRunner |
-                   DaskRunner
+                   SparkRunner | PrismRunner | DaskRunner
   dpsynth_config   JSON object; keys (defaults in DEFAULTS below):
     runner_params     keyword args of deploy.runners.<runner>_args, e.g.
                       {"project": "p", "region": "europe-west4",
                        "temp_location": "gs://b/tmp"} or
                       {"flink_master": "jm:8081", "environment_type": "DOCKER"}
+                      or {"master_url": "spark://host:7077"} (SparkRunner)
+                      or {"job_endpoint": "prism:8073"} (PrismRunner)
                       or {"client_address": "tcp://dask-scheduler:8786"}
     output_root       releases go to {output_root}/{ds}
     budget_store      local dir or gs:// prefix of the budget ledgers
@@ -91,7 +93,8 @@ DEFAULTS = {
     "extra_args": {},
     "notify_url": "",
 }
-RUNNERS = ("DirectRunner", "DataflowRunner", "FlinkRunner", "DaskRunner")
+RUNNERS = ("DirectRunner", "DataflowRunner", "FlinkRunner", "SparkRunner",
+           "PrismRunner", "DaskRunner")
 # Flags an Airflow run must never pass: exact counts would reach task logs,
 # a seed makes the release non-private.
 FORBIDDEN_EXTRA = ("show_row_counts", "show-row-counts", "noise_seed",
