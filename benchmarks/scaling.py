@@ -313,7 +313,7 @@ def child_beam(data: str, flags: Sequence[str], result: str,
         else:
             generate.run(args, beam_argv)
         work = time.perf_counter() - t0
-        with open(os.path.join(out, "rel", "manifest.json")) as f:
+        with open(os.path.join(out, "rel", "_manifest.json")) as f:
             manifest = json.load(f)  # the pointer: samples, no timings
         plan = manifest.get("adaptive_plan") or {}
         _dump(result, {"work_s": work, "passes": passes,
@@ -1129,7 +1129,7 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
         finally:
             eng.stop()
         work = time.time() - t0
-        with open(os.path.join(out, "rel", "manifest.json")) as f:
+        with open(os.path.join(out, "rel", "_manifest.json")) as f:
             manifest = json.load(f)
         spans = (progress.read_trace(trace) if os.path.exists(trace)
                  else [])

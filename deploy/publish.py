@@ -2,7 +2,7 @@
 
 ``python -m deploy.publish --output ROOT/2026-01-01 --run-id ID
 --output-root ROOT`` checks that the
-published release (its ``manifest.json`` is the commit point, see
+published release (its ``_manifest.json`` is the commit point, see
 ``pipelines/release.py``) was produced by run ``ID`` — a different run id
 means another configuration wrote there, which must not pass silently —
 writes ``ROOT/LATEST.json`` (one object write: atomic on GCS and, through a

@@ -83,7 +83,7 @@ PRIVACY_NOTE = ("ceiling and distribution metrics are computed on the real "
 def add_arguments(p: argparse.ArgumentParser) -> None:
     data = p.add_argument_group("data")
     data.add_argument("--synthetic", required=True,
-                      help="release directory (manifest.json + data/), or a "
+                      help="release directory (_manifest.json + data/), or a "
                       "labelled .npz/TFRecord/Parquet file or glob")
     data.add_argument("--real-train",
                       help="real training rows the release was made from "

@@ -466,7 +466,7 @@ def manifest(job: Job, spec: GenerateSpec, dim: int,
              NOISE_DESCRIPTION.format(kind="secure",
                                       key="a per-run key from os.urandom"))
     return {
-        "format": "dpsynth-release/2",
+        "format": "dpsynth-release/3",
         "run_id": job.run_id,
         "root": job.version,
         "created_utc": job.created_utc,
@@ -677,7 +677,7 @@ def run(spec: GenerateSpec) -> str:
     reserve the spend (or take over the run id's attempt) -> run into this
     launch's own staging folder -> staged manifest -> record the staged
     folder and its manifest's digest -> place the files under
-    --output/<version> -> write --output/manifest.json (the commit point for
+    --output/<version> -> write --output/_manifest.json (the commit point for
     readers) -> record the release as published. A retry of a run id whose
     staged release is recorded re-publishes exactly that folder (same noise,
     no new spend); one run id never publishes a second draw.

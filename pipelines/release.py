@@ -2,17 +2,23 @@
 
 Layout of a published release at ``--output``::
 
-    <output>/manifest.json          the commit point: written last
-    <output>/<version>/gmm.npz      the files the manifest's "root" names
-    <output>/<version>/summary.json
+    <output>/_manifest.json         the commit point: written last
+    <output>/<version>/_gmm.npz     the files the manifest's "root" names
+    <output>/<version>/_summary.json
+    <output>/<version>/_schema.json
     <output>/<version>/data/...
+
+Everything but the data shards starts with "_", which Parquet readers
+(pyarrow, pandas, Spark) skip: ``pd.read_parquet(<output>)`` opens a
+Parquet release's rows in one call. (Releases before format 3 named them
+without "_"; readers here accept both.)
 
 A run writes everything under a staging directory beside the output
 (``<output>.staging-<run_id>``), then writes the staged manifest there: a
 complete staged release. Publishing links (local) or copies (object
 stores) the staged files into a fresh version folder ``<output>/<version>``
 (``version`` is random, fixed when the run is planned) and then writes
-``<output>/manifest.json``, which names that folder, as one atomic write
+``<output>/_manifest.json``, which names that folder, as one atomic write
 (local: temp file + rename; GCS: one object). Before that write nothing
 under ``--output`` is a release: ``read_manifest`` / ``load_release`` read
 only what the manifest names, and a version folder without a manifest
@@ -54,7 +60,8 @@ FileSystems = _import_filesystems()
 
 from transforms import io  # noqa: E402  (after the quiet Beam import)
 
-MANIFEST = "manifest.json"
+MANIFEST = "_manifest.json"
+LEGACY_MANIFEST = "manifest.json"  # format 2 and older
 VERSION_PREFIX = "v-"  # version folders: v-<random hex>
 
 
@@ -97,8 +104,8 @@ def staging_folders(output: str, run_id: str) -> dict[str, str]:
 
 
 def manifest_digest(folder: str) -> str:
-    """sha256 of ``folder/manifest.json``'s bytes."""
-    with FileSystems.open(manifest_path(folder)) as f:
+    """sha256 of the bytes of ``folder``'s manifest."""
+    with FileSystems.open(_manifest_file(folder) or manifest_path(folder)) as f:
         return hashlib.sha256(f.read()).hexdigest()
 
 
@@ -106,13 +113,22 @@ def manifest_path(release: str) -> str:
     return io.join(release, MANIFEST)
 
 
+def _manifest_file(release: str) -> Optional[str]:
+    """The release's manifest: this format's, or an older release's."""
+    for name in (MANIFEST, LEGACY_MANIFEST):
+        path = io.join(release, name)
+        if FileSystems.exists(path):
+            return path
+    return None
+
+
 def release_exists(output: str) -> bool:
-    return FileSystems.exists(manifest_path(output))
+    return _manifest_file(output) is not None
 
 
 def read_manifest(release: str) -> dict:
-    path = manifest_path(release)
-    if not FileSystems.exists(path):
+    path = _manifest_file(release)
+    if path is None:
         raise ReleaseError(f"{release}: no {MANIFEST}; not a complete release")
     with FileSystems.open(path) as f:
         return json.loads(f.read().decode())
@@ -126,7 +142,7 @@ def release_root(release: str, manifest: Optional[dict] = None) -> str:
 
 
 def write_manifest(folder: str, manifest: dict) -> None:
-    """Writes ``folder/manifest.json`` in one atomic step."""
+    """Writes ``folder/_manifest.json`` in one atomic step."""
     data = json.dumps(manifest, indent=1, sort_keys=True).encode()
     path = manifest_path(folder)
     if not is_local(path):  # one object write: atomic on GCS
@@ -232,6 +248,9 @@ def remove_unreferenced(output: str) -> None:
     keep = io.join(output, manifest["root"]).rstrip("/") + "/"
     stale = [p for p in _list(output)
              if p != manifest_path(output) and not p.startswith(keep)]
+    legacy = io.join(output, LEGACY_MANIFEST)
+    if is_local(output) and os.path.exists(legacy):
+        os.unlink(legacy)  # an older release this one replaced
     if is_local(output):
         for entry in os.listdir(output):
             path = os.path.join(output, entry)
@@ -322,8 +341,10 @@ def load_release(path: str, as_: str = "tuple", shuffle: bool = True,
 
 def load_gmm(path: str):
     from models.gmm import MixtureRelease
-    root = release_root(path)
-    with FileSystems.open(io.join(root, "gmm.npz")) as f:
+    manifest = read_manifest(path)
+    root = release_root(path, manifest)
+    name = manifest.get("outputs", {}).get("gmm", "gmm.npz")
+    with FileSystems.open(io.join(root, name)) as f:
         return MixtureRelease.from_npz(f.read())
 
 

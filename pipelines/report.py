@@ -175,7 +175,8 @@ def read_release(path: str) -> Release:
     try:
         from apache_beam.io.filesystems import FileSystems
         root = release.release_root(path, manifest)
-        with FileSystems.open(io.join(root, "summary.json")) as f:
+        name = manifest.get("outputs", {}).get("summary", "summary.json")
+        with FileSystems.open(io.join(root, name)) as f:
             summary = json.loads(f.read().decode())
     except Exception:  # older or partial layouts: the manifest's copy
         pass

@@ -285,7 +285,7 @@ def test_with_a_public_dimension_n0_and_n1_are_both_released(tmp_path, rows):
     out = tmp_path / "out"
     assert _generate("--input", path, "--num-classes", 2, "--embedding-dim",
                      6, "--output", out) == 0
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     assert [c["label"] for c in manifest["classes"]] == [0, 1]
     assert manifest["embedding_dim"] == 6
 
@@ -518,7 +518,7 @@ def _keys(doc) -> list:
 
 
 def _manifest(out) -> dict:
-    return json.loads((out / "manifest.json").read_text())
+    return json.loads((out / "_manifest.json").read_text())
 
 
 def test_empty_class_succeeds_with_a_noisy_mixture_and_delta_warning(

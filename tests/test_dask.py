@@ -304,7 +304,7 @@ def test_secure_noise_release_is_self_consistent(scheduler, tmp_path):
     _generate(out, *_dask(scheduler))
     _, y, manifest = load_release(str(out))
     gmm = load_gmm(str(out))
-    summary = json.loads((release_dir(out) / "summary.json").read_text())
+    summary = json.loads((release_dir(out) / "_summary.json").read_text())
     for entry in summary:
         label = entry["label"]
         assert int((y == label).sum()) == entry["samples"], label

@@ -127,7 +127,7 @@ def test_one_nightly_run_end_to_end(nightly):
                                       "generate": "success",
                                       "publish_notify": "success"}
     release = root / "releases" / DATE
-    manifest = json.loads((release / "manifest.json").read_text())
+    manifest = json.loads((release / "_manifest.json").read_text())
     assert manifest["run_id"] == f"digits-demo-{DATE}"
     assert manifest["privacy"]["target"]["epsilon"] == 1.0
     assert list((release_dir(release) / "data").glob("synthetic-*.tfrecord"))
@@ -151,11 +151,11 @@ def test_rerun_of_the_same_date_spends_nothing_twice(nightly, airflow_venv,
     first = budget_store.history(store, "digits-demo")
     assert [(e["run_id"], e["status"]) for e in first] == [
         (f"digits-demo-{DATE}", "published")]
-    manifest_before = (root / "releases" / DATE / "manifest.json").read_text()
+    manifest_before = (root / "releases" / DATE / "_manifest.json").read_text()
     again = dag_check(airflow_venv, airflow_home, config, "--run", DATE)
     assert again["run"]["state"] == "success", again["log"]
     assert budget_store.history(store, "digits-demo") == first
-    assert (root / "releases" / DATE / "manifest.json").read_text() == \
+    assert (root / "releases" / DATE / "_manifest.json").read_text() == \
         manifest_before
 
 

@@ -216,9 +216,9 @@ def test_direct_runner_two_worker_processes_real_run(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(REPO)},
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["run_id"] == "direct-2proc"
-    assert (release_dir(out) / "gmm.npz").is_file()
+    assert (release_dir(out) / "_gmm.npz").is_file()
     assert list((release_dir(out) / "data").glob("synthetic-*.tfrecord"))
 
 

@@ -68,14 +68,14 @@ def releases(tmp_path_factory):
 
 
 def _manifest(release) -> dict:
-    doc = json.loads((release / "manifest.json").read_text())
+    doc = json.loads((release / "_manifest.json").read_text())
     return {k: v for k, v in doc.items() if k not in VOLATILE}
 
 
 def test_release_has_several_shards_and_a_gmm(releases):
     files = release_bytes(releases["one-worker"])
     shards = [f for f in files if f.endswith(".tfrecord")]
-    assert len(shards) >= 4 and "gmm.npz" in files
+    assert len(shards) >= 4 and "_gmm.npz" in files
     assert {f.split("-")[1] for f in shards} == {
         "class00000", "class00001", "class00002"}
 
@@ -92,8 +92,8 @@ def test_byte_identical_across_workers_block_sizes_and_file_splits(releases,
 
 
 def test_manifest_differs_only_in_run_metadata(releases):
-    a = json.loads((releases["one-worker"] / "manifest.json").read_text())
-    b = json.loads((releases["split-a"] / "manifest.json").read_text())
+    a = json.loads((releases["one-worker"] / "_manifest.json").read_text())
+    b = json.loads((releases["split-a"] / "_manifest.json").read_text())
     differ = {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
     assert differ <= VOLATILE and "run_id" in differ
 
@@ -104,7 +104,7 @@ def test_different_noise_seed_gives_different_noise(releases):
     other = load_gmm(str(releases["other-noise-seed"]))
     ref_files = release_bytes(releases["one-worker"])
     other_files = release_bytes(releases["other-noise-seed"])
-    assert ref_files["gmm.npz"] != other_files["gmm.npz"]
+    assert ref_files["_gmm.npz"] != other_files["_gmm.npz"]
     for label in (0, 1, 2):
         assert not np.allclose(ref.mixtures[label].means,
                                other.mixtures[label].means)

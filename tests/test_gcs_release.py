@@ -86,14 +86,14 @@ def test_generate_reads_gs_input_and_publishes_gs_release(gcs):
     names = gcs.names("releases/")
     final = [n for n in names if n.startswith("releases/2026-01-01/")]
     assert set(names) == set(final), "staging objects left behind"
-    assert "releases/2026-01-01/manifest.json" in final
+    assert "releases/2026-01-01/_manifest.json" in final
     x, y, manifest = release.load_release(output)  # reads through gs://
     root = f"releases/2026-01-01/{manifest['root']}/"
-    assert f"{root}gmm.npz" in final
+    assert f"{root}_gmm.npz" in final
     shards = [n for n in final if n.startswith(f"{root}data/")]
     assert shards and all(n.rsplit("/", 1)[1].startswith("synthetic-")
                           and n.endswith(".tfrecord") for n in shards)
-    assert set(final) == {"releases/2026-01-01/manifest.json"} | {
+    assert set(final) == {"releases/2026-01-01/_manifest.json"} | {
         n for n in final if n.startswith(root)}
     assert manifest["run_id"] == "gcs-e2e"
     assert "files" not in manifest["input"]
@@ -214,7 +214,7 @@ def test_republish_after_crash_leaves_no_orphan_objects(gcs, monkeypatch):
     listed = {f"rel/final/v-run-retry/data/{n}" for c in manifest["classes"]
               for n in c["shards"]}
     assert set(gcs.names("rel/final/")) == listed | {
-        "rel/final/manifest.json", "rel/final/v-run-retry/gmm.npz"}
+        "rel/final/_manifest.json", "rel/final/v-run-retry/gmm.npz"}
 
 
 def test_budget_store_document_is_json_on_gcs(gcs):

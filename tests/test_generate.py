@@ -24,7 +24,7 @@ def test_demo_runs_with_no_input_and_prints_utility(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"release: {out}" in printed
     assert "trained on real" in printed and "trained on synthetic" in printed
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     spent = manifest["privacy"]["spent"]["epsilon"]
     assert 0.9 * 4.0 <= spent <= 4.0
     assert manifest["noise"].startswith("secure")
@@ -50,7 +50,7 @@ def test_release_reads_back_with_tf_data(tmp_path):
     ds = tf.data.TFRecordDataset(files).map(
         lambda r: tf.io.parse_single_example(r, feats))
     rows = list(ds.as_numpy_iterator())
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     assert len(rows) == manifest["samples_total"] > 0
     assert {int(r["label"]) for r in rows} == {0, 1, 2}
     assert all(np.linalg.norm(r["embedding"]) <= 1.0 + 1e-5 for r in rows)
@@ -76,7 +76,7 @@ def test_epsilon_inf_warns_loudly(tmp_path, caplog):
     np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
     assert _run("--input", tmp_path / "in.npz", "--output", tmp_path / "r",
                 "--num-classes", 2, "--epsilon", "inf") == 0
-    manifest = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "r" / "_manifest.json").read_text())
     assert "NOT differentially private" in manifest["warnings"][0]
     assert manifest["noise"].startswith("none")
     assert "WITHOUT NOISE" in caplog.text
@@ -88,12 +88,12 @@ def test_existing_release_is_not_overwritten(tmp_path, capsys):
     args = ("--input", tmp_path / "in.npz", "--output", tmp_path / "r",
             "--num-classes", 2)
     assert _run(*args) == 0
-    before = (tmp_path / "r" / "manifest.json").read_text()
+    before = (tmp_path / "r" / "_manifest.json").read_text()
     assert _run(*args) == 2
     assert "--overwrite" in capsys.readouterr().err
-    assert (tmp_path / "r" / "manifest.json").read_text() == before
+    assert (tmp_path / "r" / "_manifest.json").read_text() == before
     assert _run(*args, "--overwrite") == 0
-    assert (tmp_path / "r" / "manifest.json").read_text() != before
+    assert (tmp_path / "r" / "_manifest.json").read_text() != before
 
 
 def test_bad_row_fails_cleanly_and_writes_nothing(tmp_path, capsys):
@@ -157,5 +157,5 @@ def test_materialised_blocks_give_the_same_release(tmp_path):
         out = tmp_path / f"r{i}"
         assert _run("--input", tmp_path / "in.npz", "--output", out,
                     "--num-classes", 2, "--noise-seed", 3, *extra) == 0
-        outs.append((release_dir(out) / "gmm.npz").read_bytes())
+        outs.append((release_dir(out) / "_gmm.npz").read_bytes())
     assert outs[0] == outs[1]

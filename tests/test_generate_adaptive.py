@@ -79,7 +79,7 @@ def test_beam_release_equals_reference(tmp_path, monkeypatch, data, mode,
             np.testing.assert_allclose(getattr(got, field),
                                        getattr(want, field), atol=1e-6,
                                        err_msg=f"{mode} {c} {field}")
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     mechs = {m["name"]: m for m in manifest["privacy"]["mechanisms"]}
     # exactly phase 1 + the chosen phase 2, with the reference's sigmas
     assert set(mechs) == _expected_names(cfg.labels, mode)
@@ -173,7 +173,7 @@ def test_beam_neighbours_get_the_same_mechanisms(tmp_path, data):
         assert cli.main(["generate", "--input", str(path), "--output",
                          str(out), "--num-classes", "3", "--epsilon", "2",
                          "--noise-seed", "9"]) == 0
-        docs.append(json.loads((out / "manifest.json").read_text()))
+        docs.append(json.loads((out / "_manifest.json").read_text()))
     assert docs[0]["adaptive_plan"]["mode"] == docs[1]["adaptive_plan"]["mode"]
     assert docs[0]["privacy"]["mechanisms"] == docs[1]["privacy"]["mechanisms"]
 
@@ -199,6 +199,6 @@ def test_a_class_without_rows_gets_the_reference_mixture(tmp_path,
     for field in ("means", "variances", "factors"):
         np.testing.assert_allclose(getattr(gmm.mixtures[3], field),
                                    getattr(mixes[3], field), atol=1e-6)
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     names = {m["name"] for m in manifest["privacy"]["mechanisms"]}
     assert names == _expected_names(cfg.labels, mode)

@@ -20,7 +20,7 @@ def test_lifetime_cap_refuses_the_release_that_would_exceed_it(tmp_path, capsys)
     x, y = gmm_data(400, d=4, classes=2)
     np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
     assert _run(tmp_path, "r1", "--run-id", "2026-11-24") == 0
-    manifest = json.loads((tmp_path / "r1" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "r1" / "_manifest.json").read_text())
     assert manifest["lifetime_budget"] == {
         "store": str(tmp_path / "b"), "dataset_id": "patients",
         "lifetime_cap": {"epsilon": 1.3, "delta": 1e-5}}
@@ -39,9 +39,9 @@ def test_rerun_of_a_published_run_id_spends_nothing(tmp_path):
     x, y = gmm_data(400, d=4, classes=2)
     np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
     assert _run(tmp_path, "r1", "--run-id", "nightly-1") == 0
-    before = (tmp_path / "r1" / "manifest.json").read_bytes()
+    before = (tmp_path / "r1" / "_manifest.json").read_bytes()
     assert _run(tmp_path, "r1", "--run-id", "nightly-1") == 0
-    assert (tmp_path / "r1" / "manifest.json").read_bytes() == before
+    assert (tmp_path / "r1" / "_manifest.json").read_bytes() == before
     assert len(budget_store.history(str(tmp_path / "b"), "patients")) == 1
 
 

@@ -33,12 +33,12 @@ def test_generate_from_images_end_to_end(tmp_path):
     out = tmp_path / "release"
     assert cli.main(_release_args(tmp_path, root, "--classes", "cat,ship",
                                   "--clusters", "2", "--output", out)) == 0
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["embedding_dim"] == 6
     assert manifest["config"]["labels"] == [0, 1]
     assert manifest["privacy"]["spent"]["epsilon"] <= 8
     assert manifest["input"]["pattern"] == str(root)
-    assert "broken" not in (out / "manifest.json").read_text()
+    assert "broken" not in (out / "_manifest.json").read_text()
 
 
 def test_folder_layout_without_classes_is_refused_before_reading(tmp_path,
@@ -112,11 +112,11 @@ def test_unreadable_images_never_decide_whether_a_release_exists(tmp_path):
     assert cli.main(_release_args(tmp_path, root, "--classes", "cat,dog",
                                   "--bad-images-report", report,
                                   "--output", out)) == 0
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     assert [c["label"] for c in manifest["classes"]] == [0, 1]
     assert len(report.read_text().splitlines()) == 4  # operator file
     for name in ("bad0", "corrupt", "4 "):
-        assert name not in (out / "manifest.json").read_text()
+        assert name not in (out / "_manifest.json").read_text()
 
 
 def test_generate_has_no_max_bad_images_flag(tmp_path, capsys):

@@ -82,7 +82,7 @@ def _generate(*argv) -> int:
 
 def _release_files(out) -> dict[str, bytes]:
     """The release's files (the version folder's name aside) and bytes."""
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     root = out / manifest["root"] if manifest.get("root") else out
     files = {}
     for folder, _, names in os.walk(root):
@@ -102,7 +102,7 @@ def test_the_release_is_the_same_at_every_split(tmp_path):
         files = _release_files(out)
         data = {k: v for k, v in files.items() if k.startswith("data")}
         assert data
-        releases.append((data, files["gmm.npz"]))
+        releases.append((data, files["_gmm.npz"]))
     assert releases[0] == releases[1] == releases[2]
 
 
@@ -235,7 +235,7 @@ def test_an_empty_input_is_released_like_one_row(tmp_path, write):
         assert _generate("--input", path, "--num-classes", 2, "--output", out,
                          "--noise-seed", 1) == 0
         outs.append(out)
-    manifests = [json.loads((o / "manifest.json").read_text()) for o in outs]
+    manifests = [json.loads((o / "_manifest.json").read_text()) for o in outs]
     assert _structure(manifests[0]) == _structure(manifests[1])
     assert [m["embedding_dim"] for m in manifests] == [6, 6]
     assert [[c["label"] for c in m["classes"]] for m in manifests] == [

@@ -204,7 +204,7 @@ def run_generate(argv: list[str], x, y, out: Path, tmp: Path) -> dict:
         root.removeHandler(keep)
         root.setLevel(old_level)
     assert rc == 0, stderr.getvalue()
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     logs = [(r.name, r.getMessage()) for r in records]
     return dict(x=x, y=y, out=out, tmp=tmp, manifest=manifest, logs=logs,
                 stdout=stdout.getvalue(), stderr=stderr.getvalue())
@@ -294,7 +294,7 @@ def test_no_private_file_metadata_in_the_release(run):
     import hashlib
     out, private = Path(run["out"]), run["tmp"] / "patient-0001.npz"
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["manifest.json", run["manifest"]["root"]])
+        ["_manifest.json", run["manifest"]["root"]])
     data = private.read_bytes()
     needles = {private.name, str(len(data)), hashlib.sha256(data).hexdigest(),
                hashlib.md5(data).hexdigest()}
@@ -306,7 +306,7 @@ def test_no_private_file_metadata_in_the_release(run):
 
 def test_dp_fields_are_mechanism_outputs(run, expected):
     m, mixes = run["manifest"], expected["mixes"]
-    summary = json.loads((release_dir(run["out"]) / "summary.json")
+    summary = json.loads((release_dir(run["out"]) / "_summary.json")
                          .read_text())
     for entry in summary:
         assert set(entry) == set(SUMMARY_KEYS), entry.keys()
@@ -330,7 +330,7 @@ def test_dp_fields_are_mechanism_outputs(run, expected):
 
 
 def test_gmm_npz_holds_only_mechanism_outputs(run, expected):
-    with np.load(release_dir(run["out"]) / "gmm.npz") as z:
+    with np.load(release_dir(run["out"]) / "_gmm.npz") as z:
         arrays = {k: z[k] for k in z.files}
     labels = expected["cfg"].labels
     allowed = {"labels"} | {f"class_{l}_{f}" for l in labels for f in
@@ -465,7 +465,7 @@ def test_exact_counts_appear_nowhere(run, expected):
 
 def test_schema_file_is_public_configuration(run, expected):
     from transforms.write import release_schema
-    schema = json.loads((release_dir(run["out"]) / "schema.json").read_text())
+    schema = json.loads((release_dir(run["out"]) / "_schema.json").read_text())
     assert schema == json.loads(json.dumps(release_schema(expected["cfg"],
                                                           DIM)))
 

@@ -75,7 +75,7 @@ def test_no_private_file_metadata_in_the_release(run):
     import hashlib
     out, private = Path(run["out"]), run["tmp"] / "patient-0001.npz"
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["manifest.json", run["manifest"]["root"]])
+        ["_manifest.json", run["manifest"]["root"]])
     data = private.read_bytes()
     needles = {private.name, str(len(data)), hashlib.sha256(data).hexdigest()}
     for path in out.rglob("*"):

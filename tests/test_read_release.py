@@ -66,3 +66,31 @@ def test_the_readme_pandas_snippet_reads_a_parquet_release(demo):
     assert len(df) == manifest["samples_total"]
     assert len(np.unique(df.label.to_numpy()[:50])) > 3  # shuffled
     assert sorted(df.label) == sorted(y)
+
+
+def test_parquet_readers_open_the_release_in_one_call(demo):
+    import pyarrow.dataset as ds
+    _, y, manifest = release.load_release(demo)
+    table = ds.dataset(demo, format="parquet").to_table()
+    assert table.num_rows == manifest["samples_total"]
+    assert sorted(table.column("label").to_pylist()) == sorted(y)
+
+
+def test_a_release_in_the_older_layout_still_reads(demo, tmp_path):
+    """Before format 3 the manifest and side files had no '_' prefix."""
+    import json
+    import shutil
+    old = tmp_path / "old"
+    shutil.copytree(demo, old)
+    manifest = json.loads((old / "_manifest.json").read_text())
+    root = old / manifest["root"]
+    for name in ("gmm.npz", "summary.json", "schema.json"):
+        (root / f"_{name}").rename(root / name)
+        manifest["outputs"][name.split(".")[0]] = name
+    manifest["format"] = "dpsynth-release/2"
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    (old / "_manifest.json").unlink()
+    x, y, read = release.load_release(str(old))
+    assert read["format"] == "dpsynth-release/2"
+    assert len(y) == manifest["samples_total"]
+    assert release.load_gmm(str(old)) is not None

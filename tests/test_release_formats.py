@@ -71,7 +71,7 @@ def test_parquet_columns_are_float32_lists_and_int64(releases):
 def _readme_snippet() -> str:
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    found = [b for b in blocks if "schema.json" in b and "parse_example" in b]
+    found = [b for b in blocks if "_schema.json" in b and "parse_example" in b]
     assert len(found) == 1, "README: the schema.json tf.data snippet"
     return found[0]
 
@@ -96,7 +96,7 @@ def test_readme_schema_snippet_reads_the_release_with_tf_data(releases):
 
 
 def test_schema_file_needs_no_manifest(releases):
-    schema = json.loads((release_dir(releases["parquet"]) / "schema.json").read_text())
+    schema = json.loads((release_dir(releases["parquet"]) / "_schema.json").read_text())
     assert schema["format"] == "parquet"
     assert schema["files"] == "data/*.parquet"
     assert schema["features"] == {
@@ -108,9 +108,9 @@ def test_schema_file_needs_no_manifest(releases):
 
 
 def test_manifest_states_normalisation_and_effective_rank(releases):
-    manifest = json.loads((releases["tfrecord"] / "manifest.json").read_text())
+    manifest = json.loads((releases["tfrecord"] / "_manifest.json").read_text())
     outputs = manifest["outputs"]
-    assert outputs["schema"] == "schema.json"
+    assert outputs["schema"] == "_schema.json"
     assert outputs["normalisation"]["normalize"] == "unit"
     assert outputs["normalisation"]["clip_norm"] is None  # centred release
     cov = outputs["covariance"]
@@ -122,7 +122,7 @@ def test_manifest_states_normalisation_and_effective_rank(releases):
     ranks = [gmm.mixtures[c].factors.shape[1] for c in (0, 1, 2)]
     assert cov["effective_rank"] == {"min": min(ranks), "max": max(ranks)}
     assert [c["covariance_rank"] for c in manifest["classes"]] == ranks
-    with np.load(release_dir(releases["tfrecord"]) / "gmm.npz") as z:
+    with np.load(release_dir(releases["tfrecord"]) / "_gmm.npz") as z:
         assert "shared_factors" not in z.files
         for c, kept in enumerate(ranks):
             assert z[f"class_{c}_factors"].shape == (DIM, kept)

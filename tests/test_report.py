@@ -114,7 +114,7 @@ def test_page_is_self_contained(page):
 
 def test_page_holds_the_release_numbers(page, release):
     text = (page / "index.html").read_text()
-    manifest = json.loads((release / "manifest.json").read_text())
+    manifest = json.loads((release / "_manifest.json").read_text())
     spent = manifest["privacy"]["spent"]
     assert f"{spent['epsilon']:.4g} / 2" in text  # ε spent / target
     assert "add/remove one record" in text and "pld" in text
@@ -128,7 +128,7 @@ def test_page_holds_the_release_numbers(page, release):
 
 
 def test_budget_shares_follow_the_configured_weights(release):
-    manifest = json.loads((release / "manifest.json").read_text())
+    manifest = json.loads((release / "_manifest.json").read_text())
     mechs = manifest["privacy"]["mechanisms"]
     worst, rows = report.worst_partition(mechs)
     assert worst.startswith("class=")
@@ -168,7 +168,7 @@ def test_existing_output_needs_overwrite_and_is_replaced_whole(release,
 
 
 def test_evaluation_table_is_shown_and_marked_not_dp(release, tmp_path):
-    manifest = json.loads((release / "manifest.json").read_text())
+    manifest = json.loads((release / "_manifest.json").read_text())
     doc = {"synthetic_trained": {"logreg": {"mean": 0.8123, "std": 0.01}},
            "real_trained_ceiling": {"logreg": {"mean": 0.9001, "std": 0.0}},
            "protocol": {"seeds": [0, 1]},
@@ -198,7 +198,7 @@ def test_evaluation_of_another_run_is_refused(release, tmp_path, capsys):
 def test_missing_release_is_one_clear_line(tmp_path, capsys):
     assert cli.main(["report", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "nope" in err and "manifest.json" in err
+    assert "nope" in err and "_manifest.json" in err
     assert len(err.splitlines()) == 1
     assert not (tmp_path / "nope-report").exists()
 
@@ -234,7 +234,7 @@ def test_collapsed_in_chromium_too(page, tmp_path):
 
 
 def test_stage_bars_say_shares_plainly(page, release):
-    manifest = json.loads((release / "manifest.json").read_text())
+    manifest = json.loads((release / "_manifest.json").read_text())
     rows = report.worst_partition(manifest["privacy"]["mechanisms"])[1]
     shares = report.stage_shares(rows)
     planned = report.planned_shares(manifest)

@@ -35,9 +35,9 @@ def _copy(release, tmp_path, **changes):
     """The release copied into ``tmp_path``, its manifest updated."""
     out = tmp_path / "release"
     shutil.copytree(release, out)
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     manifest.update(changes)
-    (out / "manifest.json").write_text(json.dumps(manifest))
+    (out / "_manifest.json").write_text(json.dumps(manifest))
     return out, manifest
 
 
@@ -62,7 +62,7 @@ def _warnings(err: str) -> list[str]:
 
 
 def test_secure_release_has_no_banner(release, tmp_path, capsys):
-    manifest = json.loads((release / "manifest.json").read_text())
+    manifest = json.loads((release / "_manifest.json").read_text())
     assert manifest["noise"].startswith("secure")
     assert report.not_private_reason(manifest) is None
     text = _report(release, tmp_path)
@@ -92,7 +92,7 @@ def test_evaluation_files_lying_around_are_ignored(release, tmp_path,
 
 def test_named_evaluation_is_marked_on_header_section_and_console(
         release, tmp_path, capsys):
-    manifest = json.loads((release / "manifest.json").read_text())
+    manifest = json.loads((release / "_manifest.json").read_text())
     path = tmp_path / "mine.json"
     path.write_text(json.dumps(_evaluation(manifest["run_id"])))
     text = _report(release, tmp_path, "--evaluation", str(path))

@@ -29,9 +29,11 @@ from transforms import allocator, io
 from transforms.progress import trace
 
 DATA_DIR = "data"
-GMM_FILE = "gmm.npz"
-SUMMARY_FILE = "summary.json"
-SCHEMA_FILE = "schema.json"
+# "_": Parquet readers (pyarrow, pandas, Spark) skip these, so a reader
+# pointed at the release gets the data shards only.
+GMM_FILE = "_gmm.npz"
+SUMMARY_FILE = "_summary.json"
+SCHEMA_FILE = "_schema.json"
 from transforms.formats import OUTPUT_FORMATS  # noqa: E402,F401
 
 

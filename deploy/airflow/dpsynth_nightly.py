@@ -10,7 +10,7 @@
   chosen runner. The authoritative spend is recorded by the job itself
   (``budget_store.reserve`` before any data is read): the check above is only a
   cheap pre-flight that avoids launching a cluster for nothing.
-* ``publish_notify`` verifies the published release (its ``manifest.json``
+* ``publish_notify`` verifies the published release (its ``_manifest.json``
   names this run), moves ``{output_root}/LATEST.json`` to it and logs/sends a
   notification.
 
