@@ -68,7 +68,10 @@ def render(output: str, manifest: dict,
     lines.append(f"rows per class (DP): {_classes_line(manifest['classes'])}")
     for warning in manifest.get("warnings", []):
         lines.append(f"warning: {warning}")
-    lines.append(f"read it: pipelines.release.load_release({output!r}) -> "
-                 f"(x, y, manifest); the shards are under "
-                 f"{output.rstrip('/')}/{manifest.get('root', '')}/data/")
+    read = (f"read it: pipelines.release.load_release({output!r}, "
+            f"as_='numpy') -> shuffled (x, y)")
+    if manifest.get("outputs", {}).get("format") == "parquet":
+        read += f", or pandas.read_parquet({output!r})"
+    lines.append(read + f"; the shards are under {output.rstrip('/')}/"
+                 f"{manifest.get('root', '')}/data/ (one class each)")
     return "\n".join(lines)
