@@ -44,9 +44,9 @@ rewrites all of them to ``pipelines.dask_runner.DaskRunner``). Needs the
   release's shards, which come from one element in the default plan or
   one per class, were drawn and written by one task per class or one in
   all: issue 27). Its input is computed at that point and, when small,
-  created again as one partition per worker thread without dependencies
-  (Dask runs a task where its inputs are, so pieces of one task's output
-  would all run on that worker); see ``_spread``.
+  created again with one element per partition and no dependencies (Dask
+  runs a task where its inputs are, so pieces of one task's output would
+  all run on that worker); see ``_spread``.
 * With ``DPSYNTH_STAGE_TRACE=<file>`` in the workers' environment every
   ParDo task appends its step name, process id and start/end time to the
   file (``transforms.progress``; benchmarks/scaling.py --workers and
@@ -74,7 +74,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.pipeline import PipelineVisitor, PTransformOverride
 from apache_beam.runners.dask import dask_runner as beam_dask
 from apache_beam.runners.dask import transform_evaluator
-from apache_beam.runners.dask.overrides import _Create, _Reshuffle
+from apache_beam.runners.dask.overrides import _Reshuffle
 from apache_beam.runners.common import DoFnInvoker
 from apache_beam.runners.runner import PipelineResult, PipelineState
 from apache_beam.transforms.combiners import LiftedCombinePerKey
@@ -408,9 +408,11 @@ def _cluster_threads() -> int:
         return os.cpu_count() or 1
 
 
-# A Reshuffle input up to this size (the shard list, a few KB) is brought
-# to the client and created again as root tasks.
+# A Reshuffle input up to this size (the shard list, read ranges: a few
+# KB) is brought to the client and created again as root tasks, one
+# element per partition up to this many partitions.
 SMALL_RESHUFFLE_BYTES = 16 * 2 ** 20
+MAX_SPREAD_PARTITIONS = 1024
 
 
 def _spread(node, bag, needs_pending: bool):
@@ -418,19 +420,15 @@ def _spread(node, bag, needs_pending: bool):
     makes it a no-op, so e.g. every shard of the release, which came from
     one element, was drawn and written by one task).
 
-    A bag straight from a Create with one element per partition (the read
-    ranges) is already spread and stays as it is (merging partitions would
-    make one task hold several ranges' blocks). Otherwise the input is
-    computed now (it is a barrier anyway) and, when small, created again
-    as about one partition per worker thread with no dependencies: Dask
-    places a task on the worker holding its inputs, so partitions dealt
-    from one task's output would all run on that worker. A large input
-    (or one that needs a shared collection not computed yet) is dealt
-    round-robin in the graph (``deal_partitions``)."""
-    producer = node.inputs[0].producer
-    if (isinstance(producer.transform, _Create)
-            and bag.npartitions >= len(producer.transform.values)):
-        return bag
+    The input is computed now (a Reshuffle is a barrier anyway) and, when
+    small, created again with one element per partition (up to
+    ``MAX_SPREAD_PARTITIONS``) and no dependencies: Dask balances such
+    root tasks over the workers as they free up, whereas a task goes
+    where its inputs are, so partitions cut from one task's output would
+    all run on that worker; and one read range per task keeps a task's
+    blocks to one range's. A large input (or one that needs a shared
+    collection not computed yet) is dealt round-robin over one partition
+    per worker thread in the graph (``deal_partitions``)."""
     ways = _cluster_threads()
     if needs_pending:
         return deal_partitions(bag, ways)
@@ -452,8 +450,8 @@ def _spread(node, bag, needs_pending: bool):
     items = [item for part in client.gather(futures) for item in part]
     if not items:
         return db.from_sequence([], npartitions=1)
-    return db.from_sequence(items,
-                            partition_size=math.ceil(len(items) / ways))
+    return db.from_sequence(items, partition_size=math.ceil(
+        len(items) / MAX_SPREAD_PARTITIONS))
 
 
 def deal_partitions(bag, ways: int):

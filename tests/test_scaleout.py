@@ -91,11 +91,16 @@ def _run(trace: str, out, *flags) -> dict:
     workers: dict = {}
     for stage, pid, _, _ in progress.read_trace(trace):
         workers.setdefault(stage, set()).add(pid)
+    workers["spans"] = progress.read_trace(trace)
     return workers
 
 
-def _assert_spread(workers: dict) -> None:
+def _assert_spread(workers: dict, one_task_per_range: bool = False) -> None:
     reads = [s for s in workers if s.startswith("read:")]
+    # Dask: one task per read range (4 files), no task holds several
+    # files' blocks (DirectRunner: one span per bundle)
+    for stage in reads if one_task_per_range else []:
+        assert sum(1 for span in workers["spans"] if span[0] == stage) == 4
     sums = [s for s in workers if s.startswith("sums:")]
     assert reads and sums and "write:class0" in workers, sorted(workers)
     for stage in reads + sums + ["write:class0"]:
@@ -108,7 +113,7 @@ def test_dask_runs_every_stage_on_both_workers(trace_file, scheduler, files,
     workers = _run(trace_file, tmp_path / "rel", *FLAGS, *CONFIGS[config],
                    "--input", files, "--runner", "dask",
                    f"--dask_client_address={scheduler}")
-    _assert_spread(workers)
+    _assert_spread(workers, one_task_per_range=True)
     # and every shard-writing task too (the runner's own trace)
     assert len(workers["step:_WriteShard"]) == 2
 
