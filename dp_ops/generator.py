@@ -275,9 +275,18 @@ def centre_from(noisy_sum: np.ndarray, noisy_count: float,
     return centre * min(1.0, cfg.centre_bound / max(norm, 1e-300))
 
 
+def vote_keep_mask(exact_votes: np.ndarray, label: int,
+                   cfg: GeneratorConfig, ledger: PrivacyLedger,
+                   noise: NoiseSource) -> np.ndarray:
+    """Which candidates of ``label`` the noisy vote keeps: the class's vote
+    histogram (L2 sensitivity 1 under add/remove one record) plus its
+    ledger mechanism's noise, against the public threshold."""
+    name = plan.name(label, "vote", "histogram")
+    noisy = add_noise(ledger, noise, name, exact_votes)
+    return vote.keep_mask(noisy, cfg.vote_threshold)
+
+
 def filter_by_votes(cands: np.ndarray, exact_votes: np.ndarray, label: int,
                     cfg: GeneratorConfig, ledger: PrivacyLedger,
                     noise: NoiseSource) -> np.ndarray:
-    name = plan.name(label, "vote", "histogram")
-    noisy = add_noise(ledger, noise, name, exact_votes)
-    return cands[vote.keep_mask(noisy, cfg.vote_threshold)]
+    return cands[vote_keep_mask(exact_votes, label, cfg, ledger, noise)]

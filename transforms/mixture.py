@@ -32,8 +32,8 @@ class DPMixture(beam.PTransform):
     Mechanisms (per class, add/remove one record, which is in one cluster):
     count vector (L2 sensitivity 1), sum of clipped x (R), sum of x*x (R^2;
     only without covariance factors), then the second-moment matrix (R^2,
-    global or per class, see ``_Covariance``). Their noise goes through
-    PipelineDP (or seeded noise, see noise.py).
+    global or per class, see ``_Covariance``). Their noise is the run's
+    keyed discrete Gaussian (``dp_ops/noise.py``, ``transforms/noise.py``).
     """
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
@@ -210,9 +210,7 @@ def _keep_mask(votes: np.ndarray, label: int, cfg: GeneratorConfig,
                ledger: PrivacyLedger, noise: NoiseSource) -> np.ndarray:
     """``generator.filter_by_votes``'s mask (the same mechanism and noise):
     the writers draw the candidates and keep these rows."""
-    noisy = generator.add_noise(ledger, noise,
-                                plan.name(label, "vote", "histogram"), votes)
-    return vote.keep_mask(noisy, cfg.vote_threshold)
+    return generator.vote_keep_mask(votes, label, cfg, ledger, noise)
 
 
 class SampleSynthetic(beam.PTransform):
