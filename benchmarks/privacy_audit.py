@@ -1,6 +1,6 @@
 """Empirical privacy audit of the generator: claimed vs empirical epsilon.
 
-For each claimed epsilon, runs the canary audit of ``dp_ops.audit`` (the
+For each claimed epsilon, runs the canary audit of ``benchmarks.audit`` (the
 in-memory reference generator, a fresh SeededNoise per trial, a canary on
 the clip sphere along an axis no record uses, a threshold attack on the
 released mixture, threshold chosen on separate calibration trials) and
@@ -50,7 +50,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dp_ops import audit, plan  # noqa: E402
+from benchmarks import audit  # noqa: E402
+from dp_ops import plan  # noqa: E402
 
 CONFIGS = {"tight": audit.tight_config, "default": audit.default_config}
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dp_ops import audit, plan
+from benchmarks import audit
+from dp_ops import plan
 from dp_ops.calibration import gdp_delta
 
 

@@ -99,3 +99,4 @@ def test_product_packages_never_import_benchmarks_or_studies():
                 assert not any(n.split(".")[0] == "benchmarks"
                                for n in names), path
     assert not (ROOT / "models" / "baselines").exists()
+    assert not (ROOT / "dp_ops" / "audit.py").exists()
