@@ -511,12 +511,12 @@ def weak_setting_warnings(cfg: GeneratorConfig, summary: list,
     for c, s in zip(summary, sigmas):
         floor = max(FEW_ROWS, 3 * s) if s else FEW_ROWS
         if c["noisy_count"] < floor:
-            noise = f", count noise sigma {s:.1f}" if s else ""
+            why = (f"within 3 noise sigmas ({s:.1f}) of zero" if s and
+                   3 * s > FEW_ROWS else f"below {FEW_ROWS} rows")
             out.append(
-                f"class {c['label']}: noisy count {c['noisy_count']:.1f}"
-                f"{noise}: too few rows to describe; its {c['samples']} "
-                "synthetic rows carry little or no signal (merge rare "
-                "classes, or raise --epsilon)")
+                f"class {c['label']}: noisy count {c['noisy_count']:.1f} is "
+                f"{why}: its {c['samples']} synthetic rows carry little or no "
+                "signal (merge rare classes, or raise --epsilon)")
     known = [s for s in sigmas if s]
     if counts and known:
         typical = float(sorted(counts)[len(counts) // 2])
