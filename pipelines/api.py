@@ -9,6 +9,11 @@
                              run_id="nightly-2026-11-27")))
     x, y = release.arrays()
 
+The other commands have their own specs: ``encode(EncodeSpec(...))`` is
+`dpsynth encode` (labelled images -> embeddings, inside the trust
+boundary) and ``evaluate(EvaluateSpec(...))`` is `dpsynth evaluate` (a
+release scored on real data; the report is NOT differentially private).
+
 Every option is a typed, frozen value (``pipelines.spec``); its defaults are
 the command line's. Errors are raised, not printed: ``UsageError`` and
 ``ValueError`` for a bad spec, ``transforms.io.InputError`` for bad input,
@@ -20,16 +25,19 @@ was published.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable, Optional
 
 import numpy as np
 
-from pipelines.spec import (BudgetOptions, GenerateSpec, GeneratorOptions,
-                            ImageOptions, InputOptions, OutputOptions,
+from pipelines.spec import (BudgetOptions, EncodeSpec, EvaluateSpec,
+                            GenerateSpec, GeneratorOptions, ImageOptions,
+                            InputOptions, MLPOptions, OutputOptions,
                             RunOptions)
 
-__all__ = ["BudgetOptions", "GenerateSpec", "GeneratorOptions",
-           "ImageOptions", "InputOptions", "OutputOptions", "Release",
-           "RunOptions", "generate"]
+__all__ = ["BudgetOptions", "EncodeSpec", "EvaluateSpec", "GenerateSpec",
+           "GeneratorOptions", "ImageOptions", "InputOptions", "MLPOptions",
+           "OutputOptions", "Release", "RunOptions", "encode", "evaluate",
+           "generate"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,3 +60,45 @@ def generate(spec: GenerateSpec) -> Release:
     from pipelines import job, release
     path = job.run(spec)
     return Release(path, release.read_manifest(path))
+
+
+def encode(spec: EncodeSpec) -> dict:
+    """Encodes labelled images with a public encoder in Beam workers
+    (`dpsynth encode`) and writes ``spec.output`` (.npz or .tfrecord) and
+    ``<output stem>.labels.json``; returns that labels JSON (label mapping
+    and encoder recipe, no data-derived numbers) with its path under
+    ``"labels_json"``.
+
+        encode(EncodeSpec(images=ImageOptions(path="gs://b/imgs/*.npz",
+                                              encoder="keras:gs://b/m.keras"),
+                          output="gs://b/private/emb.npz"))
+
+    The embeddings are as private as the images. Raises
+    ``transforms.images.ImageInputError`` for bad input or options,
+    ``BadImagesError`` past ``spec.max_bad_images`` unreadable images
+    (nothing is written then), and ``models.encoders``' ``EncoderError`` /
+    ``EncoderUnavailableError``."""
+    from pipelines import encode as command
+    return command.run(spec)
+
+
+def evaluate(spec: EvaluateSpec,
+             progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Scores a synthetic release on real data (`dpsynth evaluate`): the
+    paper's MLP and a logistic probe trained on the synthetic rows, the
+    real-data ceiling and distribution metrics. Writes the JSON report to
+    ``spec.output`` and returns it; ``progress`` (optional) gets one line
+    per step.
+
+        report = evaluate(EvaluateSpec(synthetic="releases/2026-11-27",
+                                       real_train="train.npz",
+                                       real_test="test.npz",
+                                       models=("logreg",)))
+        report["synthetic_trained"]["logreg"]["mean"]
+
+    The report reads the real training data and is NOT differentially
+    private: keep it with the data owner. Raises ``ValueError`` for a bad
+    spec, ``transforms.io.InputError`` for unreadable rows and
+    ``pipelines.release.ReleaseError``, before any report is written."""
+    from pipelines import evaluate as command
+    return command.run(spec, progress)

@@ -36,7 +36,7 @@ from pipelines.options import (UsageError, beam_options, check_beam_args,
 from models.encoders import EncoderError, EncoderUnavailableError, get_encoder
 from pipelines.help_format import DefaultsHelpFormatter
 from pipelines.image_flags import add_image_arguments
-from pipelines.spec import ImageOptions
+from pipelines.spec import EncodeSpec, ImageOptions
 from transforms.images import BadImagesError, CheckBadImages, ImageInputError, ReadImages, gate_on
 
 log = logging.getLogger("dpsynth")
@@ -74,6 +74,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def spec_from_args(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> EncodeSpec:
+    """The command line's flags as the typed spec of the run (everything below the command line takes the
+    spec, never the flags). Raises ImageInputError for duplicate --classes."""
+    classes = _classes(args.classes)
+    images = ImageOptions(
+        path=args.images, encoder=args.encoder, encoder_weights=args.encoder_weights,
+        image_size=args.image_size, pixel_scale=args.pixel_scale, resize_mode=args.resize_mode,
+        encoder_output_key=args.encoder_output_key, encoder_threads=args.encoder_threads,
+        batch_size=args.batch_size, l2_normalize=args.l2_normalize, bad_images_report=args.bad_images_report,
+        classes=tuple(classes) if classes else None, layout=args.image_layout,
+        image_feature=args.image_feature, label_feature=args.label_feature)
+    return EncodeSpec(images=images, output=args.output, num_shards=args.num_shards,
+                      keep_source_ids=args.keep_source_ids, max_bad_images=args.max_bad_images,
+                      beam_args=tuple(beam_argv), verbose=args.verbose)
+
+
 # ------------------------------------------------------------------ graph pieces
 
 def _classes(text: Optional[str]) -> Optional[list[str]]:
@@ -85,10 +101,11 @@ def _classes(text: Optional[str]) -> Optional[list[str]]:
     return names
 
 
-def encoder_from_args(args: argparse.Namespace, num_threads: Optional[int] = None):
-    return get_encoder(args.encoder, weights=args.encoder_weights, image_size=args.image_size,
-                       pixel_scale=args.pixel_scale, resize_mode=args.resize_mode,
-                       output_key=args.encoder_output_key, num_threads=num_threads or args.encoder_threads)
+def encoder_for(images: ImageOptions, num_threads: Optional[int] = None):
+    """The encoder the image options name (``num_threads`` overrides ``images.encoder_threads``)."""
+    return get_encoder(images.encoder, weights=images.encoder_weights, image_size=images.image_size,
+                       pixel_scale=images.pixel_scale, resize_mode=images.resize_mode,
+                       output_key=images.encoder_output_key, num_threads=num_threads or images.encoder_threads)
 
 
 class _EncodedRows(beam.PTransform):
@@ -242,7 +259,7 @@ def write_embeddings(rows, output: str, classes: Optional[list], keep_sources: b
             | "WriteTFRecord" >> beam.Map(_write_tfrecord_shard, output, num_shards, keep_sources))
 
 
-def labels_json(reader: ReadImages, encoder, args: argparse.Namespace) -> dict:
+def labels_json(reader: ReadImages, encoder, spec: EncodeSpec) -> dict:
     classes = reader.classes
     return {
         "layout": reader.layout,
@@ -251,33 +268,35 @@ def labels_json(reader: ReadImages, encoder, args: argparse.Namespace) -> dict:
         "note": ("folder layout: label = index of the class folder name in sorted order"
                  if reader.layout == "folder" else "labels as stored in the input files"),
         **encoder.describe(),
-        "l2_normalized": bool(args.l2_normalize),
-        "output": args.output,
-        "format": output_format(args.output),
+        "l2_normalized": bool(spec.images.l2_normalize),
+        "output": spec.output,
+        "format": output_format(spec.output),
     }
 
 
 # ------------------------------------------------------------------ run
 
-def run(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> dict:
+def run(spec: EncodeSpec) -> dict:
     """Builds and runs the encode pipeline; returns the labels JSON it wrote (with `labels_json` path)."""
-    fmt = output_format(args.output)
-    if fmt == "npz" and args.num_shards != 1:
+    images = spec.images
+    fmt = output_format(spec.output)
+    if fmt == "npz" and spec.num_shards != 1:
         raise ImageInputError("--num-shards only applies to TFRecord output")
-    options = beam_options(beam_argv)
-    threads = args.encoder_threads or local_blas_threads(options)
-    encoder = encoder_from_args(args, threads)
-    report = args.bad_images_report or sidecar_path(args.output, ".bad_images.tsv")
+    options = beam_options(list(spec.beam_args))
+    threads = images.encoder_threads or local_blas_threads(options)
+    encoder = encoder_for(images, threads)
+    report = images.bad_images_report or sidecar_path(spec.output, ".bad_images.tsv")
     if FileSystems.exists(report):  # a stale report from an earlier run would mislead
         FileSystems.delete([report])
     with beam.Pipeline(options=options) as p:
         rows, reader = encoded_rows(
-            p, args.images, encoder, batch_size=args.batch_size, l2_normalize=args.l2_normalize,
-            max_bad_images=args.max_bad_images, bad_report_path=report, classes=_classes(args.classes),
-            layout=args.image_layout, image_key=args.image_feature, label_key=args.label_feature)
-        write_embeddings(rows, args.output, reader.classes, args.keep_source_ids, args.num_shards)
-    info = labels_json(reader, encoder, args)
-    path = sidecar_path(args.output, ".labels.json")
+            p, images.path, encoder, batch_size=images.batch_size, l2_normalize=images.l2_normalize,
+            max_bad_images=spec.max_bad_images, bad_report_path=report,
+            classes=list(images.classes) if images.classes else None, layout=images.layout,
+            image_key=images.image_feature, label_key=images.label_feature)
+        write_embeddings(rows, spec.output, reader.classes, spec.keep_source_ids, spec.num_shards)
+    info = labels_json(reader, encoder, spec)
+    path = sidecar_path(spec.output, ".labels.json")
     _write_bytes(path, json.dumps(info, indent=2).encode())
     info["labels_json"] = path
     return info
@@ -289,8 +308,9 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> int:
 
     def go() -> int:
         check_beam_args(beam_argv, parser(), "encode")
-        info = run(args, beam_argv)
-        print(f"embeddings written to {args.output} (labels: {info['labels_json']})")
+        spec = spec_from_args(args, beam_argv)
+        info = run(spec)
+        print(f"embeddings written to {spec.output} (labels: {info['labels_json']})")
         return 0
 
     with console.quiet_stderr(getattr(args, "verbose", False)):

@@ -50,6 +50,7 @@ from dp_ops.clipping import NORMALIZATIONS, clip_rows, normalize_rows
 from models import classifiers, metrics
 from pipelines import console
 from pipelines.help_format import DefaultsHelpFormatter
+from pipelines.spec import EvaluateSpec, MLPOptions
 
 log = logging.getLogger("dpsynth.evaluate")
 
@@ -184,11 +185,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replace an existing --output file")
 
 
-def protocol_settings(args: argparse.Namespace) -> tuple[int, int]:
+def spec_from_args(args: argparse.Namespace) -> EvaluateSpec:
+    """The command line's flags as the typed spec of the run (everything
+    below the command line takes the spec, never the flags). Raises
+    ValueError for a bad --models or --labels."""
+    return EvaluateSpec(
+        synthetic=args.synthetic, real_train=args.real_train,
+        real_test=args.real_test, demo=args.demo,
+        real_holdout=args.real_holdout, input_format=args.input_format,
+        embedding_feature=args.embedding_feature,
+        label_feature=args.label_feature, normalize=args.normalize,
+        labels=None if args.labels is None else tuple(parse_labels(args.labels)),
+        protocol=args.protocol, seeds=args.seeds,
+        models=None if args.models is None else tuple(parse_models(args.models)),
+        size_policy=args.size_policy, ceiling=not args.no_ceiling,
+        distribution=not args.no_distribution,
+        metrics_max_rows=args.metrics_max_rows, knn_k=args.knn_k,
+        mlp=MLPOptions(
+            hidden=args.mlp_hidden, epochs=args.mlp_epochs,
+            batch_size=args.mlp_batch_size, learning_rate=args.mlp_lr,
+            momentum=args.mlp_momentum, dropout=args.mlp_dropout,
+            label_smoothing=args.mlp_label_smoothing,
+            weight_decay=args.mlp_weight_decay,
+            batch_norm=not args.mlp_no_batch_norm,
+            cosine_decay=not args.mlp_no_cosine),
+        logreg_c=args.logreg_c, output=args.output, overwrite=args.overwrite,
+        verbose=args.verbose)
+
+
+def protocol_settings(spec: EvaluateSpec) -> tuple[int, int]:
     """(seeds, MLP epochs): the protocol's, unless given explicitly."""
-    chosen = PROTOCOLS[args.protocol]
-    seeds = chosen["seeds"] if args.seeds is None else args.seeds
-    epochs = chosen["mlp_epochs"] if args.mlp_epochs is None else args.mlp_epochs
+    if spec.protocol not in PROTOCOLS:
+        raise ValueError(f"--protocol: choose from {list(PROTOCOLS)}, got "
+                         f"{spec.protocol!r}")
+    chosen = PROTOCOLS[spec.protocol]
+    seeds = chosen["seeds"] if spec.seeds is None else spec.seeds
+    epochs = (chosen["mlp_epochs"] if spec.mlp.epochs is None
+              else spec.mlp.epochs)
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     if epochs < 1:
@@ -196,19 +229,19 @@ def protocol_settings(args: argparse.Namespace) -> tuple[int, int]:
     return seeds, epochs
 
 
-def mlp_config(args: argparse.Namespace) -> classifiers.MLPConfig:
+def mlp_config(spec: EvaluateSpec) -> classifiers.MLPConfig:
     """The MLP settings; with no --mlp-lr the paper's rate, which
     `scaled_learning_rate` raises per training set (see --mlp-lr)."""
-    lr = (classifiers.MLPConfig().learning_rate if args.mlp_lr is None
-          else args.mlp_lr)
+    mlp = spec.mlp
+    lr = (classifiers.MLPConfig().learning_rate if mlp.learning_rate is None
+          else mlp.learning_rate)
     return classifiers.MLPConfig(
-        hidden=args.mlp_hidden, epochs=protocol_settings(args)[1],
-        batch_size=args.mlp_batch_size, learning_rate=lr,
-        momentum=args.mlp_momentum, dropout=args.mlp_dropout,
-        label_smoothing=args.mlp_label_smoothing,
-        weight_decay=args.mlp_weight_decay,
-        batch_norm=not args.mlp_no_batch_norm,
-        cosine_decay=not args.mlp_no_cosine)
+        hidden=mlp.hidden, epochs=protocol_settings(spec)[1],
+        batch_size=mlp.batch_size, learning_rate=lr,
+        momentum=mlp.momentum, dropout=mlp.dropout,
+        label_smoothing=mlp.label_smoothing,
+        weight_decay=mlp.weight_decay, batch_norm=mlp.batch_norm,
+        cosine_decay=mlp.cosine_decay)
 
 
 def sgd_steps(n_rows: int, cfg: classifiers.MLPConfig) -> int:
@@ -513,13 +546,18 @@ def resolve_clip(flag: str, manifest: Optional[dict]) -> Optional[float]:
     return float(value) if value else None
 
 
-def resolve_labels(flag: Optional[str], manifest: Optional[dict],
+def parse_labels(text: str) -> list[int]:
+    """--labels 0,1,2 as integers."""
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--labels: expected integers, got {text!r}") from None
+
+
+def resolve_labels(given: Optional[Sequence[int]], manifest: Optional[dict],
                    *ys: np.ndarray) -> list[int]:
-    if flag:
-        try:
-            return [int(v) for v in flag.split(",") if v.strip()]
-        except ValueError:
-            raise ValueError(f"--labels: expected integers, got {flag!r}") from None
+    if given:
+        return [int(v) for v in given]
     if manifest is not None and manifest.get("config", {}).get("labels"):
         return [int(v) for v in manifest["config"]["labels"]]
     return sorted(set(np.concatenate([np.asarray(y) for y in ys]).tolist()))
@@ -640,27 +678,27 @@ def made_from_demo(manifest: Optional[dict]) -> bool:
             and os.path.basename(os.path.dirname(pattern)) == "dpsynth-demo")
 
 
-def resolve_real_paths(args: argparse.Namespace,
+def resolve_real_paths(spec: EvaluateSpec,
                        manifest: Optional[dict]) -> tuple[str, str, bool]:
     """(train, test, demo): the flags, or the demo's split (see --demo)."""
-    given = args.real_train is not None or args.real_test is not None
-    if args.demo or (not given and made_from_demo(manifest)):
+    given = spec.real_train is not None or spec.real_test is not None
+    if spec.demo or (not given and made_from_demo(manifest)):
         if given:
             raise ValueError("--demo picks both real files; drop --real-train "
                              "and --real-test")
         from pipelines import demo
         train, test = demo.demo_files()
         return train, test, True
-    missing = [flag for flag, value in (("--real-train", args.real_train),
-                                        ("--real-test", args.real_test))
+    missing = [flag for flag, value in (("--real-train", spec.real_train),
+                                        ("--real-test", spec.real_test))
                if value is None]
     if missing:
         raise ValueError(f"{' and '.join(missing)} required (only a release "
                          f"made from the embedded demo defaults to its split;"
                          f" or pass --demo)")
-    return args.real_train, args.real_test, (
-        made_from_demo(manifest) and _is_demo_split(args.real_train,
-                                                    args.real_test))
+    return spec.real_train, spec.real_test, (
+        made_from_demo(manifest) and _is_demo_split(spec.real_train,
+                                                    spec.real_test))
 
 
 def _is_demo_split(train: str, test: str) -> bool:
@@ -671,96 +709,104 @@ def _is_demo_split(train: str, test: str) -> bool:
     return same(train, demo_train) and same(test, demo_test)
 
 
-def logreg_config(args: argparse.Namespace,
+def logreg_config(spec: EvaluateSpec,
                   demo: bool) -> classifiers.LogRegConfig:
     """The reference probe, or on the demo generate's utility-line one."""
-    if args.logreg_c is not None:
-        return classifiers.LogRegConfig(C=args.logreg_c)
+    if spec.logreg_c is not None:
+        return classifiers.LogRegConfig(C=spec.logreg_c)
     if demo:
         return classifiers.LogRegConfig(C=DEMO_LOGREG_C,
                                         max_iter=DEMO_LOGREG_MAX_ITER)
     return classifiers.LogRegConfig()
 
 
-def run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     """CLI entry: returns the exit status. TensorFlow's C++ start-up lines
     go to a log file (kept only on failure) unless --verbose."""
     with console.quiet_stderr(getattr(args, "verbose", False)):
-        return _run(args)
+        from pipelines import release
+        from transforms.io import InputError
+        progress = Progress()
+        try:
+            spec = spec_from_args(args)
+            report = run(spec, progress)
+        except (ValueError, InputError, release.ReleaseError) as err:
+            print(f"dpsynth: error: {err}", file=sys.stderr)
+            return 2
+        print(format_table(report))
+        print(f"report written to {spec.output}")
+        return 0
 
 
-def _run(args: argparse.Namespace) -> int:
-    from pipelines import release
-    from transforms.io import InputError
-    progress = Progress()
-    try:
-        check_output(args.output, args.overwrite)
-        models = parse_models(args.models)
-        seeds, _ = protocol_settings(args)
-        mlp_cfg = mlp_config(args)
-        x_syn, y_syn, manifest = load_synthetic(args.synthetic)
-        real_train, real_test, demo = resolve_real_paths(args, manifest)
-        if args.models is None and "mlp" not in models:
-            progress("no Keras/TensorFlow here: the logistic probe only (pip "
-                     "install 'dpsynth[tf]' adds the paper's MLP)")
-        logreg_cfg = logreg_config(args, demo)
-        size_policy = args.size_policy or ("none" if demo else "paper")
-        norm = resolve_normalize(args.normalize, manifest)
-        read = dict(fmt=args.input_format,
-                    embedding_feature=args.embedding_feature,
-                    label_feature=args.label_feature)
-        x_tr, y_tr = load_real("--real-train", real_train, **read)
-        x_te, y_te = load_real("--real-test", real_test, **read)
-        holdout = (load_real("--real-holdout", args.real_holdout, **read)
-                   if args.real_holdout else (None, None))
-        for name, x in (("--real-train", x_tr), ("--real-test", x_te)):
-            if len(y_syn) and x.shape[1] != x_syn.shape[1]:
-                raise ValueError(f"{name}: dimension {x.shape[1]} differs from "
-                                 f"the synthetic rows' {x_syn.shape[1]}")
-        labels = resolve_labels(args.labels, manifest, y_syn, y_tr, y_te)
-        clip = resolve_clip(args.normalize, manifest)
-        if demo:
-            progress(f"real rows: the embedded demo's split, train "
-                     f"{real_train}, test {real_test}")
-        progress(f"loaded {len(y_syn)} synthetic, {len(y_tr)} real train, "
-                 f"{len(y_te)} real test rows; protocol {args.protocol}: "
-                 f"{len(models)} model(s) x {seeds} seed(s)"
-                 f"{'' if args.no_ceiling else ' x 2 training sets'}, "
-                 f"MLP {mlp_cfg.epochs} epochs")
+def run(spec: EvaluateSpec,
+        progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Scores the release, writes the JSON report to ``spec.output`` and
+    returns it. Raises ValueError, transforms.io.InputError or
+    pipelines.release.ReleaseError (before the report is written).
+    ``progress`` gets one line per step."""
+    say = progress or (lambda message: None)
+    check_output(spec.output, spec.overwrite)
+    models = parse_models(None if spec.models is None
+                          else ",".join(spec.models))
+    seeds, _ = protocol_settings(spec)
+    mlp_cfg = mlp_config(spec)
+    x_syn, y_syn, manifest = load_synthetic(spec.synthetic)
+    real_train, real_test, demo = resolve_real_paths(spec, manifest)
+    if spec.models is None and "mlp" not in models:
+        say("no Keras/TensorFlow here: the logistic probe only (pip "
+            "install 'dpsynth[tf]' adds the paper's MLP)")
+    logreg_cfg = logreg_config(spec, demo)
+    size_policy = spec.size_policy or ("none" if demo else "paper")
+    norm = resolve_normalize(spec.normalize, manifest)
+    read = dict(fmt=spec.input_format,
+                embedding_feature=spec.embedding_feature,
+                label_feature=spec.label_feature)
+    x_tr, y_tr = load_real("--real-train", real_train, **read)
+    x_te, y_te = load_real("--real-test", real_test, **read)
+    holdout = (load_real("--real-holdout", spec.real_holdout, **read)
+               if spec.real_holdout else (None, None))
+    for name, x in (("--real-train", x_tr), ("--real-test", x_te)):
+        if len(y_syn) and x.shape[1] != x_syn.shape[1]:
+            raise ValueError(f"{name}: dimension {x.shape[1]} differs from "
+                             f"the synthetic rows' {x_syn.shape[1]}")
+    labels = resolve_labels(spec.labels, manifest, y_syn, y_tr, y_te)
+    clip = resolve_clip(spec.normalize, manifest)
+    if demo:
+        say(f"real rows: the embedded demo's split, train "
+            f"{real_train}, test {real_test}")
+    say(f"loaded {len(y_syn)} synthetic, {len(y_tr)} real train, "
+        f"{len(y_te)} real test rows; protocol {spec.protocol}: "
+        f"{len(models)} model(s) x {seeds} seed(s)"
+        f"{' x 2 training sets' if spec.ceiling else ''}, "
+        f"MLP {mlp_cfg.epochs} epochs")
 
-        def prep(a):
-            """The release's public per-record map: normalise, then clip."""
-            if a is None:
-                return None
-            a = normalize_rows(np.asarray(a, np.float64), norm)
-            return a if clip is None else clip_rows(a, clip)[0]
-        # Rebinding frees the raw copies (~0.5 GB each on CIFAR-10 size).
-        x_syn, x_tr, x_te = np.asarray(x_syn, np.float64), prep(x_tr), prep(x_te)
-        holdout = (prep(holdout[0]), holdout[1])
-        t0 = time.time()
-        report = evaluate_arrays(
-            x_syn, y_syn, x_tr, y_tr, x_te, y_te, labels, models=models,
-            seeds=list(range(seeds)), mlp_cfg=mlp_cfg,
-            logreg_cfg=logreg_cfg, size_policy=size_policy,
-            ceiling=not args.no_ceiling,
-            distribution=not args.no_distribution,
-            x_holdout=holdout[0], y_holdout=holdout[1],
-            metrics_max_rows=args.metrics_max_rows, knn_k=args.knn_k,
-            progress=progress, scale_lr=args.mlp_lr is None)
-    except (ValueError, InputError, release.ReleaseError) as err:
-        print(f"dpsynth: error: {err}", file=sys.stderr)
-        return 2
-    report["protocol"]["name"] = args.protocol
-    report["synthetic"] = release_summary(args.synthetic, manifest)
+    def prep(a):
+        """The release's public per-record map: normalise, then clip."""
+        if a is None:
+            return None
+        a = normalize_rows(np.asarray(a, np.float64), norm)
+        return a if clip is None else clip_rows(a, clip)[0]
+    # Rebinding frees the raw copies (~0.5 GB each on CIFAR-10 size).
+    x_syn, x_tr, x_te = np.asarray(x_syn, np.float64), prep(x_tr), prep(x_te)
+    holdout = (prep(holdout[0]), holdout[1])
+    t0 = time.time()
+    report = evaluate_arrays(
+        x_syn, y_syn, x_tr, y_tr, x_te, y_te, labels, models=models,
+        seeds=list(range(seeds)), mlp_cfg=mlp_cfg,
+        logreg_cfg=logreg_cfg, size_policy=size_policy,
+        ceiling=spec.ceiling, distribution=spec.distribution,
+        x_holdout=holdout[0], y_holdout=holdout[1],
+        metrics_max_rows=spec.metrics_max_rows, knn_k=spec.knn_k,
+        progress=progress, scale_lr=spec.mlp.learning_rate is None)
+    report["protocol"]["name"] = spec.protocol
+    report["synthetic"] = release_summary(spec.synthetic, manifest)
     report["real"] = {"train": real_train, "test": real_test,
-                      "holdout": args.real_holdout or real_test,
+                      "holdout": spec.real_holdout or real_test,
                       "normalize": norm, "clip_norm": clip, "demo": demo}
     report["labels"] = labels
     report["timings_s"]["total"] = round(time.time() - t0, 2)
-    write_report(args.output, report)
-    print(format_table(report))
-    print(f"report written to {args.output}")
-    return 0
+    write_report(spec.output, report)
+    return report
 
 
 def _description() -> str:
@@ -775,7 +821,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         "evaluate", help="score a synthetic release on real held-out data",
         description=_description(), formatter_class=DefaultsHelpFormatter)
     add_arguments(p)
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=handle)
     return p
 
 
@@ -787,7 +833,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    return run(parser().parse_args(argv))
+    return handle(parser().parse_args(argv))
 
 
 if __name__ == "__main__":

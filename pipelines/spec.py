@@ -17,6 +17,8 @@ import dataclasses
 from typing import Optional
 
 from dp_ops.config import GeneratorConfig
+# numpy only: Keras loads inside the trainers.
+from models.classifiers import MLPConfig
 
 # Read in byte ranges of this size (TFRecord, Parquet): transforms.io's
 # SPLIT_BYTES, repeated here so that this module stays free of Beam.
@@ -148,3 +150,71 @@ class GenerateSpec:
     output: OutputOptions = OutputOptions()
     budget: BudgetOptions = BudgetOptions()
     run: RunOptions = RunOptions()
+
+
+# ------------------------------------------------------------------ encode
+
+@dataclasses.dataclass(frozen=True)
+class EncodeSpec:
+    """One `dpsynth encode` run: labelled images -> embeddings + labels
+    (data preparation inside the trust boundary, not a release).
+    ``images.bad_images_report`` None: next to the output."""
+
+    images: ImageOptions
+    output: str  # OUT.npz or OUT.tfrecord, local or gs://
+    num_shards: int = 1  # TFRecord output shards
+    keep_source_ids: bool = False  # also store each row's source file
+    max_bad_images: int = 0  # stop the run above this many unreadable images
+    beam_args: tuple[str, ...] = ()  # Beam pipeline options (--runner ...)
+    verbose: bool = False
+
+
+# ---------------------------------------------------------------- evaluate
+
+@dataclasses.dataclass(frozen=True)
+class MLPOptions:
+    """The paper's two-layer MLP (App. C.3 defaults). ``epochs`` None: the
+    protocol's; ``learning_rate`` None: the paper's, raised on small
+    training sets (see ``pipelines.evaluate.scaled_learning_rate``)."""
+
+    hidden: int = MLPConfig.hidden
+    epochs: Optional[int] = None
+    batch_size: int = MLPConfig.batch_size
+    learning_rate: Optional[float] = None
+    momentum: float = MLPConfig.momentum
+    dropout: float = MLPConfig.dropout
+    label_smoothing: float = MLPConfig.label_smoothing
+    weight_decay: float = MLPConfig.weight_decay
+    batch_norm: bool = MLPConfig.batch_norm
+    cosine_decay: bool = MLPConfig.cosine_decay
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateSpec:
+    """One `dpsynth evaluate` run: a synthetic release scored on real data.
+    The report reads the real training data and is NOT differentially
+    private."""
+
+    synthetic: str  # release directory, or a labelled data file or glob
+    real_train: Optional[str] = None  # None: the demo's, for a demo release
+    real_test: Optional[str] = None
+    demo: bool = False  # score on the embedded demo's split
+    real_holdout: Optional[str] = None  # None: real_test
+    input_format: Optional[str] = None  # of the real files; None: from names
+    embedding_feature: str = "embedding"
+    label_feature: str = "label"
+    normalize: str = "auto"  # auto: the release's config
+    labels: Optional[tuple[int, ...]] = None  # None: the release's, or seen
+    protocol: str = "quick"  # or "full"
+    seeds: Optional[int] = None  # None: the protocol's
+    models: Optional[tuple[str, ...]] = None  # None: mlp (with Keras), logreg
+    size_policy: Optional[str] = None  # None: paper; none on the demo
+    ceiling: bool = True  # also train on the real rows
+    distribution: bool = True  # Fréchet / precision-recall / DCR
+    metrics_max_rows: int = 2000
+    knn_k: int = 3
+    mlp: MLPOptions = MLPOptions()
+    logreg_c: Optional[float] = None  # None: LogRegConfig's; 1 on the demo
+    output: str = "evaluation.json"
+    overwrite: bool = False
+    verbose: bool = False

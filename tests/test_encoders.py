@@ -43,7 +43,7 @@ def _files(root):
 
 def _encode(argv):
     args, beam_argv = encode.parser().parse_known_args(argv)
-    return encode.run(args, beam_argv)
+    return encode.run(encode.spec_from_args(args, beam_argv))
 
 
 # ------------------------------------------------------------------ registry

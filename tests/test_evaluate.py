@@ -142,8 +142,8 @@ def test_register_adds_the_subcommand():
     evaluate.register(sub)
     args = parser.parse_args(["evaluate", "--synthetic", "s", "--real-train",
                               "a", "--real-test", "b", "--mlp-epochs", "7"])
-    assert args.handler is evaluate.run
-    cfg = evaluate.mlp_config(args)
+    assert args.handler is evaluate.handle
+    cfg = evaluate.mlp_config(evaluate.spec_from_args(args))
     assert cfg.epochs == 7 and cfg.hidden == 128 and cfg.label_smoothing == 0.2
 
 
@@ -180,14 +180,16 @@ def test_default_quick_protocol_reports_progress_per_model_and_seed(files, capsy
 def test_protocols_and_explicit_overrides():
     parser = evaluate.parser()
     base = ["--synthetic", "s", "--real-train", "a", "--real-test", "b"]
-    assert evaluate.protocol_settings(parser.parse_args(base)) == (1, 50)
-    full = parser.parse_args(base + ["--protocol", "full"])
-    assert evaluate.protocol_settings(full) == (3, 50) == (
+
+    def settings(*extra):
+        spec = evaluate.spec_from_args(parser.parse_args(base + list(extra)))
+        return evaluate.protocol_settings(spec)
+    assert settings() == (1, 50)
+    assert settings("--protocol", "full") == (3, 50) == (
         evaluate.PROTOCOLS["full"]["seeds"], classifiers_epochs())
-    assert evaluate.protocol_settings(parser.parse_args(
-        base + ["--protocol", "full", "--seeds", "5", "--mlp-epochs", "7"])) == (5, 7)
+    assert settings("--protocol", "full", "--seeds", "5", "--mlp-epochs", "7") == (5, 7)
     with pytest.raises(ValueError, match="--seeds must be >= 1"):
-        evaluate.protocol_settings(parser.parse_args(base + ["--seeds", "0"]))
+        settings("--seeds", "0")
     helptext = parser.format_help()
     assert "(default: quick)" in helptext and "(default: 2000)" in helptext
     assert "full: the paper's protocol, 3 seeds, MLP 50 epochs" in " ".join(helptext.split())

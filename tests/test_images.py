@@ -232,7 +232,7 @@ def test_gcs_folder_layout_encode_to_gcs(gcs, tree, tmp_path):
     args, beam_argv = encode.parser().parse_known_args(
         ["--images", gcs.uri("imgs"), "--encoder", "keras:" + gcs.uri("models", "m.keras"), "--output",
          gcs.uri("out", "emb.npz"), "--max-bad-images", "2", "--keep-source-ids", "--runner=FnApiRunner"])
-    encode.run(args, beam_argv)
+    encode.run(encode.spec_from_args(args, beam_argv))
     assert {"out/emb.npz", "out/emb.labels.json", "out/emb.bad_images.tsv"} <= set(gcs.names("out/"))
     local = tmp_path / "emb.npz"
     bucket.blob("out/emb.npz").download_to_filename(str(local))
