@@ -195,9 +195,11 @@ def spec_from_args(args: argparse.Namespace) -> EvaluateSpec:
         real_holdout=args.real_holdout, input_format=args.input_format,
         embedding_feature=args.embedding_feature,
         label_feature=args.label_feature, normalize=args.normalize,
-        labels=None if args.labels is None else tuple(parse_labels(args.labels)),
+        labels=(None if args.labels is None
+                else tuple(parse_labels(args.labels))),
         protocol=args.protocol, seeds=args.seeds,
-        models=None if args.models is None else tuple(parse_models(args.models)),
+        models=(None if args.models is None
+                else tuple(parse_models(args.models))),
         size_policy=args.size_policy, ceiling=not args.no_ceiling,
         distribution=not args.no_distribution,
         metrics_max_rows=args.metrics_max_rows, knn_k=args.knn_k,

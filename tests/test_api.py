@@ -143,7 +143,8 @@ def test_the_api_encodes_like_the_cli(tmp_path):
              images=rng.integers(0, 256, (5, 8, 8, 3), dtype=np.uint8),
              labels=np.arange(5) % 2)
     encoder = f"keras:{tmp_path / 'm.keras'}"
-    images, cli_out = str(tmp_path / "*.npz"), str(tmp_path / "out" / "cli.npz")
+    images = str(tmp_path / "*.npz")
+    cli_out = str(tmp_path / "out" / "cli.npz")
     (tmp_path / "out").mkdir()
     assert cli.main(["encode", "--images", images, "--encoder", encoder,
                      "--output", cli_out, "--runner=FnApiRunner"]) == 0
