@@ -134,11 +134,11 @@ def default_job_config(eps: float, classes: int, dim: int) -> dict:
     import dataclasses
     import json
     from dp_ops.config import labels_from
-    from pipelines import cli, generate
+    from pipelines import cli, generate, job
     args, _ = cli.build_parser().parse_known_args(
         job_flags("in.npz", "out", eps, classes, dim))
-    cfg = generate.config_from(args, labels_from(args.num_classes,
-                                                 args.labels))
+    cfg = job.resolve_config(generate.spec_from_args(args), tuple(
+        labels_from(args.num_classes, args.labels)))
     return json.loads(json.dumps(dataclasses.asdict(cfg)))
 
 

@@ -230,13 +230,12 @@ def _gen_flags(args: argparse.Namespace) -> list[str]:
 
 def _config(flags: Sequence[str]):
     """GeneratorConfig from generate's own parser (same defaults)."""
-    from pipelines import generate
-    args, _ = _parse_generate(flags)
     from dp_ops.config import labels_from
-    cfg = generate.config_from(args, labels_from(args.num_classes,
-                                                 args.labels))
-    # "auto" outside the adaptive plan's scope runs "shared", as in the job
-    return generate._resolve_covariance(cfg, args)
+    from pipelines import generate, job
+    args, _ = _parse_generate(flags)
+    # As the job resolves it ("auto" outside the adaptive plan: "shared").
+    return job.resolve_config(generate.spec_from_args(args), tuple(
+        labels_from(args.num_classes, args.labels)))
 
 
 def _parse_generate(flags: Sequence[str]):
@@ -289,7 +288,7 @@ def child_reference(data: str, flags: Sequence[str], result: str) -> None:
 def child_beam(data: str, flags: Sequence[str], result: str,
                profile: Optional[str] = None, reread: bool = False,
                dask_workers: int = 0) -> None:
-    from pipelines import console, generate
+    from pipelines import console, generate, job
     # Re-reading the files every pass is generate's default layout; the
     # other modes keep one materialised copy of the blocks.
     layout = [] if reread else ["--materialise-blocks"]
@@ -308,10 +307,10 @@ def child_beam(data: str, flags: Sequence[str], result: str,
         t0 = time.perf_counter()
         if profile:
             prof = cProfile.Profile()
-            prof.runcall(generate.run, args, beam_argv)
+            prof.runcall(job.run, generate.spec_from_args(args, beam_argv))
             prof.dump_stats(profile)
         else:
-            generate.run(args, beam_argv)
+            job.run(generate.spec_from_args(args, beam_argv))
         work = time.perf_counter() - t0
         with open(os.path.join(out, "rel", "_manifest.json")) as f:
             manifest = json.load(f)  # the pointer: samples, no timings
@@ -1110,7 +1109,7 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
     """One job on ``engine`` with ``workers`` workers, every pass reading
     the files (generate's default layout); job time = cluster start +
     generate.run; the stage trace (transforms.progress) of every worker."""
-    from pipelines import console, generate
+    from pipelines import console, generate, job
     from transforms import progress
     eng = ENGINES[engine]
     out = tempfile.mkdtemp(prefix="dpsynth-bench-")
@@ -1125,7 +1124,7 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
         t0 = time.time()
         try:
             eng.start(workers)
-            generate.run(args, beam_argv)
+            job.run(generate.spec_from_args(args, beam_argv))
         finally:
             eng.stop()
         work = time.time() - t0

@@ -783,18 +783,22 @@ class _GcsDocument:
 # --------------------------------------------------------------------- CLI
 
 
-def _planned_mechanisms(args: argparse.Namespace) -> list[Mechanism]:
-    if args.mechanisms_json:
-        with open(args.mechanisms_json, encoding="utf-8") as f:
+def _planned_mechanisms(mechanisms_json: Optional[str],
+                        num_classes: Optional[int],
+                        labels: Optional[list[int]], epsilon: float,
+                        delta: float, accountant: str) -> list[Mechanism]:
+    """The mechanisms a planned run would record: from a manifest or JSON
+    list, or the fixed plan of the given target and label set."""
+    if mechanisms_json:
+        with open(mechanisms_json, encoding="utf-8") as f:
             data = json.load(f)
         if isinstance(data, dict):  # a manifest: {"privacy": {"mechanisms"}}
             data = data.get("privacy", data)["mechanisms"]
         return [_mechanism_from_dict(d) for d in data]
     from dp_ops.config import GeneratorConfig, labels_from
     from dp_ops.plan import make_ledger
-    labels = labels_from(args.num_classes, args.labels)
-    cfg = GeneratorConfig(labels=labels, epsilon=args.epsilon,
-                          delta=args.delta, accountant=args.accountant)
+    cfg = GeneratorConfig(labels=labels_from(num_classes, labels),
+                          epsilon=epsilon, delta=delta, accountant=accountant)
     return make_ledger(cfg).mechanisms
 
 
@@ -882,41 +886,67 @@ def main(argv: Optional[list[str]] = None) -> int:
             "reserved_at", "lifetime_epsilon_after")} for e in entries]
         print(json.dumps(report, indent=1))
         return 0
-    return _check(args, entries, cap, delta, report)
+    planned = PlannedRun(
+        store=args.budget_store, dataset_id=args.dataset_id,
+        run_id=args.run_id, epsilon=args.epsilon, delta=args.delta,
+        lifetime_epsilon=args.lifetime_epsilon,
+        lifetime_delta=args.lifetime_delta, accountant=args.accountant,
+        num_classes=args.num_classes,
+        labels=tuple(args.labels) if args.labels else None,
+        mechanisms_json=args.mechanisms_json)
+    return _check(planned, entries, cap, delta, report)
 
 
-def _check(args: argparse.Namespace, entries: list[dict],
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    """What `budget_store check` asks about (from its flags)."""
+
+    store: str
+    dataset_id: str
+    run_id: Optional[str]
+    epsilon: float
+    delta: float
+    lifetime_epsilon: Optional[float]
+    lifetime_delta: Optional[float]
+    accountant: str
+    num_classes: Optional[int]
+    labels: Optional[tuple[int, ...]]
+    mechanisms_json: Optional[str]
+
+
+def _check(run: PlannedRun, entries: list[dict],
            cap: Optional[dict], delta: float, report: dict) -> int:
     try:
         cap_eps, delta = _cap_for_run(
-            {"dataset_id": args.dataset_id, "releases": entries,
+            {"dataset_id": run.dataset_id, "releases": entries,
              **({"lifetime_cap": cap} if cap else {})},
-            args.budget_store, args.lifetime_epsilon, args.lifetime_delta,
-            args.delta)
+            run.store, run.lifetime_epsilon, run.lifetime_delta, run.delta)
     except (CapConflict, ValueError) as err:
         print(f"budget check: {err}", file=sys.stderr)
         return 3
     latest = None
-    if args.run_id:
-        latest = _find({"releases": entries}, args.run_id)
+    if run.run_id:
+        latest = _find({"releases": entries}, run.run_id)
     if latest is not None and latest["status"] in (RESERVED, STAGED,
                                                    PUBLISHED):
         # reserved: no data read yet; staged: the retry re-publishes the
         # staged files; published: generate finds it and does nothing.
-        report.update(fits=True, note=f"run {args.run_id} attempt "
+        report.update(fits=True, note=f"run {run.run_id} attempt "
                       f"{latest.get('attempt', 1)} is {latest['status']}: "
                       "a re-run spends nothing more")
         print(json.dumps(report, indent=1))
         return 0
-    planned = {"mechanisms": [_mechanism_to_dict(m)
-                              for m in _planned_mechanisms(args)]}
-    after = _compose(entries + [planned], delta, args.accountant)
+    planned = {"mechanisms": [_mechanism_to_dict(m) for m in _planned_mechanisms(
+        run.mechanisms_json, run.num_classes,
+        list(run.labels) if run.labels else None, run.epsilon, run.delta,
+        run.accountant)]}
+    after = _compose(entries + [planned], delta, run.accountant)
     fits = after <= cap_eps * (1 + _REL_TOL)
     report.update(lifetime_epsilon_cap=cap_eps, lifetime_epsilon_after=after,
                   fits=fits)
     print(json.dumps(report, indent=1))
     if not fits:
-        print(f"budget check: dataset {args.dataset_id!r} would reach "
+        print(f"budget check: dataset {run.dataset_id!r} would reach "
               f"epsilon {after:.4f} > cap {cap_eps:g}; "
               "refusing to schedule the run", file=sys.stderr)
         return 3

@@ -230,6 +230,21 @@ def spec_from_args(args: argparse.Namespace,
                    beam_argv: Sequence[str] = ()) -> GenerateSpec:
     """The command line's flags as the typed spec of the run (everything
     below the command line takes the spec, never the flags)."""
+    image_options = None
+    if args.images:
+        from pipelines.encode import _classes
+        classes = _classes(args.classes)
+        image_options = ImageOptions(
+            path=args.images, encoder=args.encoder,
+            encoder_weights=args.encoder_weights, image_size=args.image_size,
+            pixel_scale=args.pixel_scale, resize_mode=args.resize_mode,
+            encoder_output_key=args.encoder_output_key,
+            encoder_threads=args.encoder_threads, batch_size=args.batch_size,
+            l2_normalize=args.l2_normalize,
+            bad_images_report=args.bad_images_report,
+            classes=tuple(classes) if classes else None,
+            layout=args.image_layout, image_feature=args.image_feature,
+            label_feature=args.label_feature)
     return GenerateSpec(
         input=InputOptions(
             path=args.input, format=args.input_format,
@@ -238,7 +253,7 @@ def spec_from_args(args: argparse.Namespace,
             block_size=args.block_size, split_bytes=args.split_bytes,
             embedding_dim=args.embedding_dim, num_classes=args.num_classes,
             labels=tuple(args.labels) if args.labels else None,
-            images=_image_options(args)),
+            images=image_options),
         generator=GeneratorOptions(**{
             f.name: getattr(args, f.name)
             for f in dataclasses.fields(GeneratorOptions)}),
@@ -256,47 +271,6 @@ def spec_from_args(args: argparse.Namespace,
             record_timings=args.record_timings,
             noise_key_location=args.noise_key_location))
 
-
-def _image_options(args: argparse.Namespace) -> Optional[ImageOptions]:
-    if not args.images:
-        return None
-    from pipelines.encode import _classes
-    classes = _classes(args.classes)
-    return ImageOptions(
-        path=args.images, encoder=args.encoder,
-        encoder_weights=args.encoder_weights, image_size=args.image_size,
-        pixel_scale=args.pixel_scale, resize_mode=args.resize_mode,
-        encoder_output_key=args.encoder_output_key,
-        encoder_threads=args.encoder_threads, batch_size=args.batch_size,
-        l2_normalize=args.l2_normalize,
-        bad_images_report=args.bad_images_report,
-        classes=tuple(classes) if classes else None, layout=args.image_layout,
-        image_feature=args.image_feature, label_feature=args.label_feature)
-
-
-def config_from(args: argparse.Namespace,
-                labels: Sequence[int]) -> GeneratorConfig:
-    """The generator configuration these flags ask for, with the public
-    label set (``--covariance auto`` resolved as the job resolves it)."""
-    from pipelines import job
-    return job.resolve_config(spec_from_args(args), tuple(labels))
-
-
-def _resolve_covariance(cfg: GeneratorConfig,
-                        args: argparse.Namespace) -> GeneratorConfig:
-    """Deprecated (benchmarks/scaling.py until it moves to the API):
-    ``config_from`` already resolves ``--covariance auto``."""
-    from pipelines import job
-    spec = spec_from_args(args)
-    return job.resolve_config(dataclasses.replace(
-        spec, generator=dataclasses.replace(
-            spec.generator, covariance=cfg.covariance)), cfg.labels)
-
-
-def run(args: argparse.Namespace, beam_argv: Sequence[str]) -> str:
-    """`dpsynth generate` with these flags; returns the release path."""
-    from pipelines import job
-    return job.run(spec_from_args(args, beam_argv))
 
 
 DESCRIPTION = ("Generate a differentially private synthetic embedding "
@@ -338,11 +312,13 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
     from transforms.images import ImageInputError
 
     def go() -> int:
+        from pipelines import job
         check_beam_args(beam_argv, parser(), "generate")
-        demo_run = args.input is None and not args.images
-        output = run(args, beam_argv)
+        spec = spec_from_args(args, beam_argv)
+        demo_run = spec.input.path is None and spec.input.images is None
+        output = job.run(spec)
         print(summary.render(output, release.read_manifest(output),
-                             _lifetime(args)))
+                             _lifetime(spec)))
         if demo_run:
             train, test = demo.demo_files()
             print(demo.utility_line(output, test, train))
@@ -356,14 +332,16 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
                              budget_store.CapConflict, ImageInputError))
 
 
-def _lifetime(args: argparse.Namespace):
-    if args.budget_store is None:
+def _lifetime(spec: GenerateSpec):
+    """(lifetime epsilon spent, pinned cap, dataset id) for the summary."""
+    budget = spec.budget
+    if budget.store is None:
         return None
     from pipelines import budget_store
-    cap = budget_store.pinned_cap(args.budget_store, args.dataset_id)
-    spent = budget_store.lifetime_spent(
-        args.budget_store, args.dataset_id, cap["delta"], args.accountant)
-    return spent, cap["epsilon"], args.dataset_id
+    cap = budget_store.pinned_cap(budget.store, budget.dataset_id)
+    spent = budget_store.lifetime_spent(budget.store, budget.dataset_id,
+                                        cap["delta"], spec.generator.accountant)
+    return spent, cap["epsilon"], budget.dataset_id
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

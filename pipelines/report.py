@@ -98,7 +98,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         "report", help="HTML page (and PNGs) describing a release",
         description=DESCRIPTION)
     add_arguments(p)
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=handle)
     return p
 
 
@@ -830,8 +830,8 @@ def build_report(rel: Release, evaluation, max_points: int, seed: int
     return {PAGE: page.encode(), **images}
 
 
-def run(args: argparse.Namespace) -> int:
-    """CLI entry: returns the exit status."""
+def handle(args: argparse.Namespace) -> int:
+    """`dpsynth report`: returns the exit status."""
     from pipelines import release
     from transforms.io import InputError
     output = args.output or default_output(args.release)
@@ -859,7 +859,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    return run(parser().parse_args(argv))
+    return handle(parser().parse_args(argv))
 
 
 if __name__ == "__main__":

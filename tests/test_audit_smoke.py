@@ -18,7 +18,7 @@ import pytest
 from benchmarks import privacy_audit
 from dp_ops import adaptive
 from dp_ops.config import GeneratorConfig, labels_from
-from pipelines import cli, generate
+from pipelines import cli, generate, job
 
 CLASSES, RECORDS, DIM = 100, 40, 8
 
@@ -28,8 +28,8 @@ def cli_default_config(epsilon: float) -> dict:
     args, _ = cli.build_parser().parse_known_args(
         ["generate", "--num-classes", str(CLASSES), "--epsilon",
          "inf" if math.isinf(epsilon) else str(epsilon)])
-    cfg = generate.config_from(args, labels_from(args.num_classes,
-                                                 args.labels))
+    cfg = job.resolve_config(generate.spec_from_args(args), tuple(
+        labels_from(args.num_classes, args.labels)))
     return json.loads(json.dumps(dataclasses.asdict(cfg)))
 
 

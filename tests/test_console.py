@@ -33,7 +33,7 @@ def test_a_mistyped_flag_stops_the_run_before_any_data_is_read(
         tmp_path, capsys, monkeypatch, typo, meant):
     def never(*args, **kwargs):
         raise AssertionError("data was read despite an unknown flag")
-    monkeypatch.setattr(generate, "run", never)
+    monkeypatch.setattr(job, "run", never)
     rc = cli.main(["generate", "--input", str(tmp_path / "in.npz"),
                    "--output", str(tmp_path / "out"), *typo])
     err = capsys.readouterr().err.strip()
@@ -47,7 +47,7 @@ def test_an_unknown_runner_stops_the_run_before_any_data_is_read(
         tmp_path, capsys, monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("data was read despite an unknown runner")
-    monkeypatch.setattr(generate, "run", never)
+    monkeypatch.setattr(job, "run", never)
     rc = cli.main(["generate", "--output", str(tmp_path / "out"),
                    "--runner", "DataflowRuner"])
     err = capsys.readouterr().err.strip()
