@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import cli, generate, job
+from pipelines import cli, job
 from tests.conftest import gmm_data
 
 REPO = Path(__file__).resolve().parent.parent
