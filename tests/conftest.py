@@ -51,6 +51,23 @@ def release_bytes(out) -> dict:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def dask_test_cluster(tmp_path_factory):
+    """A scheduler + 2 single-threaded worker processes on loopback (their
+    scratch space under pytest's tmp, the scheduler's HTTP routes on a free
+    port); yields its address and closes it after."""
+    import distributed
+    scratch = str(tmp_path_factory.mktemp("dask-scratch"))
+    cluster = distributed.LocalCluster(
+        n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1",
+        dashboard_address=None, local_directory=scratch,
+        scheduler_kwargs={"local_directory": scratch,
+                          "dashboard_address": "127.0.0.1:0"})
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+
+
 # Manifest fields that name one run, not its outputs.
 RUN_FIELDS = frozenset({"run_id", "created_utc", "root"})
 

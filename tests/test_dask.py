@@ -34,8 +34,8 @@ import apache_beam as beam  # noqa: E402
 
 from pipelines import cli, generate  # noqa: E402
 from pipelines.options import beam_options  # noqa: E402
-from tests.conftest import (assert_same_release, gmm_data,  # noqa: E402
-                            release_dir)
+from tests.conftest import (assert_same_release, dask_test_cluster,  # noqa: E402
+                            gmm_data, release_dir)
 from transforms import io  # noqa: E402
 from transforms.write import tfrecord_bytes  # noqa: E402
 
@@ -45,19 +45,8 @@ from transforms.write import tfrecord_bytes  # noqa: E402
 
 @pytest.fixture(scope="module")
 def scheduler(tmp_path_factory):
-    """Address of a scheduler + 2 single-threaded worker processes (their
-    scratch space under pytest's tmp, the scheduler's HTTP routes on a free
-    port; all closed after the module)."""
-    scratch = str(tmp_path_factory.mktemp("dask-scratch"))
-    cluster = distributed.LocalCluster(
-        n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1",
-        dashboard_address=None, local_directory=scratch,
-        scheduler_kwargs={"local_directory": scratch,
-                          "dashboard_address": "127.0.0.1:0"})
-    try:
-        yield cluster.scheduler_address
-    finally:
-        cluster.close()
+    """Address of a 2-worker test cluster (closed after the module)."""
+    yield from dask_test_cluster(tmp_path_factory)
 
 
 def _generate(out, *flags) -> None:

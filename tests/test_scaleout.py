@@ -30,7 +30,7 @@ distributed = pytest.importorskip(
     "(apache-beam[dask])")
 
 from pipelines import cli  # noqa: E402
-from tests.conftest import gmm_data  # noqa: E402
+from tests.conftest import dask_test_cluster, gmm_data  # noqa: E402
 from transforms import progress  # noqa: E402
 
 
@@ -50,16 +50,7 @@ def trace_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def scheduler(trace_file, tmp_path_factory):
-    scratch = str(tmp_path_factory.mktemp("dask-scratch"))
-    cluster = distributed.LocalCluster(
-        n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1",
-        dashboard_address=None, local_directory=scratch,
-        scheduler_kwargs={"local_directory": scratch,
-                          "dashboard_address": "127.0.0.1:0"})
-    try:
-        yield cluster.scheduler_address
-    finally:
-        cluster.close()
+    yield from dask_test_cluster(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
