@@ -289,19 +289,11 @@ def ledger_from_manifest(privacy: dict) -> PrivacyLedger:
     return ledger
 
 
-def class_count_name(ledger: PrivacyLedger, label: int) -> str:
-    """The class's noisy-count mechanism: ``class=<c>/count`` in the
-    adaptive plan (phase 1), ``class=<c>/moments/count`` in the fixed ones."""
-    adaptive_name = plan.name(label, "count")
-    return (adaptive_name if adaptive_name in ledger
-            else plan.name(label, "moments", "count"))
-
-
 def class_moment_mechanisms(ledger: PrivacyLedger,
                             label: int) -> list[Mechanism]:
     """What ``release_canary_scores`` reads of one class: its noisy count
     and its noisy sum."""
-    return [ledger.get(class_count_name(ledger, label)),
+    return [ledger.get(plan.class_count_name(ledger, label)),
             ledger.get(plan.name(label, "moments", "sum"))]
 
 
@@ -338,5 +330,5 @@ def release_canary_scores(mixtures: dict, centre: np.ndarray,
         residual_count = mix.noisy_count - float(known.sum())
         scores[label] = (
             residual_sum * shift_sum * weight(plan.name(label, "moments", "sum"))
-            + residual_count * weight(class_count_name(ledger, label)))
+            + residual_count * weight(plan.class_count_name(ledger, label)))
     return scores

@@ -31,6 +31,14 @@ def name(label: int, *parts: object) -> str:
     return "/".join([partition(label), *map(str, parts)])
 
 
+def class_count_name(ledger: PrivacyLedger, label: int) -> str:
+    """The class's noisy-count mechanism: ``class=<c>/count`` in the
+    adaptive plan (phase 1), ``class=<c>/moments/count`` in the fixed ones."""
+    adaptive_name = name(label, "count")
+    return (adaptive_name if adaptive_name in ledger
+            else name(label, "moments", "count"))
+
+
 def class_slots(cfg: GeneratorConfig, label: int) -> list[Slot]:
     """Mechanisms that read the records of one class.
 

@@ -185,12 +185,8 @@ GRAPH_KEEPING_RUNNERS = ("dataflow",)
 
 
 def _runner_keeps_job_graph(beam_args: tuple[str, ...]) -> bool:
-    runner = ""
-    for i, arg in enumerate(beam_args):
-        if arg.startswith("--runner="):
-            runner = arg.split("=", 1)[1]
-        elif arg == "--runner" and i + 1 < len(beam_args):
-            runner = beam_args[i + 1]
+    runner = str(beam_options(beam_args).get_all_options().get("runner")
+                 or "")
     return any(name in runner.lower() for name in GRAPH_KEEPING_RUNNERS)
 
 
@@ -457,9 +453,8 @@ def manifest(job: Job, spec: GenerateSpec, dim: int,
         warnings.append(SEEDED_WARNING)
     if not cfg.noiseless:
         warnings += weak_setting_warnings(cfg, summary, job.ledger)
-    config = dataclasses.asdict(cfg)
+    config = config_document(cfg)
     plan_doc = None if job.structure is None else job.structure.to_manifest()
-    config["labels"] = list(cfg.labels)
     noise = (NOISE_DESCRIPTION.format(kind="seeded",
                                       key="a key from the secret --noise-seed")
              if spec.generator.noise_seed is not None else
@@ -504,10 +499,10 @@ def weak_setting_warnings(cfg: GeneratorConfig, summary: list,
     """Warnings about weak or risky settings, from DP outputs (the noisy
     class counts) and public configuration (the calibrated sigmas) only,
     so they may go into the manifest and the console."""
-    sigma = {m.name: m.sigma for m in ledger.mechanisms}
     out = []
     counts = [c["noisy_count"] for c in summary]
-    sigmas = [sigma.get(f"class={c['label']}/count") for c in summary]
+    names = [plan.class_count_name(ledger, c["label"]) for c in summary]
+    sigmas = [ledger.get(n).sigma if n in ledger else None for n in names]
     for c, s in zip(summary, sigmas):
         floor = max(FEW_ROWS, 3 * s) if s else FEW_ROWS
         if c["noisy_count"] < floor:
@@ -771,9 +766,11 @@ def _staged_to_reuse(job: Job, spec: GenerateSpec) -> Optional[dict]:
     configuration is this run's is re-published; anything else is refused
     before any data is read or anything is charged.
     """
-    complete = {token: folder for token, folder in
-                release.staging_folders(job.output, job.run_id).items()
-                if release.staged_manifest(folder) is not None}
+    staged_by_token = {
+        token: (folder, release.staged_manifest(folder)) for token, folder
+        in release.staging_folders(job.output, job.run_id).items()}
+    complete = {token: folder for token, (folder, manifest)
+                in staged_by_token.items() if manifest is not None}
     if spec.budget.store is not None:
         from pipelines import budget_store
         charged = budget_store.run_owners(spec.budget.store, spec.budget.dataset_id,
@@ -794,8 +791,8 @@ def _staged_to_reuse(job: Job, spec: GenerateSpec) -> Optional[dict]:
             f"run {job.run_id!r} has {len(complete)} complete staged releases "
             f"({', '.join(sorted(complete.values()))}): launches without a "
             "budget store raced; delete them or use a new --run-id")
-    for folder in complete.values():
-        staged = release.staged_manifest(folder)
+    for token, folder in complete.items():
+        staged = staged_by_token[token][1]
         if not _same_configuration(staged, job):
             raise release.ReleaseError(
                 f"{folder} holds a staged release of run {job.run_id!r} made "
@@ -807,11 +804,17 @@ def _staged_to_reuse(job: Job, spec: GenerateSpec) -> Optional[dict]:
     return None
 
 
+def config_document(cfg: GeneratorConfig) -> dict:
+    """The manifest's ``config``: the generator configuration as JSON."""
+    config = dataclasses.asdict(cfg)
+    config["labels"] = list(cfg.labels)
+    return config
+
+
 def _same_configuration(staged: dict, job: Job) -> bool:
-    config = dataclasses.asdict(job.cfg)
-    config["labels"] = list(job.cfg.labels)
+    config = json.loads(json.dumps(config_document(job.cfg)))
     same_input = staged.get("input", {}).get("pattern") == job.spec.pattern
-    return json.loads(json.dumps(config)) == staged.get("config") and same_input
+    return config == staged.get("config") and same_input
 
 
 def _recorded_staged(job: Job, reservation) -> dict:
