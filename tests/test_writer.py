@@ -131,7 +131,7 @@ def test_a_drawn_shard_is_the_rows_drawn_whole(tmp_path, fmt):
     start, stop, total = 1000, 1000 + 2 * write.WRITE_PIECE + 77, 50_000
     (tmp_path / write.DATA_DIR).mkdir()
     fn = write._WriteShard(str(tmp_path), "embedding", "label", fmt, cfg)
-    (meta,) = fn.process((4, 3, (start, stop, total)), {4: mix})
+    (meta,) = fn.process((4, 3, (start, stop, total, None)), {4: mix})
     assert meta["samples"] == stop - start
     whole = generator.sample_rows(mix, cfg, total, start, stop)
     got = (tmp_path / write.DATA_DIR / meta["shard"]).read_bytes()

@@ -39,7 +39,7 @@ from apache_beam.metrics import Metrics
 
 from transforms import allocator, coders, example_wire
 
-from transforms.formats import FORMATS, NON_FINITE_POLICIES, SPLIT_BYTES  # noqa: E402,F401
+from transforms.formats import FORMATS, NON_FINITE_POLICIES, SPLIT_BYTES  # noqa: F401  (re-exported)
 
 
 class InputError(ValueError):

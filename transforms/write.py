@@ -26,6 +26,7 @@ from dp_ops import generator
 from dp_ops.config import GeneratorConfig
 from models.gmm import MixtureRelease
 from transforms import allocator, io
+from transforms.formats import OUTPUT_FORMATS  # noqa: F401  (re-exported)
 from transforms.progress import trace
 
 DATA_DIR = "data"
@@ -34,7 +35,6 @@ DATA_DIR = "data"
 GMM_FILE = "_gmm.npz"
 SUMMARY_FILE = "_summary.json"
 SCHEMA_FILE = "_schema.json"
-from transforms.formats import OUTPUT_FORMATS  # noqa: E402,F401
 
 
 def shard_name(label: int, index: int, fmt: str = "tfrecord") -> str:
@@ -239,8 +239,7 @@ class _WriteShard(beam.DoFn):
         if not isinstance(part, tuple):
             yield part
             return
-        start, stop, total, *kept = part  # kept: the vote filter's mask
-        mask = kept[0] if kept else None
+        start, stop, total, mask = part  # mask: the vote filter's, or None
         ends = ([min(stop, e) for e in range(
             (start // WRITE_PIECE + 1) * WRITE_PIECE, stop + WRITE_PIECE,
             WRITE_PIECE)] if self._fmt == "tfrecord" else [stop])
