@@ -176,20 +176,14 @@ def flink_args(flink_master: str = DEFAULT_FLINK_MASTER,
     if environment_type is None:
         environment_type = ("LOOPBACK" if flink_master in LOCAL_FLINK_MASTERS
                             else "DOCKER")
-    env = _environment(environment_type, environment_config)
-    args = ["--runner=FlinkRunner", f"--flink_master={flink_master}",
-            f"--environment_type={env}"]
-    if environment_config:
-        args.append(f"--environment_config={environment_config}")
-    args += _parallelism(parallelism)
+    args = ["--runner=FlinkRunner", f"--flink_master={flink_master}"]
     if flink_version:
         args.append(f"--flink_version={flink_version}")
     if submit_uber_jar:
         args.append("--flink_submit_uber_jar")
-    args += _job_server("flink", job_server_jar, job_endpoint)
-    if setup_file and env != "LOOPBACK":
-        args.append(f"--setup_file={setup_file}")
-    return args
+    return args + _job_server_args(
+        "flink", environment_type, environment_config, parallelism,
+        setup_file, job_server_jar, job_endpoint)
 
 
 def spark_args(master_url: str = DEFAULT_SPARK_MASTER,
@@ -213,13 +207,26 @@ def spark_args(master_url: str = DEFAULT_SPARK_MASTER,
     if environment_type is None:
         environment_type = ("LOOPBACK" if master_url.startswith("local")
                             else "DOCKER")
+    return ["--runner=SparkRunner", f"--spark_master_url={master_url}",
+            *_job_server_args("spark", environment_type, environment_config,
+                              parallelism, setup_file, job_server_jar,
+                              job_endpoint)]
+
+
+def _job_server_args(engine: str, environment_type: str,
+                     environment_config: Optional[str],
+                     parallelism: Optional[int], setup_file: Optional[str],
+                     job_server_jar: Optional[str],
+                     job_endpoint: Optional[str]) -> list[str]:
+    """The options Flink and Spark share: the SDK environment, parallelism,
+    their job server, and the setup file where workers are not this
+    process."""
     env = _environment(environment_type, environment_config)
-    args = ["--runner=SparkRunner", f"--spark_master_url={master_url}",
-            f"--environment_type={env}"]
+    args = [f"--environment_type={env}"]
     if environment_config:
         args.append(f"--environment_config={environment_config}")
     args += _parallelism(parallelism)
-    args += _job_server("spark", job_server_jar, job_endpoint)
+    args += _job_server(engine, job_server_jar, job_endpoint)
     if setup_file and env != "LOOPBACK":
         args.append(f"--setup_file={setup_file}")
     return args
