@@ -491,7 +491,7 @@ def manifest(job: Job, spec: GenerateSpec, dim: int,
 # tells the user little; above this share of a typical class, the count
 # noise dominates the release.
 FEW_ROWS = 10
-NOISY_SHARE = 0.1
+NOISY_SHARE = 0.1  # "a tenth" in the warning's words
 
 
 def weak_setting_warnings(cfg: GeneratorConfig, summary: list,
@@ -506,7 +506,7 @@ def weak_setting_warnings(cfg: GeneratorConfig, summary: list,
     for c, s in zip(summary, sigmas):
         floor = max(FEW_ROWS, 3 * s) if s else FEW_ROWS
         if c["noisy_count"] < floor:
-            why = (f"within 3 noise sigmas ({s:.1f}) of zero" if s and
+            why = (f"within three noise sigmas ({s:.1f}) of zero" if s and
                    3 * s > FEW_ROWS else f"below {FEW_ROWS} rows")
             out.append(
                 f"class {c['label']}: noisy count {c['noisy_count']:.1f} is "
@@ -516,11 +516,12 @@ def weak_setting_warnings(cfg: GeneratorConfig, summary: list,
     if counts and known:
         typical = float(sorted(counts)[len(counts) // 2])
         noise = float(sorted(known)[len(known) // 2])
-        if typical > 0 and noise > NOISY_SHARE * typical:
+        # A typical noisy count at or below zero: noise is all there is.
+        if noise > NOISY_SHARE * max(typical, 0.0):
             out.append(
                 f"epsilon={cfg.epsilon:g} is low for these class sizes: the "
                 f"noise on a class count (sigma {noise:.1f}) is over "
-                f"{NOISY_SHARE:.0%} of a typical noisy class size "
+                f"a tenth of a typical noisy class size "
                 f"({typical:.0f}), and the means and covariances are noisier "
                 "still; expect a release close to noise (raise --epsilon or "
                 "use fewer classes)")
