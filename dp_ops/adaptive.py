@@ -59,7 +59,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -676,35 +676,48 @@ def shrink_class_deviations(withins: Sequence[np.ndarray], n: np.ndarray,
     return [shrink_deviation(c, pooled, e) for c, e in zip(withins, edges)]
 
 
+def noisy_class_second_moments(exact_m: np.ndarray, labels: Sequence[int],
+                               ledger: PrivacyLedger, noise
+                               ) -> Iterator[np.ndarray]:
+    """Mechanism ``class=<c>/covariance/second-moment``: class c's d x d
+    second moment sum_{i in c} x_i x_i^T of its clipped rows (isometric
+    upper triangle), L2 sensitivity ||x x^T||_F = ||x||^2 <= R^2 under
+    add/remove one record; one class at a time (K d x d matrices at once
+    would be K x 13 MB at d = 1280)."""
+    for i, c in enumerate(labels):
+        yield generator.noisy_second_moment(exact_m[i], ledger, noise,
+                                            plan.class_covariance(c))
+
+
 @kmeans.one_blas_thread
-def per_class_mixtures(exact_m: np.ndarray, noisy_n: np.ndarray,
+def per_class_mixtures(noisy_m: Iterable[np.ndarray], noisy_n: np.ndarray,
                        n: np.ndarray, means: np.ndarray, centre: np.ndarray,
                        structure: Structure, cfg: GeneratorConfig,
-                       ledger: PrivacyLedger, noise,
+                       ledger: PrivacyLedger,
                        class_deviation: str = "raw") -> dict:
-    """Per-class mode. Mechanism ``class=<c>/covariance/second-moment``:
-    class c's d x d second moment (isometric upper triangle), sensitivity
-    R^2 (add/remove one record); the class's within covariance C_c from it
-    (post-processing), optionally shrunk towards the pooled one
-    (``class_deviation`` "spectral": ``shrink_class_deviations``), then
-    factors (top ``shared_rank`` eigenpairs) and the diagonal residual."""
+    """Per-class mode, post-processing of the released class second
+    moments ``noisy_m`` (label order; ``noisy_class_second_moments`` or the
+    Beam job's PipelineDP aggregation): each class's within covariance C_c
+    (optionally shrunk towards the pooled one: ``class_deviation``
+    "spectral", ``shrink_class_deviations``, at the noise edge of the
+    ledger's sigma), then factors (top ``shared_rank`` eigenpairs) and the
+    diagonal residual."""
     if class_deviation not in DEVIATIONS:
         raise ValueError(f"unknown class deviation {class_deviation!r}")
     d = means.shape[1]
     floor = variance_floor(cfg, d)
 
-    def within(i: int, c: int) -> tuple[np.ndarray, float]:
-        name = plan.class_covariance(c)
-        noisy_m = generator.noisy_second_moment(exact_m[i], ledger, noise,
-                                                name)
+    def within(i: int, c: int, m: np.ndarray) -> tuple[np.ndarray, float]:
+        sigma = ledger.get(plan.class_covariance(c)).sigma
         # n[i] >= 1 (class_means), so the within covariance always exists
         return (covariance.within_covariance(
-            noisy_m, [np.array([n[i]])], [means[i][None, :]]),
-            noise_edge(ledger.get(name).sigma, n[i], d))
+            m, [np.array([n[i]])], [means[i][None, :]]),
+            noise_edge(sigma, n[i], d))
 
-    # "raw" forms one class's d x d matrix at a time (K of them at once
-    # would be K x 13 MB at d = 1280); "spectral" needs them all (pooled).
-    withins = (within(i, c) for i, c in enumerate(cfg.labels))
+    # "raw" forms one class's d x d within matrix at a time; "spectral"
+    # needs them all (pooled).
+    withins = (within(i, c, m)
+               for (i, c), m in zip(enumerate(cfg.labels), noisy_m))
     if class_deviation == "spectral":
         mats, edges = zip(*withins)
         withins = shrink_class_deviations(mats, n, edges)

@@ -48,6 +48,26 @@ def _norm_cdf(x: float) -> float:
     return 0.5 * math.erfc(-x / math.sqrt(2))
 
 
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """Smallest epsilon with delta(epsilon) <= delta for a mu-GDP mechanism
+    (one Gaussian of sensitivity / sigma = mu is exactly mu-GDP): the
+    inverse of ``gdp_delta`` in epsilon (decreasing), by bisection."""
+    if mu <= 0:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while gdp_delta(mu, hi) > delta:
+        hi *= 2
+        if hi > 1e6:
+            raise ValueError("delta is too small for this mu")
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if gdp_delta(mu, mid) > delta:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
 def gdp_mu(epsilon: float, delta: float) -> float:
     """Largest mu such that mu-GDP is (epsilon, delta)-DP (bisection)."""
     lo, hi = 0.0, 1.0

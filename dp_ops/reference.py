@@ -226,8 +226,10 @@ def _adaptive_mixtures(rows: list, exact_sums: np.ndarray,
                                            noise)
     n, means = adaptive.class_means(noisy_sums, noisy_n, cfg.clip_norm)
     if structure.mode == "per-class":
-        return adaptive.per_class_mixtures(exact_m, noisy_n, n, means, centre,
-                                           structure, cfg, ledger, noise,
+        released = adaptive.noisy_class_second_moments(exact_m, cfg.labels,
+                                                       ledger, noise)
+        return adaptive.per_class_mixtures(released, noisy_n, n, means,
+                                           centre, structure, cfg, ledger,
                                            class_deviation)
     shared = adaptive.shared_stage(exact_m, n, means, structure, cfg, ledger,
                                    noise)

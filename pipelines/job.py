@@ -40,6 +40,7 @@ from transforms.aggregate import PrepareBlocks, RereadBlocks
 from transforms.centre import DPCentre
 from transforms.dp_kmeans import DPKMeans
 from transforms.mixture import DPMixture, SampleSynthetic
+from transforms.pipelinedp import LedgerAccountant
 from transforms.progress import ProgressFile, ReportProgress
 from transforms.write import SUMMARY_FILE, WriteRelease, describe_outputs
 
@@ -69,6 +70,9 @@ class Job:
     reserved: Optional[list] = None
     structure: Optional[adaptive.Structure] = None
     lifetime_cap: Optional[dict] = None  # the store's, when there is one
+    # PipelineDP's explain-computation text of each aggregation that ran
+    # (public configuration and sigmas only), for the manifest and report.
+    pipelinedp_explain: list = dataclasses.field(default_factory=list)
 
 
 def prepare(spec: GenerateSpec) -> Job:
@@ -372,14 +376,26 @@ def build_adaptive(p: beam.Pipeline, job: Job, reader: beam.PTransform,
                   | "Materialise" >> beam.Reshuffle())
     else:
         blocks = RereadBlocks(p, reader, cfg, dim, centre_pc, progress)
-    mixtures = p | "AdaptiveMixture" >> AdaptiveMixture(
-        cfg, job.ledger, dim, job.structure, noisy_counts, centre, job.noise,
-        blocks)
+    accountant = LedgerAccountant(job.ledger)
+    mixture = AdaptiveMixture(cfg, job.ledger, dim, job.structure,
+                              noisy_counts, centre, job.noise, blocks,
+                              accountant)
+    mixtures = p | "AdaptiveMixture" >> mixture
+    _explain(job, accountant, mixture.aggregations)
     synthetic = mixtures | "Sample" >> SampleSynthetic(cfg, job.ledger,
                                                        blocks, job.noise)
     _ = synthetic | "Write" >> WriteRelease(
         job.staging, mixtures, spec.output.rows_per_shard, spec.input.embedding_feature,
         spec.input.label_feature, output_format=spec.output.format, cfg=cfg, dim=dim)
+
+
+def _explain(job: Job, accountant: LedgerAccountant,
+             aggregations: list) -> None:
+    """Reconciles the budgets PipelineDP requested with the ledger (it
+    refuses any request the ledger does not hold) and keeps PipelineDP's
+    explain-computation text for the manifest."""
+    accountant.compute_budgets()
+    job.pipelinedp_explain += [a.explain() for a in aggregations]
 
 
 def run_phase1(job: Job, reader: beam.PTransform, options,
@@ -388,11 +404,14 @@ def run_phase1(job: Job, reader: beam.PTransform, options,
     ("Counts"); returns its DP outputs (centre, noisy class counts)."""
     path = io.join(job.staging, PHASE1_FILE)
     p = beam.Pipeline(options=options)
+    accountant = LedgerAccountant(job.ledger)
+    phase1 = AdaptivePhase1(job.cfg, job.ledger, reader.dim, job.noise,
+                            accountant)
     _ = (p | "CountsRead" >> reader
          | "CountsProgress" >> ReportProgress(progress, "Counts")
-         | "Phase1" >> AdaptivePhase1(job.cfg, job.ledger, reader.dim,
-                                      job.noise)
+         | "Phase1" >> phase1
          | "WritePhase1" >> beam.Map(write_json, path))
+    _explain(job, accountant, phase1.aggregations)
     p.run().wait_until_finish()
     from apache_beam.io.filesystems import FileSystems
     centre, counts = read_phase1(path)
@@ -421,6 +440,17 @@ def adaptive_pass_names(structure: adaptive.Structure,
         return ["Read"]
     return ["Moments"] + (["ClassSubspace"] if structure.mode == "subspace"
                           else [])
+
+
+def pipelinedp_document(job: Job) -> Optional[dict]:
+    """Which aggregations ran through PipelineDP, with its own explanation
+    (public configuration and the ledger's sigmas); None for the fixed
+    plans, whose aggregations do not use it (yet)."""
+    if not job.pipelinedp_explain:
+        return None
+    import pipeline_dp
+    return {"version": pipeline_dp.__version__,
+            "explain_computation": job.pipelinedp_explain}
 
 
 SEEDED_WARNING = (
@@ -466,6 +496,7 @@ def manifest(job: Job, spec: GenerateSpec, dim: int,
         "root": job.version,
         "created_utc": job.created_utc,
         "privacy": job.ledger.to_manifest(),
+        "pipelinedp": pipelinedp_document(job),
         "adaptive_plan": plan_doc,
         "noise": "none (epsilon=inf)" if cfg.noiseless else noise,
         # False: no noise, or noise from a secret seed (reusing it on

@@ -591,7 +591,20 @@ def _privacy_section(manifest: dict, images: dict) -> str:
     # Closed: a long table would push the plots below it down the page.
     out.append(f"<details id=mechanisms><summary>All {len(rows)} mechanisms "
                f"(table)</summary>{table}</details>")
+    out.append(_pipelinedp_details(manifest.get("pipelinedp")))
     return "".join(out)
+
+
+def _pipelinedp_details(doc: Optional[dict]) -> str:
+    """PipelineDP's own explanation of the aggregations it ran (the
+    adaptive plan's per-class counts, sums and second moments)."""
+    if not doc:
+        return ""
+    texts = "".join(f"<pre>{_e(t)}</pre>" for t in doc["explain_computation"])
+    n = len(doc["explain_computation"])
+    return (f"<details id=pipelinedp><summary>{n} aggregations ran through "
+            f"PipelineDP {_e(doc['version'])} (its explanation)</summary>"
+            f"{texts}</details>")
 
 
 def _classes_section(rel: Release, images: dict) -> str:

@@ -1,22 +1,21 @@
-"""PipelineDP (optional extra, pinned 0.3.1) for the per-class clipped sums:
-what works byte-identically and what the pinned version cannot do."""
+"""PipelineDP (pinned 0.3.1) for the per-class counts, clipped sums and
+second moments: what works byte-identically and what the pinned version
+cannot do."""
 
 import numpy as np
 import pytest
 
-pipeline_dp = pytest.importorskip("pipeline_dp")
+import apache_beam as beam
+import pipeline_dp
 
-import apache_beam as beam  # noqa: E402
-from apache_beam.pvalue import AsDict  # noqa: E402
-
-from dp_ops import adaptive, covariance, generator, plan  # noqa: E402
-from dp_ops.ledger import Mechanism, PrivacyLedger  # noqa: E402
-from dp_ops.noise import SeededNoise  # noqa: E402
-from transforms import adaptive as adaptive_t  # noqa: E402
-from transforms.aggregate import Block, PerClassSum  # noqa: E402
-from transforms.pipelinedp import (  # noqa: E402
-    PINNED_VERSION, ClassSums, KeyedSumCombiner, LedgerAccountant,
-    class_second_moment_family, class_sum_family)
+from dp_ops import adaptive, covariance, generator, plan
+from dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger
+from dp_ops.noise import SeededNoise
+from transforms.aggregate import Block
+from transforms.pipelinedp import (
+    PINNED_VERSION, ClassAggregation, ClassSums, KeyedSumCombiner,
+    LedgerAccountant, class_count_family, class_second_moment_family,
+    class_sum_family)
 
 LABELS, D, R, SIGMA = [0, 1, 2, 3], 5, 0.7, 3.0
 FAMILY = "moments/sum"
@@ -69,20 +68,12 @@ def _pipelinedp_sums(x, y, size, ledger, noise, folder, family=None):
     return _load(folder), t.aggregation.explain()
 
 
-def _today_sums(x, y, size, ledger, noise, folder):
-    """The default pass today: PerClassSum(_ClassMoments) + noisy sums."""
-    folder.mkdir()
-    with beam.Pipeline() as p:
-        sums = (p | beam.Create(_blocks(x, y, size))
-                | PerClassSum(LABELS, adaptive_t._ClassMoments(R, False),
-                              every_label=False))
-        (p | "Once" >> beam.Create([None])
-         | beam.Map(lambda _, s: adaptive.noisy_class_sums(
-             adaptive_t._exact(s, LABELS, D), LABELS, ledger, noise),
-             AsDict(sums))
-         | beam.FlatMap(lambda a: list(zip(LABELS, a)))
-         | _save(folder))
-    return _load(folder)
+def _today_sums(x, y, ledger, noise):
+    """The class sums as the in-memory reference releases them (the Beam
+    job's release equals it: tests/test_generate_adaptive.py)."""
+    exact = np.stack([adaptive.block_class_sum(x[y == c], R) for c in LABELS])
+    return dict(zip(LABELS, adaptive.noisy_class_sums(exact, LABELS, ledger,
+                                                      noise)))
 
 
 def test_pinned_version():
@@ -92,7 +83,7 @@ def test_pinned_version():
 def test_release_byte_identical_to_today_for_a_seeded_key(tmp_path):
     x, y = _data()
     ledger = _ledger()
-    today = _today_sums(x, y, 64, ledger, SeededNoise(7), tmp_path / "t")
+    today = _today_sums(x, y, ledger, SeededNoise(7))
     assert sorted(today) == LABELS
     for size in (64, 37):  # block boundaries never change the bits
         got, _ = _pipelinedp_sums(x, y, size, ledger, SeededNoise(7),
@@ -128,7 +119,7 @@ def test_explain_computation_text_names_our_mechanism(tmp_path):
                                tmp_path / "p")
     assert "Partition selection: public partitions" in text
     assert "contribution_bounds_already_enforced=True" in text
-    assert "class=<c>/moments/sum" in text and "sigma=3," in text
+    assert "class=<c>/moments/sum" in text and "sigma=3;" in text
     # PipelineDP adds no stage of its own but the empty public partitions:
     # no bounding, sampling, partition selection or noise.
     stages = [s for s in text.split("Computation graph:")[1].splitlines()
@@ -208,3 +199,47 @@ def test_ledger_accountant_reconciles_with_the_ledger():
                         name=plan.name("*", FAMILY))
     with pytest.raises(ValueError, match="> target"):
         over.compute_budgets()
+
+
+def test_class_counts_byte_identical(tmp_path):
+    """Phase 1's counts: (label, count) partials of raw blocks, any number
+    per label, released as ``adaptive.noisy_counts`` releases them."""
+    x, y = _data()
+    ledger = PrivacyLedger(2.0, 1e-5)
+    ledger.register(Mechanism("global/centre/count", "centre", GLOBAL, 1.0,
+                              SIGMA * 2))  # same family suffix, other sigma
+    for c in LABELS:
+        ledger.register(Mechanism(adaptive.count_name(c), "count",
+                                  plan.partition(c), 1.0, SIGMA))
+    parts = [(int(c), np.array([float(n)])) for i in range(0, len(y), 50)
+             for c, n in zip(*np.unique(y[i:i + 50], return_counts=True))]
+    folder = tmp_path / "counts"
+    folder.mkdir()
+    with beam.Pipeline() as p:
+        t = ClassAggregation(LABELS, D, class_count_family(), ledger,
+                             SeededNoise(2))
+        p | beam.Create(parts) | t | _save(folder)
+        t.aggregation.accountant.compute_budgets()
+    got = _load(folder)
+    want = adaptive.noisy_counts(adaptive.exact_class_counts(y, LABELS),
+                                 LABELS, ledger, SeededNoise(2))
+    assert [got[c][0] for c in LABELS] == list(want)  # the empty class too
+
+
+def test_accountant_refuses_a_sigma_the_ledger_does_not_hold():
+    acc = LedgerAccountant(_ledger())
+    acc.request_budget(sensitivity=R, noise_standard_deviation=SIGMA * 2,
+                       name=plan.name("*", FAMILY))
+    with pytest.raises(ValueError, match="not what the ledger holds"):
+        acc.compute_budgets()
+
+
+def test_explain_epsilon_is_the_gaussian_alone():
+    """The explain text's per-mechanism epsilon is exact (mu-GDP) and
+    agrees with dp_accounting's PLD for that one Gaussian."""
+    from dp_ops.ledger import compose_epsilon
+    acc = LedgerAccountant(_ledger())
+    spec = acc.request_budget(sensitivity=R, noise_standard_deviation=SIGMA,
+                              name=plan.name("*", FAMILY))
+    one = Mechanism("m", "s", "p", R, SIGMA)
+    assert spec.eps == pytest.approx(compose_epsilon([one], 1e-5), rel=1e-4)

@@ -114,6 +114,11 @@ FIELDS = {
     r"adaptive_plan\.rule_inputs\.(noisy_counts\[\]|typical_count|signal)":
         ("dp", "the noisy class counts and functions of them"),
     r"warnings\[\]": ("dp", "config, or the noisy record count"),
+    # --covariance auto: PipelineDP's own account of its aggregations
+    # (parameters and the ledger's sigmas); null for the fixed plans.
+    r"pipelinedp": ("public", "null: a fixed plan ran"),
+    r"pipelinedp\.(version|explain_computation\[\])":
+        ("public", "PipelineDP's version and explanation: the plan"),
 }
 PUBLIC = [p for p, (tag, _) in FIELDS.items() if tag == "public"]
 DP = [p for p, (tag, _) in FIELDS.items() if tag == "dp"]

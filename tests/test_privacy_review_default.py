@@ -67,6 +67,24 @@ def test_privacy_block_and_rule_record_match_the_reference(run, expected):
     assert m["samples_total"] == len(expected["ys"])
 
 
+def test_pipelinedp_explanation_is_the_plan(run, expected):
+    """PipelineDP ran the per-class counts and sums (the subspace blocks and
+    global matrices are not per-class families); its explanation names each
+    family with the ledger's sensitivity and sigma, public partitions and
+    no bounding or selection stage of its own."""
+    doc = run["manifest"]["pipelinedp"]
+    assert doc["version"] == "0.3.1"
+    texts = doc["explain_computation"]
+    ledger = expected["ledger"]
+    for text, family in zip(texts, ["count", "moments/sum"]):
+        m = ledger.get(f"class=0/{family}")
+        assert f"class=<c>/{family}, L2 sensitivity={m.sensitivity:.6g}, " \
+            f"sigma={m.sigma:.6g};" in text
+        assert "Partition selection: public partitions" in text
+        assert "contribution_bounds_already_enforced=True" in text
+    assert len(texts) == 2
+
+
 def test_every_noise_draw_is_a_registered_mechanism(expected):
     assert_draws_registered(expected["ledger"], expected["noise"].draws)
 

@@ -4,6 +4,7 @@ is self-contained, and is written atomically."""
 from __future__ import annotations
 
 import base64
+import html
 import json
 import os
 import re
@@ -266,3 +267,20 @@ def test_projection_legend_is_outside_the_plot_area():
     ax = fig.axes[0]
     legend = ax.get_legend().get_window_extent()
     assert legend.x0 >= ax.get_window_extent().x1  # right of the axes
+
+
+def test_pipelinedp_explanation_is_in_the_report(tmp_path):
+    """The default plan's PipelineDP aggregations, explained by PipelineDP,
+    in a collapsed block of the privacy section."""
+    x, y = gmm_data(600, d=6, classes=3, spread=0.2)
+    np.savez(tmp_path / "train.npz", embeddings=x, labels=y)
+    out = tmp_path / "release"
+    assert cli.main(["generate", "--input", str(tmp_path / "train.npz"),
+                     "--output", str(out), "--num-classes", "3",
+                     "--epsilon", "2", "--noise-seed", "3"]) == 0
+    assert cli.main(["report", str(out)]) == 0
+    text = (tmp_path / "release-report" / "index.html").read_text()
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert "<details id=pipelinedp>" in text
+    for t in manifest["pipelinedp"]["explain_computation"]:
+        assert html.escape(t, quote=False).splitlines()[-1] in text

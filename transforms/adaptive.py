@@ -13,28 +13,36 @@ aggregate the structure needs (per-class clipped sums and either the
 global second moment or each class's d x d second moment); in the
 subspace mode one more pass "ClassSubspace" computes each class's r x r
 moment in the subspace of the noisy shared covariance (a side input:
-public by then). The mechanisms and the post-processing are the pure
-functions of ``dp_ops.adaptive``, shared with ``reference.generate_adaptive``
-(same names, same keyed noise: the same release for a ``SeededNoise``).
+public by then).
+
+The per-class counts, sums and d x d second moments run as PipelineDP
+aggregations (``transforms.pipelinedp``) with dpsynth's exact sums and keyed
+noise. The global mechanisms, the subspace blocks (their partials need the
+noisy basis, a side input) and the post-processing are the pure functions
+of ``dp_ops.adaptive``, shared with ``reference.generate_adaptive`` (same
+names, same keyed noise: the same release for a ``SeededNoise``).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Optional, Sequence
+from typing import Sequence
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.pvalue import AsDict, AsSingleton
 
-from dp_ops import adaptive, covariance
+from dp_ops import adaptive
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import NoiseSource
-from transforms.aggregate import (Accumulator, Blocks, GlobalSum,
-                                  PerClassSum, SecondMoment, pass_blocks,
-                                  sum_present)
+from transforms.aggregate import (Blocks, GlobalSum, PerClassSum,
+                                  SecondMoment, pass_blocks)
 from transforms.centre import DPCentre
+from transforms.pipelinedp import (ClassAggregation, ClassSums,
+                                   LedgerAccountant, class_count_family,
+                                   class_second_moment_family,
+                                   class_sum_family)
 
 PHASE1_FILE = "phase1.json"  # in the staging folder; DP outputs only
 
@@ -43,13 +51,18 @@ class AdaptivePhase1(beam.PTransform):
     """Raw (x, y) blocks -> one element {"centre": [d], "noisy_counts":
     [K]} (DP outputs). Mechanisms: ``global/centre/sum`` (B) and
     ``global/centre/count`` (1) of ``DPCentre``; ``class=<c>/count``, the
-    class's row count, L2 sensitivity 1 under add/remove one record."""
+    class's row count, L2 sensitivity 1 under add/remove one record, as a
+    PipelineDP aggregation (``transforms.pipelinedp``) whose budget is
+    requested from ``accountant``."""
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
-                 noise: NoiseSource) -> None:
+                 noise: NoiseSource, accountant: LedgerAccountant) -> None:
         super().__init__()
         self._cfg, self._ledger, self._dim = cfg, ledger, dim
         self._noise = noise
+        self._counts = ClassAggregation(cfg.labels, dim, class_count_family(),
+                                        ledger, noise, accountant)
+        self.aggregations = [self._counts.aggregation]
 
     def expand(self, raw_blocks):
         cfg, ledger, noise = self._cfg, self._ledger, self._noise
@@ -57,20 +70,21 @@ class AdaptivePhase1(beam.PTransform):
         # Both readers of the blocks before any combine: on Dask the first
         # side input (inside DPCentre) is then computed with both, so each
         # block is read once and dropped, not stored for a later reader.
-        per_block = raw_blocks | "ClassCounts" >> beam.Map(
-            lambda b: adaptive.exact_class_counts(b[1], labels))
+        per_block = raw_blocks | "ClassCounts" >> beam.FlatMap(block_counts)
         centre = raw_blocks | "DPCentre" >> DPCentre(cfg, ledger, self._dim,
                                                      noise)
-        counts = (per_block
-                  | "TotalCounts" >> beam.CombineGlobally(sum_present)
-                  | "NoiseCounts" >> beam.Map(
-                      lambda c: adaptive.noisy_counts(
-                          np.zeros(len(labels)) if c is None else c, labels,
-                          ledger, noise)))
+        counts = per_block | "NoisyCounts" >> self._counts
         return centre | "Phase1" >> beam.Map(
             lambda c, n: {"centre": [float(v) for v in c],
-                          "noisy_counts": [float(v) for v in n]},
-            AsSingleton(counts))
+                          "noisy_counts": [float(n[k][0]) for k in labels]},
+            AsDict(counts))
+
+
+def block_counts(block: tuple[np.ndarray, np.ndarray]
+                 ) -> list[tuple[int, np.ndarray]]:
+    """(label, [rows of that label]) for each label of a raw block."""
+    present, counts = np.unique(block[1], return_counts=True)
+    return [(int(c), np.array([float(n)])) for c, n in zip(present, counts)]
 
 
 def write_json(doc: dict, path: str) -> None:
@@ -86,26 +100,6 @@ def read_phase1(path: str) -> tuple[np.ndarray, np.ndarray]:
         doc = json.loads(f.read().decode())
     return (np.array(doc["centre"], np.float64),
             np.array(doc["noisy_counts"], np.float64))
-
-
-class _ClassMoments(Accumulator):
-    """A class's exact aggregate: the clipped sum [d], followed in the
-    per-class mode by its d x d second moment (flattened: one array, so
-    the combiner adds in place), accumulated in place per bundle."""
-
-    def __init__(self, clip_norm: float, per_class: bool) -> None:
-        self._clip, self._per_class = clip_norm, per_class
-
-    def zero(self, rows) -> np.ndarray:
-        d = rows.x.shape[1]
-        return np.zeros(d + d * d if self._per_class else d)
-
-    def add(self, acc: np.ndarray, rows) -> None:
-        d = rows.x.shape[1]
-        acc[:d] += adaptive.block_class_sum(rows.x, self._clip)
-        if self._per_class:
-            covariance.add_second_moment(acc[d:].reshape(d, d), rows.x,
-                                         self._clip)
 
 
 def _exact(parts: dict, labels: Sequence[int], size: int) -> np.ndarray:
@@ -127,25 +121,22 @@ class _Phase2:
         self.counts = np.asarray(noisy_counts, np.float64)
         self.centre = np.asarray(centre, np.float64)
 
-    def moments(self, _, sums: dict, total: Optional[np.ndarray] = None
-                ) -> dict:
-        """Noise on the pass-"Moments" aggregates; the mixtures unless the
-        subspace pass is still to come."""
+    def moments(self, _, noisy_sums: dict, second) -> dict:
+        """The released class sums and second moment(s) of pass "Moments"
+        -> the mixtures, unless the subspace pass is still to come.
+        ``second``: the released class second moments (per-class mode), or
+        the exact global second moment (None: no rows), noised here."""
         cfg, d, s = self.cfg, self.dim, self.structure
         ledger, noise, labels = self.ledger, self.noise, list(cfg.labels)
-        per_class = s.mode == "per-class"
-        exact = _exact(sums, labels, d + d * d if per_class else d)
-        noisy_sums = adaptive.noisy_class_sums(exact[:, :d], labels, ledger,
-                                               noise)
-        n, means = adaptive.class_means(noisy_sums, self.counts,
-                                        cfg.clip_norm)
-        if per_class:
+        n, means = adaptive.class_means(
+            np.stack([noisy_sums[c] for c in labels]), self.counts,
+            cfg.clip_norm)
+        if s.mode == "per-class":
             return {"mixtures": adaptive.per_class_mixtures(
-                exact[:, d:].reshape(len(labels), d, d), self.counts, n,
-                means, self.centre, s, cfg, ledger, noise,
-                self.class_deviation)}
+                (second[c] for c in labels), self.counts, n, means,
+                self.centre, s, cfg, ledger, self.class_deviation)}
         shared = adaptive.shared_stage(
-            np.zeros((d, d)) if total is None else total, n, means, s, cfg,
+            np.zeros((d, d)) if second is None else second, n, means, s, cfg,
             ledger, noise)
         out = {"n": n, "means": means, "shared": shared}
         if s.mode == "shared":
@@ -186,30 +177,34 @@ class AdaptiveMixture(beam.PTransform):
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
                  structure: adaptive.Structure, noisy_counts: np.ndarray,
                  centre: np.ndarray, noise: NoiseSource, blocks: Blocks,
-                 deviation: str = "raw", class_deviation: str = "raw"
-                 ) -> None:
+                 accountant: LedgerAccountant, deviation: str = "raw",
+                 class_deviation: str = "raw") -> None:
         super().__init__()
         self._cfg, self._blocks = cfg, blocks
         self._steps = _Phase2(cfg, ledger, dim, structure, noisy_counts,
                               centre, noise, deviation, class_deviation)
+        labels = list(cfg.labels)
+        self._sums = ClassSums(labels, dim, class_sum_family(cfg.clip_norm),
+                               ledger, noise, accountant)
+        self._moments = ClassSums(
+            labels, dim, class_second_moment_family(cfg.clip_norm), ledger,
+            noise, accountant) if structure.mode == "per-class" else None
+        self.aggregations = [t.aggregation for t in (self._sums, self._moments)
+                             if t is not None]
 
     def expand(self, pbegin):
         cfg, steps = self._cfg, self._steps
         mode = steps.structure.mode
         blocks = pass_blocks(self._blocks, "Moments")  # one read, two sums
-        # every_label=False: _exact gives a class without rows the zero
-        # aggregate, so it still reaches its mechanisms (one stage fewer).
-        sums = blocks | "ClassMoments" >> PerClassSum(
-            list(cfg.labels), _ClassMoments(cfg.clip_norm,
-                                            mode == "per-class"),
-            every_label=False)
-        side = [AsDict(sums)]
-        if mode != "per-class":
-            total = blocks | "SecondMoment" >> GlobalSum(
-                SecondMoment(cfg.clip_norm))
-            side.append(AsSingleton(total))
+        sums = blocks | "ClassSums" >> self._sums
+        if mode == "per-class":
+            second = AsDict(blocks | "ClassSecondMoments" >> self._moments)
+        else:
+            second = AsSingleton(blocks | "SecondMoment" >> GlobalSum(
+                SecondMoment(cfg.clip_norm)))
         stats = (pbegin | "Once" >> beam.Create([None])
-                 | "Phase2Noise" >> beam.Map(steps.moments, *side))
+                 | "Phase2Noise" >> beam.Map(steps.moments, AsDict(sums),
+                                             second))
         if mode == "subspace":
             proj = (pass_blocks(self._blocks, "ClassSubspace")
                     | "ClassSubspace" >> PerClassSum(

@@ -1,22 +1,32 @@
-"""Per-class exact sums through PipelineDP's ``DPEngine.aggregate`` (issue 28).
+"""The per-class mechanisms of the adaptive plan as PipelineDP aggregations
+(issue 28; ``pipeline-dp==0.3.1``, pinned: custom combiners are experimental).
 
-Optional (``pip install -e ".[pipelinedp]"``, pinned ``pipeline-dp==0.3.1``):
-the pipeline itself does not use this module. It runs one mechanism family,
-``class=<c>/<family>`` (e.g. ``moments/sum``: each class's clipped sum), as one
-PipelineDP aggregation on its Beam backend:
+``transforms.adaptive`` runs phase 1's class counts (``class=<c>/count``) and
+phase 2's class sums (``class=<c>/moments/sum``) and, in the per-class mode,
+the classes' d x d second moments (``class=<c>/covariance/second-moment``)
+here. Each mechanism family is one ``DPEngine.aggregate`` on PipelineDP's
+Beam backend:
 
 * public partitions = the configured labels (no partition selection),
   ``contribution_bounds_already_enforced`` (each row is its own privacy unit
   and is clipped before) and ``public_partitions_already_filtered`` (the
   readers reject labels outside the set), so PipelineDP adds no bounding,
   sampling or filtering stage;
-* the ``CustomCombiner`` (experimental in 0.3.x) accumulates dpsynth's exact
-  fixed-point partials (grid values: the sum is the same bits in any merge
-  order) and its ``compute_metrics`` adds the keyed discrete Gaussian noise
-  of ``dp_ops.noise`` under the ledger mechanism's name and sigma;
-* the budget is requested through PipelineDP from ``LedgerAccountant``, a view
-  of the run's ``PrivacyLedger``: PipelineDP's own accountants cannot take a
-  calibrated sigma (see ``benchmarks/results/pipelinedp.md``).
+* the ``CustomCombiner`` accumulates dpsynth's exact fixed-point partials
+  (grid values: the sum is the same bits in any merge order) and its
+  ``compute_metrics`` adds the keyed discrete Gaussian noise of
+  ``dp_ops.noise`` under the ledger mechanism's name and sigma, so a release
+  is byte-identical to the in-memory reference under ``--noise-seed`` and a
+  re-executed step redraws nothing;
+* the budget is requested through PipelineDP from ``LedgerAccountant``, a
+  view of the run's ``PrivacyLedger`` that refuses any request the ledger
+  does not hold: PipelineDP's own accountants cannot take a calibrated sigma
+  (see ``benchmarks/results/pipelinedp.md``).
+
+The global aggregates (the DP centre, the shared second moment), the
+subspace mode's class blocks (their partials need the noisy basis, a side
+input) and the fixed plans' per-cluster aggregates (clusters are not public
+partitions before the DP k-means) stay in ``transforms.aggregate``.
 
 Two things PipelineDP 0.3.1 does that need care here:
 
@@ -37,6 +47,7 @@ Two things PipelineDP 0.3.1 does that need care here:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, Optional, Sequence
 
 import apache_beam as beam
@@ -46,7 +57,8 @@ from pipeline_dp import budget_accounting, combiners, report_generator
 from pipeline_dp.aggregate_params import MechanismType
 
 from dp_ops import adaptive, covariance, generator, plan
-from dp_ops.ledger import Mechanism, PrivacyLedger, compose_epsilon
+from dp_ops.calibration import gdp_epsilon
+from dp_ops.ledger import Mechanism, PrivacyLedger
 from dp_ops.noise import NoiseSource
 from transforms import aggregate
 
@@ -73,6 +85,16 @@ class Family:
     name: str
     partial: Callable[[np.ndarray], np.ndarray]
     release: Release = generator.add_noise
+
+
+def class_count_family() -> Family:
+    """``class=<c>/count`` (sensitivity 1), phase 1 of the adaptive plan:
+    the partial of some rows is their number (a one-element array)."""
+    return Family("count", _count)
+
+
+def _count(rows: np.ndarray) -> np.ndarray:
+    return np.array([float(len(rows))])
 
 
 def class_sum_family(clip_norm: float) -> Family:
@@ -152,11 +174,13 @@ class LedgerAccountant(budget_accounting.NaiveBudgetAccountant):
         spec = budget_accounting.MechanismSpec(GAUSSIAN, name=name,
                                                _count=count)
         spec.set_noise_standard_deviation(noise_standard_deviation)
-        one = Mechanism(name, "pipelinedp", "class=*", sensitivity,
-                        noise_standard_deviation, count=count)
-        spec.set_eps_delta(compose_epsilon([one], self.ledger.target_delta,
-                                           self.ledger.accountant),
-                           self.ledger.target_delta)
+        # This one mechanism's own (epsilon, delta), for the explain text:
+        # exact for a Gaussian (mu-GDP); the ledger composes all of them.
+        # (--epsilon inf runs with sigma 0: no privacy, epsilon inf.)
+        eps = (math.inf if noise_standard_deviation == 0 else gdp_epsilon(
+            math.sqrt(count) * sensitivity / noise_standard_deviation,
+            self.ledger.target_delta))
+        spec.set_eps_delta(eps, self.ledger.target_delta)
         self._register_mechanism(budget_accounting.MechanismSpecInternal(
             sensitivity=sensitivity, weight=weight, mechanism_spec=spec))
         self.requests.append((name, sensitivity, noise_standard_deviation))
@@ -167,7 +191,8 @@ class LedgerAccountant(budget_accounting.NaiveBudgetAccountant):
         for name, sensitivity, sigma in self.requests:
             family = name.split("/", 1)[1] if name.startswith("class=") else name
             mechs = [m for m in self.ledger.mechanisms
-                     if m.name.endswith("/" + family)]
+                     if m.name.startswith("class=")
+                     and m.name.split("/", 1)[1] == family]
             if not mechs or any((m.sensitivity, m.sigma) != (sensitivity, sigma)
                                 for m in mechs):
                 raise ValueError(f"PipelineDP requested {name} (sensitivity "
@@ -231,9 +256,9 @@ class KeyedSumCombiner(combiners.CustomCombiner):
             f"Computed {self._family} per class: exact fixed-point sum, keyed "
             f"discrete Gaussian noise (dpsynth ledger class=<c>/{self._family},"
             f" L2 sensitivity={self._sensitivity:.6g}, "
-            f"sigma={spec.noise_standard_deviation:.6g}, alone "
-            f"eps={spec.eps:.6g} delta={spec.delta:.3g} per class, classes "
-            f"in parallel)")
+            f"sigma={spec.noise_standard_deviation:.6g}; on its own "
+            f"eps={spec.eps:.6g} at delta={spec.delta:.3g} per class, classes "
+            f"in parallel; the ledger composes every mechanism)")
 
     def expects_per_partition_sampling(self) -> bool:
         return False
@@ -254,8 +279,10 @@ class Aggregation:
 class _FamilyAccumulator(aggregate.Accumulator):
     """A family's exact partial of a bundle's rows of one class."""
 
-    def __init__(self, partial: Callable[[np.ndarray], np.ndarray]) -> None:
+    def __init__(self, partial: Callable[[np.ndarray], np.ndarray],
+                 family: str) -> None:
         self._partial = partial
+        self.__qualname__ = f"ClassSums[{family}]"  # the stage trace's name
 
     def zero(self, rows) -> np.ndarray:
         return self._partial(rows.x[:0])
@@ -264,9 +291,13 @@ class _FamilyAccumulator(aggregate.Accumulator):
         acc += self._partial(rows.x)
 
 
-class ClassSums(beam.PTransform):
-    """Prepared ``Block``s -> (label, released aggregate) for every label,
-    through one ``DPEngine.aggregate`` of one mechanism ``family``."""
+class ClassAggregation(beam.PTransform):
+    """(label, exact partial) pairs -> (label, released aggregate) for every
+    label, through one ``DPEngine.aggregate`` of one mechanism ``family``.
+
+    The partials are exact values on the family's public grid (their sum is
+    the same bits in any order); a label may come any number of times or
+    never. ``aggregation`` holds the accountant and the explain report."""
 
     def __init__(self, labels: Sequence[int], dim: int, family: Family,
                  ledger: PrivacyLedger, noise: NoiseSource,
@@ -278,18 +309,15 @@ class ClassSums(beam.PTransform):
         self.aggregation = Aggregation(accountant or LedgerAccountant(ledger),
                                        report_generator.ExplainComputationReport())
 
-    def expand(self, blocks):
+    def expand(self, partials):
         dim, partial = self._dim, self._partial
-        parts = (blocks
-                 | "Partials" >> beam.ParDo(aggregate._AccumulateFn(
-                     _FamilyAccumulator(partial), 1))
-                 | "Keyed" >> beam.MapTuple(lambda c, v: (c, (c, v))))
+        keyed = partials | "Keyed" >> beam.MapTuple(lambda c, v: (c, (c, v)))
         # One zero element per label: the accumulator of a class absent
         # from the data then still knows its label (see the module doc).
-        seeds = (blocks.pipeline | "Labels" >> beam.Create(self._labels)
+        seeds = (partials.pipeline | "Labels" >> beam.Create(self._labels)
                  | "Seeds" >> beam.Map(
                      lambda c: (c, (c, partial(np.zeros((0, dim)))))))
-        col = (parts, seeds) | "WithSeeds" >> beam.Flatten()
+        col = (keyed, seeds) | "WithSeeds" >> beam.Flatten()
         params = pipeline_dp.AggregateParams(
             noise_kind=pipeline_dp.NoiseKind.GAUSSIAN, metrics=[],
             max_partitions_contributed=1, max_contributions_per_partition=1,
@@ -305,3 +333,24 @@ class ClassSums(beam.PTransform):
             public_partitions=self._labels,
             out_explain_computation_report=self.aggregation.report)
         return out | "Unwrap" >> beam.MapTuple(lambda c, m: (c, m[0]))
+
+
+class ClassSums(beam.PTransform):
+    """Prepared ``Block``s -> (label, released aggregate) for every label:
+    one exact partial per class and bundle (in-place accumulation), then
+    ``ClassAggregation``."""
+
+    def __init__(self, labels: Sequence[int], dim: int, family: Family,
+                 ledger: PrivacyLedger, noise: NoiseSource,
+                 accountant: Optional[LedgerAccountant] = None) -> None:
+        super().__init__()
+        self._partial, self._family = family.partial, family.name
+        self._aggregate = ClassAggregation(labels, dim, family, ledger, noise,
+                                           accountant)
+        self.aggregation = self._aggregate.aggregation
+
+    def expand(self, blocks):
+        return (blocks
+                | "Partials" >> beam.ParDo(aggregate._AccumulateFn(
+                    _FamilyAccumulator(self._partial, self._family), 1))
+                | "Aggregate" >> self._aggregate)
