@@ -348,8 +348,11 @@ def build(p: beam.Pipeline, job: Job, reader: beam.PTransform,
         blocks = RereadBlocks(p, reader, cfg, dim, centre, progress)
     centres = p | "DPKMeans" >> DPKMeans(cfg, ledger, dim, noise,
                                          blocks=blocks)
-    mixtures = p | "DPMixture" >> DPMixture(cfg, ledger, dim, centres,
-                                            noise, blocks=blocks)
+    accountant = LedgerAccountant(ledger)
+    mixture = DPMixture(cfg, ledger, dim, centres, noise, accountant,
+                        blocks=blocks)
+    mixtures = p | "DPMixture" >> mixture
+    _explain(job, accountant, mixture.aggregations)
     if centre is not None:  # means back to the input space (post-processing)
         mixtures = mixtures | "AddCentre" >> beam.Map(
             lambda kv, c: (kv[0], generator.with_centre(kv[1], c)),
@@ -444,8 +447,7 @@ def adaptive_pass_names(structure: adaptive.Structure,
 
 def pipelinedp_document(job: Job) -> Optional[dict]:
     """Which aggregations ran through PipelineDP, with its own explanation
-    (public configuration and the ledger's sigmas); None for the fixed
-    plans, whose aggregations do not use it (yet)."""
+    (public configuration and the ledger's sigmas)."""
     if not job.pipelinedp_explain:
         return None
     import pipeline_dp

@@ -114,9 +114,9 @@ FIELDS = {
     r"adaptive_plan\.rule_inputs\.(noisy_counts\[\]|typical_count|signal)":
         ("dp", "the noisy class counts and functions of them"),
     r"warnings\[\]": ("dp", "config, or the noisy record count"),
-    # --covariance auto: PipelineDP's own account of its aggregations
-    # (parameters and the ledger's sigmas); null for the fixed plans.
-    r"pipelinedp": ("public", "null: a fixed plan ran"),
+    # PipelineDP's own account of its aggregations (its parameters and the
+    # ledger's sigmas).
+    r"pipelinedp": ("public", "null: no aggregation ran through PipelineDP"),
     r"pipelinedp\.(version|explain_computation\[\])":
         ("public", "PipelineDP's version and explanation: the plan"),
 }
@@ -278,6 +278,20 @@ def test_every_manifest_field_is_tagged(run):
                        if _tag(p) is None})
     assert not untagged, (f"manifest fields with no privacy tag: {untagged}; "
                           f"add each to PUBLIC/DP in this test after review")
+
+
+def test_pipelinedp_ran_the_per_class_moments(run, expected):
+    """The fixed plan's per-class moment fields ran as PipelineDP
+    aggregations; each explanation is the plan (the ledger's sensitivity
+    and sigma, public partitions, no bounding or selection of its own)."""
+    doc, ledger = run["manifest"]["pipelinedp"], expected["ledger"]
+    fields = plan.moment_fields(expected["cfg"])
+    assert len(doc["explain_computation"]) == len(fields)
+    for text, field in zip(doc["explain_computation"], fields):
+        m = ledger.get(plan.name(expected["cfg"].labels[0], "moments", field))
+        assert (f"class=<c>/moments/{field}, L2 sensitivity="
+                f"{m.sensitivity:.6g}, sigma={m.sigma:.6g};") in text
+        assert "Partition selection: public partitions" in text
 
 
 def test_public_fields_are_functions_of_the_configuration(run, expected):

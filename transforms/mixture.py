@@ -15,7 +15,10 @@ from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import NoiseSource
 from transforms.aggregate import (Block, Blocks, GlobalSum, PerClassSum,
                                   SecondMoment, pass_blocks)
-from transforms.noise import AddNoise
+from transforms.pipelinedp import (ClassAggregation, ClassSums,
+                                   LedgerAccountant,
+                                   class_second_moment_family,
+                                   released_family)
 from transforms.write import DrawRows, KeptRows
 
 
@@ -32,17 +35,34 @@ class DPMixture(beam.PTransform):
     Mechanisms (per class, add/remove one record, which is in one cluster):
     count vector (L2 sensitivity 1), sum of clipped x (R), sum of x*x (R^2;
     only without covariance factors), then the second-moment matrix (R^2,
-    global or per class, see ``_Covariance``). Their noise is the run's
-    keyed discrete Gaussian (``dp_ops/noise.py``, ``transforms/noise.py``).
+    global: ``_SharedCovariance``, or per class: ``_ClassCovariance``).
+    Their noise is the run's keyed discrete Gaussian (``dp_ops/noise.py``);
+    the per-class ones are PipelineDP aggregations (``transforms.pipelinedp``)
+    whose budgets are requested from ``accountant``.
     """
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
-                 centres, noise: NoiseSource,
+                 centres, noise: NoiseSource, accountant: LedgerAccountant,
                  blocks: Optional[Blocks] = None) -> None:
         super().__init__()
         self._cfg, self._ledger, self._dim = cfg, ledger, dim
         self._centres, self._noise = centres, noise
         self._blocks = blocks
+        self._accountant = accountant
+        # One PipelineDP aggregation per moment field (mechanism family
+        # class=<c>/moments/<field>), fed the exact per-class values.
+        k, labels = cfg.clusters, list(cfg.labels)
+        shapes = {"count": (k,), "sum": (k, dim), "sumsq": (k, dim)}
+        self._fields = {
+            f: ClassAggregation(labels, dim, released_family(
+                f"moments/{f}", shapes[f]), ledger, noise, accountant)
+            for f in plan.moment_fields(cfg)}
+        self.aggregations = [a.aggregation for a in self._fields.values()]
+        if cfg.covariance_rank and cfg.covariance != "shared":
+            self._class_covariance = ClassSums(
+                labels, dim, class_second_moment_family(cfg.clip_norm),
+                ledger, noise, accountant)
+            self.aggregations.append(self._class_covariance.aggregation)
 
     def expand(self, pcoll):
         blocks = self._blocks if self._blocks is not None else pcoll
@@ -61,15 +81,13 @@ class DPMixture(beam.PTransform):
                      lambda l, m: (l, m or moments.Moments.zeros(
                          k, d, with_sumsq))))
         noisy = {}
-        for field in fields:
+        for field, agg in self._fields.items():
             noisy[field] = (
                 exact
                 | f"Take{field}" >> beam.MapTuple(
-                    lambda l, m, f=field: (l, getattr(m, f)))
-                | f"Noise{field}" >> AddNoise(
-                    self._ledger,
-                    lambda l, f=field: plan.name(l, "moments", f),
-                    self._noise))
+                    lambda l, m, f=field: (l, np.asarray(getattr(m, f),
+                                                         np.float64)))
+                | f"Noise{field}" >> agg)
 
         def to_mixture(kv):
             label, parts = kv
@@ -81,29 +99,26 @@ class DPMixture(beam.PTransform):
                     | "Mixture" >> beam.Map(to_mixture))
         if not cfg.covariance_rank:
             return mixtures
-        cov = (_SharedCovariance if cfg.covariance == "shared"
-               else _ClassCovariance)
-        return mixtures | "Covariance" >> cov(
-            cfg, self._ledger, d, blocks, self._noise)
+        if cfg.covariance == "shared":
+            return mixtures | "Covariance" >> _SharedCovariance(
+                cfg, self._ledger, d, blocks, self._noise)
+        return mixtures | "Covariance" >> _ClassCovariance(
+            cfg, blocks, self._class_covariance)
 
 
-class _Covariance(beam.PTransform):
-    """Mixtures -> mixtures with covariance factors (see the subclasses)."""
-
-    def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
-                 blocks, noise: NoiseSource) -> None:
-        super().__init__()
-        self._cfg, self._ledger, self._dim = cfg, ledger, dim
-        self._blocks, self._noise = blocks, noise
-
-
-class _SharedCovariance(_Covariance):
+class _SharedCovariance(beam.PTransform):
     """Diagonal mixtures -> mixtures with shared low-rank factors.
 
     One global mechanism: the noisy second-moment matrix of all clipped
     records (L2 sensitivity R^2, add/remove one record); the factors are
     post-processing of it and of the noisy per-cluster moments.
     """
+
+    def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
+                 blocks, noise: NoiseSource) -> None:
+        super().__init__()
+        self._cfg, self._ledger, self._dim = cfg, ledger, dim
+        self._blocks, self._noise = blocks, noise
 
     def expand(self, mixtures):
         cfg, d = self._cfg, self._dim
@@ -127,26 +142,24 @@ class _SharedCovariance(_Covariance):
         return factors
 
 
-class _ClassCovariance(_Covariance):
+class _ClassCovariance(beam.PTransform):
     """Diagonal mixtures -> mixtures with their own class's factors.
 
-    One mechanism per class: the noisy second-moment matrix of the class's
-    clipped records (L2 sensitivity R^2, add/remove one record, which is in
-    one class: classes compose in parallel); each class's factors are
-    post-processing of it and of that class's noisy moments.
+    One mechanism per class, ``class=<c>/covariance/second-moment``: the
+    noisy second-moment matrix of the class's clipped records (L2
+    sensitivity R^2, add/remove one record, which is in one class: classes
+    compose in parallel), a PipelineDP aggregation (``sums``); each class's
+    factors are post-processing of it and of that class's noisy moments.
     """
 
+    def __init__(self, cfg: GeneratorConfig, blocks, sums: ClassSums) -> None:
+        super().__init__()
+        self._cfg, self._blocks, self._sums = cfg, blocks, sums
+
     def expand(self, mixtures):
-        cfg, d = self._cfg, self._dim
-        bound = cfg.clip_norm
-        ledger, noise = self._ledger, self._noise
+        cfg = self._cfg
         noisy = (pass_blocks(self._blocks, "SecondMoment")
-                 | "SecondMoment" >> PerClassSum(
-                     list(cfg.labels), SecondMoment(bound))
-                 | "NoiseSecondMoment" >> beam.MapTuple(
-                     lambda l, m: (l, generator.noisy_second_moment(
-                         m if m is not None else np.zeros((d, d)), ledger,
-                         noise, plan.class_covariance(l)))))
+                 | "SecondMoment" >> self._sums)
 
         def with_factors(kv):
             label, parts = kv

@@ -1,7 +1,7 @@
 """The per-class mechanisms of the adaptive plan as PipelineDP aggregations
 (issue 28; ``pipeline-dp==0.3.1``, pinned: custom combiners are experimental).
 
-``transforms.adaptive`` runs phase 1's class counts (``class=<c>/count``) and
+``transforms.adaptive`` (the default plan) runs phase 1's class counts (``class=<c>/count``) and
 phase 2's class sums (``class=<c>/moments/sum``) and, in the per-class mode,
 the classes' d x d second moments (``class=<c>/covariance/second-moment``)
 here. Each mechanism family is one ``DPEngine.aggregate`` on PipelineDP's
@@ -23,10 +23,12 @@ Beam backend:
   does not hold: PipelineDP's own accountants cannot take a calibrated sigma
   (see ``benchmarks/results/pipelinedp.md``).
 
-The global aggregates (the DP centre, the shared second moment), the
+The fixed plans (``transforms.mixture``) release their per-class, per-cluster
+moments (count vector, sums, sums of squares: each class's [k] or [k, d]
+value) and per-class second moments the same way. Not through PipelineDP:
+the global aggregates (the DP centre, the shared second moment), the
 subspace mode's class blocks (their partials need the noisy basis, a side
-input) and the fixed plans' per-cluster aggregates (clusters are not public
-partitions before the DP k-means) stay in ``transforms.aggregate``.
+input), the DP k-means passes and the vote counts.
 
 Two things PipelineDP 0.3.1 does that need care here:
 
@@ -95,6 +97,22 @@ def class_count_family() -> Family:
 
 def _count(rows: np.ndarray) -> np.ndarray:
     return np.array([float(len(rows))])
+
+
+def released_family(name: str, shape: tuple[int, ...]) -> Family:
+    """``class=<c>/<name>`` for a ``ClassAggregation`` fed exact per-class
+    values computed elsewhere (the fixed plans' per-cluster moments, whose
+    partials need the DP centres as a side input): ``shape`` is a class's
+    value with no rows (zeros), released with ``generator.add_noise``."""
+    return Family(name, _Zeros(tuple(shape)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Zeros:
+    shape: tuple[int, ...]
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        return np.zeros(self.shape)
 
 
 def class_sum_family(clip_norm: float) -> Family:
