@@ -37,7 +37,7 @@ from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import NoiseSource
 from transforms.aggregate import (Blocks, GlobalSum, PerClassSum,
-                                  SecondMoment, pass_blocks)
+                                  SecondMoment, pass_blocks, sum_present)
 from transforms.centre import DPCentre
 from transforms.pipelinedp import (ClassAggregation, ClassSums,
                                    LedgerAccountant, class_count_family,
@@ -70,21 +70,22 @@ class AdaptivePhase1(beam.PTransform):
         # Both readers of the blocks before any combine: on Dask the first
         # side input (inside DPCentre) is then computed with both, so each
         # block is read once and dropped, not stored for a later reader.
-        per_block = raw_blocks | "ClassCounts" >> beam.FlatMap(block_counts)
+        per_block = raw_blocks | "ClassCounts" >> beam.Map(
+            lambda b: adaptive.exact_class_counts(b[1], labels))
         centre = raw_blocks | "DPCentre" >> DPCentre(cfg, ledger, self._dim,
                                                      noise)
-        counts = per_block | "NoisyCounts" >> self._counts
+        # The exact counts are combined first (one small vector per block):
+        # PipelineDP's graph then handles K elements, not one per block,
+        # which on Dask saves a round of tasks per PipelineDP step.
+        counts = (per_block
+                  | "TotalCounts" >> beam.CombineGlobally(sum_present)
+                  | "PerClass" >> beam.FlatMap(lambda c: [] if c is None else [
+                      (k, np.array([c[i]])) for i, k in enumerate(labels)])
+                  | "NoisyCounts" >> self._counts)
         return centre | "Phase1" >> beam.Map(
             lambda c, n: {"centre": [float(v) for v in c],
                           "noisy_counts": [float(n[k][0]) for k in labels]},
             AsDict(counts))
-
-
-def block_counts(block: tuple[np.ndarray, np.ndarray]
-                 ) -> list[tuple[int, np.ndarray]]:
-    """(label, [rows of that label]) for each label of a raw block."""
-    present, counts = np.unique(block[1], return_counts=True)
-    return [(int(c), np.array([float(n)])) for c, n in zip(present, counts)]
 
 
 def write_json(doc: dict, path: str) -> None:
