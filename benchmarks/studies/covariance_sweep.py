@@ -380,7 +380,9 @@ class Points:
         ok = self.k >= c["class_modes_min_classes"]
         pc = ok & (s >= c["per_class_min_signal"]) & (
             self.n >= c["per_class_min_rows"] * self.d)
-        sub = ok & (s >= c["subspace_min_signal"]) & (
+        s_sub = s if c.get("sub_dim", "rank") == "d" else (
+            self.n * self.mu / self.rank ** c["signal_dim_power"])
+        sub = ok & (s_sub >= c["subspace_min_signal"]) & (
             self.n >= c["per_class_min_rows"] * self.rank)
         return np.where(pc, 2, np.where(sub, 1, 0))
 
@@ -405,12 +407,14 @@ def fit(points: list[dict]) -> list:
     grid = [math.inf] + [float(g) for g in np.round(
         np.geomspace(0.001, 1000, 61), 5)]
     results = []
-    for power in (0.5, 1.0, 1.5):
+    for power, sub_dim in ((0.5, "d"), (1.0, "d"), (1.5, "d"),
+                           (1.5, "rank")):
         for rows in (0.0, 1.0, 2.0, 4.0, 8.0):
             for kmin in (2, 3):
                 for t_pc in grid:
-                    for t_sub in [g for g in grid if g <= t_pc]:
-                        c = {"signal_dim_power": power,
+                    for t_sub in [g for g in grid
+                                  if g <= t_pc or sub_dim == "rank"]:
+                        c = {"signal_dim_power": power, "sub_dim": sub_dim,
                              "per_class_min_rows": rows,
                              "class_modes_min_classes": kmin,
                              "per_class_min_signal": t_pc,
