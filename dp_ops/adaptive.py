@@ -98,7 +98,7 @@ class RuleConstants:
     # epsilon grows); a class mode also needs K >= class_modes_min_classes
     # and n_typ >= per_class_min_rows x its matrix's dimension (d, or the
     # subspace rank). Fit on the issue-30 sweep
-    # (benchmarks/studies/covariance_sweep.py, 25 shapes x 4 epsilons):
+    # (benchmarks/studies/covariance_sweep.py, 28 shapes x 4 epsilons):
     # a class mode loses up to 10 (subspace) and 50 (per-class) points
     # where the classes share one covariance and its signal is low, and
     # whether they do is private, so the thresholds sit where the sweep
