@@ -41,15 +41,26 @@ def test_rule_reads_only_public_inputs():
 
 
 def test_rule_adapts_to_class_size_and_epsilon():
+    # thresholds of the issue-30 sweep: s = n_typ mu / d^1.5 >= 1.35
+    # (subspace), >= 5.5 (per-class)
     small = adaptive.choose_structure(1.0, 1e-5, 1280, [300.0] * 10)
-    mid = adaptive.choose_structure(1.0, 1e-5, 1280, [4500.0] * 10)
-    big = adaptive.choose_structure(8.0, 1e-5, 1280, [5000.0] * 10)
+    mid = adaptive.choose_structure(2.0, 1e-5, 128, [5000.0] * 10)
+    big = adaptive.choose_structure(8.0, 1e-5, 128, [5000.0] * 10)
     assert (small.mode, mid.mode, big.mode) == ("shared", "subspace",
                                                 "per-class")
-    assert mid.class_rank == 128
-    # two classes always share one covariance
+    assert mid.class_rank == 21
+    # the issue-30 text set (16 classes of ~1,000 rows, d = 384) stays
+    # shared at eps = 8 (per-class matrices scored below eps = 4 there)
     assert adaptive.choose_structure(8.0, 1e-5, 384,
-                                     [5000.0] * 2).mode == "shared"
+                                     [1000.0] * 16).mode == "shared"
+    # two large classes may use class matrices
+    assert adaptive.choose_structure(1.0, 1e-5, 128,
+                                     [10000.0] * 2).mode == "subspace"
+    # without noise, a class's d x d matrix still needs n_typ >= 4 d rows
+    assert adaptive.choose_structure(math.inf, 1e-5, 64,
+                                     [100.0] * 5).mode == "subspace"
+    assert adaptive.choose_structure(math.inf, 1e-5, 64,
+                                     [300.0] * 5).mode == "per-class"
     # Few rows per class, many dimensions: the noisy means need more.
     few = adaptive.choose_structure(2.0, 1e-5, 384, [450.0] * 20)
     many = adaptive.choose_structure(2.0, 1e-5, 384, [5000.0] * 2)
@@ -117,13 +128,12 @@ def test_subspace_mechanism_sensitivity_worst_case():
     assert np.array_equal(exact(rows[:10]) + exact(rows[10:]), exact(rows))
 
 
-# per-class: 2000-row classes at epsilon 8 (s = 2000 mu / 4 >> 50);
+# each mode forced (RuleConstants.force_mode);
 # subspace and shared forced through the rule's constants.
-MODES = {"per-class": adaptive.RuleConstants(),
-         "subspace": adaptive.RuleConstants(per_class_min_signal=math.inf,
+MODES = {"per-class": adaptive.RuleConstants(force_mode="per-class"),
+         "subspace": adaptive.RuleConstants(force_mode="subspace",
                                             subspace_dim_fraction=4),
-         "shared": adaptive.RuleConstants(subspace_min_signal=math.inf,
-                                          per_class_min_signal=math.inf)}
+         "shared": adaptive.RuleConstants(force_mode="shared")}
 
 
 @pytest.fixture(scope="module", params=list(MODES))

@@ -1,0 +1,612 @@
+"""Covariance sweep (issue 30): which menu mode wins on which shape?
+
+Runs the adaptive plan (dp_ops.reference.generate_adaptive, in memory)
+with each menu mode forced (``RuleConstants(force_mode=...)``; the sum
+share still follows the rule's ``sum_share_rule``) on public simulated
+shapes and on validation splits of both shared TRAIN files, at epsilon in
+{1, 2, 4, 8} (delta 1e-5) and 3 seeds, and scores the shared README's
+linear probe (benchmarks/studies/fast_probe.py) trained on the synthetic
+rows and tested on held-out real rows of the shape.
+
+Simulated shapes (all public: a fixed data seed per shape): K classes,
+class sizes from n_max down to n_max / ratio (geometric; ratio 1 = equal),
+d dimensions, a decaying spectrum lambda_j ~ j^-1 (anisotropic), class
+means drawn in the covariance's metric (so the probe is neither trivial
+nor at chance), a common offset (as real embeddings have), and a kind:
+"shared" (one covariance for all classes: richer modes can only lose),
+"class" (each class's covariance half shared, half its own random
+rotation of the spectrum), "own" (each class its own rotation of the
+spectrum, scaled by a factor in [0.5, 2]: where class matrices can pay)
+or "t" (as "class", Student-t with 3 degrees of freedom: heavy tails). Rows are unit-normalised like the embeddings.
+
+Every (shape, mode, epsilon, seed) appends one JSON line to
+results/covariance_sweep.jsonl and is skipped when already there, so a
+rerun resumes. ``--report`` writes results/covariance_sweep.md: per shape
+and epsilon the 3-seed mean of every mode, the current rule's pick (from
+the recorded noisy counts: the rule's inputs), the best mode, the gap, and
+whether the rule's mean ever drops as epsilon grows.
+
+``--fit`` grid-searches the rule's thresholds on the log (a vectorised
+copy of ``adaptive.choose_mode``; the report re-checks the pick with the
+real ``choose_structure``). Modes "family:<name>" sample the rule's own
+release from a richer family (``FAMILIES``; study only).
+
+    nice -n 19 env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \\
+        python -m benchmarks.studies.covariance_sweep --shapes all
+    python -m benchmarks.studies.covariance_sweep --fit
+    nice -n 19 env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \\
+        python -m benchmarks.studies.covariance_sweep --shapes 20news,... \\
+        --modes family:t5,family:t10,family:rows4
+    python -m benchmarks.studies.covariance_sweep --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from typing import Optional
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks.studies.study_data import (RESULTS, Split,  # noqa: E402
+                                           load_npz, selection_split)
+from dp_ops import adaptive  # noqa: E402
+from dp_ops.clipping import normalize_rows  # noqa: E402
+
+LOG = os.path.join(RESULTS, "covariance_sweep.jsonl")
+REPORT = os.path.join(RESULTS, "covariance_sweep.md")
+EPSILONS = (1.0, 2.0, 4.0, 8.0)
+SEEDS = (0, 1, 2)
+DELTA = 1e-5
+TOLERANCE = 0.005  # the rule's pick within 0.5 points of the best mode
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A public simulated shape (see the module docstring)."""
+
+    name: str
+    classes: int
+    n_max: int
+    d: int
+    kind: str = "class"  # shared | class | own | t
+    ratio: float = 1.0  # largest / smallest class
+    separation: float = 3.0  # Mahalanobis norm scale of the class means
+    data_seed: int = 0
+
+    def sizes(self) -> np.ndarray:
+        steps = np.linspace(0.0, 1.0, self.classes)
+        return np.round(self.n_max * self.ratio ** -steps).astype(int)
+
+
+SHAPES = [
+    Shape("k16-n1000-d384-class", 16, 1000, 384),  # the issue's text set
+    Shape("k16-n1000-d384-shared", 16, 1000, 384, "shared"),
+    Shape("k2-n5000-d384-t", 2, 5000, 384, "t", separation=1.5),
+    Shape("k2-n1350-d1280-class", 2, 1350, 1280, separation=1.5),
+    Shape("k50-n100-d64-class", 50, 100, 64),
+    Shape("k5-n10000-d64-class", 5, 10000, 64, separation=2.0),
+    Shape("k5-n10000-d64-shared", 5, 10000, 64, "shared", separation=2.0),
+    Shape("k10-n2000-d256-t-unequal", 10, 2000, 256, "t", ratio=10.0),
+    Shape("k20-n500-d128-shared-unequal", 20, 500, 128, "shared", ratio=5.0),
+    Shape("k30-n300-d128-t", 30, 300, 128, "t"),
+    Shape("k3-n6000-d640-class", 3, 6000, 640, separation=2.0),
+    Shape("k10-n1000-d1280-shared", 10, 1000, 1280, "shared"),
+    Shape("k4-n3000-d256-class-unequal", 4, 3000, 256, ratio=4.0,
+          separation=2.0),
+    Shape("k16-n1000-d384-own", 16, 1000, 384, "own"),
+    Shape("k3-n10000-d384-own", 3, 10000, 384, "own", separation=2.0),
+    Shape("k2-n10000-d128-own", 2, 10000, 128, "own", separation=1.5),
+    Shape("k10-n5000-d128-own", 10, 5000, 128, "own"),
+    Shape("k5-n3000-d640-own", 5, 3000, 640, "own", separation=2.0),
+    Shape("k8-n2000-d256-t", 8, 2000, 256, "t"),
+    Shape("k25-n400-d256-class-unequal", 25, 400, 256, ratio=8.0),
+    Shape("k40-n250-d384-shared", 40, 250, 384, "shared"),
+    Shape("k2-n300-d64-class", 2, 300, 64, separation=1.5),
+    Shape("k6-n1500-d1280-own", 6, 1500, 1280, "own", separation=2.0),
+    Shape("k12-n800-d768-t", 12, 800, 768, "t"),
+    Shape("k20-n2500-d64-own-unequal", 20, 2500, 64, "own", ratio=10.0),
+    Shape("k4-n10000-d1280-own", 4, 10000, 1280, "own", separation=2.0),
+]
+REAL = ("20news", "cifar10-sub")
+MODES = adaptive.MODES
+# Study variants: the class modes with the shared mode's sum share
+# (RuleConstants(class_sum_as_shared=True)).
+VARIANTS = {"subspace+ss": ("subspace", {"class_sum_as_shared": True}),
+            "per-class+ss": ("per-class", {"class_sum_as_shared": True})}
+
+
+# ------------------------------------------------------------ data
+
+def spectrum(d: int) -> np.ndarray:
+    lam = 1.0 / np.arange(1, d + 1)
+    return lam / lam.sum()
+
+
+def rotation(d: int, rng: np.random.Generator) -> np.ndarray:
+    q, r = np.linalg.qr(rng.standard_normal((d, d)))
+    return q * np.sign(np.diag(r))
+
+
+def class_rows(n: int, mean: np.ndarray, factor: np.ndarray, kind: str,
+               rng: np.random.Generator) -> np.ndarray:
+    """n rows: mean + g factor^T (g Gaussian, or Student-t with 3 dof)."""
+    g = rng.standard_normal((n, factor.shape[1]))
+    if kind == "t":  # unit covariance: t_3 has variance 3
+        g *= np.sqrt(rng.chisquare(3.0, (n, 1)) / 3.0) ** -1 / math.sqrt(3.0)
+    return mean + g @ factor.T
+
+
+def simulate(shape: Shape, val_per_class: Optional[int] = None) -> Split:
+    """The shape's fit rows (its class sizes) and held-out test rows
+    (``val_per_class`` a class, default max(300, 2000 // K))."""
+    rng = np.random.default_rng(shape.data_seed)
+    d, k = shape.d, shape.classes
+    lam = spectrum(d)
+    shared = rotation(d, rng) * np.sqrt(lam)  # factor: cov = F F^T
+    offset = rng.standard_normal(d)
+    offset *= 1.5 / np.linalg.norm(offset)
+    val = val_per_class or max(300, 2000 // k)
+    xf, yf, xv, yv = [], [], [], []
+    for c, n in enumerate(shape.sizes()):
+        mean = offset + shape.separation / math.sqrt(2 * d) * (
+            shared @ rng.standard_normal(d))
+        if shape.kind == "shared":
+            factor = shared
+        elif shape.kind == "own":  # its own rotation and scale
+            scale = math.exp(rng.uniform(-0.7, 0.7))
+            factor = rotation(d, rng) * np.sqrt(lam * scale)
+        else:  # half shared, half the class's own rotation
+            own = rotation(d, rng) * np.sqrt(lam)
+            factor = np.hstack([shared, own]) / math.sqrt(2.0)
+        rows = class_rows(int(n) + val, mean, factor, shape.kind, rng)
+        xf.append(rows[:n])
+        xv.append(rows[n:])
+        yf.append(np.full(n, c))
+        yv.append(np.full(val, c))
+    unit = lambda a: normalize_rows(np.vstack(a), "unit")  # noqa: E731
+    return Split(shape.name, unit(xf), np.concatenate(yf), unit(xv),
+                 np.concatenate(yv), k)
+
+
+def cifar_subset(per_class: int = 1500) -> Split:
+    """CIFAR-10 train file, ``per_class`` fitting rows a class (seed 0),
+    validated on the usual 10 % validation split of the train file."""
+    full = selection_split("cifar10")
+    rng = np.random.default_rng(0)
+    idx = np.concatenate([rng.permutation(np.flatnonzero(full.y_fit == c))
+                          [:per_class] for c in range(full.classes)])
+    return Split("cifar10-sub", full.x_fit[idx], full.y_fit[idx],
+                 full.x_val, full.y_val, full.classes)
+
+
+def load_shape(name: str) -> Split:
+    if name == "20news":
+        return selection_split("20news")
+    if name == "cifar10-sub":
+        return cifar_subset()
+    return simulate({s.name: s for s in SHAPES}[name])
+
+
+# ------------------------------------------------------------ runs
+
+def run_one(split: Split, mode: str, eps: float, seed: int,
+            constants: Optional[dict] = None) -> dict:
+    """One release with ``mode`` forced, probed on the split's test rows."""
+    from benchmarks.studies import fast_probe
+    from dp_ops import reference
+    from dp_ops.config import GeneratorConfig
+    from dp_ops.noise import SeededNoise
+    t = time.time()
+    cfg = GeneratorConfig(labels=tuple(range(split.classes)), epsilon=eps,
+                          delta=DELTA, seed=seed)
+    mode, extra = VARIANTS.get(mode, (mode, {}))
+    rc = adaptive.RuleConstants(force_mode=mode,
+                                **{**extra, **(constants or {})})
+    _, xs, ys, ledger, st = reference.generate_adaptive(
+        split.x_fit, split.y_fit, cfg, SeededNoise(1000 + seed), rc)
+    acc = fast_probe.accuracy(xs, ys, split.x_val, split.y_val,
+                              split.classes, warm=f"{split.name}/{mode}")
+    inputs = dict(st.inputs)
+    return {"accuracy": acc, "structure": st.name,
+            "sum_share": round(st.sum_share, 4),
+            "noisy_counts": [round(c, 3) for c in inputs["noisy_counts"]],
+            "mu": inputs["mu"], "d": split.dim, "classes": split.classes,
+            "spent_epsilon": ledger.spent_epsilon(),
+            "seconds": round(time.time() - t, 1)}
+
+
+# Richer families (study only, post-processing of the rule's own release,
+# so no extra privacy cost): "rows4": four times the synthetic rows a
+# class; "t5" / "t10": each class's Gaussian replaced by a Student-t with
+# 5 / 10 degrees of freedom and the same mean and covariance (heavier
+# tails, as clipped real rows have).
+FAMILIES = ("rows4", "t5", "t10")
+
+
+def family_rows(mixes: dict, cfg, family: str, seed: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    from dp_ops import generator, sampling
+    xs, ys = [], []
+    for c, mix in mixes.items():
+        if family == "rows4":
+            rows = generator.sample(mix, cfg, oversample=4.0)
+        else:
+            df = float(family[1:])
+            m = generator.num_samples(mix, cfg)
+            rng = np.random.default_rng([seed, c, 7])
+            rows = sampling.sample_mixture(mix.weights, mix.means,
+                                           mix.variances, m, rng,
+                                           mix.factors).astype(np.float64)
+            scale = np.sqrt((df - 2.0) / rng.chisquare(df, (m, 1)))
+            rows = mix.means[0] + (rows - mix.means[0]) * scale
+            rows = sampling.project_to_sphere(rows, cfg.sample_radius)
+        xs.append(rows)
+        ys.append(np.full(len(rows), c))
+    return np.vstack(xs), np.concatenate(ys)
+
+
+def run_family(split: Split, family: str, eps: float, seed: int) -> dict:
+    """The rule's own pick (default constants), sampled by ``family``."""
+    from benchmarks.studies import fast_probe
+    from dp_ops import reference
+    from dp_ops.config import GeneratorConfig
+    from dp_ops.noise import SeededNoise
+    t = time.time()
+    cfg = GeneratorConfig(labels=tuple(range(split.classes)), epsilon=eps,
+                          delta=DELTA, seed=seed)
+    mixes, _, _, _, st = reference.generate_adaptive(
+        split.x_fit, split.y_fit, cfg, SeededNoise(1000 + seed))
+    xs, ys = family_rows(mixes, cfg, family, seed)
+    acc = fast_probe.accuracy(xs, ys, split.x_val, split.y_val,
+                              split.classes, warm=f"{split.name}/{family}")
+    return {"accuracy": acc, "structure": st.name, "rule_mode": st.mode,
+            "d": split.dim, "classes": split.classes,
+            "seconds": round(time.time() - t, 1)}
+
+
+def run_real(split: Split) -> dict:
+    """The probe trained on the real fitting rows (the shape's ceiling)."""
+    from benchmarks.studies import fast_probe
+    acc = fast_probe.accuracy(split.x_fit, split.y_fit, split.x_val,
+                              split.y_val, split.classes)
+    return {"accuracy": acc, "d": split.dim, "classes": split.classes}
+
+
+def load_log(path: str = LOG) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def key(rec: dict) -> tuple:
+    return (rec["shape"], rec["mode"], float(rec["epsilon"]),
+            int(rec["seed"]))
+
+
+def sweep(names: list[str], epsilons, seeds, modes) -> None:
+    done = {key(r) for r in load_log()}
+    os.makedirs(RESULTS, exist_ok=True)
+    for name in names:
+        todo = [(m, e, s) for s in seeds for e in epsilons for m in modes
+                if (name, m, float(e), int(s)) not in done]
+        if not todo:
+            continue
+        split = load_shape(name)
+        if (name, "real-rows", math.inf, 0) not in done:
+            rec = {"shape": name, "mode": "real-rows", "epsilon": math.inf,
+                   "seed": 0, **run_real(split)}
+            print(json.dumps(rec), flush=True)
+            with open(LOG, "a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+        for mode, eps, seed in todo:
+            run = (run_family(split, mode[len("family:"):], eps, seed)
+                   if mode.startswith("family:")
+                   else run_one(split, mode, eps, seed))
+            rec = {"shape": name, "mode": mode, "epsilon": float(eps),
+                   "seed": int(seed), **run}
+            print(json.dumps({k: v for k, v in rec.items()
+                              if k != "noisy_counts"}), flush=True)
+            with open(LOG, "a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+
+
+# ------------------------------------------------------------ report
+
+def rule_mode(rec: dict, constants: Optional[dict] = None) -> str:
+    """The rule's pick from a run's recorded public inputs."""
+    st = adaptive.choose_structure(
+        rec["epsilon"], DELTA, rec["d"], rec["noisy_counts"],
+        adaptive.RuleConstants(**(constants or {})), rec["mu"])
+    return st.mode
+
+
+def table(records: list[dict], constants: Optional[dict] = None) -> list:
+    """Rows (shape, eps, {mode: mean}, rule mode(s), rule mean, best mode,
+    best mean, n seeds), over the shapes and epsilons fully measured."""
+    acc = {}
+    for r in records:
+        if r["mode"] not in MODES:
+            continue
+        acc.setdefault((r["shape"], r["epsilon"]), {}).setdefault(
+            r["seed"], {})[r["mode"]] = r
+    rows = []
+    for (shape, eps), by_seed in acc.items():
+        seeds = [s for s, m in by_seed.items() if set(m) >= set(MODES)]
+        if not seeds:
+            continue
+        means = {m: float(np.mean([by_seed[s][m]["accuracy"]
+                                   for s in seeds])) for m in MODES}
+        picks = [rule_mode(by_seed[s]["shared"], constants) for s in seeds]
+        rule = float(np.mean([by_seed[s][p]["accuracy"]
+                              for s, p in zip(seeds, picks)]))
+        best = max(MODES, key=means.get)
+        rows.append((shape, eps, means, picks, rule, best, means[best],
+                     len(seeds)))
+    return sorted(rows, key=lambda r: (r[0], r[1]))
+
+
+def check(rows: list) -> tuple[list, list]:
+    """(shapes/eps where the rule is > 0.5 points below the best mode,
+    shapes where its mean drops as epsilon grows)."""
+    far = [(r[0], r[1], r[6] - r[4]) for r in rows if r[6] - r[4] > TOLERANCE]
+    drops = []
+    by_shape = {}
+    for r in rows:
+        by_shape.setdefault(r[0], []).append((r[1], r[4]))
+    for shape, pts in by_shape.items():
+        pts.sort()
+        for (e0, a0), (e1, a1) in zip(pts, pts[1:]):
+            if a1 < a0:
+                drops.append((shape, e0, e1, a1 - a0))
+    return far, drops
+
+
+# The issue-13 rule (s = n_typ mu / sqrt(d), subspace from 25, per-class
+# from 50, class modes from K = 3), for comparison.
+OLD_RULE = {"signal_dim_power": 0.5, "subspace_min_signal": 25.0,
+            "per_class_min_signal": 50.0, "class_modes_min_classes": 3,
+            "per_class_min_rows": 0.0}
+
+
+NOTES = """\
+## Reading
+
+- Rows: 3-seed means of the probe (%), trained on the synthetic rows of
+  each menu mode (forced), tested on held-out real rows of the shape;
+  "rule's pick" is what ``choose_structure`` returns on each seed's
+  recorded noisy counts; "real rows": the probe trained on the real fitting
+  rows (the shape's ceiling).
+- Fit (``--fit``, then rounded to the middle of the feasible intervals):
+  s = n_typ mu / d^1.5; subspace from s >= 1.35 (nearest sweep cells:
+  s = 1.23 where subspace loses 0.95, s = 1.45 where it is within 0.4),
+  per-class from s >= 5.5 (s = 5.22 loses 1.43, s = 5.75 wins 1.26), class
+  modes from K >= 2, n_typ >= 4 x the matrix dimension (not binding here).
+- Every pick of a class mode is within 0.5 points of the best mode. The
+  misses are all "shared" picks on shapes whose classes have their own
+  covariances ("own" kinds, 20 Newsgroups and CIFAR-10 at eps 8): at the
+  same signal, shapes whose classes share one covariance lose 1-10 points
+  with the subspace and 2-50 with per-class matrices, and which kind a
+  dataset is is private. No public rule of (eps, delta, d, K, counts) meets
+  (a) on both kinds; this one takes the small misses (at most 1.3 points,
+  except k6-n1500-d1280-own at eps 2-4: 6.6-7.3) over the large losses.
+- Remaining drops of the rule's mean as eps grows are at most 0.25 points,
+  on shapes at their real-rows ceiling where every mode's mean is flat
+  (k5-n10000-d64-*, k20-n2500-d64-own-unequal): evaluation noise, not a
+  mode switch (the rule's mode never gets poorer as eps grows).
+- Class modes with the shared mode's sum share (``class_sum_as_shared``,
+  modes "subspace+ss" / "per-class+ss" in the jsonl, 11 shapes): mean
+  -0.22 / -0.98 points against the rule's split: not adopted.
+"""
+
+
+def real_rows(records: list[dict]) -> dict:
+    return {r["shape"]: r["accuracy"] for r in records
+            if r["mode"] == "real-rows"}
+
+
+def render(rows: list, title: str, ceiling: Optional[dict] = None) -> str:
+    ceiling = ceiling or {}
+    out = [f"## {title}", "",
+           "| shape | eps | seeds | shared | subspace | per-class | rule's "
+           "pick | rule | best | gap (points) | real rows |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for shape, eps, means, picks, rule, best, top, n in rows:
+        pick = "/".join(sorted(set(picks)))
+        real = ceiling.get(shape)
+        out.append(f"| {shape} | {eps:g} | {n} | "
+                   + " | ".join(f"{100 * means[m]:.2f}" for m in MODES)
+                   + f" | {pick} | {100 * rule:.2f} | {best} | "
+                   f"{100 * (top - rule):.2f} | "
+                   + ("" if real is None else f"{100 * real:.2f}") + " |")
+    far, drops = check(rows)
+    out += ["", f"Picks more than 0.5 points below the best mode: "
+            f"{len(far)}" + "".join(f"; {s} eps={e:g} ({100 * g:.2f})"
+                                    for s, e, g in far),
+            f"Drops of the rule's 3-seed mean as epsilon grows: {len(drops)}"
+            + "".join(f"; {s} {a:g}->{b:g} ({100 * g:.2f})"
+                      for s, a, b, g in drops), ""]
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------ fit
+
+def fit_points(records: list[dict]) -> list[dict]:
+    """Per (shape, eps, seed) with every mode measured: the rule's public
+    inputs (n_typ, mu, d, K) and each mode's accuracy."""
+    acc = {}
+    for r in records:
+        if r["mode"] in MODES:
+            acc.setdefault((r["shape"], r["epsilon"], r["seed"]), {})[
+                r["mode"]] = r
+    out = []
+    for (shape, eps, seed), m in acc.items():
+        if set(m) < set(MODES):
+            continue
+        r = m["shared"]
+        out.append({"shape": shape, "eps": eps, "seed": seed,
+                    "n_typ": adaptive.typical_count(r["noisy_counts"]),
+                    "mu": r["mu"], "d": r["d"], "k": r["classes"],
+                    "acc": {k: v["accuracy"] for k, v in m.items()}})
+    return out
+
+
+class Points:
+    """fit_points as arrays, for a vectorised copy of ``choose_mode``."""
+
+    def __init__(self, points: list[dict]):
+        self.n = np.array([p["n_typ"] for p in points])
+        self.mu = np.array([p["mu"] for p in points])
+        self.d = np.array([p["d"] for p in points], float)
+        self.k = np.array([p["k"] for p in points])
+        rc = adaptive.RuleConstants()
+        self.rank = np.array([rc.class_rank(int(d)) for d in self.d], float)
+        self.acc = np.array([[p["acc"][m] for m in MODES] for p in points])
+        cells = sorted({(p["shape"], p["eps"]) for p in points})
+        self.cell = np.array([cells.index((p["shape"], p["eps"]))
+                              for p in points])
+        self.cells = cells
+        means = np.zeros((len(cells), len(MODES)))
+        np.add.at(means, self.cell, self.acc)
+        self.count = np.bincount(self.cell, minlength=len(cells))
+        self.best = (means / self.count[:, None]).max(axis=1)
+
+    def modes(self, c: dict) -> np.ndarray:
+        """Mode index per point (0 shared, 1 subspace, 2 per-class)."""
+        s = self.n * self.mu / self.d ** c["signal_dim_power"]
+        ok = self.k >= c["class_modes_min_classes"]
+        pc = ok & (s >= c["per_class_min_signal"]) & (
+            self.n >= c["per_class_min_rows"] * self.d)
+        s_sub = s if c.get("sub_dim", "rank") == "d" else (
+            self.n * self.mu / self.rank ** c["signal_dim_power"])
+        sub = ok & (s_sub >= c["subspace_min_signal"]) & (
+            self.n >= c["per_class_min_rows"] * self.rank)
+        return np.where(pc, 2, np.where(sub, 1, 0))
+
+
+def score(pts: Points, c: dict) -> tuple:
+    """(picks > 0.5 points below the best, drops, total gap) of the rule
+    with constants c, on 3-seed means per (shape, eps)."""
+    got = pts.acc[np.arange(len(pts.n)), pts.modes(c)]
+    mean = np.bincount(pts.cell, got, len(pts.cells)) / pts.count
+    gap = pts.best - mean
+    drops = sum(b > a and pts.cells[a][0] == pts.cells[b][0]
+                and mean[b] < mean[a]
+                for a, b in zip(range(len(mean)), range(1, len(mean))))
+    return int((gap > TOLERANCE + 1e-12).sum()), int(drops), \
+        round(float(gap.sum()) * 100, 2)
+
+
+def fit(points: list[dict]) -> list:
+    """Grid search of the rule's thresholds (lexicographic: picks far from
+    the best, then drops, then the total gap)."""
+    pts = Points(points)
+    grid = [math.inf] + [float(g) for g in np.round(
+        np.geomspace(0.001, 1000, 61), 5)]
+    results = []
+    for power, sub_dim in ((0.5, "d"), (1.0, "d"), (1.5, "d"),
+                           (1.5, "rank")):
+        for rows in (0.0, 1.0, 2.0, 4.0, 8.0):
+            for kmin in (2, 3):
+                for t_pc in grid:
+                    for t_sub in [g for g in grid
+                                  if g <= t_pc or sub_dim == "rank"]:
+                        c = {"signal_dim_power": power, "sub_dim": sub_dim,
+                             "per_class_min_rows": rows,
+                             "class_modes_min_classes": kmin,
+                             "per_class_min_signal": t_pc,
+                             "subspace_min_signal": t_sub}
+                        results.append((score(pts, c), c))
+    results.sort(key=lambda r: r[0])
+    return results
+
+
+def render_families(records: list[dict]) -> str:
+    """The rule's Gaussian release against each richer family (same
+    release, other sampling), 3-seed means."""
+    rule = {(r["shape"], r["epsilon"], r["seed"]): r for r in records
+            if r["mode"] == "shared"}
+    by = {}
+    for r in records:
+        if r["mode"] in MODES:
+            by.setdefault((r["shape"], r["epsilon"], r["seed"]), {})[
+                r["mode"]] = r["accuracy"]
+    fam = {}
+    for r in records:
+        if r["mode"].startswith("family:"):
+            fam.setdefault((r["shape"], r["epsilon"]), {}).setdefault(
+                r["mode"][7:], {})[r["seed"]] = r["accuracy"]
+    out = ["## Richer families (study only; the rule's release, sampled "
+           "differently)", "",
+           "Free post-processing of the same DP release. Caveat for rows4: "
+           "the probe's L2 penalty is ||W||^2 / (2 C n), so 4x the rows "
+           "also means 4x weaker regularisation; on k20-n500 it beats the "
+           "real-rows probe (32.4 vs 23.4), so part of its gain is the "
+           "probe's, not the family's.", "",
+           "| shape | eps | rule (Gaussian) | " + " | ".join(FAMILIES)
+           + " |", "|---|---|---|" + "---|" * len(FAMILIES)]
+    for (shape, eps), fams in sorted(fam.items()):
+        seeds = sorted(set.intersection(*(set(v) for v in fams.values()))
+                       & {s for (sh, e, s) in rule if (sh, e) == (shape, eps)})
+        if not seeds or set(fams) != set(FAMILIES):
+            continue
+        base = [by[(shape, eps, s)][rule_mode(rule[(shape, eps, s)])]
+                for s in seeds]
+        cells = [f"{100 * np.mean([fams[f][s] for s in seeds]):.2f}"
+                 for f in FAMILIES]
+        out.append(f"| {shape} | {eps:g} | {100 * np.mean(base):.2f} | "
+                   + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="all",
+                    help="comma list of shape names, 'all', 'sim' or 'real'")
+    ap.add_argument("--epsilons", default=",".join(map(str, EPSILONS)))
+    ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--report", action="store_true",
+                    help="write results/covariance_sweep.md from the log")
+    ap.add_argument("--fit", action="store_true",
+                    help="grid-search the rule's thresholds on the log")
+    args = ap.parse_args()
+    if args.fit:
+        for sc, c in fit(fit_points(load_log()))[:25]:
+            print(sc, c)
+        return 0
+    if args.report:
+        log = load_log()
+        ceiling = real_rows(log)
+        text = "\n".join([
+            "# Covariance sweep (issue 30)", "",
+            "Generated by `python -m benchmarks.studies.covariance_sweep "
+            "--report` from covariance_sweep.jsonl (3-seed means of the "
+            "linear probe, %; see the module docstring).", "", NOTES,
+            render(table(log), "Rule (dp_ops.adaptive defaults)", ceiling),
+            render(table(log, OLD_RULE), "Old rule (issue 13)", ceiling),
+            render_families(log)])
+        with open(REPORT, "w") as fh:
+            fh.write(text)
+        print(text)
+        return 0
+    sim = [s.name for s in SHAPES]
+    names = {"all": sim + list(REAL), "sim": sim, "real": list(REAL)}.get(
+        args.shapes, [n for n in args.shapes.split(",") if n])
+    sweep(names, [float(e) for e in args.epsilons.split(",")],
+          [int(s) for s in args.seeds.split(",")], args.modes.split(","))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
