@@ -243,3 +243,33 @@ def test_explain_epsilon_is_the_gaussian_alone():
                               name=plan.name("*", FAMILY))
     one = Mechanism("m", "s", "p", R, SIGMA)
     assert spec.eps == pytest.approx(compose_epsilon([one], 1e-5), rel=1e-4)
+
+
+def test_two_families_in_one_aggregation(tmp_path):
+    """The per-class mode's sums and d x d second moments share one pass and
+    one aggregation (one custom combiner each): the same bits as each
+    family alone."""
+    x, y = _data()
+    ledger = _ledger()
+    for c in LABELS:
+        ledger.register(Mechanism(plan.class_covariance(c), "covariance",
+                                  plan.partition(c), R * R, SIGMA))
+    families = [class_sum_family(R), class_second_moment_family(R)]
+    folder = tmp_path / "both"
+    folder.mkdir()
+    with beam.Pipeline() as p:
+        t = ClassSums(LABELS, D, families, ledger, SeededNoise(4))
+        out = p | beam.Create(_blocks(x, y, 37)) | t
+        t.aggregation.accountant.compute_budgets()
+        out | beam.Map(lambda kv: np.savez(f"{folder}/{kv[0]}.npz", *kv[1]))
+    for c in LABELS:
+        with np.load(folder / f"{c}.npz") as got:
+            want_sum = _today_sums(x, y, ledger, SeededNoise(4))[c]
+            exact = covariance.block_second_moment(x[y == c], R)
+            want_m = generator.noisy_second_moment(
+                exact, ledger, SeededNoise(4), plan.class_covariance(c))
+            assert got["arr_0"].tobytes() == want_sum.tobytes(), c
+            assert got["arr_1"].tobytes() == want_m.tobytes(), c
+    text = t.aggregation.explain()
+    assert "class=<c>/moments/sum" in text
+    assert "class=<c>/covariance/second-moment" in text

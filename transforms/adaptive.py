@@ -122,19 +122,19 @@ class _Phase2:
         self.counts = np.asarray(noisy_counts, np.float64)
         self.centre = np.asarray(centre, np.float64)
 
-    def moments(self, _, noisy_sums: dict, second) -> dict:
-        """The released class sums and second moment(s) of pass "Moments"
-        -> the mixtures, unless the subspace pass is still to come.
-        ``second``: the released class second moments (per-class mode), or
-        the exact global second moment (None: no rows), noised here."""
+    def moments(self, _, released: dict, second=None) -> dict:
+        """The released class sums (and, per-class mode, class second
+        moments) of pass "Moments" -> the mixtures, unless the subspace pass
+        is still to come. ``second``: the exact global second moment
+        (shared and subspace modes; None: no rows), noised here."""
         cfg, d, s = self.cfg, self.dim, self.structure
         ledger, noise, labels = self.ledger, self.noise, list(cfg.labels)
         n, means = adaptive.class_means(
-            np.stack([noisy_sums[c] for c in labels]), self.counts,
+            np.stack([released[c][0] for c in labels]), self.counts,
             cfg.clip_norm)
         if s.mode == "per-class":
             return {"mixtures": adaptive.per_class_mixtures(
-                (second[c] for c in labels), self.counts, n, means,
+                (released[c][1] for c in labels), self.counts, n, means,
                 self.centre, s, cfg, ledger, self.class_deviation)}
         shared = adaptive.shared_stage(
             np.zeros((d, d)) if second is None else second, n, means, s, cfg,
@@ -184,28 +184,31 @@ class AdaptiveMixture(beam.PTransform):
         self._cfg, self._blocks = cfg, blocks
         self._steps = _Phase2(cfg, ledger, dim, structure, noisy_counts,
                               centre, noise, deviation, class_deviation)
-        labels = list(cfg.labels)
-        self._sums = ClassSums(labels, dim, class_sum_family(cfg.clip_norm),
-                               ledger, noise, accountant)
-        self._moments = ClassSums(
-            labels, dim, class_second_moment_family(cfg.clip_norm), ledger,
-            noise, accountant) if structure.mode == "per-class" else None
-        self.aggregations = [t.aggregation for t in (self._sums, self._moments)
-                             if t is not None]
+        # Per-class mode: the sums and the d x d second moments in one
+        # aggregation (one read of the blocks feeds both families; two
+        # readers would make Dask keep every block for the second).
+        families = [class_sum_family(cfg.clip_norm)]
+        if structure.mode == "per-class":
+            families.append(class_second_moment_family(cfg.clip_norm))
+        self._sums = ClassSums(list(cfg.labels), dim, families, ledger, noise,
+                               accountant)
+        self.aggregations = [self._sums.aggregation]
 
     def expand(self, pbegin):
         cfg, steps = self._cfg, self._steps
         mode = steps.structure.mode
-        blocks = pass_blocks(self._blocks, "Moments")  # one read, two sums
+        blocks = pass_blocks(self._blocks, "Moments")  # one read
+        # (label, (sum, [second moment])): released values
         sums = blocks | "ClassSums" >> self._sums
         if mode == "per-class":
-            second = AsDict(blocks | "ClassSecondMoments" >> self._moments)
+            second = None
         else:
             second = AsSingleton(blocks | "SecondMoment" >> GlobalSum(
                 SecondMoment(cfg.clip_norm)))
         stats = (pbegin | "Once" >> beam.Create([None])
                  | "Phase2Noise" >> beam.Map(steps.moments, AsDict(sums),
-                                             second))
+                                             *([] if second is None
+                                               else [second])))
         if mode == "subspace":
             proj = (pass_blocks(self._blocks, "ClassSubspace")
                     | "ClassSubspace" >> PerClassSum(

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import apache_beam as beam
 import numpy as np
@@ -228,8 +228,10 @@ class KeyedSumCombiner(combiners.CustomCombiner):
     (label, rows); the accumulator is (label, sum)."""
 
     def __init__(self, family: Family, labels: Sequence[int],
-                 ledger: PrivacyLedger, noise: NoiseSource) -> None:
+                 ledger: PrivacyLedger, noise: NoiseSource,
+                 piece: Optional["Piece"] = None) -> None:
         self._family, self._release = family.name, family.release
+        self._piece = piece
         self._ledger, self._noise = ledger, noise
         mech = family_mechanisms(ledger, labels, family.name)[0]
         self._sensitivity, self._sigma = mech.sensitivity, mech.sigma
@@ -246,6 +248,8 @@ class KeyedSumCombiner(combiners.CustomCombiner):
         label, total = None, None
         for c, part in values:
             label = c
+            if self._piece is not None:  # this family's slice of the value
+                part = self._piece.take(part)
             total = part if total is None else total + part
         return label, total
 
@@ -309,39 +313,80 @@ class _FamilyAccumulator(aggregate.Accumulator):
         acc += self._partial(rows.x)
 
 
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """Where one family's value sits in a flat concatenation of several."""
+
+    start: int
+    stop: int
+    shape: tuple[int, ...]
+
+    def take(self, flat: np.ndarray) -> np.ndarray:
+        return flat[self.start:self.stop].reshape(self.shape)
+
+
+def pieces(families: Sequence[Family], dim: int) -> list[Piece]:
+    """Each family's slice of the concatenated value (its zero's shape)."""
+    out, start = [], 0
+    for f in families:
+        shape = f.partial(np.zeros((0, dim))).shape
+        size = int(np.prod(shape))
+        out.append(Piece(start, start + size, tuple(shape)))
+        start += size
+    return out
+
+
+def concatenated_zero(families: Sequence[Family], dim: int) -> np.ndarray:
+    return np.concatenate([f.partial(np.zeros((0, dim))).ravel()
+                           for f in families])
+
+
 class ClassAggregation(beam.PTransform):
     """(label, exact partial) pairs -> (label, released aggregate) for every
-    label, through one ``DPEngine.aggregate`` of one mechanism ``family``.
+    label, through one ``DPEngine.aggregate`` with one custom combiner per
+    mechanism family in ``families`` (one Family, or several whose values
+    come as one flat concatenation, in order: one pass feeds them all; the
+    output is then a tuple of the released values).
 
-    The partials are exact values on the family's public grid (their sum is
-    the same bits in any order); a label may come any number of times or
+    The partials are exact values on the families' public grids (their sum
+    is the same bits in any order); a label may come any number of times or
     never. ``aggregation`` holds the accountant and the explain report."""
 
-    def __init__(self, labels: Sequence[int], dim: int, family: Family,
+    def __init__(self, labels: Sequence[int], dim: int,
+                 families: Union[Family, Sequence[Family]],
                  ledger: PrivacyLedger, noise: NoiseSource,
                  accountant: Optional[LedgerAccountant] = None) -> None:
         super().__init__()
         self._labels, self._dim = [int(c) for c in labels], dim
-        self._partial = family.partial
-        self._combiner = KeyedSumCombiner(family, self._labels, ledger, noise)
+        self._single = isinstance(families, Family)
+        self._families = [families] if self._single else list(families)
+        places = ([None] if self._single
+                  else pieces(self._families, dim))
+        self._combiners = [KeyedSumCombiner(f, self._labels, ledger, noise,
+                                            place)
+                           for f, place in zip(self._families, places)]
         self.aggregation = Aggregation(accountant or LedgerAccountant(ledger),
                                        report_generator.ExplainComputationReport())
 
+    def _zero(self) -> np.ndarray:
+        if self._single:
+            return self._families[0].partial(np.zeros((0, self._dim)))
+        return concatenated_zero(self._families, self._dim)
+
     def expand(self, partials):
-        dim, partial = self._dim, self._partial
+        zero, single = self._zero(), self._single
         keyed = partials | "Keyed" >> beam.MapTuple(lambda c, v: (c, (c, v)))
         # One zero element per label: the accumulator of a class absent
         # from the data then still knows its label (see the module doc).
         seeds = (partials.pipeline | "Labels" >> beam.Create(self._labels)
-                 | "Seeds" >> beam.Map(
-                     lambda c: (c, (c, partial(np.zeros((0, dim)))))))
+                 | "Seeds" >> beam.Map(lambda c: (c, (c, zero))))
         col = (keyed, seeds) | "WithSeeds" >> beam.Flatten()
         params = pipeline_dp.AggregateParams(
             noise_kind=pipeline_dp.NoiseKind.GAUSSIAN, metrics=[],
             max_partitions_contributed=1, max_contributions_per_partition=1,
             contribution_bounds_already_enforced=True,
             public_partitions_already_filtered=True,
-            custom_combiners=[self._combiner])
+            custom_combiners=self._combiners)
         engine = pipeline_dp.DPEngine(self.aggregation.accountant,
                                       pipeline_dp.BeamBackend())
         out = engine.aggregate(
@@ -350,25 +395,48 @@ class ClassAggregation(beam.PTransform):
                                        value_extractor=lambda kv: kv[1]),
             public_partitions=self._labels,
             out_explain_computation_report=self.aggregation.report)
-        return out | "Unwrap" >> beam.MapTuple(lambda c, m: (c, m[0]))
+        return out | "Unwrap" >> beam.MapTuple(
+            lambda c, m: (c, m[0] if single else tuple(m)))
+
+
+class _Concatenated(aggregate.Accumulator):
+    """Several families' exact partials of a bundle's rows of one class,
+    side by side in one flat array (accumulated in place)."""
+
+    def __init__(self, families: Sequence[Family], dim: int) -> None:
+        self._families, self._dim = list(families), dim
+        self._pieces = pieces(self._families, dim)
+        self.__qualname__ = ("ClassSums[" + "+".join(
+            f.name for f in self._families) + "]")  # the stage trace's name
+
+    def zero(self, rows) -> np.ndarray:
+        return concatenated_zero(self._families, self._dim)
+
+    def add(self, acc: np.ndarray, rows) -> None:
+        for f, place in zip(self._families, self._pieces):
+            place.take(acc)[...] += f.partial(rows.x)
 
 
 class ClassSums(beam.PTransform):
     """Prepared ``Block``s -> (label, released aggregate) for every label:
     one exact partial per class and bundle (in-place accumulation), then
-    ``ClassAggregation``."""
+    ``ClassAggregation``. Several ``families`` share the one pass over the
+    blocks (the output is then a tuple per label)."""
 
-    def __init__(self, labels: Sequence[int], dim: int, family: Family,
+    def __init__(self, labels: Sequence[int], dim: int,
+                 families: Union[Family, Sequence[Family]],
                  ledger: PrivacyLedger, noise: NoiseSource,
                  accountant: Optional[LedgerAccountant] = None) -> None:
         super().__init__()
-        self._partial, self._family = family.partial, family.name
-        self._aggregate = ClassAggregation(labels, dim, family, ledger, noise,
-                                           accountant)
+        self._acc = (_FamilyAccumulator(families.partial, families.name)
+                     if isinstance(families, Family)
+                     else _Concatenated(families, dim))
+        self._aggregate = ClassAggregation(labels, dim, families, ledger,
+                                           noise, accountant)
         self.aggregation = self._aggregate.aggregation
 
     def expand(self, blocks):
         return (blocks
                 | "Partials" >> beam.ParDo(aggregate._AccumulateFn(
-                    _FamilyAccumulator(self._partial, self._family), 1))
+                    self._acc, 1))
                 | "Aggregate" >> self._aggregate)
