@@ -11,8 +11,11 @@ rewrites all of them to ``pipelines.dask_runner.DaskRunner``). Needs the
   one single-threaded worker process per CPU core, listening on loopback
   only, no dashboard (unless ``--dask_dashboard ADDRESS``), its scratch
   space in a temporary folder. Later pipelines of the process (the
-  adaptive plan's phase 2) reuse it; ``close_local_cluster()`` (also run
-  at exit) closes it and removes the folder. That is for trying the
+  adaptive plan's phase 2) reuse it; the job closes it at its end
+  (``close_run_cluster``) and removes the folder. A cluster the caller
+  started with ``local_cluster()`` (a benchmark, a notebook running
+  several jobs) is the caller's: jobs use it and leave it running until
+  ``close_local_cluster()`` (also run at exit). That is for trying the
   runner; a real deployment runs ``dask scheduler`` / ``dask worker``.
 * Dask's loggers follow Beam's (``distributed`` sets its own to INFO when
   it is imported): quiet unless ``dpsynth generate --verbose``.
@@ -128,9 +131,28 @@ def _step_name(invoker_args) -> str:
     DoFnContext, which holds the transform's label, does not pickle it)."""
     fn = getattr(invoker_args[0], "do_fn", None)
     inner = getattr(fn, "_fn", None)  # CallableWrapperDoFn
-    named = inner if inner is not None else fn
+    named = _user_fn(inner) if inner is not None else fn
     name = getattr(named, "__qualname__", None) or type(named).__name__
+    code = getattr(named, "__code__", None)
+    if name.endswith("<lambda>") and code is not None:
+        # every Map(lambda) would share one name: say which one
+        name += f"@{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
     return name.replace(".<locals>", "")
+
+
+def _user_fn(fn):
+    """The function given to Beam's Map / FlatMap (they wrap it in a lambda
+    of their own, which would name every Map step "Map.<lambda>")."""
+    if not getattr(fn, "__module__", "").startswith("apache_beam"):
+        return fn
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if callable(value):
+            return value
+    return fn
 
 
 def install_workaround() -> None:
@@ -186,8 +208,11 @@ class LocalDaskOptions(PipelineOptions):
 class _LocalCluster:
     """The LocalCluster of this process and its scratch folder."""
 
-    def __init__(self, workers: int, dashboard: Optional[str]) -> None:
+    def __init__(self, workers: int, dashboard: Optional[str],
+                 by_run: bool) -> None:
         from distributed import LocalCluster
+        # started by a job's pipeline (the job closes it) or by the caller
+        self.by_run = by_run
         self.directory = tempfile.mkdtemp(prefix="dpsynth-dask-")
         try:
             self.cluster = LocalCluster(
@@ -229,10 +254,12 @@ local_clusters_started = 0
 
 
 def local_cluster(workers: Optional[int] = None,
-                  dashboard: Optional[str] = None):
+                  dashboard: Optional[str] = None, by_run: bool = False):
     """This process's LocalCluster on loopback (``workers`` single-threaded
     processes, default one per core), started on first use and closed by
-    ``close_local_cluster`` (at the latest at exit)."""
+    ``close_local_cluster`` (at the latest at exit). ``by_run``: started
+    for a job's pipeline, so ``close_run_cluster`` closes it at the job's
+    end; a cluster the caller started stays for the caller's next job."""
     global _LOCAL, local_clusters_started
     with _LOCAL_GUARD:
         if _LOCAL is not None and not _LOCAL.running():
@@ -240,7 +267,8 @@ def local_cluster(workers: Optional[int] = None,
             _LOCAL = None
         if _LOCAL is None:
             _quiet_dask_logs()
-            _LOCAL = _LocalCluster(workers or os.cpu_count() or 1, dashboard)
+            _LOCAL = _LocalCluster(workers or os.cpu_count() or 1, dashboard,
+                                   by_run)
             local_clusters_started += 1
             if local_clusters_started == 1:
                 atexit.register(close_local_cluster)
@@ -263,6 +291,15 @@ def close_local_cluster() -> None:
         local, _LOCAL = _LOCAL, None
     if local is not None:
         local.close()
+
+
+def close_run_cluster() -> None:
+    """Closes the LocalCluster a job's pipeline started (the job's end);
+    one the caller started with ``local_cluster()`` stays open."""
+    with _LOCAL_GUARD:
+        by_run = _LOCAL is not None and _LOCAL.by_run
+    if by_run:
+        close_local_cluster()
 
 
 def _quiet_dask_logs() -> None:
@@ -347,7 +384,7 @@ class DaskRunner(beam_dask.DaskRunner):
             # Set for Beam's Client only: the caller's options (shared by
             # the adaptive plan's phases) keep saying "local cluster".
             dask_options.address = local_cluster(
-                dashboard=dashboard).scheduler_address
+                dashboard=dashboard, by_run=True).scheduler_address
         elif dashboard:
             log.warning("--dask_dashboard is for the local cluster dpsynth "
                         "starts; the cluster at --dask_client_address / "

@@ -672,11 +672,12 @@ def _run_pipelines(job: Job, spec: GenerateSpec, options,
 
 
 def _close_dask_cluster() -> None:
-    """Closes this run's local Dask cluster, if one was started (one cluster
-    serves both phases of the adaptive plan; see pipelines/dask_runner.py)."""
+    """Closes the local Dask cluster this run's pipelines started, if any
+    (one cluster serves both phases of the adaptive plan); one the caller
+    started stays up for its next job (see pipelines/dask_runner.py)."""
     dask_runner = sys.modules.get("pipelines.dask_runner")  # never imports
     if dask_runner is not None:
-        dask_runner.close_local_cluster()
+        dask_runner.close_run_cluster()
 
 
 def _run_adaptive(job: Job, spec: GenerateSpec, options,
