@@ -1,5 +1,5 @@
-"""Wall time of one per-class aggregation pass: today's PerClassSum
-(transforms.adaptive's in-place accumulator + noise) vs the same family
+"""Wall time of one per-class aggregation pass: dpsynth's own PerClassSum
+(in-place accumulator + keyed noise, the path before PipelineDP) vs the family
 through PipelineDP (transforms.pipelinedp.ClassSums), same run, alternating
 runs; blocks are generated inside the pipeline (a 'gen' run measures that
 alone). Results: benchmarks/results/pipelinedp.md.
@@ -20,9 +20,8 @@ from apache_beam.pvalue import AsDict
 from dp_ops import plan
 from dp_ops.ledger import Mechanism, PrivacyLedger
 from dp_ops.noise import SeededNoise
-from transforms import adaptive as adaptive_t
 from transforms.aggregate import Block, PerClassSum
-from transforms.pipelinedp import (ClassSums, class_second_moment_family,
+from transforms.pipelinedp import (ClassSums, _FamilyAccumulator, class_second_moment_family,
                                    class_sum_family)
 
 R = 0.7
@@ -59,17 +58,16 @@ def run(mode: str, args) -> float:
         if mode == "gen":
             out = blocks | beam.Map(lambda b: len(b.y))
         elif mode == "today":
-            per_class = args.family != "sum"
+            # dpsynth's own per-class combine and noise (the path before
+            # PipelineDP): one in-place partial per class and bundle.
             sums = blocks | PerClassSum(
-                labels, adaptive_t._ClassMoments(R, per_class),
+                labels, _FamilyAccumulator(fam.partial, fam.name),
                 every_label=False)
-            d = args.dim
+            zero = fam.partial(np.zeros((0, args.dim)))
 
             def noisy(_, s):
-                exact = adaptive_t._exact(s, labels,
-                                          d + d * d if per_class else d)
-                for i, c in enumerate(labels):
-                    v = exact[i, d:].reshape(d, d) if per_class else exact[i]
+                for c in labels:
+                    v = zero if s.get(c) is None else s[c]
                     yield c, fam.release(ledger, noise, plan.name(c, fam.name),
                                          v)
             out = (p | "Once" >> beam.Create([None])

@@ -135,10 +135,12 @@ def test_both_phases_translate_to_the_expected_steps(built):
     phase2 = _transforms(built["docs"]["phase2"])
     for name in ("CountsRead/ListRanges", "CountsRead/SpreadRanges",
                  "CountsRead/ReadBlocks", "Phase1/DPCentre",
-                 "Phase1/ClassCounts", "Phase1/NoiseCounts", "WritePhase1"):
+                 "Phase1/ClassCounts", "Phase1/TotalCounts",
+                 "Phase1/NoisyCounts", "WritePhase1"):
         assert name in phase1, name
     for name in ("PublicCentre", "AdaptiveMixture/MomentsRead/ReadBlocks",
-                 "AdaptiveMixture/ClassMoments/Sum",
+                 "AdaptiveMixture/ClassSums/Partials",
+                 "AdaptiveMixture/ClassSums/Aggregate",
                  "AdaptiveMixture/Phase2Noise", "Sample/RowsToDraw",
                  "Write/SpreadShards", "Write/WriteShards",
                  "Write/WriteSummary"):

@@ -89,7 +89,9 @@ def test_accumulated_second_moments_equal_per_block_partials(tmp_path):
     (exact grid sums), on several files, bundles and small blocks; an empty
     class is still reported."""
     from dp_ops import adaptive, covariance
-    from transforms.adaptive import _ClassMoments
+    from transforms.pipelinedp import (_Concatenated,
+                                       class_second_moment_family,
+                                       class_sum_family)
 
     pattern, _ = _data(tmp_path)
     cfg = GeneratorConfig(labels=(0, 1, 2), cluster_dim=3, tree_depth=3)
@@ -111,7 +113,9 @@ def test_accumulated_second_moments_equal_per_block_partials(tmp_path):
     with TestPipeline(runner="FnApiRunner") as p:
         blocks = p | reader | PrepareBlocks(cfg, reader.dim)
         acc = (pass_blocks(blocks, "A") | "Acc" >> PerClassSum(
-            [0, 1, 2], _ClassMoments(cfg.clip_norm, per_class=True)))
+            [0, 1, 2], _Concatenated(
+                [class_sum_family(cfg.clip_norm),
+                 class_second_moment_family(cfg.clip_norm)], reader.dim)))
         ref = (pass_blocks(blocks, "B")
                | "Ref" >> PerClassSum([0, 1, 2], per_block))
         both = ((p | "Names" >> beam.Create(["accumulated", "per_block"]))
