@@ -49,15 +49,16 @@ class DPMixture(beam.PTransform):
         self._centres, self._noise = centres, noise
         self._blocks = blocks
         self._accountant = accountant
-        # One PipelineDP aggregation per moment field (mechanism family
-        # class=<c>/moments/<field>), fed the exact per-class values.
+        # One PipelineDP aggregation for the moment fields, a custom
+        # combiner (mechanism family class=<c>/moments/<field>) each, fed
+        # the exact per-class values side by side.
         k, labels = cfg.clusters, list(cfg.labels)
         shapes = {"count": (k,), "sum": (k, dim), "sumsq": (k, dim)}
-        self._fields = {
-            f: ClassAggregation(labels, dim, released_family(
-                f"moments/{f}", shapes[f]), ledger, noise, accountant)
-            for f in plan.moment_fields(cfg)}
-        self.aggregations = [a.aggregation for a in self._fields.values()]
+        self._moments = ClassAggregation(
+            labels, dim, [released_family(f"moments/{f}", shapes[f])
+                          for f in plan.moment_fields(cfg)],
+            ledger, noise, accountant)
+        self.aggregations = [self._moments.aggregation]
         if cfg.covariance_rank and cfg.covariance != "shared":
             self._class_covariance = ClassSums(
                 labels, dim, class_second_moment_family(cfg.clip_norm),
@@ -80,23 +81,19 @@ class DPMixture(beam.PTransform):
                  | "ZeroEmpty" >> beam.MapTuple(
                      lambda l, m: (l, m or moments.Moments.zeros(
                          k, d, with_sumsq))))
-        noisy = {}
-        for field, agg in self._fields.items():
-            noisy[field] = (
-                exact
-                | f"Take{field}" >> beam.MapTuple(
-                    lambda l, m, f=field: (l, np.asarray(getattr(m, f),
-                                                         np.float64)))
-                | f"Noise{field}" >> agg)
+        def side_by_side(label, m):
+            return label, np.concatenate([
+                np.asarray(getattr(m, f), np.float64).ravel() for f in fields])
 
-        def to_mixture(kv):
-            label, parts = kv
-            values = {f: parts[f][0] for f in fields}
+        def to_mixture(label, released):
+            values = dict(zip(fields, released))
             return label, generator.mixture(moments.Moments(**values), label,
                                             cfg)
 
-        mixtures = (noisy | "JoinMoments" >> beam.CoGroupByKey()
-                    | "Mixture" >> beam.Map(to_mixture))
+        mixtures = (exact
+                    | "SideBySide" >> beam.MapTuple(side_by_side)
+                    | "NoiseMoments" >> self._moments
+                    | "Mixture" >> beam.MapTuple(to_mixture))
         if not cfg.covariance_rank:
             return mixtures
         if cfg.covariance == "shared":
