@@ -21,7 +21,7 @@ from dp_ops import plan
 from dp_ops.ledger import Mechanism, PrivacyLedger
 from dp_ops.noise import SeededNoise
 from transforms.aggregate import Block, PerClassSum
-from transforms.pipelinedp import (ClassSums, _FamilyAccumulator, class_second_moment_family,
+from transforms.pipelinedp import (ClassSums, _Concatenated, class_second_moment_family,
                                    class_sum_family)
 
 R = 0.7
@@ -61,13 +61,13 @@ def run(mode: str, args) -> float:
             # dpsynth's own per-class combine and noise (the path before
             # PipelineDP): one in-place partial per class and bundle.
             sums = blocks | PerClassSum(
-                labels, _FamilyAccumulator(fam.partial, fam.name),
+                labels, _Concatenated([fam], args.dim),
                 every_label=False)
             zero = fam.partial(np.zeros((0, args.dim)))
 
             def noisy(_, s):
                 for c in labels:
-                    v = zero if s.get(c) is None else s[c]
+                    v = zero if s.get(c) is None else s[c].reshape(zero.shape)
                     yield c, fam.release(ledger, noise, plan.name(c, fam.name),
                                          v)
             out = (p | "Once" >> beam.Create([None])

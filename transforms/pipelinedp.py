@@ -248,7 +248,7 @@ class KeyedSumCombiner(combiners.CustomCombiner):
         label, total = None, None
         for c, part in values:
             label = c
-            if self._piece is not None:  # this family's slice of the value
+            if self._piece is not None:  # this family's slice of a flat value
                 part = self._piece.take(part)
             total = part if total is None else total + part
         return label, total
@@ -298,21 +298,6 @@ class Aggregation:
         return self.report.text()
 
 
-class _FamilyAccumulator(aggregate.Accumulator):
-    """A family's exact partial of a bundle's rows of one class."""
-
-    def __init__(self, partial: Callable[[np.ndarray], np.ndarray],
-                 family: str) -> None:
-        self._partial = partial
-        self.__qualname__ = f"ClassSums[{family}]"  # the stage trace's name
-
-    def zero(self, rows) -> np.ndarray:
-        return self._partial(rows.x[:0])
-
-    def add(self, acc: np.ndarray, rows) -> None:
-        acc += self._partial(rows.x)
-
-
 @dataclasses.dataclass(frozen=True)
 class Piece:
     """Where one family's value sits in a flat concatenation of several."""
@@ -344,9 +329,9 @@ def concatenated_zero(families: Sequence[Family], dim: int) -> np.ndarray:
 class ClassAggregation(beam.PTransform):
     """(label, exact partial) pairs -> (label, released aggregate) for every
     label, through one ``DPEngine.aggregate`` with one custom combiner per
-    mechanism family in ``families`` (one Family, or several whose values
-    come as one flat concatenation, in order: one pass feeds them all; the
-    output is then a tuple of the released values).
+    mechanism family in ``families``: one Family (values of its shape), or
+    several whose values come as one flat concatenation, in order (one pass
+    feeds them all; the output is then a tuple of the released values).
 
     The partials are exact values on the families' public grids (their sum
     is the same bits in any order); a label may come any number of times or
@@ -360,22 +345,19 @@ class ClassAggregation(beam.PTransform):
         self._labels, self._dim = [int(c) for c in labels], dim
         self._single = isinstance(families, Family)
         self._families = [families] if self._single else list(families)
-        places = ([None] if self._single
-                  else pieces(self._families, dim))
         self._combiners = [KeyedSumCombiner(f, self._labels, ledger, noise,
                                             place)
-                           for f, place in zip(self._families, places)]
+                           for f, place in zip(self._families,
+                                               pieces(self._families, dim))]
         self.aggregation = Aggregation(accountant or LedgerAccountant(ledger),
                                        report_generator.ExplainComputationReport())
 
-    def _zero(self) -> np.ndarray:
-        if self._single:
-            return self._families[0].partial(np.zeros((0, self._dim)))
-        return concatenated_zero(self._families, self._dim)
-
     def expand(self, partials):
-        zero, single = self._zero(), self._single
-        keyed = partials | "Keyed" >> beam.MapTuple(lambda c, v: (c, (c, v)))
+        zero = concatenated_zero(self._families, self._dim)
+        single = self._single
+        # one flat value per element (a view for one family's array)
+        keyed = partials | "Keyed" >> beam.MapTuple(
+            lambda c, v: (c, (c, np.ravel(v))))
         # One zero element per label: the accumulator of a class absent
         # from the data then still knows its label (see the module doc).
         seeds = (partials.pipeline | "Labels" >> beam.Create(self._labels)
@@ -400,8 +382,8 @@ class ClassAggregation(beam.PTransform):
 
 
 class _Concatenated(aggregate.Accumulator):
-    """Several families' exact partials of a bundle's rows of one class,
-    side by side in one flat array (accumulated in place)."""
+    """One or more families' exact partials of a bundle's rows of one
+    class, side by side in one flat array (accumulated in place)."""
 
     def __init__(self, families: Sequence[Family], dim: int) -> None:
         self._families, self._dim = list(families), dim
@@ -428,9 +410,8 @@ class ClassSums(beam.PTransform):
                  ledger: PrivacyLedger, noise: NoiseSource,
                  accountant: Optional[LedgerAccountant] = None) -> None:
         super().__init__()
-        self._acc = (_FamilyAccumulator(families.partial, families.name)
-                     if isinstance(families, Family)
-                     else _Concatenated(families, dim))
+        self._acc = _Concatenated(
+            [families] if isinstance(families, Family) else families, dim)
         self._aggregate = ClassAggregation(labels, dim, families, ledger,
                                            noise, accountant)
         self.aggregation = self._aggregate.aggregation
