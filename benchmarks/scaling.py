@@ -146,14 +146,32 @@ def make_files(cache: str, n: int, d: int, files: int, fmt: str,
     if files > chunks:
         raise SystemExit(f"--files {files}: at most {chunks} files at n={n}")
     bounds = np.linspace(0, n, chunks + 1).astype(int)
-    for f, part in enumerate(np.array_split(np.arange(chunks), files)):
-        path = os.path.join(out, f"part-{f:04d}.{EXTENSIONS[fmt]}")
-        parts = (_chunk(n, d, int(i), bounds, centres, classes, comps, seed)
-                 for i in part)
-        _write(path, fmt, parts)
+    jobs = [(os.path.join(out, f"part-{f:04d}.{EXTENSIONS[fmt]}"), fmt,
+             [int(i) for i in part], n, d, bounds, centres, classes, comps,
+             seed)
+            for f, part in enumerate(np.array_split(np.arange(chunks), files))]
+    # One process a file (each file is its own chunks' random streams, so
+    # the bytes do not depend on how many run at once).
+    procs = max(1, min(len(jobs), os.cpu_count() or 1))
+    if procs == 1:
+        for job in jobs:
+            _write_file(*job)
+    else:
+        import concurrent.futures as cf
+        import multiprocessing
+        with cf.ProcessPoolExecutor(
+                procs, mp_context=multiprocessing.get_context("spawn")) as ex:
+            list(ex.map(_write_file, *zip(*jobs)))
     with open(done, "w") as fh:
         fh.write(f"{n} rows, {d} dims, {files} {fmt} files\n")
     return out
+
+
+def _write_file(path: str, fmt: str, chunk_ids: Sequence[int], n: int,
+                d: int, bounds, centres, classes: int, comps: int,
+                seed: int) -> None:
+    _write(path, fmt, (_chunk(n, d, i, bounds, centres, classes, comps, seed)
+                       for i in chunk_ids))
 
 
 def _write(path: str, fmt: str, parts) -> None:
@@ -917,7 +935,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", default=DEFAULT_CACHE)
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--section", default="latest")
-    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--timeout", type=float, default=900,
+                   help="seconds a run may take")
+    p.add_argument("--budget", type=float, default=0,
+                   help="with --workers: seconds for the whole sweep; runs "
+                   "that no longer fit (--min-run) are skipped")
+    p.add_argument("--min-run", type=float, default=20)
     p.add_argument("--nice", type=int, default=10)
     p.add_argument("--max-rss-gb", type=float, default=8.0,
                    help="kill a run whose processes hold more than this")
@@ -1143,47 +1166,81 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
         _dump(result, {"work_s": work, "t0": t0, "cluster_s": cluster,
                        "stages": progress.stage_table(spans),
                        "busy_profile": busy_profile(spans, t0, t0 + work),
-                       "samples": manifest["samples_total"]})
+                       "samples": manifest["samples_total"],
+                       "release_sha256": release_digest(
+                           os.path.join(out, "rel"))})
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
 
+def release_digest(rel: str) -> str:
+    """One sha256 over the release's data files and its Gaussian mixture
+    (names and contents, sorted by name): with a fixed --noise-seed every
+    engine and worker count must give the same digest. The manifest (run
+    id, timestamps) is left out."""
+    import hashlib
+    digest = hashlib.sha256()
+    for root, _, names in sorted(os.walk(rel)):
+        for name in sorted(names):
+            if name.endswith(".json") or name.startswith("."):
+                continue
+            path = os.path.join(root, name)
+            # Paths below the version folder (its name holds the run id).
+            key = os.path.relpath(path, rel).split(os.sep, 1)[-1]
+            digest.update(key.encode() + b"\0")
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 24), b""):
+                    digest.update(chunk)
+    return digest.hexdigest()
+
+
 def run_workers(args: argparse.Namespace, configs: Sequence[str],
                 engines: Sequence[str], workers: Sequence[int]) -> list[dict]:
-    """Every (config, engine, W) on one data set (--dims[0] x --sizes[0])."""
+    """Every (config, W, engine) on one data set (--dims[0] x --sizes[0]),
+    in the order given (W outer, so both engines get each W before the
+    next); with --budget, a run that may not finish in what is left is
+    skipped and reported so."""
+    deadline = time.time() + args.budget if args.budget else None
     d, n = args.dims[0], (args.sizes or [200_000])[0]
     data = (make_data(args.cache, n, d) if args.files is None else
             make_files(args.cache, n, d, args.files, args.format))
     results = []
     for config in configs:
         args.clusters, args.vote = CONFIGS[config]
-        for engine in engines:
-            for w in workers:
-                fd, result = tempfile.mkstemp(suffix=".json")
-                os.close(fd)
-                cmd = [sys.executable, os.path.abspath(__file__), "_workers",
-                       data, result, engine, str(w), *_gen_flags(args)]
-                if args.nice:
-                    cmd = ["nice", "-n", str(args.nice)] + cmd
-                r = measure(cmd, args.timeout, args.max_rss_gb * 2 ** 30)
-                try:
-                    with open(result) as f:
-                        r.update(json.load(f))
-                except (OSError, ValueError):
-                    r["failed"] = True
-                os.remove(result)
-                r.update(d=d, n=n, config=config, engine=engine, workers=w,
-                         flags=" ".join(_gen_flags(args)))
-                results.append(r)
-                if args.save:
-                    with open(args.save, "a") as f:
-                        f.write(json.dumps(r) + "\n")
-                print(f"  {config:8s} {engine:6s} W={w:<3d} job "
-                      f"{r.get('work_s', float('nan')):6.1f} s  wall "
-                      f"{r['wall_s']:6.1f} s  load {_load(r)}  rc={r['rc']}",
-                      flush=True)
-                if r["rc"] != 0 or r.get("failed"):
-                    print(r["log_tail"], flush=True)
+        for w, engine in ((w, e) for w in workers for e in engines):
+            timeout = args.timeout
+            if deadline is not None:
+                timeout = min(timeout, deadline - time.time())
+                if timeout < args.min_run:
+                    print(f"  {config:8s} {engine:6s} W={w:<3d} skipped:"
+                          f" {max(timeout, 0):.0f} s of --budget left",
+                          flush=True)
+                    continue
+            fd, result = tempfile.mkstemp(suffix=".json")
+            os.close(fd)
+            cmd = [sys.executable, os.path.abspath(__file__), "_workers",
+                   data, result, engine, str(w), *_gen_flags(args)]
+            if args.nice:
+                cmd = ["nice", "-n", str(args.nice)] + cmd
+            r = measure(cmd, timeout, args.max_rss_gb * 2 ** 30)
+            try:
+                with open(result) as f:
+                    r.update(json.load(f))
+            except (OSError, ValueError):
+                r["failed"] = True
+            os.remove(result)
+            r.update(d=d, n=n, config=config, engine=engine, workers=w,
+                     flags=" ".join(_gen_flags(args)))
+            results.append(r)
+            if args.save:
+                with open(args.save, "a") as f:
+                    f.write(json.dumps(r) + "\n")
+            print(f"  {config:8s} {engine:6s} W={w:<3d} job "
+                  f"{r.get('work_s', float('nan')):6.1f} s  wall "
+                  f"{r['wall_s']:6.1f} s  load {_load(r)}  rc={r['rc']}",
+                  flush=True)
+            if r["rc"] != 0 or r.get("failed"):
+                print(r["log_tail"], flush=True)
     return results
 
 
@@ -1246,6 +1303,23 @@ def _cluster(r: dict) -> str:
             if c.get("start", 0) + c.get("stop", 0) >= 0.05 else "-")
 
 
+def identity_line(ok: Sequence[dict]) -> str:
+    """Whether each config's releases (fixed --noise-seed) are byte-identical
+    over its engines and worker counts."""
+    parts = []
+    for config in CONFIGS:
+        digests = {r["release_sha256"] for r in ok
+                   if r["config"] == config and r.get("release_sha256")}
+        runs = sum(1 for r in ok if r["config"] == config
+                   and r.get("release_sha256"))
+        if runs:
+            parts.append(f"`{config}`: {runs} runs, " + (
+                "all byte-identical" if len(digests) == 1 else
+                f"{len(digests)} DIFFERENT releases"))
+    return ("Releases (sha256 of data files and mixture): "
+            + "; ".join(parts) + "." if parts else "")
+
+
 def workers_report(results: list[dict], top_share: float = 0.03) -> str:
     """Speed-up table per (config, engine) and the per-stage table of each
     engine's widest run."""
@@ -1267,9 +1341,9 @@ def workers_report(results: list[dict], top_share: float = 0.03) -> str:
              f"running traced work; see `timeline_serial`).", "",
              "| config | engine | W | job s | speed-up | efficiency | "
              "Amdahl f | f from trace | s with 0/1/2.. workers busy | "
-             "cluster s | load |",
+             "cluster s | load | release |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-             "| --- |"]
+             "| --- | --- |"]
     keys = sorted({(r["config"], r["engine"]) for r in ok},
                   key=lambda k: (list(CONFIGS).index(k[0]), k[1]))
     for config, engine in keys:
@@ -1289,7 +1363,9 @@ def workers_report(results: list[dict], top_share: float = 0.03) -> str:
                 f"{'-' if f is None else f'{f:.2f}'} | "
                 f"{'-' if ft is None else f'{ft:.2f}'} | "
                 f"{' / '.join(f'{v:.1f}' for v in prof) or '-'} | "
-                f"{_cluster(runs[w])} | {_load(runs[w])} |")
+                f"{_cluster(runs[w])} | {_load(runs[w])} | "
+                f"{(runs[w].get('release_sha256') or '-')[:12]} |")
+    lines += ["", identity_line(ok)]
     lines += ["", "Per stage (the widest run of each config and engine; "
               "stages with at least "
               f"{100 * top_share:.0f} % of the traced busy time): spans, "

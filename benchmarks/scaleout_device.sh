@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issue 27's 16-core measurement on a machine with no network (the lent
+# device machine): `dpsynth generate` at 2M x 384 (16 .npz files, defaults,
+# eps 4, --output-format parquet, --noise-seed 1) on Dask and DirectRunner
+# with each worker count, through benchmarks/scaling.py --workers (speed-up,
+# efficiency, Amdahl f, per-stage table, release digests).
+#
+#   BUNDLE=.scaleout bash benchmarks/scaleout_device.sh
+#
+# BUNDLE: a git-ignored folder of the checkout with whl/ (the Python 3.12
+# wheels the machine lacks: ../shared/scaleout/wheels.txt plus pipeline-dp,
+# python-dp and dill; see benchmarks/results/scaling-workers.md). Knobs: N,
+# FILES, WORKERS (run order, W outer), ENGINES, CONFIGS, BUDGET_S (the whole
+# sweep, data included; runs that no longer fit are skipped), RUN_TIMEOUT,
+# SECTION, OUT (results: scaling-workers.md, runs.jsonl, log.txt).
+set -uo pipefail
+BUNDLE=${BUNDLE:-.scaleout}; OUT=${OUT:-/tmp/scaleout}; PY=${PY:-python3}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+t0=$(date +%s)
+$PY -m pip install -q --no-index --no-deps --no-cache-dir --upgrade \
+    --target /tmp/site "$BUNDLE"/whl/*.whl || { echo "wheel install failed"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD
+# Imports (and their bytecode) once, before any timed run.
+$PY -c "import apache_beam, dask.distributed, pipeline_dp, dp_accounting, pipelines.generate, pipelines.dask_runner, benchmarks.scaling" \
+    || { echo "import check failed"; exit 1; }
+echo "wheels and imports ready in $(( $(date +%s) - t0 )) s; $(nproc) cores"
+$PY benchmarks/scaling.py --workers "${WORKERS:-16,1,2,4,8}" \
+    --engines "${ENGINES:-dask,direct}" --configs "${CONFIGS:-default}" \
+    --dims 384 --sizes "${N:-2000000}" --files "${FILES:-16}" --format npz \
+    --gen-args "--output-format parquet" --cache /tmp/dpsynth-cache \
+    --out "$OUT/scaling-workers.md" --section "${SECTION:-device}" \
+    --save "$OUT/runs.jsonl" --nice 0 --max-rss-gb 100 \
+    --timeout "${RUN_TIMEOUT:-150}" --budget "${BUDGET_S:-400}" 2>&1 | tee "$OUT/log.txt"
