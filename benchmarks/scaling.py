@@ -160,7 +160,7 @@ def make_files(cache: str, n: int, d: int, files: int, fmt: str,
         import concurrent.futures as cf
         import multiprocessing
         with cf.ProcessPoolExecutor(
-                procs, mp_context=multiprocessing.get_context("spawn")) as ex:
+                procs, mp_context=multiprocessing.get_context("fork")) as ex:
             list(ex.map(_write_file, *zip(*jobs)))
     with open(done, "w") as fh:
         fh.write(f"{n} rows, {d} dims, {files} {fmt} files\n")

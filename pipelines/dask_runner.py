@@ -219,7 +219,8 @@ class _LocalCluster:
                 n_workers=workers, threads_per_worker=1, processes=True,
                 host="127.0.0.1", dashboard_address=dashboard,
                 local_directory=self.directory,
-                scheduler_kwargs=_scheduler_kwargs(self.directory, dashboard))
+                scheduler_kwargs=_scheduler_kwargs(self.directory, dashboard),
+                preload=["pipelines.dask_preload"])
         except BaseException:
             shutil.rmtree(self.directory, ignore_errors=True)
             raise

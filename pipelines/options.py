@@ -57,6 +57,8 @@ def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
         i = argv.index("--runner")
         del argv[i:i + 2]
     argv.append("--runner=FnApiRunner")
+    from pipelines import direct_runner
+    direct_runner.install()  # cuts costs that grow with the worker count
     if "direct_running_mode" not in joined:
         workers = all_opts.get("direct_num_workers") or 1
         mode = "multi_processing" if workers > 1 else "in_memory"

@@ -1,0 +1,118 @@
+"""DirectRunner with several worker processes: two costs of Beam's
+FnApiRunner (2.77) that grow with ``--direct_num_workers``, cut.
+
+Measured on a 16-core machine (2M x 384, the default job, 16 workers;
+benchmarks/results/scaling-workers.md "16 cores"): 30 of the job's 37.6 s
+ran no dpsynth work, against 12 of 69.7 s with one worker.
+
+* Shutdown. At the end of every pipeline run Beam closes its worker
+  handlers one after another, each waiting for its worker process to exit
+  (interpreter teardown, ~0.4 s): W x 0.4 s per pipeline, and the adaptive
+  plan runs two. ``close_all`` below closes them all at once.
+* Empty bundles. Every stage is cut into W bundles, one per worker, even a
+  stage fed one element (an Impulse, a global combine's result): W - 1
+  process-bundle round trips through the runner that do nothing, for each
+  of the job's ~35 stages. ``process_bundle`` below runs only the parts
+  that hold input (always the first, which also takes the timers), so a
+  small stage costs one round trip and a large one still runs on every
+  worker.
+
+Neither changes what a stage computes: how a stage's input is cut into
+bundles is the runner's choice, and a release is byte-identical across
+worker counts (tests/test_direct_runner.py checks both patches).
+``install()`` is called by ``pipelines.options.beam_options`` for the local
+runner, in the submitting process (the runner side; workers are untouched).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_installed = False
+
+
+def install() -> None:
+    """Patches Beam's FnApiRunner once per process (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    from apache_beam.runners.portability.fn_api_runner import (
+        fn_runner, worker_handlers)
+    worker_handlers.WorkerHandlerManager.close_all = close_all
+    fn_runner.ParallelBundleManager.process_bundle = process_bundle
+    _installed = True
+
+
+def close_all(self) -> None:
+    """``WorkerHandlerManager.close_all``, closing the handlers (and so
+    waiting for their worker processes to exit) concurrently."""
+    handlers = {h for hs in self._cached_handlers.values() for h in hs}
+    if handlers:
+        with concurrent.futures.ThreadPoolExecutor(len(handlers)) as pool:
+            for handler, error in zip(handlers, pool.map(_close, handlers)):
+                if error is not None:
+                    log.error("Error closing worker_handler %s", handler,
+                              exc_info=error)
+    self._cached_handlers.clear()
+    self._workers_by_id = {}
+    if self._grpc_server is not None:
+        self._grpc_server.close()
+        self._grpc_server = None
+
+
+def _close(handler: Any) -> BaseException | None:
+    try:
+        handler.close()
+    except Exception as err:  # logged by the caller, as Beam does
+        return err
+    return None
+
+
+def has_input(part: dict) -> bool:
+    """Whether one bundle's inputs (name -> encoded chunks) hold any data."""
+    return any(any(len(chunk) for chunk in chunks) for chunks in part.values())
+
+
+def process_bundle(self, inputs, expected_outputs, fired_timers,
+                   expected_output_timers, dry_run=False):
+    """``ParallelBundleManager.process_bundle`` that skips the parts with no
+    input (Beam's cuts the input into W parts and runs every one)."""
+    from apache_beam.metrics import monitoring_infos
+    from apache_beam.portability.api import beam_fn_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.utils import thread_pool_executor
+
+    parts: list[dict] = [{} for _ in range(self._num_workers)]
+    for name, buffer in inputs.items():
+        for ix, chunks in enumerate(buffer.partition(self._num_workers)):
+            parts[ix][name] = chunks
+    run = [0] + [ix for ix in range(1, len(parts)) if has_input(parts[ix])]
+
+    def execute(ix: int):
+        manager = fn_runner.BundleManager(
+            self.bundle_context_manager, self._progress_frequency,
+            cache_token_generator=self._cache_token_generator)
+        return manager.process_bundle(
+            parts[ix], expected_outputs, fired_timers if ix == 0 else {},
+            expected_output_timers, dry_run)
+
+    merged, splits = None, []
+    with thread_pool_executor.shared_unbounded_instance() as pool:
+        for result, split in pool.map(execute, run):
+            splits += split
+            if merged is None:
+                merged = result
+                continue
+            merged = beam_fn_api_pb2.InstructionResponse(
+                process_bundle=beam_fn_api_pb2.ProcessBundleResponse(
+                    monitoring_infos=monitoring_infos.consolidate(
+                        itertools.chain(
+                            result.process_bundle.monitoring_infos,
+                            merged.process_bundle.monitoring_infos))),
+                error=result.error or merged.error)
+    return merged, splits

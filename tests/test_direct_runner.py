@@ -1,0 +1,103 @@
+"""pipelines.direct_runner: Beam's FnApiRunner with several workers closes
+its workers at once and runs no empty bundles; what stages compute does
+not change (the release's byte identity across worker counts is
+tests/test_determinism.py, which runs through these patches)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import apache_beam as beam
+from pipelines import direct_runner
+from pipelines.options import beam_options
+
+
+class _Handler:
+    def __init__(self, delay: float, fail: bool = False) -> None:
+        self.delay, self.fail, self.closed = delay, fail, False
+
+    def close(self) -> None:
+        time.sleep(self.delay)
+        self.closed = True
+        if self.fail:
+            raise RuntimeError("worker gone")
+
+
+class _Server:
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Manager:
+    close_all = direct_runner.close_all
+
+    def __init__(self, handlers) -> None:
+        self._cached_handlers = {"env": list(handlers)}
+        self._workers_by_id = {"w": handlers[0]}
+        self._grpc_server = _Server()
+
+
+def test_workers_are_closed_at_once_and_errors_are_logged(caplog):
+    handlers = [_Handler(0.4) for _ in range(7)] + [_Handler(0.4, fail=True)]
+    manager = _Manager(handlers)
+    server = manager._grpc_server
+    t0 = time.perf_counter()
+    manager.close_all()
+    took = time.perf_counter() - t0
+    assert all(h.closed for h in handlers)
+    assert took < 0.4 * len(handlers) / 2  # sequential would take 3.2 s
+    assert "Error closing worker_handler" in caplog.text
+    assert server.closed and manager._grpc_server is None
+    assert not manager._cached_handlers and not manager._workers_by_id
+
+
+def test_has_input():
+    assert not direct_runner.has_input({})
+    assert not direct_runner.has_input({"a": [], "b": [b""]})
+    assert direct_runner.has_input({"a": [b""], "b": [b"x"]})
+
+
+class _Bundles(beam.DoFn):
+    """Appends one line per bundle that this DoFn's stage runs."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def finish_bundle(self) -> None:
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+    def process(self, x):
+        yield x
+
+
+def test_one_element_stage_runs_one_bundle_large_stage_every_worker(
+        tmp_path, monkeypatch):
+    here = os.path.dirname(os.path.abspath(__file__))  # workers unpickle
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(  # _Bundles from here
+        [here] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    options = beam_options(["--direct_num_workers", "2",
+                            "--direct_running_mode", "multi_processing"])
+    small, large = tmp_path / "small.txt", tmp_path / "large.txt"
+    with beam.Pipeline(options=options) as p:
+        _ = (p | "One" >> beam.Create(["only"])
+             | "Small" >> beam.ParDo(_Bundles(str(small))))
+        _ = (p | "Many" >> beam.Create(list(range(64)))
+             | beam.Reshuffle()
+             | "Large" >> beam.ParDo(_Bundles(str(large))))
+    assert len(small.read_text().split()) == 1  # Beam's would run 2
+    assert len(set(large.read_text().split())) == 2  # both workers
+
+
+def test_install_is_idempotent():
+    from apache_beam.runners.portability.fn_api_runner import (
+        fn_runner, worker_handlers)
+    direct_runner.install()
+    direct_runner.install()
+    assert (worker_handlers.WorkerHandlerManager.close_all
+            is direct_runner.close_all)
+    assert (fn_runner.ParallelBundleManager.process_bundle
+            is direct_runner.process_bundle)
