@@ -1167,6 +1167,7 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
                        "stages": progress.stage_table(spans),
                        "busy_profile": busy_profile(spans, t0, t0 + work),
                        "samples": manifest["samples_total"],
+                       "cores": os.cpu_count(),
                        "release_sha256": release_digest(
                            os.path.join(out, "rel"))})
     finally:
@@ -1333,7 +1334,8 @@ def workers_report(results: list[dict], top_share: float = 0.03) -> str:
              f"the adaptive plan with their SDK-worker starts, staging, "
              f"publish); a Dask LocalCluster is started before and stopped "
              f"after it, timed apart (cluster s = start / stop). "
-             f"Machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}); "
+             f"Machine: {first.get('cores') or os.cpu_count()} cores "
+             f"({platform.processor() or platform.machine()}); "
              f"load = 1-min load average before / after the run (shared "
              f"machine). Amdahl f = (W/S - 1)/(W - 1) from the job times "
              f"(W = 2: 2/S(2) - 1); f from trace: the same from one run's "
