@@ -198,9 +198,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ops.add_argument("--block-size", type=int, default=4096,
                      help="rows per numpy block moved between stages")
     ops.add_argument("--split-bytes", type=int, default=SPLIT_BYTES,
-                     help="TFRecord/Parquet files are read in byte ranges "
-                     "of this size, spread over the workers (default 64 "
-                     "MiB); .npz files are read whole")
+                     help="input files are read in byte ranges of this "
+                     "size, spread over the workers (default 64 MiB); a "
+                     "compressed .npz is read whole")
     ops.add_argument("--materialise-blocks", action="store_true",
                      help="read the input once and keep the blocks in the "
                      "runner between passes (default: every pass re-reads "

@@ -51,6 +51,8 @@ def releases(tmp_path_factory):
         "two-workers": [single, "--direct_num_workers", 2,
                         "--direct_running_mode", "multi_processing",
                         "--block-size", 64],
+        "npz-ranges": [single, "--split-bytes", 4000, "--direct_num_workers",
+                       2, "--direct_running_mode", "multi_processing"],
         "split-a": [split_a, "--block-size", 37],
         "split-b": [split_b, "--block-size", 100],
         "other-noise-seed": [single, "--noise-seed", 12],
@@ -80,7 +82,8 @@ def test_release_has_several_shards_and_a_gmm(releases):
         "class00000", "class00001", "class00002"}
 
 
-@pytest.mark.parametrize("other", ["two-workers", "split-a", "split-b"])
+@pytest.mark.parametrize("other", ["two-workers", "npz-ranges", "split-a",
+                                   "split-b"])
 def test_byte_identical_across_workers_block_sizes_and_file_splits(releases,
                                                                    other):
     ref = release_bytes(releases["one-worker"])

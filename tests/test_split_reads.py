@@ -1,4 +1,4 @@
-"""Split reads: TFRecord and Parquet files read as byte ranges give exactly
+"""Split reads: TFRecord, Parquet and .npz files read as byte ranges give exactly
 the rows of a whole-file read, whatever the range size; a record payload
 that looks like a record cannot shift a split; errors in a range that
 starts inside a file name the record's byte offset. (One file read by two
@@ -60,12 +60,64 @@ def test_ranges_hold_exactly_the_rows_of_the_file(tmp_path, fmt):
         np.testing.assert_array_equal(got[1], whole[1])
 
 
-def test_npz_is_always_read_whole(tmp_path):
-    path = tmp_path / "a.npz"
-    np.savez(path, embeddings=np.ones((100, 3)), labels=np.zeros(100, int))
-    spec = io.InputSpec(str(path), split_bytes=10)
-    assert io.file_ranges(str(path), os.path.getsize(path), spec) == [
-        io.FileRange(str(path))]
+@pytest.mark.parametrize("dtype", ["<f4", ">f8"])
+def test_npz_ranges_hold_exactly_the_rows_of_the_file(tmp_path, dtype):
+    """A stored .npz (numpy.savez) is cut into ranges like the other
+    formats: every row is read once, whatever the range size, also ranges
+    smaller than a row or inside the zip headers."""
+    x, y = gmm_data(600, d=5, classes=3, seed=3)
+    path = str(tmp_path / "a.npz")
+    np.savez(path, embeddings=x.astype(dtype), labels=y)
+    size = os.path.getsize(path)
+    whole = _rows([io.FileRange(path)], io.InputSpec(path, block_size=64))
+    for split in (7, 331, size // 3, size - 1):
+        spec = io.InputSpec(path, block_size=64, split_bytes=split)
+        ranges = io.file_ranges(path, size, spec)
+        assert len(ranges) == -(-size // split)
+        got = _rows(ranges, spec)
+        np.testing.assert_array_equal(got[0], whole[0])
+        np.testing.assert_array_equal(got[1], whole[1])
+
+
+def test_compressed_npz_is_read_whole_by_its_first_range(tmp_path):
+    x, y = gmm_data(300, d=4, classes=2, seed=1)
+    path = str(tmp_path / "c.npz")
+    np.savez_compressed(path, embeddings=x, labels=y)
+    spec = io.InputSpec(path, block_size=50, split_bytes=500)
+    ranges = io.file_ranges(path, os.path.getsize(path), spec)
+    assert len(ranges) > 1
+    per_range = [list(io.read_range_blocks(r, spec)) for r in ranges]
+    assert sum(len(b[0]) for b in per_range[0]) == 300
+    assert all(not blocks for blocks in per_range[1:])
+
+
+def test_npz_range_errors_name_the_file_row(tmp_path):
+    x = np.ones((600, 4), np.float32)
+    x[470, 2] = np.nan
+    path = str(tmp_path / "n.npz")
+    np.savez(path, embeddings=x, labels=np.zeros(600, np.int64))
+    size = os.path.getsize(path)
+    spec = io.InputSpec(path, split_bytes=size // 2)
+    first, second = io.file_ranges(path, size, spec)[:2]
+    assert sum(len(b[0]) for b in io.read_range_blocks(first, spec)) < 470
+    with pytest.raises(io.InputError, match=r"n.npz: row 470 has NaN"):
+        list(io.read_range_blocks(second, spec))
+
+
+def test_npz_range_refuses_mismatched_or_truncated_arrays(tmp_path):
+    path = str(tmp_path / "m.npz")
+    np.savez(path, embeddings=np.ones((10, 3)), labels=np.zeros(9, int))
+    r = io.FileRange(path, 1, 2000)
+    spec = io.InputSpec(path, split_bytes=100)
+    with pytest.raises(io.InputError, match=r"m.npz: 'labels' must be 1-D "
+                       r"with 10 rows"):
+        list(io.read_range_blocks(r, spec))
+    short = str(tmp_path / "t.npz")
+    np.savez(short, embeddings=np.ones((100, 3)), labels=np.zeros(100, int))
+    data = open(short, "rb").read()
+    open(short, "wb").write(data[:len(data) // 2])
+    with pytest.raises(io.InputError, match=r"t.npz: "):
+        list(io.read_range_blocks(io.FileRange(short, 1, None), spec))
 
 
 def _frame(payload: bytes) -> bytes:

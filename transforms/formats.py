@@ -7,7 +7,7 @@ fraction of a second).
 
 # Input embeddings (transforms.io).
 FORMATS = ("npz", "tfrecord", "parquet")
-SPLIT_BYTES = 64 << 20  # TFRecord / Parquet files are read in ranges of this
+SPLIT_BYTES = 64 << 20  # input files are read in ranges of this
 NON_FINITE_POLICIES = ("reject", "drop")
 # Release data shards (transforms.write).
 OUTPUT_FORMATS = ("tfrecord", "parquet")

@@ -1,9 +1,9 @@
 """Readers and writers for labelled embeddings: .npz, TFRecord, Parquet.
 
 All file access goes through Beam's FileSystems, so local paths and gs:// work
-the same. Files are read in workers, one byte range per element (TFRecord and
-Parquet files are split into ``--split-bytes`` ranges, so one large file is
-read by every worker; an .npz file is always read whole), and yield numpy
+the same. Files are read in workers, one byte range per element (a file larger than
+``--split-bytes`` is split into ranges of that size, so one large file is
+read by every worker; a compressed .npz is read whole), and yield numpy
 blocks ``(x [b, d] float64, y [b] int64)``; nothing collects the dataset.
 Block boundaries do not change the release: every sum is exact fixed-point.
 
@@ -134,7 +134,7 @@ def _npz_arrays(path: str, spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ------------------------------------------------------------ file ranges
-# A large TFRecord or Parquet file is read as several byte ranges, one Beam
+# A large input file is read as several byte ranges, one Beam
 # element each, so its rows spread over every worker. The ranges are listed
 # when the graph is built, from file sizes (Parquet: row groups are placed
 # by the footer when read) and, for a TFRecord file larger than one range,
@@ -149,8 +149,9 @@ def _npz_arrays(path: str, spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
 class FileRange:
     """Bytes [start, stop) of one input file (stop None: to its end).
 
-    A TFRecord record or a Parquet row group belongs to the range that
-    holds its first byte; .npz files are always one whole-file range. A
+    A TFRecord record, a Parquet row group or an .npz row belongs to the
+    range that holds its first byte (a compressed .npz: all to the first
+    range). A
     TFRecord range's start and stop are record boundaries, found by
     ``file_ranges`` walking the file's records from its start.
     """
@@ -171,7 +172,7 @@ def file_ranges(path: str, size: int, spec: InputSpec) -> list[FileRange]:
     a TFRecord range runs from the first record starting in its piece to
     the next range's: the same records for every ``--split-bytes``)."""
     fmt = detect_format(path, spec.fmt)
-    if fmt == "npz" or size <= spec.split_bytes:
+    if size <= spec.split_bytes:
         return [FileRange(path)]
     starts = list(range(0, size, spec.split_bytes))
     if fmt == "tfrecord":  # the first record starting in each piece
@@ -654,11 +655,121 @@ def _npz_blocks(path: str, spec: InputSpec
         yield Rows(s), x[s:s + spec.block_size], y[s:s + spec.block_size]
 
 
+# An .npz written by numpy.savez stores each array uncompressed (zip
+# "stored"), so row i of 'embeddings' sits at a fixed byte offset and a
+# large file is read in ranges like TFRecord and Parquet files. A whole-file
+# range still goes through numpy.load, which also checks the zip's CRC; a
+# range inside the file reads its rows' bytes directly (shapes, dtypes and
+# every value are checked as for any block, not the CRC, which needs the
+# whole member). A compressed .npz (numpy.savez_compressed) cannot be cut:
+# its first range reads it whole, the others nothing.
+
+@dataclasses.dataclass(frozen=True)
+class NpyArray:
+    """One array stored uncompressed in an .npz: where its first element
+    sits in the file, its shape and its dtype."""
+
+    offset: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def npz_stored_arrays(f, path: str) -> Optional[dict[str, NpyArray]]:
+    """'embeddings' and 'labels' of an open .npz file when both are stored
+    uncompressed in C order; None otherwise (compressed, Fortran order, or
+    missing: the whole-file reader then reads or refuses the file)."""
+    try:
+        with zipfile.ZipFile(f) as z:
+            found = {}
+            for name in ("embeddings", "labels"):
+                info = z.NameToInfo.get(f"{name}.npy")
+                if info is None or info.compress_type != zipfile.ZIP_STORED:
+                    return None
+                with z.open(info) as member:
+                    shape, fortran, dtype = _npy_header(member)
+                    header = member.tell()
+                if fortran or dtype.hasobject:
+                    return None
+                found[name] = NpyArray(_member_data_offset(f, info) + header,
+                                       tuple(shape), dtype)
+            return found
+    except (zipfile.BadZipFile, ValueError, OSError, struct.error) as err:
+        raise InputError(f"{path}: not a readable .npz ({err})") from None
+
+
+def _npy_header(member):
+    version = np.lib.format.read_magic(member)
+    read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+            else np.lib.format.read_array_header_2_0)
+    return read(member)
+
+
+def _member_data_offset(f, info: zipfile.ZipInfo) -> int:
+    """Where a zip member's data start: after its local header, whose name
+    and extra fields (zip64 sizes) may differ in length from the central
+    directory's."""
+    f.seek(info.header_offset)
+    local = f.read(30)
+    if local[:4] != b"PK\x03\x04":
+        raise ValueError("bad local file header")
+    name_len, extra_len = struct.unpack("<HH", local[26:30])
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def _npz_range_blocks(r: FileRange, spec: InputSpec
+                      ) -> Iterator[tuple[Rows, np.ndarray, np.ndarray]]:
+    """The rows of an .npz whose first byte lies in [r.start, r.stop)."""
+    with _open(r.path) as f:
+        arrays = npz_stored_arrays(f, r.path)
+        if arrays is None:  # compressed: the first range reads it whole
+            if r.start == 0:
+                yield from _npz_blocks(r.path, spec)
+            return
+        emb, lab = arrays["embeddings"], arrays["labels"]
+        if len(emb.shape) != 2 or emb.shape[1] < 1:
+            raise InputError(f"{r.path}: 'embeddings' must be 2-D [n, d], "
+                             f"got shape {emb.shape}")
+        n, d = emb.shape
+        if lab.shape != (n,):
+            raise InputError(f"{r.path}: 'labels' must be 1-D with {n} "
+                             f"rows, got shape {lab.shape}")
+        row_bytes = d * emb.dtype.itemsize
+        first, last = (_first_row_at(b, emb.offset, row_bytes, n)
+                       for b in (r.start, r.stop))
+        if n == 0 and r.start == 0:  # its width is still checked
+            yield Rows(0), np.empty((0, d), emb.dtype), np.empty(0, lab.dtype)
+        for s in range(first, last, spec.block_size):
+            e = min(s + spec.block_size, last)
+            x = _read_rows(f, emb, s, e, r.path).reshape(e - s, d)
+            yield Rows(s), x, _read_rows(f, lab, s, e, r.path)
+
+
+def _first_row_at(byte: Optional[int], offset: int, row_bytes: int,
+                  n: int) -> int:
+    """The first row whose first byte is at or after ``byte`` (None: n)."""
+    if byte is None:
+        return n
+    return min(n, max(0, -(-(byte - offset) // row_bytes)))
+
+
+def _read_rows(f, array: NpyArray, start: int, stop: int,
+               path: str) -> np.ndarray:
+    per_row = array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=int))
+    f.seek(array.offset + start * per_row)
+    data = f.read((stop - start) * per_row)
+    if len(data) != (stop - start) * per_row:
+        raise InputError(f"{path}: the file ends inside row {start}..{stop - 1}"
+                         f" (truncated .npz)")
+    return np.frombuffer(data, array.dtype)
+
+
 def _raw_blocks(r: FileRange, spec: InputSpec
                 ) -> Iterator[tuple[Rows, np.ndarray, np.ndarray]]:
     fmt = detect_format(r.path, spec.fmt)
-    if fmt == "npz":
+    if fmt == "npz" and (r.start, r.stop) == (0, None):
         yield from _npz_blocks(r.path, spec)
+    elif fmt == "npz":
+        yield from _npz_range_blocks(r, spec)
     elif fmt == "parquet":
         yield from _parquet_blocks(r, spec)
     else:
@@ -823,10 +934,7 @@ def _npz_header_dim(f) -> Optional[int]:
         if "labels.npy" not in z.namelist():
             return None
         with z.open("embeddings.npy") as member:
-            version = np.lib.format.read_magic(member)
-            read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                    else np.lib.format.read_array_header_2_0)
-            shape, _, dtype = read(member)
+            shape, _, dtype = _npy_header(member)
     if len(shape) != 2 or shape[1] < 1 or dtype.kind not in "biuf":
         return None
     return int(shape[1])
@@ -917,10 +1025,10 @@ class ReadEmbeddingBlocks(beam.PTransform):
     the graph is built, so a missing input fails before the pipeline
     starts; the graph itself holds only the pattern (a service that keeps
     the job graph, like Dataflow, never sees the private file names): the
-    read ranges (``file_ranges``: TFRecord and Parquet files in
-    ``spec.split_bytes`` pieces, .npz whole) are listed by a worker. Each
-    range is one element, spread over the workers: one large file is read
-    by all of them.
+    read ranges (``file_ranges``: files in ``spec.split_bytes`` pieces, a
+    compressed .npz whole) are listed by a worker. Each range is one
+    element, spread over the workers: one large file is read by all of
+    them.
     ``dim`` (public configuration, ``--embedding-dim``) skips reading the
     dimension from the input: every row is checked against it, and an
     input with no rows is still a valid (empty) dataset. Without it the
