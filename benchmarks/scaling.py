@@ -566,8 +566,15 @@ def run_mode(mode: str, data: str, args: argparse.Namespace) -> dict:
         if mode.endswith("-reread"):
             extra.append("--reread")
         cmd = me + ["_beam", data, result, *flags, *extra]
+    return run_child(cmd, result, args, args.timeout)
+
+
+def run_child(cmd: list[str], result: str, args: argparse.Namespace,
+              timeout: float) -> dict:
+    """Runs one measured child (at --nice) that writes its JSON to
+    ``result``; its measurements plus that JSON (``failed`` if none)."""
     cmd = ["nice", "-n", str(args.nice)] + cmd if args.nice else cmd
-    stats = measure(cmd, args.timeout, args.max_rss_gb * 2 ** 30)
+    stats = measure(cmd, timeout, args.max_rss_gb * 2 ** 30)
     try:
         with open(result) as f:
             stats.update(json.load(f))
@@ -1221,15 +1228,7 @@ def run_workers(args: argparse.Namespace, configs: Sequence[str],
             os.close(fd)
             cmd = [sys.executable, os.path.abspath(__file__), "_workers",
                    data, result, engine, str(w), *_gen_flags(args)]
-            if args.nice:
-                cmd = ["nice", "-n", str(args.nice)] + cmd
-            r = measure(cmd, timeout, args.max_rss_gb * 2 ** 30)
-            try:
-                with open(result) as f:
-                    r.update(json.load(f))
-            except (OSError, ValueError):
-                r["failed"] = True
-            os.remove(result)
+            r = run_child(cmd, result, args, timeout)
             r.update(d=d, n=n, config=config, engine=engine, workers=w,
                      flags=" ".join(_gen_flags(args)))
             results.append(r)

@@ -50,8 +50,15 @@ def test_ranges_hold_exactly_the_rows_of_the_file(tmp_path, fmt):
     path = (_tfrecord(tmp_path / "a.tfrecord", x, y) if fmt == "tfrecord"
             else _parquet(tmp_path / "a.parquet", x, y, row_group_size=50))
     size = os.path.getsize(path)
+    _assert_ranges_hold_the_file(path, (331, size // 3, size))
+
+
+def _assert_ranges_hold_the_file(path: str, splits) -> None:
+    """Every split size cuts the file into ceil(size / split) ranges that
+    together hold exactly the rows of a whole-file read."""
+    size = os.path.getsize(path)
     whole = _rows([io.FileRange(path)], io.InputSpec(path, block_size=64))
-    for split in (331, size // 3, size):
+    for split in splits:
         spec = io.InputSpec(path, block_size=64, split_bytes=split)
         ranges = io.file_ranges(path, size, spec)
         assert len(ranges) == -(-size // split)
@@ -69,14 +76,7 @@ def test_npz_ranges_hold_exactly_the_rows_of_the_file(tmp_path, dtype):
     path = str(tmp_path / "a.npz")
     np.savez(path, embeddings=x.astype(dtype), labels=y)
     size = os.path.getsize(path)
-    whole = _rows([io.FileRange(path)], io.InputSpec(path, block_size=64))
-    for split in (7, 331, size // 3, size - 1):
-        spec = io.InputSpec(path, block_size=64, split_bytes=split)
-        ranges = io.file_ranges(path, size, spec)
-        assert len(ranges) == -(-size // split)
-        got = _rows(ranges, spec)
-        np.testing.assert_array_equal(got[0], whole[0])
-        np.testing.assert_array_equal(got[1], whole[1])
+    _assert_ranges_hold_the_file(path, (7, 331, size // 3, size - 1))
 
 
 def test_compressed_npz_is_read_whole_by_its_first_range(tmp_path):
