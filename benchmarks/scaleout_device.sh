@@ -7,9 +7,15 @@
 #
 #   BUNDLE=.scaleout bash benchmarks/scaleout_device.sh
 #
-# BUNDLE: a git-ignored folder of the checkout with whl/ (the Python 3.12
-# wheels the machine lacks: ../shared/scaleout/wheels.txt plus pipeline-dp,
-# python-dp and dill; see benchmarks/results/scaling-workers.md). Knobs: N,
+# BUNDLE: a git-ignored folder of the checkout with whl/, the Python 3.12
+# wheels the machine lacks, made here with network:
+#   echo /.scaleout/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_28_x86_64 \
+#     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     --platform manylinux1_x86_64 -d .scaleout/whl \
+#     $(cat ../shared/scaleout/wheels.txt) pipeline-dp==0.3.1 python-dp==1.1.5 dill==0.4.1
+# (about 40 MB; carried to the machine with the checkout). Knobs: N,
 # FILES, WORKERS (run order, W outer), ENGINES, CONFIGS, BUDGET_S (the whole
 # sweep, data included; runs that no longer fit are skipped), RUN_TIMEOUT,
 # SECTION, OUT (results: scaling-workers.md, runs.jsonl, log.txt).
