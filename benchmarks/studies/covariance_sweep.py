@@ -425,7 +425,7 @@ NOTES = """\
   (+1.62 / +2.05 points; subspace within 0.3 at eps 1-2). On
   k10-n5000-d1280-own, whose public inputs are the same (K = 10, d =
   1280, n_typ 4,990 against 4,490, same eps and delta), per-class is the
-  worst mode by 23-42 points and the subspace best at eps 4 / 8 (+0.90 /
+  worst mode by 26-42 points and the subspace best at eps 4 / 8 (+0.90 /
   +2.86); on k10-n5000-d1280-class shared is best (subspace +0.04 at eps
   4). No rule of (eps, delta, d, K, counts) picks per-class on the first
   and not on the second: ``--fit --require cifar10-full,
