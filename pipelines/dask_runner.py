@@ -135,8 +135,11 @@ def _step_name(invoker_args) -> str:
     name = getattr(named, "__qualname__", None) or type(named).__name__
     code = getattr(named, "__code__", None)
     if name.endswith("<lambda>") and code is not None:
-        # every Map(lambda) would share one name: say which one
-        name += f"@{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+        # every Map(lambda) would share one name: say which one (by module:
+        # a function pickled by value may carry no file name)
+        module = getattr(named, "__module__", None) or os.path.basename(
+            code.co_filename)
+        name += f"@{module}:{code.co_firstlineno}"
     return name.replace(".<locals>", "")
 
 
