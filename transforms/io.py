@@ -1,11 +1,12 @@
 """Readers and writers for labelled embeddings: .npz, TFRecord, Parquet.
 
 All file access goes through Beam's FileSystems, so local paths and gs:// work
-the same. Files are read in workers, one byte range per element (a file larger than
-``--split-bytes`` is split into ranges of that size, so one large file is
-read by every worker; a compressed .npz is read whole), and yield numpy
-blocks ``(x [b, d] float64, y [b] int64)``; nothing collects the dataset.
-Block boundaries do not change the release: every sum is exact fixed-point.
+the same. Files are read in workers, one byte range per element (a file
+larger than ``--split-bytes`` is split into ranges of that size, so one
+large file is read by every worker; a compressed .npz is read whole), and
+yield numpy blocks ``(x [b, d] float64, y [b] int64)``; nothing collects
+the dataset. Block boundaries do not change the release: every sum is exact
+fixed-point.
 
 Every block is validated where the file and row are known, so a bad input
 fails the run with an error naming them (and nothing is published). Error
@@ -134,8 +135,8 @@ def _npz_arrays(path: str, spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ------------------------------------------------------------ file ranges
-# A large input file is read as several byte ranges, one Beam
-# element each, so its rows spread over every worker. The ranges are listed
+# A large input file is read as several byte ranges, one Beam element
+# each, so its rows spread over every worker. The ranges are listed
 # when the graph is built, from file sizes (Parquet: row groups are placed
 # by the footer when read) and, for a TFRecord file larger than one range,
 # one walk over its record headers (``_record_boundaries``), and spread
@@ -151,9 +152,8 @@ class FileRange:
 
     A TFRecord record, a Parquet row group or an .npz row belongs to the
     range that holds its first byte (a compressed .npz: all to the first
-    range). A
-    TFRecord range's start and stop are record boundaries, found by
-    ``file_ranges`` walking the file's records from its start.
+    range). A TFRecord range's start and stop are record boundaries, found
+    by ``file_ranges`` walking the file's records from its start.
     """
 
     path: str
