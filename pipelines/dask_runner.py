@@ -17,6 +17,9 @@ rewrites all of them to ``pipelines.dask_runner.DaskRunner``). Needs the
   several jobs) is the caller's: jobs use it and leave it running until
   ``close_local_cluster()`` (also run at exit). That is for trying the
   runner; a real deployment runs ``dask scheduler`` / ``dask worker``.
+* The local cluster's workers import the modules dpsynth's tasks unpickle
+  as they start (``pipelines/dask_preload.py``, distributed's ``preload``),
+  not inside the job's first task on every worker at once.
 * Dask's loggers follow Beam's (``distributed`` sets its own to INFO when
   it is imported): quiet unless ``dpsynth generate --verbose``.
 * Upstream bug workaround (Beam 2.77, see deploy/README.md "Dask"): Beam's
