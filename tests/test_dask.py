@@ -238,8 +238,8 @@ FLAGS = ["--num-classes", 3, "--clusters", 4, "--accountant", "rdp",
 
 def test_k_means_and_vote_filter_on_several_files(scheduler, several_files,
                                                   tmp_path):
-    """Dask with the TFRecord file split in 7 ranges == DirectRunner
-    reading every file whole (same --noise-seed)."""
+    """Dask with the TFRecord file split in 7 ranges and each .npz in 2 ==
+    DirectRunner reading every file whole (same --noise-seed)."""
     flags = [*FLAGS, "--input", several_files, "--vote-filter",
              "--vote-threshold", 2, "--noise-seed", 11]
     _generate(tmp_path / "direct", *flags)

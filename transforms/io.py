@@ -640,15 +640,21 @@ def _block_of(pieces: list, path: str, spec: InputSpec
 
 # ---------------------------------------------------------------------- npz
 
+def _check_npz_shapes(path: str, x_shape: tuple, y_shape: tuple,
+                      min_width: int = 0) -> None:
+    """'embeddings' [n, d] (d >= min_width) and 'labels' [n]."""
+    if len(x_shape) != 2 or x_shape[1] < min_width:
+        raise InputError(f"{path}: 'embeddings' must be 2-D [n, d], got "
+                         f"shape {x_shape}")
+    if tuple(y_shape) != (x_shape[0],):
+        raise InputError(f"{path}: 'labels' must be 1-D with {x_shape[0]} "
+                         f"rows, got shape {y_shape}")
+
+
 def _npz_blocks(path: str, spec: InputSpec
                 ) -> Iterator[tuple[Rows, np.ndarray, np.ndarray]]:
     x, y = _npz_arrays(path, spec)
-    if x.ndim != 2:
-        raise InputError(f"{path}: 'embeddings' must be 2-D [n, d], got "
-                         f"shape {x.shape}")
-    if y.ndim != 1 or len(y) != len(x):
-        raise InputError(f"{path}: 'labels' must be 1-D with {len(x)} "
-                         f"rows, got shape {y.shape}")
+    _check_npz_shapes(path, x.shape, y.shape)
     if not len(x):  # its width is still checked against the input's
         yield Rows(0), x, y
     for s in range(0, len(x), spec.block_size):
@@ -665,7 +671,7 @@ def _npz_blocks(path: str, spec: InputSpec
 # its first range reads it whole, the others nothing.
 
 @dataclasses.dataclass(frozen=True)
-class NpyArray:
+class _NpyArray:
     """One array stored uncompressed in an .npz: where its first element
     sits in the file, its shape and its dtype."""
 
@@ -674,7 +680,7 @@ class NpyArray:
     dtype: np.dtype
 
 
-def npz_stored_arrays(f, path: str) -> Optional[dict[str, NpyArray]]:
+def _npz_stored_arrays(f, path: str) -> Optional[dict[str, _NpyArray]]:
     """'embeddings' and 'labels' of an open .npz file when both are stored
     uncompressed in C order; None otherwise (compressed, Fortran order, or
     missing: the whole-file reader then reads or refuses the file)."""
@@ -690,7 +696,7 @@ def npz_stored_arrays(f, path: str) -> Optional[dict[str, NpyArray]]:
                     header = member.tell()
                 if fortran or dtype.hasobject:
                     return None
-                found[name] = NpyArray(_member_data_offset(f, info) + header,
+                found[name] = _NpyArray(_member_data_offset(f, info) + header,
                                        tuple(shape), dtype)
             return found
     except (zipfile.BadZipFile, ValueError, OSError, struct.error) as err:
@@ -720,19 +726,15 @@ def _npz_range_blocks(r: FileRange, spec: InputSpec
                       ) -> Iterator[tuple[Rows, np.ndarray, np.ndarray]]:
     """The rows of an .npz whose first byte lies in [r.start, r.stop)."""
     with _open(r.path) as f:
-        arrays = npz_stored_arrays(f, r.path)
+        arrays = _npz_stored_arrays(f, r.path)
         if arrays is None:  # compressed: the first range reads it whole
             if r.start == 0:
                 yield from _npz_blocks(r.path, spec)
             return
         emb, lab = arrays["embeddings"], arrays["labels"]
-        if len(emb.shape) != 2 or emb.shape[1] < 1:
-            raise InputError(f"{r.path}: 'embeddings' must be 2-D [n, d], "
-                             f"got shape {emb.shape}")
+        # d >= 1 here: a row's first byte must move with its index
+        _check_npz_shapes(r.path, emb.shape, lab.shape, min_width=1)
         n, d = emb.shape
-        if lab.shape != (n,):
-            raise InputError(f"{r.path}: 'labels' must be 1-D with {n} "
-                             f"rows, got shape {lab.shape}")
         row_bytes = d * emb.dtype.itemsize
         first, last = (_first_row_at(b, emb.offset, row_bytes, n)
                        for b in (r.start, r.stop))
@@ -752,7 +754,7 @@ def _first_row_at(byte: Optional[int], offset: int, row_bytes: int,
     return min(n, max(0, -(-(byte - offset) // row_bytes)))
 
 
-def _read_rows(f, array: NpyArray, start: int, stop: int,
+def _read_rows(f, array: _NpyArray, start: int, stop: int,
                path: str) -> np.ndarray:
     per_row = array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=int))
     f.seek(array.offset + start * per_row)
