@@ -760,8 +760,8 @@ def _read_rows(f, array: _NpyArray, start: int, stop: int,
     f.seek(array.offset + start * per_row)
     data = f.read((stop - start) * per_row)
     if len(data) != (stop - start) * per_row:
-        raise InputError(f"{path}: the file ends inside row {start}..{stop - 1}"
-                         f" (truncated .npz)")
+        raise InputError(f"{path}: the file ends inside rows "
+                         f"{start}..{stop - 1} (truncated .npz)")
     return np.frombuffer(data, array.dtype)
 
 
