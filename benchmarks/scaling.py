@@ -962,7 +962,7 @@ def parser() -> argparse.ArgumentParser:
                    "report speed-up, efficiency, Amdahl's serial fraction "
                    "and a per-stage table (to --out, default "
                    "results/scaling-workers.md)")
-    p.add_argument("--engines", default=",".join(ENGINES),
+    p.add_argument("--engines", default="direct,dask",
                    help=f"with --workers: comma-separated from "
                    f"{', '.join(ENGINES)}")
     p.add_argument("--vote-bench", action="store_true")
@@ -1111,6 +1111,18 @@ class DirectEngine(Engine):
         return direct_args(workers, "multi_processing")
 
 
+class DirectSpawnEngine(DirectEngine):
+    """DirectRunner as above, its workers started as Beam starts them (a
+    fresh interpreter each, importing Beam and PipelineDP) instead of
+    forked from dpsynth's worker server: the baseline of that change."""
+
+    name = "direct-spawn"
+
+    def start(self, workers: int) -> None:
+        from pipelines import direct_runner
+        direct_runner.fork_workers(False)
+
+
 class DaskEngine(Engine):
     """dpsynth's Dask runner on a LocalCluster of W single-threaded worker
     processes (generate reuses the cluster started here)."""
@@ -1131,7 +1143,8 @@ class DaskEngine(Engine):
 
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (DirectEngine(),
-                                                   DaskEngine())}
+                                                   DaskEngine(),
+                                                   DirectSpawnEngine())}
 
 
 def child_workers(data: str, flags: Sequence[str], result: str, engine: str,

@@ -43,7 +43,7 @@ class _DropNoise(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name.startswith("dpsynth"):
             return True
-        text = str(record.msg)
+        text = _message(record)
         exc = record.exc_info[1] if record.exc_info else None
         if "KeyboardInterrupt" in text or (exc is not None
                                            and interrupted(exc)):
@@ -56,6 +56,15 @@ class _DropNoise(logging.Filter):
         return not (exc is not None and any(
             m in f"{type(exc).__name__}: " for m in ERROR_MARKERS)) and not any(
             m in text for m in ERROR_MARKERS)
+
+
+def _message(record: logging.LogRecord) -> str:
+    """The record's text with its arguments (Beam relays a worker's log
+    records as ``"Worker: %s"``, the worker's text an argument)."""
+    try:
+        return record.getMessage()
+    except Exception:  # bad arguments: logging reports it when it prints
+        return str(record.msg)
 
 
 class _Format(logging.Formatter):

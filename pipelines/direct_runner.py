@@ -17,7 +17,18 @@ ran no dpsynth work, against 12 of 69.7 s with one worker.
   small stage costs one round trip and a large one still runs on every
   worker.
 
-Neither changes what a stage computes: how a stage's input is cut into
+* Worker start. Each pipeline starts W fresh SDK worker processes, and
+  each imports Beam's worker, then PipelineDP (dp_accounting, scipy) in the
+  first stage that unpickles its steps: ~1 s before the first stage and
+  ~0.8 s inside the first PipelineDP stage, on 2 cores, for each of the
+  adaptive plan's two pipelines. ``start_worker_server`` starts a fork
+  server (``pipelines.worker_fork``) that imports those modules while the
+  job plans; every worker of the job is then forked from it, ready
+  (``_ForkingSubprocess``). Beam's own
+  ``SubprocessSdkWorker`` still runs each worker (its logging server, its
+  wait and kill); only the process start changes.
+
+None changes what a stage computes: how a stage's input is cut into
 bundles is the runner's choice, and a release is byte-identical across
 worker counts (tests/test_direct_runner.py checks both patches).
 ``install()`` is called by ``pipelines.options.beam_options`` for the local
@@ -29,7 +40,15 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import logging
-from typing import Any
+import os
+import shlex
+import subprocess
+import sys
+from typing import Any, Optional
+
+from pipelines import worker_fork
+
+_SDK_WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +62,11 @@ def install() -> None:
         return
     from apache_beam.runners.portability.fn_api_runner import (
         fn_runner, worker_handlers)
+    from apache_beam.runners.portability import local_job_service
     worker_handlers.WorkerHandlerManager.close_all = close_all
     fn_runner.ParallelBundleManager.process_bundle = process_bundle
+    # Beam's SubprocessSdkWorker starts its process with this module's Popen
+    local_job_service.subprocess = _ForkingSubprocess()
     _installed = True
 
 
@@ -116,3 +138,53 @@ def process_bundle(self, inputs, expected_outputs, fired_timers,
                             merged.process_bundle.monitoring_infos))),
                 error=result.error or merged.error)
     return merged, splits
+
+
+
+_server: Optional[worker_fork.WorkerServer] = None
+_fork_workers = True
+
+
+def fork_workers(enabled: bool) -> None:
+    """Whether workers started from now on are forked from the server
+    (default) or started as Beam starts them (a benchmark's baseline)."""
+    global _fork_workers
+    _fork_workers = enabled
+
+
+def start_worker_server() -> None:
+    """Starts the fork server (``pipelines.worker_fork``) in the background
+    (idempotent; not on a system without process file descriptors). It
+    lives as long as this process: an idle process whose pages the
+    workers forked from it share."""
+    global _server
+    if _server is None and _fork_workers and worker_fork.supported():
+        _server = worker_fork.WorkerServer()
+
+
+def is_sdk_worker_command(command: str) -> bool:
+    """Whether ``command`` starts Beam's Python SDK worker with this
+    interpreter (what the FnApiRunner runs for ``multi_processing``)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    return words == [sys.executable, "-m", _SDK_WORKER_MAIN]
+
+
+class _ForkingSubprocess:
+    """The ``subprocess`` module as Beam's ``local_job_service`` sees it:
+    ``Popen`` of the SDK worker command forks the worker from the fork
+    server when one runs; anything else is ``subprocess`` itself."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    def Popen(self, args: Any, *rest: Any, **kwargs: Any) -> Any:
+        server = _server
+        if (server is None or not _fork_workers or not server.alive or rest
+                or not isinstance(args, str)
+                or set(kwargs) != {"shell", "env"}
+                or not is_sdk_worker_command(args)):
+            return subprocess.Popen(args, *rest, **kwargs)
+        return server.fork(dict(kwargs["env"]), os.getcwd())

@@ -63,7 +63,11 @@ def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
         workers = all_opts.get("direct_num_workers") or 1
         mode = "multi_processing" if workers > 1 else "in_memory"
         argv.append(f"--direct_running_mode={mode}")
-    return PipelineOptions(argv)
+    options = PipelineOptions(argv)
+    if options.get_all_options().get("direct_running_mode") == \
+            "multi_processing":
+        direct_runner.start_worker_server()  # imports while the job plans
+    return options
 
 
 def _resolve_runner(argv: Sequence[str]) -> list[str]:

@@ -1,15 +1,20 @@
 """pipelines.direct_runner: Beam's FnApiRunner with several workers closes
-its workers at once and runs no empty bundles; what stages compute does
-not change (the release's byte identity across worker counts is
+its workers at once, runs no empty bundles and forks its workers from a
+server that has imported what they need; what stages compute does not
+change (the release's byte identity across worker counts is
 tests/test_determinism.py, which runs through these patches)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import apache_beam as beam
-from pipelines import direct_runner
+import pytest
+
+from pipelines import direct_runner, worker_fork
 from pipelines.options import beam_options
 
 
@@ -101,3 +106,83 @@ def test_install_is_idempotent():
             is direct_runner.close_all)
     assert (fn_runner.ParallelBundleManager.process_bundle
             is direct_runner.process_bundle)
+
+
+# -- the worker fork server (pipelines/worker_fork.py) ------------------------
+
+class _Where(beam.DoFn):
+    """Where a worker runs: its parent, an environment variable set after
+    the fork server started, its working folder, whether this test
+    module's folder (set in PYTHONPATH after the server started) is on
+    its path."""
+
+    def process(self, x):
+        import sys
+        yield (os.getppid(), os.environ.get("DPSYNTH_TEST_MARK"),
+               os.getcwd(), HERE in sys.path)
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_workers_are_forked_from_the_server_and_see_the_runner_env(
+        tmp_path, monkeypatch):
+    if not worker_fork.supported():
+        pytest.skip("no process file descriptors (pidfd) on this system")
+    direct_runner.start_worker_server()
+    server = direct_runner._server
+    monkeypatch.setenv("DPSYNTH_TEST_MARK", "after-start")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [HERE] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "where.txt"
+    options = beam_options(["--direct_num_workers", "2",
+                            "--direct_running_mode", "multi_processing"])
+    with beam.Pipeline(options=options) as p:
+        _ = (p | beam.Create(list(range(32))) | beam.Reshuffle()
+             | beam.ParDo(_Where()) | beam.Distinct()
+             | beam.Map(repr) | beam.io.WriteToText(str(out)))
+    rows = {eval(line) for f in tmp_path.glob("where.txt*")
+            for line in f.read_text().splitlines()}
+    assert rows == {(server._proc.pid, "after-start", str(tmp_path), True)}
+
+
+def test_a_forked_worker_reports_its_exit_code_and_can_be_killed():
+    if not worker_fork.supported():
+        pytest.skip("no process file descriptors (pidfd) on this system")
+    server = worker_fork.WorkerServer()
+    try:
+        # no control address: Beam's worker fails at once
+        env = {k: v for k, v in os.environ.items()
+               if k != "CONTROL_API_SERVICE_DESCRIPTOR"}
+        failed = server.fork(env, os.getcwd())
+        assert failed.wait(timeout=60) == 1 and failed.poll() == 1
+        # a control address nobody answers: the worker waits until killed
+        import socket
+        with socket.socket() as sock:
+            sock.bind(("localhost", 0))
+            sock.listen()
+            env["CONTROL_API_SERVICE_DESCRIPTOR"] = (
+                f'url: "localhost:{sock.getsockname()[1]}"')
+            waiting = server.fork(env, os.getcwd())
+            time.sleep(0.5)
+            assert waiting.poll() is None
+            waiting.kill()
+            assert waiting.wait(timeout=60) == -9
+    finally:
+        server.close()
+    assert server._proc.returncode == 0
+    assert not server.alive or server._proc.poll() is not None
+
+
+def test_only_the_sdk_worker_command_is_forked():
+    python = sys.executable
+    main = "apache_beam.runners.worker.sdk_worker_main"
+    assert direct_runner.is_sdk_worker_command(f"{python} -m {main}")
+    assert not direct_runner.is_sdk_worker_command(f"other -m {main}")
+    assert not direct_runner.is_sdk_worker_command(f"{python} -m {main} x")
+    assert not direct_runner.is_sdk_worker_command("'unclosed")
+    shim = direct_runner._ForkingSubprocess()
+    proc = shim.Popen("exit 3", shell=True, env=dict(os.environ))
+    assert isinstance(proc, subprocess.Popen) and proc.wait() == 3
+    assert shim.PIPE is subprocess.PIPE

@@ -70,3 +70,78 @@ def test_ctrl_c_inside_a_pass_is_one_line_and_exit_130(tmp_path):
     assert entry["status"] == budget_store.FAILED  # read data: charged
     assert entry["lease_until"] == 0  # a retry need not wait
     assert not list(tmp_path.glob("dpsynth-*.log"))
+
+
+# With worker processes the slow read must run in the workers: every
+# process of the job (the runner, the worker fork server, the workers it
+# forks) imports this at start-up from PYTHONPATH.
+SLOW_SITE = textwrap.dedent("""
+    import os, time
+    if os.environ.get("DPSYNTH_TEST_SLOW_MARK"):
+        from transforms import io
+        real = io._ReadBlocksFn.process
+
+        def slow(self, r):
+            open(os.environ["DPSYNTH_TEST_SLOW_MARK"], "w").close()
+            time.sleep(120)
+            yield from real(self, r)
+
+        io._ReadBlocksFn.process = slow
+""")
+
+
+def _session_processes(sid: int) -> list[str]:
+    """The processes still alive in session ``sid`` (pid and command)."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) != sid:
+                continue
+            alive.append(entry.name + " " + (entry / "cmdline").read_bytes()
+                         .replace(b"\0", b" ").decode(errors="replace"))
+        except (OSError, ProcessLookupError):
+            continue
+    return alive
+
+
+def test_ctrl_c_with_worker_processes_is_one_line_and_leaves_no_process(
+        tmp_path):
+    """Two DirectRunner workers (forked by pipelines.worker_fork): Ctrl-C
+    prints one line, not every worker's interrupted harness, and the job's
+    processes all end."""
+    x, y = gmm_data(3000, d=4, classes=2)
+    np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
+    site, mark, out = tmp_path / "site", tmp_path / "reading", \
+        tmp_path / "out"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_SITE)
+    env = dict(os.environ, DPSYNTH_TEST_SLOW_MARK=str(mark),
+               PYTHONPATH=os.pathsep.join([str(site), str(REPO)]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", "generate", "--input",
+         str(tmp_path / "in.npz"), "--num-classes", "2", "--output",
+         str(out), "--direct_num_workers", "2"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True)
+    deadline = time.time() + 180
+    while not mark.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "the pass never started"
+        time.sleep(0.1)
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    lines = [l for l in err.strip().splitlines()
+             if "bson" not in l and "apitools" not in l]  # import chatter
+    assert lines[-1] == "dpsynth: interrupted; nothing was published"
+    assert not any("KeyboardInterrupt" in l or "Traceback" in l
+                   for l in lines), err
+    assert len(lines) <= 6, err
+    assert not release.release_exists(str(out))
+    deadline = time.time() + 30
+    while _session_processes(proc.pid) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _session_processes(proc.pid)
