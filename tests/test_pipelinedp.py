@@ -133,7 +133,7 @@ def test_empty_public_partition_has_no_key_without_seeds():
     class without rows could not get its keyed draw; ClassSums seeds each
     label."""
     ledger, (x, y) = _ledger(), _data(60)
-    comb = KeyedSumCombiner(class_sum_family(R), LABELS, ledger,
+    comb = KeyedSumCombiner(class_sum_family(R), LABELS, D, ledger,
                             SeededNoise(1))
     accountant = LedgerAccountant(ledger)
     engine = pipeline_dp.DPEngine(accountant, pipeline_dp.LocalBackend())
@@ -169,7 +169,7 @@ def test_stock_accountants_cannot_take_our_sigma():
     # The PLD accountant is refused with custom combiners by DPEngine.
     pld = pipeline_dp.PLDBudgetAccountant(2.0, 1e-5)
     engine = pipeline_dp.DPEngine(pld, pipeline_dp.LocalBackend())
-    comb = KeyedSumCombiner(class_sum_family(R), LABELS, _ledger(),
+    comb = KeyedSumCombiner(class_sum_family(R), LABELS, D, _ledger(),
                             SeededNoise(1))
     params = pipeline_dp.AggregateParams(
         noise_kind=pipeline_dp.NoiseKind.GAUSSIAN, metrics=[],

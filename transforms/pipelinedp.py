@@ -35,8 +35,8 @@ Two things PipelineDP 0.3.1 does that need care here:
 * ``compute_metrics(accumulator)`` is not told the partition key, and the
   accumulators PipelineDP makes for public partitions absent from the data
   are ``create_accumulator([])``: they cannot know their class. So the
-  accumulator carries its label, and ``ClassSums`` feeds one zero-row seed
-  per label; a class with no rows still gets its own keyed draw.
+  accumulator carries its label, and ``ClassSums`` feeds one seed with no
+  value per label; a class with no rows still gets its own keyed draw.
 * Its Beam combine wraps every input element into an accumulator and merges
   them with a plain callable (new arrays, no in-place accumulation), and
   the Flatten with its empty public partitions moves the elements across a
@@ -227,11 +227,12 @@ class KeyedSumCombiner(combiners.CustomCombiner):
     ``family.release`` (the class mechanism's keyed noise). Values are
     (label, rows); the accumulator is (label, sum)."""
 
-    def __init__(self, family: Family, labels: Sequence[int],
+    def __init__(self, family: Family, labels: Sequence[int], dim: int,
                  ledger: PrivacyLedger, noise: NoiseSource,
                  piece: Optional["Piece"] = None) -> None:
         self._family, self._release = family.name, family.release
         self._piece = piece
+        self._zero = family.partial(np.zeros((0, dim)))
         self._ledger, self._noise = ledger, noise
         mech = family_mechanisms(ledger, labels, family.name)[0]
         self._sensitivity, self._sigma = mech.sensitivity, mech.sigma
@@ -248,6 +249,8 @@ class KeyedSumCombiner(combiners.CustomCombiner):
         label, total = None, None
         for c, part in values:
             label = c
+            if part is None:  # a label's seed: no rows
+                continue
             if self._piece is not None:  # this family's slice of a flat value
                 part = self._piece.take(part)
             total = part if total is None else total + part
@@ -263,9 +266,11 @@ class KeyedSumCombiner(combiners.CustomCombiner):
 
     def compute_metrics(self, acc: Acc) -> np.ndarray:
         label, total = acc
-        if label is None or total is None:
+        if label is None:
             raise ValueError(f"{self._family}: a class reached the noise "
                              "without its label (seed every label)")
+        if total is None:  # a class with no rows: the exact sum is zero
+            total = self._zero
         return self._release(self._ledger, self._noise,
                              plan.name(label, self._family), total)
 
@@ -345,23 +350,24 @@ class ClassAggregation(beam.PTransform):
         self._labels, self._dim = [int(c) for c in labels], dim
         self._single = isinstance(families, Family)
         self._families = [families] if self._single else list(families)
-        self._combiners = [KeyedSumCombiner(f, self._labels, ledger, noise,
-                                            place)
+        self._combiners = [KeyedSumCombiner(f, self._labels, dim, ledger,
+                                            noise, place)
                            for f, place in zip(self._families,
                                                pieces(self._families, dim))]
         self.aggregation = Aggregation(accountant or LedgerAccountant(ledger),
                                        report_generator.ExplainComputationReport())
 
     def expand(self, partials):
-        zero = concatenated_zero(self._families, self._dim)
         single = self._single
         # one flat value per element (a view for one family's array)
         keyed = partials | "Keyed" >> beam.MapTuple(
             lambda c, v: (c, (c, np.ravel(v))))
-        # One zero element per label: the accumulator of a class absent
-        # from the data then still knows its label (see the module doc).
+        # One seed per label, (label, None): the accumulator of a class
+        # absent from the data then still knows its label (see the module
+        # doc); no zero array (a class's second moments are ~0.6 MB at
+        # d=384), the combiner knows its family's zero.
         seeds = (partials.pipeline | "Labels" >> beam.Create(self._labels)
-                 | "Seeds" >> beam.Map(lambda c: (c, (c, zero))))
+                 | "Seeds" >> beam.Map(lambda c: (c, (c, None))))
         col = (keyed, seeds) | "WithSeeds" >> beam.Flatten()
         params = pipeline_dp.AggregateParams(
             noise_kind=pipeline_dp.NoiseKind.GAUSSIAN, metrics=[],
