@@ -962,6 +962,10 @@ def parser() -> argparse.ArgumentParser:
                    "report speed-up, efficiency, Amdahl's serial fraction "
                    "and a per-stage table (to --out, default "
                    "results/scaling-workers.md)")
+    p.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="with --workers: let every run use every core (by "
+                   "default a run with W workers runs on W cores: Amdahl's "
+                   "f needs one core at W = 1)")
     p.add_argument("--engines", default="direct,dask",
                    help=f"with --workers: comma-separated from "
                    f"{', '.join(ENGINES)}")
@@ -981,7 +985,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         child_floor(argv[1], argv[3:], argv[2])
         return 0
     if argv and argv[0] == "_workers":
-        child_workers(argv[1], argv[5:], argv[2], argv[3], int(argv[4]))
+        pin_cores(int(argv[5]))
+        child_workers(argv[1], argv[6:], argv[2], argv[3], int(argv[4]))
         return 0
     if argv and argv[0] == "_beam":
         rest, profile = argv[3:], None
@@ -1188,6 +1193,7 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
                        "busy_profile": busy_profile(spans, t0, t0 + work),
                        "samples": manifest["samples_total"],
                        "cores": os.cpu_count(),
+                       "cores_used": len(os.sched_getaffinity(0)),
                        "release_sha256": release_digest(
                            os.path.join(out, "rel"))})
     finally:
@@ -1240,9 +1246,11 @@ def run_workers(args: argparse.Namespace, configs: Sequence[str],
             fd, result = tempfile.mkstemp(suffix=".json")
             os.close(fd)
             cmd = [sys.executable, os.path.abspath(__file__), "_workers",
-                   data, result, engine, str(w), *_gen_flags(args)]
+                   data, result, engine, str(w), str(w if args.pin else 0),
+                   *_gen_flags(args)]
             r = run_child(cmd, result, args, timeout)
             r.update(d=d, n=n, config=config, engine=engine, workers=w,
+                     pinned=bool(args.pin),
                      flags=" ".join(_gen_flags(args)))
             results.append(r)
             if args.save:
@@ -1255,6 +1263,24 @@ def run_workers(args: argparse.Namespace, configs: Sequence[str],
             if r["rc"] != 0 or r.get("failed"):
                 print(r["log_tail"], flush=True)
     return results
+
+
+def _pinning(runs: Sequence[dict]) -> str:
+    if all(r.get("pinned") for r in runs):
+        return "each run pinned to W cores (its runner, workers, cluster); "
+    if any(r.get("pinned") for r in runs):
+        return "some runs pinned to W cores (`pinned` in the JSON); "
+    return "every run on all cores; "
+
+
+def pin_cores(count: int) -> None:
+    """Runs this process, and every process it starts (the runner's
+    workers, the Dask cluster), on its first ``count`` usable cores (0:
+    all). W workers on W cores: with every core, one DirectRunner worker
+    draws its synthetic rows with all the machine's BLAS threads, and
+    S(W) and f then compare W cores with more than one."""
+    if count:
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:count])
 
 
 def busy_profile(spans, start: float, end: float) -> list[float]:
@@ -1348,6 +1374,7 @@ def workers_report(results: list[dict], top_share: float = 0.03) -> str:
              f"after it, timed apart (cluster s = start / stop). "
              f"Machine: {first.get('cores') or os.cpu_count()} cores "
              f"({platform.processor() or platform.machine()}); "
+             f"{_pinning(ok)}"
              f"load = 1-min load average before / after the run (shared "
              f"machine). Amdahl f = (W/S - 1)/(W - 1) from the job times "
              f"(W = 2: 2/S(2) - 1); f from trace: the same from one run's "

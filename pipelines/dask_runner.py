@@ -85,6 +85,7 @@ from apache_beam.runners.common import DoFnInvoker
 from apache_beam.runners.runner import PipelineResult, PipelineState
 from apache_beam.transforms.combiners import LiftedCombinePerKey
 
+from pipelines.options import usable_cores
 from transforms.progress import trace, trace_path
 
 log = logging.getLogger("dpsynth")
@@ -274,7 +275,7 @@ def local_cluster(workers: Optional[int] = None,
             _LOCAL = None
         if _LOCAL is None:
             _quiet_dask_logs()
-            _LOCAL = _LocalCluster(workers or os.cpu_count() or 1, dashboard,
+            _LOCAL = _LocalCluster(workers or usable_cores(), dashboard,
                                    by_run)
             local_clusters_started += 1
             if local_clusters_started == 1:
@@ -449,7 +450,7 @@ def _cluster_threads() -> int:
     try:
         return max(1, sum(distributed.default_client().nthreads().values()))
     except ValueError:  # no client (cannot happen inside run_pipeline)
-        return os.cpu_count() or 1
+        return usable_cores()
 
 
 # A Reshuffle input up to this size (the shard list, read ranges: a few

@@ -226,8 +226,9 @@ def test_local_blas_threads_share_the_cores_among_direct_workers(monkeypatch):
     """DirectRunner's worker processes split the cores for large BLAS
     products (the vote search, encoders); other runners are left alone."""
     from pipelines.options import beam_options, local_blas_threads
-    monkeypatch.setattr("os.cpu_count", lambda: 8)
-    assert local_blas_threads(beam_options([])) == 8
+    monkeypatch.setattr("os.cpu_count", lambda: 64)  # the machine's
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
+    assert local_blas_threads(beam_options([])) == 8  # the usable cores
     assert local_blas_threads(beam_options(
         ["--direct_num_workers=2",
          "--direct_running_mode=multi_processing"])) == 4
@@ -235,6 +236,8 @@ def test_local_blas_threads_share_the_cores_among_direct_workers(monkeypatch):
     assert local_blas_threads(beam_options(
         ["--runner=DataflowRunner", "--project=p", "--region=r",
          "--temp_location=gs://b/t"])) is None
+    monkeypatch.delattr("os.sched_getaffinity")  # macOS: the machine's
+    assert local_blas_threads(beam_options(["--direct_num_workers=16"])) == 4
 
 
 def test_flink_job_server_jar_and_endpoint_reach_beam():
