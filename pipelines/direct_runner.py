@@ -159,7 +159,10 @@ def start_worker_server() -> None:
     workers forked from it share."""
     global _server
     if _server is None and _fork_workers and worker_fork.supported():
-        _server = worker_fork.WorkerServer()
+        try:
+            _server = worker_fork.WorkerServer()
+        except OSError as err:  # Beam starts the workers itself
+            log.debug("no worker fork server: %s", err)
 
 
 def is_sdk_worker_command(command: str) -> bool:
@@ -187,4 +190,9 @@ class _ForkingSubprocess:
                 or set(kwargs) != {"shell", "env"}
                 or not is_sdk_worker_command(args)):
             return subprocess.Popen(args, *rest, **kwargs)
-        return server.fork(dict(kwargs["env"]), os.getcwd())
+        try:
+            return server.fork(dict(kwargs["env"]), os.getcwd())
+        except (OSError, RuntimeError) as err:  # the server is gone
+            log.warning("worker fork server unavailable (%s): starting the "
+                        "worker as Beam does", err)
+            return subprocess.Popen(args, **kwargs)

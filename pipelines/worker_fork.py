@@ -35,7 +35,10 @@ import traceback
 from typing import Optional
 
 # What every worker of a generate or encode job imports before its first
-# element; a module that is missing is skipped.
+# element; a module that is missing is skipped. The server then runs a few
+# native threads (numpy's and scipy's OpenBLAS pools, the jemalloc of
+# pyarrow, which Beam imports): both libraries make fork safe with their
+# own fork handlers, as multiprocessing's fork start relies on daily.
 WORKER_MODULES = ("apache_beam.runners.worker.sdk_worker_main", "pipeline_dp",
                   "pyarrow.parquet", "transforms.adaptive", "transforms.write",
                   "transforms.io", "transforms.dp_kmeans")

@@ -186,3 +186,19 @@ def test_only_the_sdk_worker_command_is_forked():
     proc = shim.Popen("exit 3", shell=True, env=dict(os.environ))
     assert isinstance(proc, subprocess.Popen) and proc.wait() == 3
     assert shim.PIPE is subprocess.PIPE
+
+
+def test_a_dead_fork_server_falls_back_to_beams_worker_start(monkeypatch):
+    if not worker_fork.supported():
+        pytest.skip("no process file descriptors (pidfd) on this system")
+    server = worker_fork.WorkerServer()
+    server.close()  # gone: fork() cannot reach it
+    monkeypatch.setattr(direct_runner, "_server", server)
+    monkeypatch.setattr(direct_runner, "_fork_workers", True)
+    shim = direct_runner._ForkingSubprocess()
+    started = []
+    monkeypatch.setattr(subprocess, "Popen",
+                        lambda *a, **k: started.append((a, k)) or "spawned")
+    command = f"{sys.executable} -m apache_beam.runners.worker.sdk_worker_main"
+    assert shim.Popen(command, shell=True, env={}) == "spawned"
+    assert started == [((command,), {"shell": True, "env": {}})]
