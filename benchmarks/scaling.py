@@ -495,9 +495,22 @@ def _dump(path: str, doc: dict) -> None:
         json.dump(doc, f)
 
 
+def _resident(proc) -> int:
+    """A process's share of resident memory (PSS): pages shared with others
+    count once in a sum (DirectRunner's workers are forked from one
+    server and share its pages; their RSS would count them once each).
+    RSS where PSS cannot be read."""
+    import psutil
+    try:
+        return proc.memory_full_info().pss
+    except (psutil.AccessDenied, AttributeError):
+        return proc.memory_info().rss
+
+
 def measure(cmd: list[str], timeout: float, max_rss: float = float("inf"),
             poll: float = 0.2) -> dict:
-    """Runs cmd; wall time, peak RSS of any one process and of their sum.
+    """Runs cmd; wall time, peak resident memory (PSS, see ``_resident``)
+    of any one process and of their sum.
 
     The run is killed past ``timeout`` seconds or when its processes
     together hold more than ``max_rss`` bytes (the machine is shared).
@@ -520,7 +533,7 @@ def measure(cmd: list[str], timeout: float, max_rss: float = float("inf"),
         rss = []
         for p in tree:
             try:
-                rss.append(p.memory_info().rss)
+                rss.append(_resident(p))
                 per_proc[p.pid] = max(per_proc.get(p.pid, 0), rss[-1])
             except psutil.Error:
                 pass
