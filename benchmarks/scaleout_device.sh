@@ -18,7 +18,8 @@
 # (about 40 MB; carried to the machine with the checkout). Knobs: N,
 # FILES, WORKERS (run order, W outer), ENGINES, CONFIGS, BUDGET_S (the whole
 # sweep, data included; runs that no longer fit are skipped), RUN_TIMEOUT,
-# SECTION, OUT (results: scaling-workers.md, runs.jsonl, log.txt).
+# SECTION, OUT (results: scaling-workers.md, runs.jsonl, log.txt), PIN (1:
+# a run with W workers on W cores, as scaling.py does by default; 0: all).
 set -uo pipefail
 BUNDLE=${BUNDLE:-.scaleout}; OUT=${OUT:-/tmp/scaleout}; PY=${PY:-python3}
 mkdir -p "$OUT"
@@ -37,4 +38,5 @@ $PY benchmarks/scaling.py --workers "${WORKERS:-16,1,2,4,8}" \
     --gen-args "--output-format parquet" --cache /tmp/dpsynth-cache \
     --out "$OUT/scaling-workers.md" --section "${SECTION:-device}" \
     --save "$OUT/runs.jsonl" --nice 0 --max-rss-gb 100 \
-    --timeout "${RUN_TIMEOUT:-150}" --budget "${BUDGET_S:-400}" 2>&1 | tee "$OUT/log.txt"
+    --timeout "${RUN_TIMEOUT:-150}" --budget "${BUDGET_S:-400}" \
+    $([ "${PIN:-1}" = 0 ] && echo --no-pin) 2>&1 | tee "$OUT/log.txt"

@@ -37,6 +37,19 @@ SLOW_READ = textwrap.dedent("""
 """)
 
 
+def _ctrl_c_once_reading(proc: subprocess.Popen, mark: Path) -> str:
+    """Waits until the job's read has begun (``mark`` exists), sends
+    Ctrl-C and returns the job's stderr."""
+    deadline = time.time() + 180
+    while not mark.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "the pass never started"
+        time.sleep(0.1)
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the group
+    return proc.communicate(timeout=120)[1]
+
+
 def test_ctrl_c_inside_a_pass_is_one_line_and_exit_130(tmp_path):
     x, y = gmm_data(300, d=4, classes=2)
     np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
@@ -50,14 +63,7 @@ def test_ctrl_c_inside_a_pass_is_one_line_and_exit_130(tmp_path):
          "--lifetime-epsilon", "10"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True)
-    deadline = time.time() + 180
-    while not mark.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline, "the pass never started"
-        time.sleep(0.1)
-    time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the group
-    _, err = proc.communicate(timeout=120)
+    err = _ctrl_c_once_reading(proc, mark)
     assert proc.returncode == 130, err
     lines = err.strip().splitlines()
     assert lines[-1] == "dpsynth: interrupted; nothing was published"
@@ -125,14 +131,7 @@ def test_ctrl_c_with_worker_processes_is_one_line_and_leaves_no_process(
          str(out), "--direct_num_workers", "2"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True)
-    deadline = time.time() + 180
-    while not mark.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline, "the pass never started"
-        time.sleep(0.1)
-    time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    err = _ctrl_c_once_reading(proc, mark)
     assert proc.returncode == 130, err
     lines = [l for l in err.strip().splitlines()
              if "bson" not in l and "apitools" not in l]  # import chatter
