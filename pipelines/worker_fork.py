@@ -230,6 +230,8 @@ def _fork_worker(env: dict[str, str], cwd: str, close_fds: list[int],
         code = run_sdk_worker(env, cwd)
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else 1
+    except KeyboardInterrupt:  # Ctrl-C: the runner says it, once
+        code = 128 + signal.SIGINT
     except BaseException:
         traceback.print_exc()
     finally:

@@ -143,4 +143,4 @@ def test_ctrl_c_with_worker_processes_is_one_line_and_leaves_no_process(
     deadline = time.time() + 30
     while _session_processes(proc.pid) and time.time() < deadline:
         time.sleep(0.2)
-    assert not _session_processes(proc.pid)
+    assert not _session_processes(proc.pid), _session_processes(proc.pid)
