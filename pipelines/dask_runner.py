@@ -85,7 +85,7 @@ from apache_beam.runners.common import DoFnInvoker
 from apache_beam.runners.runner import PipelineResult, PipelineState
 from apache_beam.transforms.combiners import LiftedCombinePerKey
 
-from pipelines.options import usable_cores
+from pipelines.machine import usable_cores
 from transforms.progress import trace, trace_path
 
 log = logging.getLogger("dpsynth")

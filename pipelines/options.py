@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import os
 from typing import Iterable, Optional, Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import runner_names
+from pipelines.machine import usable_cores
 
 
 class UsageError(ValueError):
@@ -104,14 +104,6 @@ def local_blas_threads(options: PipelineOptions) -> Optional[int]:
     workers = opts.get("direct_num_workers") or 1
     return max(1, usable_cores() // workers)
 
-
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity (``taskset``, a
-    container's cpuset), not the machine's count."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # no affinity API (macOS)
-        return os.cpu_count() or 1
 
 
 def is_local(options: PipelineOptions) -> bool:
