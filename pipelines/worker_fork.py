@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import traceback
+import warnings
 from typing import Optional
 
 # What every worker of a generate or encode job imports before its first
@@ -169,13 +170,7 @@ class WorkerServer:
 
 def serve(req_fd: int, rep_fd: int) -> None:
     """The server's loop: fork a worker per request, report each exit."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner handles Ctrl-C
-    for name in WORKER_MODULES:
-        try:
-            __import__(name)
-        except ImportError:
-            pass
-    requests = os.fdopen(req_fd, "rb", buffering=0)
+    _prepare_server()
     selector = selectors.DefaultSelector()
     selector.register(req_fd, selectors.EVENT_READ, None)
     pidfds: dict[int, int] = {}  # pid -> pidfd
@@ -183,31 +178,52 @@ def serve(req_fd: int, rep_fd: int) -> None:
     while True:
         for key, _ in selector.select():
             if key.data is not None:  # a worker ended
-                pid = key.data
-                selector.unregister(key.fd)
-                _, status = os.waitpid(pid, 0)
-                os.close(pidfds.pop(pid))
-                _reply(rep_fd, {"exited": pid,
-                                "code": os.waitstatus_to_exitcode(status)})
+                _report_exit(key.data, selector, pidfds, rep_fd)
                 continue
-            chunk = requests.read(1 << 16)
+            chunk = os.read(req_fd, 1 << 16)
             if not chunk:  # the runner closed its end
                 return
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for line in lines:
-                message = json.loads(line)
-                if "kill" in message:
-                    fd = pidfds.get(message["kill"])
-                    if fd is not None:
-                        signal.pidfd_send_signal(fd, signal.SIGKILL)
-                    continue
-                pid = _fork_worker(message["env"], message["cwd"],
-                                   [req_fd, rep_fd, *pidfds.values()],
-                                   selector)
-                pidfds[pid] = os.pidfd_open(pid)
-                selector.register(pidfds[pid], selectors.EVENT_READ, pid)
-                _reply(rep_fd, {"pid": pid})
+                _handle(json.loads(line), req_fd, rep_fd, pidfds, selector)
+
+
+def _prepare_server() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner handles Ctrl-C
+    # Python 3.12 warns on fork() while other threads run; the server's are
+    # OpenBLAS's and jemalloc's idle pools, whose fork handlers keep the
+    # child safe (see WORKER_MODULES).
+    warnings.filterwarnings("ignore", r".*use of fork\(\) may lead to "
+                            "deadlocks", DeprecationWarning)
+    for name in WORKER_MODULES:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+
+
+def _handle(message: dict, req_fd: int, rep_fd: int, pidfds: dict[int, int],
+            selector: selectors.BaseSelector) -> None:
+    """One request: kill a worker, or fork one and watch its pidfd."""
+    if "kill" in message:
+        fd = pidfds.get(message["kill"])
+        if fd is not None:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return
+    pid = _fork_worker(message["env"], message["cwd"],
+                       [req_fd, rep_fd, *pidfds.values()], selector)
+    pidfds[pid] = os.pidfd_open(pid)
+    selector.register(pidfds[pid], selectors.EVENT_READ, pid)
+    _reply(rep_fd, {"pid": pid})
+
+
+def _report_exit(pid: int, selector: selectors.BaseSelector,
+                 pidfds: dict[int, int], rep_fd: int) -> None:
+    selector.unregister(pidfds[pid])
+    _, status = os.waitpid(pid, 0)
+    os.close(pidfds.pop(pid))
+    _reply(rep_fd, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
 def _reply(fd: int, message: dict) -> None:
