@@ -1171,7 +1171,7 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
     the files (generate's default layout); job time = generate.run (the
     engine's cluster start and stop timed apart); the stage trace
     (transforms.progress) of every worker."""
-    from pipelines import console, generate, job
+    from pipelines import console, generate, job, machine
     from transforms import progress
     eng = ENGINES[engine]
     out = tempfile.mkdtemp(prefix="dpsynth-bench-")
@@ -1206,7 +1206,7 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
                        "busy_profile": busy_profile(spans, t0, t0 + work),
                        "samples": manifest["samples_total"],
                        "cores": os.cpu_count(),
-                       "cores_used": len(os.sched_getaffinity(0)),
+                       "cores_used": machine.usable_cores(),
                        "release_sha256": release_digest(
                            os.path.join(out, "rel"))})
     finally:

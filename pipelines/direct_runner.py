@@ -141,7 +141,6 @@ def process_bundle(self, inputs, expected_outputs, fired_timers,
     return merged, splits
 
 
-
 _server: Optional[worker_fork.WorkerServer] = None
 _fork_workers = True
 

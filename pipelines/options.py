@@ -59,15 +59,14 @@ def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
     argv.append("--runner=FnApiRunner")
     from pipelines import direct_runner
     direct_runner.install()  # cuts costs that grow with the worker count
+    mode = all_opts.get("direct_running_mode")
     if "direct_running_mode" not in joined:
         workers = all_opts.get("direct_num_workers") or 1
         mode = "multi_processing" if workers > 1 else "in_memory"
         argv.append(f"--direct_running_mode={mode}")
-    options = PipelineOptions(argv)
-    if options.get_all_options().get("direct_running_mode") == \
-            "multi_processing":
+    if mode == "multi_processing":
         direct_runner.start_worker_server()  # imports while the job plans
-    return options
+    return PipelineOptions(argv)
 
 
 def _resolve_runner(argv: Sequence[str]) -> list[str]:
@@ -93,8 +92,8 @@ def _check_dask_flags(argv: Sequence[str]) -> None:
 
 def local_blas_threads(options: PipelineOptions) -> Optional[int]:
     """BLAS (or encoder) threads per worker process on DirectRunner: the
-    usable cores shared out among its ``--direct_num_workers`` processes, so that
-    large products do not oversubscribe the machine (measured: the vote
+    usable cores shared out among its ``--direct_num_workers`` processes, so
+    that large products do not oversubscribe the machine (measured: the vote
     search at 100k rows with 2 workers x 2 BLAS threads on 2 cores took
     17.1-17.9 s, with 1 thread each 14.7 s). None elsewhere: a remote
     runner's workers are sized by their own machine type."""
@@ -103,7 +102,6 @@ def local_blas_threads(options: PipelineOptions) -> Optional[int]:
         return None
     workers = opts.get("direct_num_workers") or 1
     return max(1, usable_cores() // workers)
-
 
 
 def is_local(options: PipelineOptions) -> bool:

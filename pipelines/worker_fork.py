@@ -58,6 +58,14 @@ def supported() -> bool:
     return True
 
 
+def write_line(fd: int, message: dict) -> None:
+    """``message`` as one JSON line on a pipe, whole (a pipe may take less
+    than asked at once)."""
+    data = memoryview((json.dumps(message) + "\n").encode())
+    while data:
+        data = data[os.write(fd, data):]
+
+
 class ForkedWorker:
     """One worker forked by the server, with the part of
     ``subprocess.Popen``'s interface that Beam's ``SubprocessSdkWorker``
@@ -94,7 +102,7 @@ class WorkerServer:
         # stdout and stderr are this process's: the workers print there
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "pipelines.worker_fork", str(req_r),
-             str(rep_w)], pass_fds=(req_r, rep_w), cwd=os.getcwd())
+             str(rep_w)], pass_fds=(req_r, rep_w))
         os.close(req_r)
         os.close(rep_w)
         self._send_lock = threading.Lock()
@@ -129,11 +137,9 @@ class WorkerServer:
         return worker
 
     def send(self, message: dict) -> None:
-        """One request line, whole (a pipe may take less than asked)."""
-        data = memoryview((json.dumps(message) + "\n").encode())
+        """One request line, whole, never interleaved with another's."""
         with self._send_lock:
-            while data:
-                data = data[os.write(self._req_w, data):]
+            write_line(self._req_w, message)
 
     def close(self) -> None:
         """Ends the server (the workers it forked end with their pipeline)."""
@@ -215,7 +221,7 @@ def _handle(message: dict, req_fd: int, rep_fd: int, pidfds: dict[int, int],
                        [req_fd, rep_fd, *pidfds.values()], selector)
     pidfds[pid] = os.pidfd_open(pid)
     selector.register(pidfds[pid], selectors.EVENT_READ, pid)
-    _reply(rep_fd, {"pid": pid})
+    write_line(rep_fd, {"pid": pid})
 
 
 def _report_exit(pid: int, selector: selectors.BaseSelector,
@@ -223,13 +229,9 @@ def _report_exit(pid: int, selector: selectors.BaseSelector,
     selector.unregister(pidfds[pid])
     _, status = os.waitpid(pid, 0)
     os.close(pidfds.pop(pid))
-    _reply(rep_fd, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+    write_line(rep_fd, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _reply(fd: int, message: dict) -> None:
-    data = memoryview((json.dumps(message) + "\n").encode())
-    while data:
-        data = data[os.write(fd, data):]
 
 
 def _fork_worker(env: dict[str, str], cwd: str, close_fds: list[int],

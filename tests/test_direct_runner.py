@@ -125,10 +125,14 @@ class _Where(beam.DoFn):
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+needs_pidfd = pytest.mark.skipif(
+    not worker_fork.supported(),
+    reason="no process file descriptors (pidfd) on this system")
+
+
+@needs_pidfd
 def test_workers_are_forked_from_the_server_and_see_the_runner_env(
         tmp_path, monkeypatch):
-    if not worker_fork.supported():
-        pytest.skip("no process file descriptors (pidfd) on this system")
     direct_runner.start_worker_server()
     server = direct_runner._server
     monkeypatch.setenv("DPSYNTH_TEST_MARK", "after-start")
@@ -147,9 +151,8 @@ def test_workers_are_forked_from_the_server_and_see_the_runner_env(
     assert rows == {(server._proc.pid, "after-start", str(tmp_path), True)}
 
 
+@needs_pidfd
 def test_a_forked_worker_reports_its_exit_code_and_can_be_killed():
-    if not worker_fork.supported():
-        pytest.skip("no process file descriptors (pidfd) on this system")
     server = worker_fork.WorkerServer()
     try:
         # no control address: Beam's worker fails at once
@@ -188,9 +191,8 @@ def test_only_the_sdk_worker_command_is_forked():
     assert shim.PIPE is subprocess.PIPE
 
 
+@needs_pidfd
 def test_a_dead_fork_server_falls_back_to_beams_worker_start(monkeypatch):
-    if not worker_fork.supported():
-        pytest.skip("no process file descriptors (pidfd) on this system")
     server = worker_fork.WorkerServer()
     server.close()  # gone: fork() cannot reach it
     monkeypatch.setattr(direct_runner, "_server", server)
