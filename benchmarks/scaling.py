@@ -1111,6 +1111,10 @@ class Engine:
     def flags(self, workers: int) -> list[str]:
         raise NotImplementedError
 
+    def launch(self, workers: int) -> None:
+        """What ``dpsynth generate`` starts as soon as its flags parse,
+        before it imports the pipeline (the child calls it first)."""
+
     def start(self, workers: int) -> None:
         pass
 
@@ -1128,6 +1132,11 @@ class DirectEngine(Engine):
         from deploy.runners import direct_args
         return direct_args(workers, "multi_processing")
 
+    def launch(self, workers: int) -> None:
+        # the worker fork server, whose imports then overlap the child's
+        from pipelines import direct_runner
+        direct_runner.start_worker_server_for(self.flags(workers))
+
 
 class DirectSpawnEngine(DirectEngine):
     """DirectRunner as above, its workers started as Beam starts them (a
@@ -1136,7 +1145,7 @@ class DirectSpawnEngine(DirectEngine):
 
     name = "direct-spawn"
 
-    def start(self, workers: int) -> None:
+    def launch(self, workers: int) -> None:
         from pipelines import direct_runner
         direct_runner.fork_workers(False)
 
@@ -1170,10 +1179,13 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
     """One job on ``engine`` with ``workers`` workers, every pass reading
     the files (generate's default layout); job time = generate.run (the
     engine's cluster start and stop timed apart); the stage trace
-    (transforms.progress) of every worker."""
+    (transforms.progress) of every worker. The engine is launched first,
+    as the command line does (the fork server's imports run beside the
+    pipeline's)."""
+    eng = ENGINES[engine]
+    eng.launch(workers)
     from pipelines import console, generate, job, machine
     from transforms import progress
-    eng = ENGINES[engine]
     out = tempfile.mkdtemp(prefix="dpsynth-bench-")
     trace = os.path.join(out, "trace.tsv")
     os.environ[progress.TRACE_ENV] = trace  # before any worker starts

@@ -304,27 +304,32 @@ def register(subparsers) -> argparse.ArgumentParser:
 def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
     """`dpsynth generate`: runs the job with dpsynth's error policy."""
     console.setup_logging(args.verbose)
-    # Beam and the pipeline load here, after the flags parsed (--help and
-    # flag errors answer without them).
-    from pipelines import budget_store, demo, release, summary
-    from pipelines.options import UsageError, check_beam_args
-    from transforms import io
-    from transforms.images import ImageInputError
-
-    def go() -> int:
-        from pipelines import job
-        check_beam_args(beam_argv, parser(), "generate")
-        spec = spec_from_args(args, beam_argv)
-        demo_run = spec.input.path is None and spec.input.images is None
-        output = job.run(spec)
-        print(summary.render(output, release.read_manifest(output),
-                             _lifetime(spec)))
-        if demo_run:
-            train, test = demo.demo_files()
-            print(demo.utility_line(output, test, train))
-        return 0
-
     with console.quiet_stderr(args.verbose):
+        # Worker processes (--direct_num_workers > 1) are forked from a
+        # server started now, so that its imports run beside the ones below
+        # (it writes where Beam's workers do: the run's log).
+        from pipelines import direct_runner
+        direct_runner.start_worker_server_for(beam_argv)
+        # Beam and the pipeline load here, after the flags parsed (--help
+        # and flag errors answer without them).
+        from pipelines import budget_store, demo, release, summary
+        from pipelines.options import UsageError, check_beam_args
+        from transforms import io
+        from transforms.images import ImageInputError
+
+        def go() -> int:
+            from pipelines import job
+            check_beam_args(beam_argv, parser(), "generate")
+            spec = spec_from_args(args, beam_argv)
+            demo_run = spec.input.path is None and spec.input.images is None
+            output = job.run(spec)
+            print(summary.render(output, release.read_manifest(output),
+                                 _lifetime(spec)))
+            if demo_run:
+                train, test = demo.demo_files()
+                print(demo.utility_line(output, test, train))
+            return 0
+
         return console.run_command(
             go, "generate", (UsageError, io.InputError, release.ReleaseError,
                              budget_store.BudgetExceeded,

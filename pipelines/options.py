@@ -23,7 +23,7 @@ class UsageError(ValueError):
     """A bad flag or flag combination, found before any data is read."""
 
 
-LOCAL_RUNNERS = ("directrunner", "direct", "fnapirunner")
+LOCAL_RUNNERS = runner_names.LOCAL_RUNNERS
 # Portable runners whose Python code runs in the submitting process when the
 # environment is LOOPBACK (Beam's default for Prism, and for Flink's embedded
 # cluster).

@@ -23,15 +23,43 @@ def is_dask(runner: Optional[str]) -> bool:
     return runner is not None and runner.lower() in DASK_NAMES
 
 
-def runner_flag(argv: Sequence[str]) -> Optional[str]:
-    """The value of the last ``--runner`` in a Beam argument list."""
-    value = None
+# Beam's local runner (dpsynth runs it as Beam's FnApiRunner).
+LOCAL_RUNNERS = ("directrunner", "direct", "fnapirunner")
+
+
+def flag_value(argv: Sequence[str], name: str) -> Optional[str]:
+    """The value of the last ``--<name>`` in a Beam argument list
+    (``--name=value`` or ``--name value``)."""
+    value, flag = None, f"--{name}"
     for i, arg in enumerate(argv):
-        if arg.startswith("--runner="):
+        if arg.startswith(flag + "="):
             value = arg.split("=", 1)[1]
-        elif arg == "--runner" and i + 1 < len(argv):
+        elif arg == flag and i + 1 < len(argv):
             value = argv[i + 1]
     return value
+
+
+def runner_flag(argv: Sequence[str]) -> Optional[str]:
+    """The value of the last ``--runner`` in a Beam argument list."""
+    return flag_value(argv, "runner")
+
+
+def wants_worker_processes(argv: Sequence[str]) -> bool:
+    """Whether these Beam flags run the local runner with worker processes
+    (``--direct_running_mode multi_processing``, or several
+    ``--direct_num_workers`` and no mode), read without importing Beam.
+    A hint for starting work early: ``pipelines.options.beam_options``
+    decides for real."""
+    runner = runner_flag(argv)
+    if runner is not None and runner.lower() not in LOCAL_RUNNERS:
+        return False
+    mode = flag_value(argv, "direct_running_mode")
+    if mode is not None:
+        return mode == "multi_processing"
+    try:
+        return int(flag_value(argv, "direct_num_workers") or 1) > 1
+    except ValueError:
+        return False
 
 
 def resolve_dask(argv: Sequence[str]) -> list[str]:

@@ -5,8 +5,10 @@ starts W fresh ``python -m apache_beam.runners.worker.sdk_worker_main``
 processes, and each imports Beam's worker and then, in the first stage that
 unpickles its steps, PipelineDP (dp_accounting, scipy): 1.9 s of one core
 each, for each of the adaptive plan's two pipelines. The server imports
-those modules once, in the background while the job plans, and forks every
-worker of the job from itself: a worker is ready in milliseconds.
+those modules once, in the background (from the moment ``dpsynth
+generate``'s flags parse, beside the command's own imports; else while the
+job plans), and forks every worker of the job from itself: a worker is
+ready in milliseconds.
 
 Why not ``multiprocessing``'s "forkserver": its children re-run the
 launching program's ``__main__`` (the spawn protocol), which a user's
@@ -18,14 +20,16 @@ runner -> server ``{"env": {...}, "cwd": ...}`` (fork one worker) or
 ``{"kill": pid}``; server -> runner ``{"pid": pid}`` for each fork, in
 order, and ``{"exited": pid, "code": c}`` when a worker ends (c as
 ``subprocess``: negative for a signal). The server ends when the runner's
-end of the request pipe closes (the runner process exited or called
-``close``); its workers end with their control channel, as Beam's do.
+end of the request pipe closes (the runner called ``close``, which it does
+at exit, or died), at once even in the middle of its imports; its workers
+end with their control channel, as Beam's do.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import selectors
 import signal
 import subprocess
@@ -141,13 +145,18 @@ class WorkerServer:
         with self._send_lock:
             write_line(self._req_w, message)
 
-    def close(self) -> None:
-        """Ends the server (the workers it forked end with their pipeline)."""
+    def close(self, timeout: float = 10.0) -> None:
+        """Ends the server (the workers it forked end with their pipeline);
+        one that does not end within ``timeout`` seconds is killed."""
         try:
             os.close(self._req_w)
         except OSError:
             pass
-        self._proc.wait()
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
 
     def _read_replies(self) -> None:
         with os.fdopen(self._rep_r, "rb") as replies:
@@ -176,7 +185,7 @@ class WorkerServer:
 
 def serve(req_fd: int, rep_fd: int) -> None:
     """The server's loop: fork a worker per request, report each exit."""
-    _prepare_server()
+    _prepare_server(req_fd)
     selector = selectors.DefaultSelector()
     selector.register(req_fd, selectors.EVENT_READ, None)
     pidfds: dict[int, int] = {}  # pid -> pidfd
@@ -195,18 +204,38 @@ def serve(req_fd: int, rep_fd: int) -> None:
                 _handle(json.loads(line), req_fd, rep_fd, pidfds, selector)
 
 
-def _prepare_server() -> None:
+def _prepare_server(req_fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner handles Ctrl-C
     # Python 3.12 warns on fork() while other threads run; the server's are
     # OpenBLAS's and jemalloc's idle pools, whose fork handlers keep the
     # child safe (see WORKER_MODULES).
     warnings.filterwarnings("ignore", r".*use of fork\(\) may lead to "
                             "deadlocks", DeprecationWarning)
+    done = threading.Event()
+    watch = threading.Thread(target=_exit_if_runner_gone, args=(req_fd, done),
+                             daemon=True)
+    watch.start()
     for name in WORKER_MODULES:
         try:
             __import__(name)
         except ImportError:
             pass
+    done.set()
+    watch.join()  # no thread of ours when workers are forked
+
+
+def _exit_if_runner_gone(req_fd: int, done: threading.Event) -> None:
+    """While the server imports: ends it at once if the runner closed its
+    end of the request pipe with no request in it (it exited before asking
+    for a worker, e.g. on a flag error), instead of after the imports."""
+    poller = select.poll()
+    poller.register(req_fd, select.POLLIN | select.POLLHUP)
+    while not done.is_set():
+        events = dict(poller.poll(50)).get(req_fd, 0)
+        if events & select.POLLIN:  # a request: served after the imports
+            return
+        if events & select.POLLHUP:
+            os._exit(0)
 
 
 def _handle(message: dict, req_fd: int, rep_fd: int, pidfds: dict[int, int],
@@ -278,3 +307,8 @@ def run_sdk_worker(env: dict[str, str], cwd: str) -> int:
 
 if __name__ == "__main__":
     serve(int(sys.argv[1]), int(sys.argv[2]))
+    # Nothing to clean up (the workers are processes of their own), and
+    # the runner waits for this exit: skip the interpreter's teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

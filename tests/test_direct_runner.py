@@ -123,6 +123,7 @@ class _Where(beam.DoFn):
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 
 
 needs_pidfd = pytest.mark.skipif(
@@ -204,3 +205,44 @@ def test_a_dead_fork_server_falls_back_to_beams_worker_start(monkeypatch):
     command = f"{sys.executable} -m apache_beam.runners.worker.sdk_worker_main"
     assert shim.Popen(command, shell=True, env={}) == "spawned"
     assert started == [((command,), {"shell": True, "env": {}})]
+
+
+@pytest.mark.parametrize("argv, wanted", [
+    ([], False),  # one in-memory worker
+    (["--direct_num_workers", "2"], True),
+    (["--direct_num_workers=4", "--runner=DirectRunner"], True),
+    (["--direct_num_workers", "2", "--direct_running_mode", "in_memory"],
+     False),
+    (["--direct_running_mode=multi_processing"], True),
+    (["--runner", "dask", "--direct_num_workers", "2"], False),
+    (["--direct_num_workers", "many"], False),  # refused later, by Beam
+])
+def test_worker_processes_are_read_from_the_flags_without_beam(argv, wanted):
+    from pipelines import runner_names
+    assert runner_names.wants_worker_processes(argv) is wanted
+
+
+@needs_pidfd
+def test_a_server_whose_runner_leaves_during_its_imports_ends_at_once():
+    """A flag error ends the command before any worker is asked for: the
+    server stops importing (~2 s of modules) instead of running on."""
+    server = worker_fork.WorkerServer()
+    time.sleep(0.2)  # inside its first import
+    start = time.monotonic()
+    server.close()
+    assert time.monotonic() - start < 1.0
+    assert server._proc.returncode == 0
+
+
+@needs_pidfd
+def test_the_fork_server_ends_with_its_runner_process():
+    """No server left running when the runner's process exits (a scheduler
+    that waits for a task's processes sees none)."""
+    code = ("from pipelines import direct_runner\n"
+            "direct_runner.start_worker_server_for(['--direct_num_workers', "
+            "'2'])\n"
+            "print(direct_runner._server._proc.pid)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True, check=True, cwd=REPO)
+    pid = int(out.stdout.split()[-1])
+    assert not os.path.exists(f"/proc/{pid}"), f"server {pid} still running"
