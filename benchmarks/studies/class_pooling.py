@@ -240,8 +240,9 @@ No variant meets issue 30's bar, and none comes near the current rule
 15 of 124 cells). Two reasons, both visible below:
 
 * **Pooling a per-class release is much worse than the shared mode.** The
-  pooled matrix sums K class releases, each with the shared mode's sigma:
-  sqrt(K) times its noise (and the per-class plan's budget split). On the
+  pooled matrix sums K class releases, each with noise of its own: about
+  sqrt(K) times the noise of the shared mode's one matrix at a like
+  budget share (and the per-class plan splits the budget otherwise). On the
   80 cells where shared is the best mode, ``pooled`` loses a median 2.9
   points to it (up to 21.7; within 0.1 on large classes at d = 64-384) (20
   Newsgroups: 70.3 / 72.6 / 73.8 / 73.6 against the rule's 71.4 / 73.3 /
