@@ -22,7 +22,7 @@ from dp_ops.ledger import Mechanism, PrivacyLedger
 from dp_ops.noise import SeededNoise
 from transforms.aggregate import Block, PerClassSum
 from transforms.pipelinedp import (ClassSums, _Concatenated, class_second_moment_family,
-                                   class_sum_family)
+                                   class_sum_family, pieces)
 
 R = 0.7
 
@@ -63,11 +63,12 @@ def run(mode: str, args) -> float:
             sums = blocks | PerClassSum(
                 labels, _Concatenated([fam], args.dim),
                 every_label=False)
-            zero = fam.partial(np.zeros((0, args.dim)))
+            zero = fam.zero(args.dim)
+            place = pieces([fam], args.dim)[0]
 
             def noisy(_, s):
                 for c in labels:
-                    v = zero if s.get(c) is None else s[c].reshape(zero.shape)
+                    v = zero if s.get(c) is None else place.value(s[c])
                     yield c, fam.release(ledger, noise, plan.name(c, fam.name),
                                          v)
             out = (p | "Once" >> beam.Create([None])

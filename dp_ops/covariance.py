@@ -18,6 +18,8 @@ residual diag(W) - diag(F F^T) completes the covariance.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from dp_ops.moments import quantize
@@ -45,6 +47,27 @@ def add_second_moment(out: np.ndarray, x: np.ndarray,
 
 def upper_size(d: int) -> int:
     return d * (d + 1) // 2
+
+
+@functools.lru_cache(maxsize=8)
+def _triangle(d: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.triu_indices(d)
+
+
+def triangle(matrix: np.ndarray) -> np.ndarray:
+    """The upper triangle of a symmetric matrix, diagonal included, row by
+    row, unscaled (the values themselves: exact on their grid): half the
+    bytes of the matrix. ``symmetric_from_triangle`` inverts it."""
+    return matrix[_triangle(matrix.shape[0])]
+
+
+def symmetric_from_triangle(values: np.ndarray, d: int) -> np.ndarray:
+    """The symmetric d x d matrix whose upper triangle is ``values``."""
+    rows, cols = _triangle(d)
+    out = np.empty((d, d))
+    out[rows, cols] = values
+    out[cols, rows] = values
+    return out
 
 
 def _upper_scale(d: int) -> np.ndarray:

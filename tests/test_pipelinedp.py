@@ -14,8 +14,8 @@ from dp_ops.noise import SeededNoise
 from transforms.aggregate import Block
 from transforms.pipelinedp import (
     PINNED_VERSION, ClassAggregation, ClassSums, KeyedSumCombiner,
-    LedgerAccountant, class_count_family, class_second_moment_family,
-    class_sum_family)
+    LedgerAccountant, _Concatenated, class_count_family,
+    class_second_moment_family, class_sum_family, pieces)
 
 LABELS, D, R, SIGMA = [0, 1, 2, 3], 5, 0.7, 3.0
 FAMILY = "moments/sum"
@@ -273,3 +273,40 @@ def test_two_families_in_one_aggregation(tmp_path):
     text = t.aggregation.explain()
     assert "class=<c>/moments/sum" in text
     assert "class=<c>/covariance/second-moment" in text
+
+
+def test_second_moments_move_as_their_exact_upper_triangle():
+    """A class's d x d second moment crosses the stages as its upper
+    triangle (half the bytes) and comes back with the same bits."""
+    x, _ = _data()
+    m = covariance.block_second_moment(x, R)
+    tri = covariance.triangle(m)
+    assert tri.size == covariance.upper_size(D) == D * (D + 1) // 2
+    back = covariance.symmetric_from_triangle(tri, D)
+    assert back.tobytes() == m.tobytes()
+    family = class_second_moment_family(R)
+    acc = _Concatenated([class_sum_family(R), family], D)
+    total = acc.zero(None)
+    acc.add(total, _blocks(x, np.zeros(len(x), int), len(x))[0])
+    flat = acc.done(total)
+    sum_piece, moment_piece = pieces([class_sum_family(R), family], D)
+    assert flat.size == D + tri.size
+    assert moment_piece.value(moment_piece.take(flat)).tobytes() == m.tobytes()
+    assert sum_piece.value(sum_piece.take(flat)).tobytes() == \
+        adaptive.block_class_sum(x, R).tobytes()
+
+
+def test_a_whole_matrix_for_a_triangle_is_refused(tmp_path):
+    """ClassAggregation takes a symmetric family's triangle: a whole d x d
+    value (d^2 numbers, not d (d + 1) / 2) is an error, not a silent cut."""
+    ledger = PrivacyLedger(2.0, 1e-5)
+    for c in LABELS:
+        ledger.register(Mechanism(plan.class_covariance(c), "covariance",
+                                  plan.partition(c), R * R, SIGMA))
+    with pytest.raises(Exception, match="partial of 25 values where the "
+                       "families take 15"):
+        with beam.Pipeline() as p:
+            t = ClassAggregation(LABELS, D, class_second_moment_family(R),
+                                 ledger, SeededNoise(1))
+            _ = p | beam.Create([(0, np.eye(D))]) | t
+            t.aggregation.accountant.compute_budgets()

@@ -86,8 +86,9 @@ def test_both_block_layouts_match_in_memory_reference(tmp_path, layout):
 def test_accumulated_second_moments_equal_per_block_partials(tmp_path):
     """The per-bundle in-place accumulation of the adaptive plan's class
     moments gives the same bits as summing one partial per block and class
-    (exact grid sums), on several files, bundles and small blocks; an empty
-    class is still reported."""
+    (exact grid sums; the second moments move as their upper triangles), on
+    several files, bundles and small blocks; an empty class is still
+    reported."""
     from dp_ops import adaptive, covariance
     from transforms.pipelinedp import (_Concatenated,
                                        class_second_moment_family,
@@ -100,8 +101,9 @@ def test_accumulated_second_moments_equal_per_block_partials(tmp_path):
 
     def per_block(_, b):
         return np.concatenate([adaptive.block_class_sum(b.x, cfg.clip_norm),
-                               covariance.block_second_moment(
-                                   b.x, cfg.clip_norm).ravel()])
+                               covariance.triangle(
+                                   covariance.block_second_moment(
+                                       b.x, cfg.clip_norm))])
 
     def check(got):
         got = dict(got)

@@ -41,9 +41,13 @@ Two things PipelineDP 0.3.1 does that need care here:
   them with a plain callable (new arrays, no in-place accumulation), and
   the Flatten with its empty public partitions moves the elements across a
   stage boundary (encoded). Feeding it the rows of each block tripled the
-  pass's wall time, so ``ClassSums`` feeds it one exact partial per class
-  and bundle (``transforms.aggregate``'s in-place bundle accumulation, as
-  today): the combiner's accumulation is the exact sum of those partials.
+  pass's wall time, and feeding it one partial per class and bundle made it
+  move W x K large partials through three stages (13 s at 16 workers in
+  the per-class mode), so ``ClassSums`` sums the bundles' exact partials
+  (``transforms.aggregate``'s in-place bundle accumulation, then one Beam
+  combine per class) and feeds PipelineDP one exact sum per class: the
+  combiner's accumulation is that sum, and PipelineDP adds the noise and
+  accounts for it.
 """
 
 from __future__ import annotations
@@ -82,11 +86,19 @@ def second_moment_release(ledger: PrivacyLedger, noise: NoiseSource,
 @dataclasses.dataclass(frozen=True)
 class Family:
     """A per-class mechanism family: ``class=<c>/<name>``, the exact
-    partial of a class's rows of one block, and how the noise is added."""
+    partial of a class's rows of one block, and how the noise is added.
+    ``symmetric``: the value is a symmetric d x d matrix, moved between
+    stages as its upper triangle (``covariance.triangle``: half the bytes,
+    the same exact values)."""
 
     name: str
     partial: Callable[[np.ndarray], np.ndarray]
     release: Release = generator.add_noise
+    symmetric: bool = False
+
+    def zero(self, dim: int) -> np.ndarray:
+        """The family's value of no rows (its shape)."""
+        return self.partial(np.zeros((0, dim)))
 
 
 def class_count_family() -> Family:
@@ -124,7 +136,7 @@ def class_second_moment_family(clip_norm: float) -> Family:
     """``class=<c>/covariance/second-moment`` (R^2, isometric upper
     triangle), as the per-class mode of ``transforms.adaptive``."""
     return Family("covariance/second-moment", _SecondMoment(clip_norm),
-                  second_moment_release)
+                  second_moment_release, symmetric=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,7 +244,8 @@ class KeyedSumCombiner(combiners.CustomCombiner):
                  piece: Optional["Piece"] = None) -> None:
         self._family, self._release = family.name, family.release
         self._piece = piece
-        self._zero = family.partial(np.zeros((0, dim)))
+        zero = family.zero(dim)  # a class's value with no rows, as it moves
+        self._zero = zero if piece is None else piece.pack(zero)
         self._ledger, self._noise = ledger, noise
         mech = family_mechanisms(ledger, labels, family.name)[0]
         self._sensitivity, self._sigma = mech.sensitivity, mech.sigma
@@ -252,7 +265,7 @@ class KeyedSumCombiner(combiners.CustomCombiner):
             if part is None:  # a label's seed: no rows
                 continue
             if self._piece is not None:  # this family's slice of a flat value
-                part = self._piece.take(part)
+                part = self._piece.take(part)  # (summed as it moves)
             total = part if total is None else total + part
         return label, total
 
@@ -271,6 +284,8 @@ class KeyedSumCombiner(combiners.CustomCombiner):
                              "without its label (seed every label)")
         if total is None:  # a class with no rows: the exact sum is zero
             total = self._zero
+        if self._piece is not None:
+            total = self._piece.value(total)
         return self._release(self._ledger, self._noise,
                              plan.name(label, self._family), total)
 
@@ -305,30 +320,40 @@ class Aggregation:
 
 @dataclasses.dataclass(frozen=True)
 class Piece:
-    """Where one family's value sits in a flat concatenation of several."""
+    """Where one family's value sits in a flat concatenation of several,
+    in the form it moves in (raveled, or a symmetric matrix's triangle)."""
 
     start: int
     stop: int
     shape: tuple[int, ...]
+    symmetric: bool = False
 
     def take(self, flat: np.ndarray) -> np.ndarray:
-        return flat[self.start:self.stop].reshape(self.shape)
+        """This family's part of ``flat``, as it moves (sums stay exact)."""
+        return flat[self.start:self.stop]
+
+    def pack(self, value: np.ndarray) -> np.ndarray:
+        """A value of the family's shape -> the form it moves in."""
+        return covariance.triangle(value) if self.symmetric else np.ravel(
+            value)
+
+    def value(self, moved: np.ndarray) -> np.ndarray:
+        """``take``'s part -> the value of the family's shape."""
+        if self.symmetric:
+            return covariance.symmetric_from_triangle(moved, self.shape[0])
+        return moved.reshape(self.shape)
 
 
 def pieces(families: Sequence[Family], dim: int) -> list[Piece]:
     """Each family's slice of the concatenated value (its zero's shape)."""
     out, start = [], 0
     for f in families:
-        shape = f.partial(np.zeros((0, dim))).shape
-        size = int(np.prod(shape))
-        out.append(Piece(start, start + size, tuple(shape)))
+        shape = f.zero(dim).shape
+        size = (covariance.upper_size(shape[0]) if f.symmetric
+                else int(np.prod(shape)))
+        out.append(Piece(start, start + size, tuple(shape), f.symmetric))
         start += size
     return out
-
-
-def concatenated_zero(families: Sequence[Family], dim: int) -> np.ndarray:
-    return np.concatenate([f.partial(np.zeros((0, dim))).ravel()
-                           for f in families])
 
 
 class ClassAggregation(beam.PTransform):
@@ -336,7 +361,9 @@ class ClassAggregation(beam.PTransform):
     label, through one ``DPEngine.aggregate`` with one custom combiner per
     mechanism family in ``families``: one Family (values of its shape), or
     several whose values come as one flat concatenation, in order (one pass
-    feeds them all; the output is then a tuple of the released values).
+    feeds them all; the output is then a tuple of the released values). A
+    symmetric family's part of a value is its triangle (``Piece``: what
+    ``ClassSums`` emits), also when it comes alone.
 
     The partials are exact values on the families' public grids (their sum
     is the same bits in any order); a label may come any number of times or
@@ -359,9 +386,10 @@ class ClassAggregation(beam.PTransform):
 
     def expand(self, partials):
         single = self._single
+        size = pieces(self._families, self._dim)[-1].stop
         # one flat value per element (a view for one family's array)
         keyed = partials | "Keyed" >> beam.MapTuple(
-            lambda c, v: (c, (c, np.ravel(v))))
+            lambda c, v: (c, (c, _flat(v, size))))
         # One seed per label, (label, None): the accumulator of a class
         # absent from the data then still knows its label (see the module
         # doc); no zero array (a class's second moments are ~0.6 MB at
@@ -387,9 +415,18 @@ class ClassAggregation(beam.PTransform):
             lambda c, m: (c, m[0] if single else tuple(m)))
 
 
+def _flat(value: np.ndarray, size: int) -> np.ndarray:
+    flat = np.ravel(value)
+    if flat.size != size:  # e.g. a whole d x d matrix for its triangle
+        raise ValueError(f"a partial of {flat.size} values where the "
+                         f"families take {size}")
+    return flat
+
+
 class _Concatenated(aggregate.Accumulator):
     """One or more families' exact partials of a bundle's rows of one
-    class, side by side in one flat array (accumulated in place)."""
+    class (accumulated in place, each in its family's shape), emitted side
+    by side in one flat array in the form they move in (``Piece``)."""
 
     def __init__(self, families: Sequence[Family], dim: int) -> None:
         self._families, self._dim = list(families), dim
@@ -397,12 +434,16 @@ class _Concatenated(aggregate.Accumulator):
         self.__qualname__ = ("ClassSums[" + "+".join(
             f.name for f in self._families) + "]")  # the stage trace's name
 
-    def zero(self, rows) -> np.ndarray:
-        return concatenated_zero(self._families, self._dim)
+    def zero(self, rows) -> list[np.ndarray]:
+        return [f.zero(self._dim).copy() for f in self._families]
 
-    def add(self, acc: np.ndarray, rows) -> None:
-        for f, place in zip(self._families, self._pieces):
-            place.take(acc)[...] += f.partial(rows.x)
+    def add(self, acc: list[np.ndarray], rows) -> None:
+        for f, value in zip(self._families, acc):
+            value += f.partial(rows.x)
+
+    def done(self, acc: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate([place.pack(value)
+                               for place, value in zip(self._pieces, acc)])
 
 
 class ClassSums(beam.PTransform):
@@ -423,7 +464,16 @@ class ClassSums(beam.PTransform):
         self.aggregation = self._aggregate.aggregation
 
     def expand(self, blocks):
+        # Summed per class before PipelineDP: its aggregation moves every
+        # element through three stages (the Flatten with the label seeds,
+        # the join with the public partitions, its combine), and with one
+        # partial per class and bundle (1.2 MB each at d = 384 in the
+        # per-class mode) that took 13 s after the moments pass at 16
+        # DirectRunner workers against 1.3 s at 2. Summed first, the
+        # partials cross one shuffle and PipelineDP moves one value a class.
         return (blocks
                 | "Partials" >> beam.ParDo(aggregate._AccumulateFn(
                     self._acc, 1))
+                | "Sum" >> beam.CombinePerKey(
+                    aggregate._SumFn(aggregate.add_inplace))
                 | "Aggregate" >> self._aggregate)
