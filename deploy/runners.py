@@ -40,7 +40,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from pipelines.runner_names import DASK_NAMES, resolve_dask
+from pipelines.runner_names import (DASK_NAMES, default_running_mode,
+                                    resolve_dask)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SETUP_FILE = str(REPO_ROOT / "setup.py")
@@ -76,8 +77,7 @@ def direct_args(num_workers: int = 1,
     """DirectRunner; more than one worker means ``multi_processing``."""
     if num_workers < 1:
         raise ValueError(f"--direct_num_workers must be >= 1, got {num_workers}")
-    mode = running_mode or ("multi_processing" if num_workers > 1
-                            else "in_memory")
+    mode = running_mode or default_running_mode(num_workers)
     if mode == "multi_threading":
         raise ValueError("--direct_running_mode multi_threading is not "
                          "supported by dpsynth (it corrupts data); use "

@@ -62,8 +62,8 @@ def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
     direct_runner.install()  # cuts costs that grow with the worker count
     mode = all_opts.get("direct_running_mode")
     if "direct_running_mode" not in joined:
-        workers = all_opts.get("direct_num_workers") or 1
-        mode = "multi_processing" if workers > 1 else "in_memory"
+        mode = runner_names.default_running_mode(
+            all_opts.get("direct_num_workers") or 1)
         argv.append(f"--direct_running_mode={mode}")
     if mode == "multi_processing":
         direct_runner.start_worker_server()  # imports while the job plans

@@ -44,6 +44,12 @@ def runner_flag(argv: Sequence[str]) -> Optional[str]:
     return flag_value(argv, "runner")
 
 
+def default_running_mode(workers: int) -> str:
+    """DirectRunner's running mode when none is given: several workers run
+    as processes (``multi_threading`` corrupted data here), one in memory."""
+    return "multi_processing" if workers > 1 else "in_memory"
+
+
 def wants_worker_processes(argv: Sequence[str]) -> bool:
     """Whether these Beam flags run the local runner with worker processes
     (``--direct_running_mode multi_processing``, or several
@@ -54,12 +60,13 @@ def wants_worker_processes(argv: Sequence[str]) -> bool:
     if runner is not None and runner.lower() not in LOCAL_RUNNERS:
         return False
     mode = flag_value(argv, "direct_running_mode")
-    if mode is not None:
-        return mode == "multi_processing"
-    try:
-        return int(flag_value(argv, "direct_num_workers") or 1) > 1
-    except ValueError:
-        return False
+    if mode is None:
+        try:
+            workers = int(flag_value(argv, "direct_num_workers") or 1)
+        except ValueError:  # refused later, by Beam's parser
+            return False
+        mode = default_running_mode(workers)
+    return mode == "multi_processing"
 
 
 def resolve_dask(argv: Sequence[str]) -> list[str]:

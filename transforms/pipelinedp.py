@@ -374,19 +374,19 @@ class ClassAggregation(beam.PTransform):
                  ledger: PrivacyLedger, noise: NoiseSource,
                  accountant: Optional[LedgerAccountant] = None) -> None:
         super().__init__()
-        self._labels, self._dim = [int(c) for c in labels], dim
+        self._labels = [int(c) for c in labels]
         self._single = isinstance(families, Family)
         self._families = [families] if self._single else list(families)
+        self._pieces = pieces(self._families, dim)
         self._combiners = [KeyedSumCombiner(f, self._labels, dim, ledger,
                                             noise, place)
-                           for f, place in zip(self._families,
-                                               pieces(self._families, dim))]
+                           for f, place in zip(self._families, self._pieces)]
         self.aggregation = Aggregation(accountant or LedgerAccountant(ledger),
                                        report_generator.ExplainComputationReport())
 
     def expand(self, partials):
         single = self._single
-        size = pieces(self._families, self._dim)[-1].stop
+        size = self._pieces[-1].stop
         # one flat value per element (a view for one family's array)
         keyed = partials | "Keyed" >> beam.MapTuple(
             lambda c, v: (c, (c, _flat(v, size))))

@@ -151,11 +151,8 @@ def run(split: Split, eps: float, seed: int) -> list[dict]:
     return out
 
 
-def load_log(path: str = LOG) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+def load_log() -> list[dict]:
+    return sweep.load_log(LOG)
 
 
 def measure(names: Sequence[str]) -> None:
