@@ -160,6 +160,37 @@ def test_a_step_read_by_two_branches_runs_once(scheduler, tmp_path):
     assert (tmp_path / "main").read_text() == (tmp_path / "side").read_text()
 
 
+class _NoteBundles(beam.DoFn):
+    """Writes each bundle's groups to a file of its own in ``out``."""
+
+    def __init__(self, out: str) -> None:
+        self._out = out
+
+    def start_bundle(self):
+        self._groups = []
+
+    def process(self, kv):
+        self._groups.append((kv[0], sorted(kv[1])))
+
+    def finish_bundle(self):
+        _save(self._groups, self._out, uuid.uuid4().hex)
+
+
+def test_group_by_key_runs_on_one_partition_per_worker(scheduler, tmp_path):
+    """A GroupByKey of 12 one-element partitions groups right and its
+    output is 2 partitions (the cluster's 2 worker threads), not 12:
+    Dask's task shuffle of n partitions is ~n^2 tasks."""
+    with beam.Pipeline(options=beam_options(_dask(scheduler))) as p:
+        _ = (p | beam.Create([(i % 3, i) for i in range(12)])
+             | beam.GroupByKey()
+             | beam.ParDo(_NoteBundles(str(tmp_path))))
+    bundles = [eval(open(tmp_path / name).read())
+               for name in os.listdir(tmp_path)]
+    assert len(bundles) == 2
+    groups = sorted(g for bundle in bundles for g in bundle)
+    assert groups == [(k, list(range(k, 12, 3))) for k in range(3)]
+
+
 def _note_run(value, out: str):
     """Test-only: one file per call (counts how often a step ran)."""
     with open(os.path.join(out, uuid.uuid4().hex), "w") as f:
