@@ -10,6 +10,8 @@ loopback (``distributed.LocalCluster``), driven by ``--runner dask``.
 * One file is read by both workers (split reads).
 * A step read by two branches runs once; with secure noise the release is
   self-consistent.
+* A GroupByKey runs on one partition per worker thread, not one per input
+  partition (Dask's task shuffle of n partitions is ~n² tasks).
 * Without a scheduler address, ``python -m pipelines.generate --runner
   dask`` starts one local cluster for both phases of the adaptive plan,
   keeps Dask's logs and dashboard off the console and leaves no files.
@@ -17,6 +19,7 @@ loopback (``distributed.LocalCluster``), driven by ``--runner dask``.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -184,7 +187,7 @@ def test_group_by_key_runs_on_one_partition_per_worker(scheduler, tmp_path):
         _ = (p | beam.Create([(i % 3, i) for i in range(12)])
              | beam.GroupByKey()
              | beam.ParDo(_NoteBundles(str(tmp_path))))
-    bundles = [eval(open(tmp_path / name).read())
+    bundles = [ast.literal_eval((tmp_path / name).read_text())
                for name in os.listdir(tmp_path)]
     assert len(bundles) == 2
     groups = sorted(g for bundle in bundles for g in bundle)
