@@ -28,7 +28,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from benchmarks.studies.study_data import RESULTS, probe, selection_split  # noqa: E402
+from benchmarks.studies.study_data import probe, save_rows, selection_split  # noqa: E402
 from dp_ops.clipping import clip_rows, normalize_rows  # noqa: E402
 
 CLIP = 0.7
@@ -145,11 +145,7 @@ def main() -> int:
         xs, ys = sample_gaussians(families(x, y, args.rank)["shared full"](),
                                   np.random.default_rng(1))
         score("shared full, no centre/clip", normalize_rows(xs, "unit"), ys)
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, f"gaussian_ceiling-{args.dataset}.json")
-    with open(path, "w") as fh:
-        json.dump(rows, fh, indent=1)
-    print(f"wrote {path}")
+    save_rows(f"gaussian_ceiling-{args.dataset}.json", rows)
     return 0
 
 

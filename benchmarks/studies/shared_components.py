@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 import numpy as np
 
 from benchmarks.studies.gaussian_ceiling import CLIP, sample_gaussians
-from benchmarks.studies.study_data import RESULTS, probe, selection_split
+from benchmarks.studies.study_data import probe, save_rows, selection_split
 from dp_ops.clipping import clip_rows, normalize_rows
 
 Component = tuple  # (label, rows, mean, covariance), as sample_gaussians
@@ -119,10 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                                              km.cluster_centers_), purity=p)
         score("offset", m, class_offsets(xc, y, assign, m), purity=p)
         score("cells", m, cells(xc, y, assign, m), purity=p)
-    path = os.path.join(RESULTS, f"shared_components-{args.dataset}.json")
-    with open(path, "w") as fh:
-        json.dump(rows, fh, indent=1)
-    print(f"wrote {path}")
+    save_rows(f"shared_components-{args.dataset}.json", rows)
     return 0
 
 

@@ -124,3 +124,14 @@ def probe(xs: np.ndarray, ys: np.ndarray, split: Split,
                         LogisticRegression(C=1e-3, max_iter=1000))
     clf.fit(normalize_rows(xs, "unit"), ys)
     return float(clf.score(split.x_val, split.y_val))
+
+
+def save_rows(filename: str, rows: list) -> str:
+    """A study's result rows as JSON under benchmarks/studies/results."""
+    import json
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, filename)
+    with open(path, "w") as fh:
+        json.dump(rows, fh, indent=1)
+    print(f"wrote {path}")
+    return path
