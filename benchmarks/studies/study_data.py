@@ -11,6 +11,7 @@ read for final tables.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 
@@ -128,7 +129,6 @@ def probe(xs: np.ndarray, ys: np.ndarray, split: Split,
 
 def save_rows(filename: str, rows: list) -> str:
     """A study's result rows as JSON under benchmarks/studies/results."""
-    import json
     os.makedirs(RESULTS, exist_ok=True)
     path = os.path.join(RESULTS, filename)
     with open(path, "w") as fh:
