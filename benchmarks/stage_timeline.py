@@ -83,11 +83,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     console.setup_logging()
     log: list = []
     timed_stages(log)
-    t0 = time.time()
-    job.run(generate.spec_from_args(parsed, beam_argv))
-    t1 = time.time()
-    spans = progress.read_trace(trace)
-    shutil.rmtree(out, ignore_errors=True)
+    try:  # the release is ~1.5 GB at the default size: never leave it
+        t0 = time.time()
+        job.run(generate.spec_from_args(parsed, beam_argv))
+        t1 = time.time()
+        spans = progress.read_trace(trace)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
     print(f"job {t1 - t0:.1f} s, {args.workers} workers "
           f"({os.cpu_count()} cores)")
     previous = t0
