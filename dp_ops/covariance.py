@@ -72,21 +72,19 @@ def symmetric_from_triangle(values: np.ndarray, d: int) -> np.ndarray:
 
 def _upper_scale(d: int) -> np.ndarray:
     """1 on the diagonal, sqrt(2) off it (row-major upper triangle)."""
-    rows, cols = np.triu_indices(d)
+    rows, cols = _triangle(d)
     return np.where(rows == cols, 1.0, np.sqrt(2.0))
 
 
 def symmetric_from_upper(values: np.ndarray, d: int) -> np.ndarray:
     """Inverse of ``upper``: the symmetric d x d matrix."""
-    out = np.zeros((d, d))
-    out[np.triu_indices(d)] = values / _upper_scale(d)
-    return out + np.triu(out, 1).T
+    return symmetric_from_triangle(values / _upper_scale(d), d)
 
 
 def upper(matrix: np.ndarray) -> np.ndarray:
-    """Isometric vector of a symmetric matrix: ||upper(A)||_2 = ||A||_F."""
-    return matrix[np.triu_indices(matrix.shape[0])] * _upper_scale(
-        matrix.shape[0])
+    """Isometric vector of a symmetric matrix: ||upper(A)||_2 = ||A||_F
+    (``triangle``, its off-diagonal entries times sqrt(2))."""
+    return triangle(matrix) * _upper_scale(matrix.shape[0])
 
 
 def within_covariance(noisy_second_moment: np.ndarray,
