@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import logging
 import os
-import shutil
 import sys
 import tempfile
 import threading
@@ -40,22 +39,57 @@ ERROR_MARKERS = ("InputError: ", "ImageInputError: ", "EncoderError: ",
 
 
 class _DropNoise(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        # While quiet_stderr runs, other libraries' records go to the
+        # runner's log (_LibraryLog), not to the console.
+        self.ours_only = False
+
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name.startswith("dpsynth"):
             return True
-        text = _message(record)
-        exc = record.exc_info[1] if record.exc_info else None
-        if "KeyboardInterrupt" in text or (exc is not None
-                                           and interrupted(exc)):
-            return False  # Ctrl-C: one line from run_command, no traceback
-        if any(marker in text for marker in _NOISE):
+        if self.ours_only:
             return False
-        exc = record.exc_info[1] if record.exc_info else None
-        # Beam logs a worker's exception before re-raising it; bad input is
-        # reported once, as one line (see fail()).
-        return not (exc is not None and any(
-            m in f"{type(exc).__name__}: " for m in ERROR_MARKERS)) and not any(
-            m in text for m in ERROR_MARKERS)
+        return _worth_keeping(record)
+
+
+class _LibraryLog(logging.StreamHandler):
+    """While quiet_stderr runs: other libraries' records, to the runner's
+    log file beside the workers' own output. Beam's runner logs its
+    workers' ends there (a data-plane stream that broke, a worker handler
+    that failed to close): after Ctrl-C that is every worker's interrupt,
+    in whatever order the runner and its workers saw it, and none of it
+    belongs on the console (its log is deleted)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(open(path, "a", encoding="utf-8"))
+        self.errors = 0
+        self.setFormatter(logging.Formatter(
+            "%(levelname)s:%(name)s: %(message)s"))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith("dpsynth") and \
+            _worth_keeping(record)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.ERROR:
+            self.errors += 1
+        super().emit(record)
+
+
+def _worth_keeping(record: logging.LogRecord) -> bool:
+    """Whether another library's record says something a user can act on."""
+    text = _message(record)
+    exc = record.exc_info[1] if record.exc_info else None
+    if "KeyboardInterrupt" in text or (exc is not None and interrupted(exc)):
+        return False  # Ctrl-C: one line from run_command, no traceback
+    if any(marker in text for marker in _NOISE):
+        return False
+    # Beam logs a worker's exception before re-raising it; bad input is
+    # reported once, as one line (see fail()).
+    return not (exc is not None and any(
+        m in f"{type(exc).__name__}: " for m in ERROR_MARKERS)) and not any(
+        m in text for m in ERROR_MARKERS)
 
 
 def _message(record: logging.LogRecord) -> str:
@@ -181,12 +215,13 @@ def run_command(fn: Callable[[], int], command: str,
 
 
 @contextlib.contextmanager
-def quiet_stderr(verbose: bool, keep_as: Optional[str] = None
-                 ) -> Iterator[None]:
+def quiet_stderr(verbose: bool) -> Iterator[None]:
     """Sends what other code writes to file descriptor 2 (Beam's worker
     processes, TensorFlow's C++ start-up banners) to a log file instead of
-    the console; dpsynth's own lines still reach the console. On failure the
-    log is kept (its path is printed); on success it is deleted."""
+    the console, and other libraries' log records with it; dpsynth's own
+    lines still reach the console. On failure the log is kept (its path is
+    printed), also on success when a library logged an error in it;
+    otherwise (and after Ctrl-C) it is deleted."""
     global _QUIET
     if verbose or _QUIET:  # nested: the outer capture is in place
         yield
@@ -209,15 +244,16 @@ def quiet_stderr(verbose: bool, keep_as: Optional[str] = None
     threading.excepthook = _to_runner_log(path)
     for handler in streams:
         _point(handler, console)
-    ok = False
+    library = _route_library_records(path, streams)
+    outcome = "failed"
     try:
         yield
-        ok = True
+        outcome = "done"
     except BaseException as err:
         # Ctrl-C: the runner's own log holds only the workers' tracebacks
         # of the same interrupt; the console's one line says it all.
-        ok = interrupted(err)
-        if ok:
+        if interrupted(err):
+            outcome = "interrupted"
             silence_dying_threads()
         raise
     finally:
@@ -229,16 +265,37 @@ def quiet_stderr(verbose: bool, keep_as: Optional[str] = None
         sys.stderr = old_stderr
         for handler in streams:
             _point(handler, old_stderr)
+        _unroute_library_records(library, streams)
         if console is not old_stderr:
             console.close()
-        if ok or os.path.getsize(path) == 0:
-            os.unlink(path)
-        else:
-            target = keep_as or path
-            if target != path:
-                shutil.move(path, target)
-            print(f"dpsynth: the runner's own log is in {target}",
+        # A job that worked while a library logged errors: kept, to read.
+        keep = outcome == "failed" or (outcome == "done" and library.errors)
+        if keep and os.path.getsize(path) > 0:
+            print(f"dpsynth: the runner's own log is in {path}",
                   file=sys.stderr)
+        else:
+            os.unlink(path)
+
+
+def _route_library_records(path: str, streams: list) -> _LibraryLog:
+    """Other libraries' log records to the runner's log from now on."""
+    library = _LibraryLog(path)
+    logging.getLogger().addHandler(library)
+    for handler in streams:
+        for drop in handler.filters:
+            if isinstance(drop, _DropNoise):
+                drop.ours_only = True
+    return library
+
+
+def _unroute_library_records(library: _LibraryLog, streams: list) -> None:
+    logging.getLogger().removeHandler(library)
+    library.close()
+    library.stream.close()
+    for handler in streams:
+        for drop in handler.filters:
+            if isinstance(drop, _DropNoise):
+                drop.ours_only = False
 
 
 _QUIET = False

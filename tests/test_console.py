@@ -165,3 +165,59 @@ def test_exact_row_counts_only_when_the_operator_asks(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records
              if r.name == "dpsynth.operator"]
     assert lines[-2].endswith("pass 2/2, moments: 300 rows read")
+
+
+def _worker_gone_record() -> None:
+    """What Beam's runner logs when a worker's data stream breaks (its
+    worker ended: Ctrl-C reached it before the runner saw it)."""
+    import logging
+    try:
+        raise ConnectionError("Socket closed")
+    except ConnectionError:
+        logging.getLogger("apache_beam.runners.worker.data_plane").exception(
+            "Failed to read inputs in the data plane.")
+
+
+def test_ctrl_c_after_a_worker_ended_first_is_still_one_line(
+        tmp_path, capsys, monkeypatch):
+    """The runner logs a worker's broken stream before the interrupt
+    reaches its own thread: nothing of it on the console, no log left."""
+    from pipelines import console
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    console.setup_logging()
+    with pytest.raises(KeyboardInterrupt):
+        with console.quiet_stderr(False):
+            _worker_gone_record()
+            raise KeyboardInterrupt
+    assert capsys.readouterr().err == ""
+    assert not list(tmp_path.glob("dpsynth-*.log"))
+
+
+def test_library_errors_of_a_job_that_worked_are_kept_in_its_log(
+        tmp_path, capsys, monkeypatch):
+    from pipelines import console
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    console.setup_logging()
+    with console.quiet_stderr(False):
+        _worker_gone_record()
+        console.log.info("published")
+    err = capsys.readouterr().err.splitlines()
+    (log,) = tmp_path.glob("dpsynth-*.log")
+    assert err == ["dpsynth: published",
+                   f"dpsynth: the runner's own log is in {log}"]
+    assert "Failed to read inputs in the data plane" in log.read_text()
+
+
+def test_library_errors_of_a_failed_job_are_in_its_log_not_the_console(
+        tmp_path, capsys, monkeypatch):
+    from pipelines import console
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    console.setup_logging()
+    with pytest.raises(RuntimeError):
+        with console.quiet_stderr(False):
+            _worker_gone_record()
+            raise RuntimeError("Worker subprocess exited with return code 1")
+    (log,) = tmp_path.glob("dpsynth-*.log")
+    assert capsys.readouterr().err.splitlines() == [
+        f"dpsynth: the runner's own log is in {log}"]
+    assert "ConnectionError: Socket closed" in log.read_text()
