@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -48,8 +49,8 @@ class _DropNoise(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name.startswith("dpsynth"):
             return True
-        if self.ours_only:
-            return False
+        if self.ours_only or _stopped:
+            return False  # while a job runs, or after Ctrl-C ended it
         return _worth_keeping(record)
 
 
@@ -72,9 +73,19 @@ class _LibraryLog(logging.StreamHandler):
             _worth_keeping(record)
 
     def emit(self, record: logging.LogRecord) -> None:
+        if self.stream.closed:  # a thread's record, sent as the job ended
+            return
         if record.levelno >= logging.ERROR:
             self.errors += 1
         super().emit(record)
+
+    def close(self) -> None:
+        self.acquire()  # not while a thread emits
+        try:
+            self.stream.close()
+        finally:
+            self.release()
+        super().close()
 
 
 def _worth_keeping(record: logging.LogRecord) -> bool:
@@ -190,24 +201,88 @@ def inner_error(err: BaseException) -> Optional[str]:
     return None
 
 
+_ctrl_c = threading.Event()
+
+
+def _on_ctrl_c(signum: int, frame: object) -> None:
+    _ctrl_c.set()
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def remember_ctrl_c() -> Iterator[None]:
+    """While the block runs, a Ctrl-C is remembered as well as raised.
+
+    Python raises KeyboardInterrupt wherever the main thread is, and not
+    every place lets it through: a Ctrl-C while scipy's lazy loader imports
+    a submodule (``from scipy import optimize`` under ``import
+    pipeline_dp``, in the first ~2 s of a job) was swallowed here, the
+    import went on, and the job read its input and published; or the
+    submodule was left half-imported and a later import failed with a
+    ``NameError``. A remembered Ctrl-C still stops the job before it reads
+    or publishes (``stop_if_ctrl_c``) and turns such a later error into the
+    one interrupted line."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    global _stopped
+    _ctrl_c.clear()
+    _stopped = False
+    previous = signal.signal(signal.SIGINT, _on_ctrl_c)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def ctrl_c_pressed() -> bool:
+    return _ctrl_c.is_set()
+
+
+def stop_if_ctrl_c() -> None:
+    """Raises KeyboardInterrupt if Ctrl-C was pressed (see remember_ctrl_c)."""
+    if _ctrl_c.is_set():
+        raise KeyboardInterrupt
+
+
+_stopped = False  # Ctrl-C ended the command: nothing more on the console
+
+
+class InterruptedAfterPublishing(KeyboardInterrupt):
+    """Ctrl-C once the release was published: it stays, complete."""
+
+    def __init__(self, output: str) -> None:
+        super().__init__(output)
+        self.output = output
+
+
+def stopped_by_ctrl_c(err: Optional[BaseException] = None) -> int:
+    """The one line a Ctrl-C prints; returns exit code 130. Other
+    libraries' log records after it (Dask's workers ending, asyncio's
+    tasks of a cluster that never started) stay off the console."""
+    global _stopped
+    _stopped = True
+    silence_dying_threads()
+    if isinstance(err, InterruptedAfterPublishing):
+        print(f"dpsynth: interrupted after the release at {err.output} was "
+              "published (it is complete)", file=sys.stderr)
+    else:
+        print("dpsynth: interrupted; nothing was published", file=sys.stderr)
+    return 130
+
+
 def run_command(fn: Callable[[], int], command: str,
                 input_errors: Sequence[type]) -> int:
     """Runs ``fn`` with dpsynth's error policy (see the module docstring)."""
     try:
         return fn()
-    except KeyboardInterrupt:
-        silence_dying_threads()
-        print("dpsynth: interrupted; nothing was published",
-              file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        return stopped_by_ctrl_c(err)
     except tuple(input_errors) as err:
         return fail(inner_error(err) or str(err))
     except Exception as err:
-        if interrupted(err):
-            silence_dying_threads()
-            print("dpsynth: interrupted; nothing was published",
-                  file=sys.stderr)
-            return 130
+        if interrupted(err) or ctrl_c_pressed():
+            return stopped_by_ctrl_c()
         inner = inner_error(err)
         if inner is not None:
             return fail(inner)
@@ -222,7 +297,7 @@ def quiet_stderr(verbose: bool) -> Iterator[None]:
     lines still reach the console. On failure the log is kept (its path is
     printed), also on success when a library logged an error in it;
     otherwise (and after Ctrl-C) it is deleted."""
-    global _QUIET
+    global _QUIET, _stopped
     if verbose or _QUIET:  # nested: the outer capture is in place
         yield
         return
@@ -245,6 +320,7 @@ def quiet_stderr(verbose: bool) -> Iterator[None]:
     for handler in streams:
         _point(handler, console)
     library = _route_library_records(path, streams)
+    _stopped = False
     outcome = "failed"
     try:
         yield
@@ -252,7 +328,7 @@ def quiet_stderr(verbose: bool) -> Iterator[None]:
     except BaseException as err:
         # Ctrl-C: the runner's own log holds only the workers' tracebacks
         # of the same interrupt; the console's one line says it all.
-        if interrupted(err):
+        if interrupted(err) or ctrl_c_pressed():
             outcome = "interrupted"
             silence_dying_threads()
         raise
@@ -268,6 +344,8 @@ def quiet_stderr(verbose: bool) -> Iterator[None]:
         _unroute_library_records(library, streams)
         if console is not old_stderr:
             console.close()
+        if outcome == "done" and _stopped:  # run_command caught Ctrl-C
+            outcome = "interrupted"
         # A job that worked while a library logged errors: kept, to read.
         keep = outcome == "failed" or (outcome == "done" and library.errors)
         if keep and os.path.getsize(path) > 0:
@@ -291,7 +369,6 @@ def _route_library_records(path: str, streams: list) -> _LibraryLog:
 def _unroute_library_records(library: _LibraryLog, streams: list) -> None:
     logging.getLogger().removeHandler(library)
     library.close()
-    library.stream.close()
     for handler in streams:
         for drop in handler.filters:
             if isinstance(drop, _DropNoise):

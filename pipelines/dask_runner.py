@@ -70,7 +70,9 @@ rewrites all of them to ``pipelines.dask_runner.DaskRunner``). Needs the
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -257,6 +259,7 @@ class _LocalCluster:
         # started by a job's pipeline (the job closes it) or by the caller
         self.by_run = by_run
         self.directory = tempfile.mkdtemp(prefix="dpsynth-dask-")
+        known = _clusters(), set(multiprocessing.active_children())
         try:
             self.cluster = LocalCluster(
                 n_workers=workers, threads_per_worker=1, processes=True,
@@ -265,6 +268,7 @@ class _LocalCluster:
                 scheduler_kwargs=_scheduler_kwargs(self.directory, dashboard),
                 preload=["pipelines.dask_preload"])
         except BaseException:
+            _close_half_started(known)
             shutil.rmtree(self.directory, ignore_errors=True)
             raise
 
@@ -277,6 +281,33 @@ class _LocalCluster:
             self.cluster.close()
         finally:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _clusters() -> set:
+    """Dask's registry of this process's clusters (closed at exit by Dask's
+    own exit handler)."""
+    from distributed.deploy.spec import SpecCluster
+    return set(SpecCluster._instances)
+
+
+def _close_half_started(known: tuple[set, set]) -> None:
+    """A LocalCluster whose start failed or was interrupted (Ctrl-C while
+    its workers start) stays in Dask's registry: Dask's exit handler then
+    failed to close it (an AssertionError traceback after the job's one
+    line). Closes what of it started, quietly, takes it out of the
+    registry and ends the worker processes it started."""
+    from distributed.deploy.spec import SpecCluster
+    clusters, processes = known
+    for cluster in _clusters() - clusters:
+        SpecCluster._instances.discard(cluster)
+        with contextlib.suppress(Exception):
+            cluster.close(timeout=5)
+    for process in set(multiprocessing.active_children()) - processes:
+        process.terminate()
+        process.join(5)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def _scheduler_kwargs(directory: str, dashboard: Optional[str]) -> dict:

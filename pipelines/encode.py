@@ -32,7 +32,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines.options import (UsageError, beam_options, check_beam_args,
-                               local_blas_threads)
+                               local_blas_threads, pipeline_run)
 from models.encoders import EncoderError, EncoderUnavailableError, get_encoder
 from pipelines.help_format import DefaultsHelpFormatter
 from pipelines.image_flags import add_image_arguments
@@ -288,7 +288,7 @@ def run(spec: EncodeSpec) -> dict:
     report = images.bad_images_report or sidecar_path(spec.output, ".bad_images.tsv")
     if FileSystems.exists(report):  # a stale report from an earlier run would mislead
         FileSystems.delete([report])
-    with beam.Pipeline(options=options) as p:
+    with pipeline_run(options) as p:
         rows, reader = encoded_rows(
             p, images.path, encoder, batch_size=images.batch_size, l2_normalize=images.l2_normalize,
             max_bad_images=spec.max_bad_images, bad_report_path=report,

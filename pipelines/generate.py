@@ -323,11 +323,14 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
             spec = spec_from_args(args, beam_argv)
             demo_run = spec.input.path is None and spec.input.images is None
             output = job.run(spec)
-            print(summary.render(output, release.read_manifest(output),
-                                 _lifetime(spec)))
-            if demo_run:
-                train, test = demo.demo_files()
-                print(demo.utility_line(output, test, train))
+            try:
+                print(summary.render(output, release.read_manifest(output),
+                                     _lifetime(spec)))
+                if demo_run:
+                    train, test = demo.demo_files()
+                    print(demo.utility_line(output, test, train))
+            except KeyboardInterrupt:
+                raise console.InterruptedAfterPublishing(output) from None
             return 0
 
         return console.run_command(

@@ -31,7 +31,8 @@ from dp_ops.config import GeneratorConfig, check_delta, labels_from
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import NoiseSource, make_noise_source
 from pipelines import console, consistency, demo, release
-from pipelines.options import UsageError, beam_options, local_blas_threads
+from pipelines.options import (UsageError, beam_options, local_blas_threads,
+                              pipeline_run)
 from pipelines.spec import GenerateSpec, ImageOptions
 from transforms import allocator, io
 from transforms.adaptive import (PHASE1_FILE, AdaptiveMixture, AdaptivePhase1,
@@ -406,16 +407,15 @@ def run_phase1(job: Job, reader: beam.PTransform, options,
     """Phase 1 of ``--covariance auto`` as its own pipeline run: one pass
     ("Counts"); returns its DP outputs (centre, noisy class counts)."""
     path = io.join(job.staging, PHASE1_FILE)
-    p = beam.Pipeline(options=options)
-    accountant = LedgerAccountant(job.ledger)
-    phase1 = AdaptivePhase1(job.cfg, job.ledger, reader.dim, job.noise,
-                            accountant)
-    _ = (p | "CountsRead" >> reader
-         | "CountsProgress" >> ReportProgress(progress, "Counts")
-         | "Phase1" >> phase1
-         | "WritePhase1" >> beam.Map(write_json, path))
-    _explain(job, accountant, phase1.aggregations)
-    p.run().wait_until_finish()
+    with pipeline_run(options) as p:
+        accountant = LedgerAccountant(job.ledger)
+        phase1 = AdaptivePhase1(job.cfg, job.ledger, reader.dim, job.noise,
+                                accountant)
+        _ = (p | "CountsRead" >> reader
+             | "CountsProgress" >> ReportProgress(progress, "Counts")
+             | "Phase1" >> phase1
+             | "WritePhase1" >> beam.Map(write_json, path))
+        _explain(job, accountant, phase1.aggregations)
     from apache_beam.io.filesystems import FileSystems
     centre, counts = read_phase1(path)
     FileSystems.delete([path])
@@ -643,6 +643,7 @@ def _run_pipelines(job: Job, spec: GenerateSpec, options,
                    timings: dict) -> float:
     """Marks the attempt running and runs the job's pipeline(s) into
     staging; returns when the reading began."""
+    console.stop_if_ctrl_c()  # pressed while Beam was imported: read nothing
     release.discard(job.staging)  # a crashed attempt's partial files
     if reservation is not None:
         from pipelines import budget_store
@@ -657,9 +658,8 @@ def _run_pipelines(job: Job, spec: GenerateSpec, options,
                     with console.ProgressPrinter(
                             progress.path, pass_names(job.cfg, spec),
                             show_rows=spec.run.show_row_counts):
-                        p = beam.Pipeline(options=options)
-                        build(p, job, reader, spec, progress)
-                        p.run().wait_until_finish()
+                        with pipeline_run(options) as p:
+                            build(p, job, reader, spec, progress)
                 else:
                     _run_adaptive(job, spec, options, reader, progress,
                                   timings)
@@ -695,9 +695,8 @@ def _run_adaptive(job: Job, spec: GenerateSpec, options,
     with console.ProgressPrinter(progress.path,
                                  adaptive_pass_names(structure, spec),
                                  show_rows=spec.run.show_row_counts):
-        p = beam.Pipeline(options=options)
-        build_adaptive(p, job, reader, spec, centre, counts, progress)
-        p.run().wait_until_finish()
+        with pipeline_run(options) as p:
+            build_adaptive(p, job, reader, spec, centre, counts, progress)
 
 
 def run(spec: GenerateSpec) -> str:
@@ -733,6 +732,7 @@ def run(spec: GenerateSpec) -> str:
     reservation = _reserve(job, spec)
     timings = {"plan": round(time.time() - t0, 3)}
     recorded = False  # this launch's staged folder is recorded in the store
+    published = False
     with budget_store.Lease(reservation) as lease:
         try:
             if reservation is not None and reservation.staged is not None:
@@ -751,13 +751,17 @@ def run(spec: GenerateSpec) -> str:
                     release.manifest_digest(job.staging))
                 recorded = True
             _checkpoint("committed")
+            console.stop_if_ctrl_c()  # one a library swallowed: no release
             release.publish(job.staging, job.output, spec.output.overwrite)
+            published = True
             _checkpoint("published")
             if reservation is not None:
                 budget_store.commit(reservation, job.output)
             _checkpoint("recorded")
-        except BaseException:
+        except BaseException as err:
             _stop_attempt(job, spec, reservation, recorded)
+            if published and isinstance(err, KeyboardInterrupt):
+                raise console.InterruptedAfterPublishing(job.output) from err
             raise
     release.remove_unreferenced(job.output)
     for folder in release.staging_folders(job.output, job.run_id).values():

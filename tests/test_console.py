@@ -221,3 +221,87 @@ def test_library_errors_of_a_failed_job_are_in_its_log_not_the_console(
     assert capsys.readouterr().err.splitlines() == [
         f"dpsynth: the runner's own log is in {log}"]
     assert "ConnectionError: Socket closed" in log.read_text()
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, ValueError])
+def test_a_pipeline_whose_build_stops_leaves_no_temporary_folder(
+        tmp_path, monkeypatch, stop):
+    """Beam removes a pipeline's local temporary folder only once run() is
+    reached; Ctrl-C or bad input while the graph is built left it."""
+    from pipelines.options import beam_options, pipeline_run
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    with pytest.raises(stop):
+        with pipeline_run(beam_options([])):
+            raise stop
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_pipeline_run_runs_what_was_built(tmp_path, monkeypatch):
+    import apache_beam as beam
+
+    from pipelines.options import beam_options, pipeline_run
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "t"))
+    (tmp_path / "t").mkdir()
+    with pipeline_run(beam_options([])) as p:
+        _ = p | beam.Create(["x"]) | beam.Map(
+            lambda v, path: open(path, "w").write(v), str(tmp_path / "ran"))
+    assert (tmp_path / "ran").read_text() == "x"
+    assert os.listdir(tmp_path / "t") == []
+
+
+EXIT_PROBE = """
+import atexit, sys
+from pipelines import cli
+
+class Teardown:
+    def __del__(self):
+        print("torn down", flush=True)
+
+kept = Teardown()  # collected only by the interpreter's teardown
+atexit.register(lambda: print("exit handler ran"))
+print("before", end="")  # unflushed: the exit must flush it
+sys.argv = ["dpsynth", *sys.argv[1:]]
+cli.run()
+"""
+
+
+@pytest.mark.parametrize("argv,code", [(["--version"], 0),
+                                       (["generate", "--epsilom", "1"], 2)])
+def test_the_command_exits_with_its_code_after_its_exit_handlers(
+        tmp_path, argv, code):
+    """`dpsynth` ends without the interpreter's teardown (0.5-0.8 s after
+    Beam and PipelineDP are imported) but with its exit handlers, flushed
+    output and the command's exit code."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", EXIT_PROBE, *argv],
+                          cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == code, proc.stderr
+    assert proc.stdout.startswith("before")
+    assert proc.stdout.rstrip().endswith("exit handler ran")
+    assert "torn down" not in proc.stdout
+
+
+def test_ctrl_c_caught_inside_the_capture_leaves_no_log_and_no_line(
+        tmp_path, capsys, monkeypatch):
+    """`dpsynth generate` turns Ctrl-C into its line inside the capture
+    (run_command under quiet_stderr): the library errors of the stop (a
+    Dask worker that never started) are no reason to keep the log, and a
+    library's record after the end (asyncio's task, collected at exit)
+    does not reach the console."""
+    import logging
+
+    from pipelines import console
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr(console, "_stopped", False)
+    console.setup_logging()
+
+    def job() -> int:
+        _worker_gone_record()
+        raise KeyboardInterrupt
+    with console.quiet_stderr(False):
+        assert console.run_command(job, "generate", ()) == 130
+    logging.getLogger("asyncio").error("Task exception was never retrieved")
+    assert capsys.readouterr().err.splitlines() == [
+        "dpsynth: interrupted; nothing was published"]
+    assert not list(tmp_path.glob("dpsynth-*.log"))

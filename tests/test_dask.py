@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,6 +42,8 @@ from tests.conftest import (assert_same_release, dask_test_cluster,  # noqa: E40
                             gmm_data, release_dir)
 from transforms import io  # noqa: E402
 from transforms.write import tfrecord_bytes  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
 
 # Fields of manifest.json that name the run, not the release ("root": the
 # random version folder).
@@ -355,6 +358,44 @@ def test_local_cluster_is_started_once_and_cleaned_up():
         dask_runner.close_local_cluster()
     assert not os.path.exists(directory)
     dask_runner.close_local_cluster()  # idempotent
+
+
+HALF_STARTED = """
+import os, signal
+import distributed.nanny as nanny
+from pipelines import dask_runner
+
+real = nanny.Nanny.start_unsafe
+
+async def interrupted_start(self):
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the workers start
+    return await real(self)
+
+if __name__ == "__main__":
+    nanny.Nanny.start_unsafe = interrupted_start
+    try:
+        dask_runner.local_cluster(workers=2)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+"""
+
+
+def test_a_local_cluster_interrupted_while_starting_is_not_closed_at_exit(
+        tmp_path):
+    """Ctrl-C while the local cluster starts: the half-started cluster is
+    closed and taken out of Dask's registry, so Dask's exit handler does
+    not fail on it (an AssertionError traceback after the job's line)."""
+    script = tmp_path / "half.py"
+    script.write_text(HALF_STARTED)
+    run = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmp_path),
+             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get(
+                 "PYTHONPATH", "")])},
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout == "interrupted\n", run.stderr
+    assert "Exception ignored" not in run.stderr, run.stderr
+    assert "AssertionError" not in run.stderr, run.stderr
 
 
 def test_demo_on_a_local_cluster_is_quiet_and_leaves_nothing(tmp_path):

@@ -144,3 +144,100 @@ def test_ctrl_c_with_worker_processes_is_one_line_and_leaves_no_process(
     while _session_processes(proc.pid) and time.time() < deadline:
         time.sleep(0.2)
     assert not _session_processes(proc.pid), _session_processes(proc.pid)
+
+
+def _swallowed_ctrl_c() -> None:
+    """Ctrl-C arriving inside a library that swallows it (measured: scipy's
+    lazy submodule import under ``import pipeline_dp``)."""
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)  # the handler runs here
+    except BaseException:
+        pass
+
+
+def test_a_ctrl_c_a_library_swallowed_still_stops_the_job(
+        tmp_path, capsys, monkeypatch):
+    from pipelines import cli, job
+    real = job.prepare
+
+    def prepare(spec):
+        _swallowed_ctrl_c()
+        return real(spec)
+    monkeypatch.setattr(job, "prepare", prepare)
+    x, y = gmm_data(300, d=4, classes=2)
+    np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
+    out, store = tmp_path / "out", tmp_path / "b"
+    before = signal.getsignal(signal.SIGINT)
+    rc = cli.main(["generate", "--input", str(tmp_path / "in.npz"),
+                   "--num-classes", "2", "--output", str(out),
+                   "--run-id", "r1", "--budget-store", str(store),
+                   "--dataset-id", "p", "--lifetime-epsilon", "10"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 130
+    assert err[-1] == "dpsynth: interrupted; nothing was published"
+    assert not release.release_exists(str(out))
+    (entry,) = budget_store.history(str(store), "p")
+    # stopped before reading: the attempt stays reserved, for a retry to
+    # take over at no new cost, and its lease is given back
+    assert entry["status"] == budget_store.RESERVED
+    assert entry["lease_until"] == 0
+    assert signal.getsignal(signal.SIGINT) is before  # given back
+
+
+def test_the_error_a_swallowed_ctrl_c_leaves_is_the_one_line(
+        tmp_path, capsys, monkeypatch):
+    """Ctrl-C while Beam is imported (before any job), swallowed, then the
+    half-imported module's own error: one line, exit 130."""
+    from pipelines import cli
+
+    def build_parser(only=None):
+        _swallowed_ctrl_c()
+        raise NameError("name '_signal_api' is not defined")
+    monkeypatch.setattr(cli, "build_parser", build_parser)
+    assert cli.main(["generate", "--output", str(tmp_path / "o")]) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "dpsynth: interrupted; nothing was published"]
+
+
+def test_ctrl_c_while_beam_is_imported_is_one_line(tmp_path, capsys,
+                                                  monkeypatch):
+    from pipelines import cli
+
+    def build_parser(only=None):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "build_parser", build_parser)
+    assert cli.main(["generate", "--output", str(tmp_path / "o")]) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "dpsynth: interrupted; nothing was published"]
+    assert cli.main(["--version"]) == 0  # the next call is not interrupted
+
+
+def test_ctrl_c_after_publishing_says_the_release_is_there(
+        tmp_path, capsys, monkeypatch):
+    """Ctrl-C between publishing and recording it: the line must not say
+    that nothing was published; the release is complete, and a retry of
+    the run id finishes at no new cost."""
+    from pipelines import cli, job
+
+    def checkpoint(step):
+        if step == "published":
+            raise KeyboardInterrupt
+    x, y = gmm_data(300, d=4, classes=2)
+    np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
+    out, store = tmp_path / "out", tmp_path / "b"
+    argv = ["generate", "--input", str(tmp_path / "in.npz"), "--num-classes",
+            "2", "--output", str(out), "--run-id", "r1", "--budget-store",
+            str(store), "--dataset-id", "p", "--lifetime-epsilon", "10"]
+    with monkeypatch.context() as patch:
+        patch.setattr(job, "_checkpoint", checkpoint)
+        assert cli.main(argv) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"dpsynth: interrupted after the release at {out} "
+                       "was published (it is complete)")
+    assert release.release_exists(str(out))
+    published = release.read_manifest(str(out))
+    assert cli.main(argv) == 0
+    assert release.read_manifest(str(out)) == published
+    (entry,) = budget_store.history(str(store), "p")
+    assert entry["status"] == "published"
