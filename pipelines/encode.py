@@ -31,8 +31,9 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from pipelines.beam_temp import pipeline_run
 from pipelines.options import (UsageError, beam_options, check_beam_args,
-                               local_blas_threads, pipeline_run)
+                               local_blas_threads)
 from models.encoders import EncoderError, EncoderUnavailableError, get_encoder
 from pipelines.help_format import DefaultsHelpFormatter
 from pipelines.image_flags import add_image_arguments

@@ -31,8 +31,8 @@ from dp_ops.config import GeneratorConfig, check_delta, labels_from
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import NoiseSource, make_noise_source
 from pipelines import console, consistency, demo, release
-from pipelines.options import (UsageError, beam_options, local_blas_threads,
-                              pipeline_run)
+from pipelines.beam_temp import pipeline_run
+from pipelines.options import UsageError, beam_options, local_blas_threads
 from pipelines.spec import GenerateSpec, ImageOptions
 from transforms import allocator, io
 from transforms.adaptive import (PHASE1_FILE, AdaptiveMixture, AdaptivePhase1,

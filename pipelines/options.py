@@ -10,12 +10,8 @@ any data is read, naming the closest valid flag.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
-import shutil
-from typing import Iterable, Iterator, Optional, Sequence
-
-import apache_beam as beam
+from typing import Iterable, Optional, Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -73,22 +69,6 @@ def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
     if mode == "multi_processing":
         direct_runner.start_worker_server()  # imports while the job plans
     return PipelineOptions(argv)
-
-
-@contextlib.contextmanager
-def pipeline_run(options: PipelineOptions) -> Iterator[beam.Pipeline]:
-    """A pipeline to build in the block; on leaving it, runs it to the end.
-
-    Beam makes a local temporary folder with each ``Pipeline`` and removes
-    it only once ``run()`` is reached: a build that fails or is interrupted
-    (Ctrl-C while the graph is built, bad input found while building) would
-    leave it behind. Here it goes whatever happens."""
-    p = beam.Pipeline(options=options)
-    try:
-        yield p
-        p.run().wait_until_finish()
-    finally:
-        shutil.rmtree(p.local_tempdir, ignore_errors=True)
 
 
 def _resolve_runner(argv: Sequence[str]) -> list[str]:
