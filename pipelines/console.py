@@ -202,16 +202,22 @@ def inner_error(err: BaseException) -> Optional[str]:
 
 
 _ctrl_c = threading.Event()
+_stopped_by: Optional[int] = None  # the signal that stopped the command
 
 
-def _on_ctrl_c(signum: int, frame: object) -> None:
+def _on_stop_signal(signum: int, frame: object) -> None:
+    global _stopped_by
+    _stopped_by = signum
     _ctrl_c.set()
     raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
 def remember_ctrl_c() -> Iterator[None]:
-    """While the block runs, a Ctrl-C is remembered as well as raised.
+    """While the block runs, Ctrl-C (SIGINT) and SIGTERM (what Airflow,
+    Kubernetes and systemd send to stop a task) are remembered as well as
+    raised as KeyboardInterrupt: either stops the job the same way (the
+    lease given back at once, nothing half-published, one line).
 
     Python raises KeyboardInterrupt wherever the main thread is, and not
     every place lets it through: a Ctrl-C while scipy's lazy loader imports
@@ -221,18 +227,21 @@ def remember_ctrl_c() -> Iterator[None]:
     submodule was left half-imported and a later import failed with a
     ``NameError``. A remembered Ctrl-C still stops the job before it reads
     or publishes (``stop_if_ctrl_c``) and turns such a later error into the
-    one interrupted line."""
-    if threading.current_thread() is not threading.main_thread():
+    one interrupted line. Nested blocks share the outer one's memory."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is _on_stop_signal):
         yield
         return
-    global _stopped
+    global _stopped, _stopped_by
     _ctrl_c.clear()
-    _stopped = False
-    previous = signal.signal(signal.SIGINT, _on_ctrl_c)
+    _stopped, _stopped_by = False, None
+    previous = {sig: signal.signal(sig, _on_stop_signal)
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def ctrl_c_pressed() -> bool:
@@ -257,18 +266,21 @@ class InterruptedAfterPublishing(KeyboardInterrupt):
 
 
 def stopped_by_ctrl_c(err: Optional[BaseException] = None) -> int:
-    """The one line a Ctrl-C prints; returns exit code 130. Other
-    libraries' log records after it (Dask's workers ending, asyncio's
-    tasks of a cluster that never started) stay off the console."""
+    """The one line a Ctrl-C prints; returns exit code 130 (143 for
+    SIGTERM, as a shell reports a process it ended). Other libraries' log
+    records after it (Dask's workers ending, asyncio's tasks of a cluster
+    that never started) stay off the console."""
     global _stopped
     _stopped = True
     silence_dying_threads()
+    what = "stopped (SIGTERM)" if _stopped_by == signal.SIGTERM \
+        else "interrupted"
     if isinstance(err, InterruptedAfterPublishing):
-        print(f"dpsynth: interrupted after the release at {err.output} was "
+        print(f"dpsynth: {what} after the release at {err.output} was "
               "published (it is complete)", file=sys.stderr)
     else:
-        print("dpsynth: interrupted; nothing was published", file=sys.stderr)
-    return 130
+        print(f"dpsynth: {what}; nothing was published", file=sys.stderr)
+    return 128 + (_stopped_by or signal.SIGINT)
 
 
 def run_command(fn: Callable[[], int], command: str,

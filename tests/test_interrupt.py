@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from pipelines import budget_store, release
 from tests.conftest import gmm_data
@@ -37,16 +38,20 @@ SLOW_READ = textwrap.dedent("""
 """)
 
 
-def _ctrl_c_once_reading(proc: subprocess.Popen, mark: Path) -> str:
+def _ctrl_c_once_reading(proc: subprocess.Popen, mark: Path,
+                         sigterm: bool = False) -> str:
     """Waits until the job's read has begun (``mark`` exists), sends
-    Ctrl-C and returns the job's stderr."""
+    Ctrl-C (or SIGTERM) and returns the job's stderr."""
     deadline = time.time() + 180
     while not mark.exists():
         assert proc.poll() is None, proc.communicate()
         assert time.time() < deadline, "the pass never started"
         time.sleep(0.1)
     time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the group
+    if sigterm:
+        proc.terminate()  # to the process alone, as a scheduler may
+    else:
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the group
     return proc.communicate(timeout=120)[1]
 
 
@@ -76,6 +81,41 @@ def test_ctrl_c_inside_a_pass_is_one_line_and_exit_130(tmp_path):
     assert entry["status"] == budget_store.FAILED  # read data: charged
     assert entry["lease_until"] == 0  # a retry need not wait
     assert not list(tmp_path.glob("dpsynth-*.log"))
+
+
+SLOW_LAUNCH = SLOW_READ.replace(
+    "from pipelines import cli", "from deploy import launch").replace(
+    "cli.main(", "launch.main(")
+
+
+@pytest.mark.parametrize("entry", ["dpsynth", "deploy/launch.py"])
+def test_sigterm_inside_a_pass_stops_the_job_like_ctrl_c(tmp_path, entry):
+    """What Airflow (deploy/launch.py under the Beam operator), Kubernetes
+    or systemd send to stop a task: the lease is given back at once (a
+    retry need not wait for it), nothing is published, one line, 143."""
+    x, y = gmm_data(300, d=4, classes=2)
+    np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
+    mark, out, store = tmp_path / "reading", tmp_path / "out", \
+        tmp_path / "b"
+    script = SLOW_READ if entry == "dpsynth" else SLOW_LAUNCH
+    code = script.format(repo=str(REPO), mark=str(mark))
+    argv = ["generate"] if entry == "dpsynth" else []
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *argv, "--input",
+         str(tmp_path / "in.npz"), "--num-classes", "2", "--output", str(out),
+         "--run-id", "r1", "--budget-store", str(store), "--dataset-id", "p",
+         "--lifetime-epsilon", "10"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True)
+    err = _ctrl_c_once_reading(proc, mark, sigterm=True)
+    assert proc.returncode == 143, err
+    lines = err.strip().splitlines()
+    assert lines[-1] == "dpsynth: stopped (SIGTERM); nothing was published"
+    assert not any("Traceback" in l for l in lines), err
+    assert not release.release_exists(str(out))
+    (entry_,) = budget_store.history(str(store), "p")
+    assert entry_["status"] == budget_store.FAILED
+    assert entry_["lease_until"] == 0
 
 
 # With worker processes the slow read must run in the workers: every
