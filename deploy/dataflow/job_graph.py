@@ -227,10 +227,13 @@ def describe(job) -> dict:
 
 
 class _Capture:
-    """Patches DataflowRunner.run_pipeline to keep each dry-run's Job."""
+    """Patches DataflowRunner.run_pipeline to keep each dry-run Job,
+    described while the pipeline runs (the files it stages, such as the
+    package's sdist, live in the pipeline's scratch folder only until the
+    run ends: pipelines/beam_temp.py)."""
 
     def __init__(self) -> None:
-        self.jobs: list = []
+        self.descriptions: list[dict] = []
 
     def __enter__(self):
         from apache_beam.options.pipeline_options import TestOptions
@@ -243,7 +246,7 @@ class _Capture:
                 raise RuntimeError("job_graph builds graphs with --dry_run "
                                    "only; refusing to submit")
             result = original(runner, pipeline, options)
-            capture.jobs.append(result.job)
+            capture.descriptions.append(describe(result.job))
             return result
 
         self._undo = (DataflowRunner, original)
@@ -337,8 +340,9 @@ def _build(job_mod, job, spec, options, no_progress, phase1_counts,
             names = ["phase1", "phase2"]
             out["structure"] = structure.name
             out["stand_in_counts"] = counts.tolist()
-    for name, dry_job in zip(names, capture.jobs, strict=True):
-        out[name] = describe(dry_job)
+    for name, description in zip(names, capture.descriptions,
+                                 strict=True):
+        out[name] = description
 
 
 # ------------------------------------------------------- review helpers
