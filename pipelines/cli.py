@@ -79,11 +79,12 @@ def _dispatch(argv: list[str]) -> int:
 def run() -> None:
     """The ``dpsynth`` command: ``main``, then the exit without Python's
     interpreter teardown, which after Beam and PipelineDP are imported
-    takes 0.5-0.8 s of tearing down modules, objects the finished job no
-    longer needs: the user waited that long after the summary, every run.
-    Exit handlers still run (logging's flush, the fork server's and a
-    local Dask cluster's shutdown, temporary folders), Ctrl-C ignored
-    while they do, then the process ends. An exception keeps Python's own exit (its traceback)."""
+    tears down modules and objects the finished job no longer needs: the
+    user waited 0.8-1.3 s after the summary, every run
+    (``benchmarks/exit_time.py``). Exit handlers still run (logging's
+    flush, the fork server's and a local Dask cluster's shutdown, Beam's
+    job server's), Ctrl-C ignored while they do, then the process ends.
+    An exception keeps Python's own exit (its traceback)."""
     code = main()
     _flush()
     # A Ctrl-C now would cut the clean-up short (measured on Prism: Beam's
