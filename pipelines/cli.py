@@ -50,14 +50,16 @@ def version() -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv else "generate"
     with console.remember_ctrl_c():
         try:
-            return _dispatch(list(sys.argv[1:] if argv is None else argv))
+            return _dispatch(argv)
         except KeyboardInterrupt as err:  # e.g. while Beam was imported
-            return console.stopped_by_ctrl_c(err)
+            return console.stopped_by_ctrl_c(err, command)
         except Exception:
             if console.ctrl_c_pressed():  # a half-imported module's error
-                return console.stopped_by_ctrl_c()
+                return console.stopped_by_ctrl_c(command=command)
             raise
 
 

@@ -265,7 +265,8 @@ class InterruptedAfterPublishing(KeyboardInterrupt):
         self.output = output
 
 
-def stopped_by_ctrl_c(err: Optional[BaseException] = None) -> int:
+def stopped_by_ctrl_c(err: Optional[BaseException] = None,
+                      command: str = "generate") -> int:
     """The one line a Ctrl-C prints; returns exit code 130 (143 for
     SIGTERM, as a shell reports a process it ended). Other libraries' log
     records after it (Dask's workers ending, asyncio's tasks of a cluster
@@ -279,7 +280,8 @@ def stopped_by_ctrl_c(err: Optional[BaseException] = None) -> int:
         print(f"dpsynth: {what} after the release at {err.output} was "
               "published (it is complete)", file=sys.stderr)
     else:
-        print(f"dpsynth: {what}; nothing was published", file=sys.stderr)
+        made = "published" if command == "generate" else "written"
+        print(f"dpsynth: {what}; nothing was {made}", file=sys.stderr)
     return 128 + (_stopped_by or signal.SIGINT)
 
 
@@ -289,12 +291,12 @@ def run_command(fn: Callable[[], int], command: str,
     try:
         return fn()
     except KeyboardInterrupt as err:
-        return stopped_by_ctrl_c(err)
+        return stopped_by_ctrl_c(err, command)
     except tuple(input_errors) as err:
         return fail(inner_error(err) or str(err))
     except Exception as err:
         if interrupted(err) or ctrl_c_pressed():
-            return stopped_by_ctrl_c()
+            return stopped_by_ctrl_c(command=command)
         inner = inner_error(err)
         if inner is not None:
             return fail(inner)

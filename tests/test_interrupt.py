@@ -281,3 +281,17 @@ def test_ctrl_c_after_publishing_says_the_release_is_there(
     assert release.read_manifest(str(out)) == published
     (entry,) = budget_store.history(str(store), "p")
     assert entry["status"] == "published"
+
+
+def test_ctrl_c_in_encode_says_nothing_was_written(tmp_path, capsys,
+                                                    monkeypatch):
+    from pipelines import cli, encode
+
+    def run(spec):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(encode, "run", run)
+    (tmp_path / "images").mkdir()
+    assert cli.main(["encode", "--images", str(tmp_path / "images"),
+                     "--output", str(tmp_path / "e.npz")]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "dpsynth: interrupted; nothing was written")
