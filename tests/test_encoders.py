@@ -311,3 +311,37 @@ def test_cli_stops_on_bad_image_budget(cifar_subset, tmp_path, capsys):
     assert "cat/broken.jpg" in open(str(tmp_path / "emb.bad_images.tsv")).read()
     assert encode.main(argv + ["--max-bad-images", "1"]) == 0
     assert np.load(out)["embeddings"].shape == (9, 6)
+
+
+ORT_PROBE = """
+import numpy as np
+from onnx import TensorProto, helper
+from models.encoders.onnx_model import import_onnxruntime
+ort = import_onnxruntime()
+node = helper.make_node("Relu", ["x"], ["y"])
+graph = helper.make_graph(
+    [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+session = ort.InferenceSession(helper.make_model(graph).SerializeToString(),
+                               providers=["CPUExecutionProvider"])
+session.run(None, {"x": np.ones(1, np.float32)})
+print(__import__("os").environ["ORT_DISABLE_TELEMETRY"])
+"""
+
+
+@pytest.mark.parametrize("preset,expected", [(None, "1"), ("0", "0")])
+def test_onnxruntime_runs_with_its_telemetry_off_unless_asked(tmp_path, preset, expected):
+    """onnxruntime's POSIX builds send usage events unless ORT_DISABLE_TELEMETRY=1 before it starts; with it on,
+    a session leaves its telemetry session file (.ses) in the temporary directory."""
+    import subprocess
+    pytest.importorskip("onnxruntime", reason="onnxruntime not installed (optional extra dpsynth[onnx])")
+    pytest.importorskip("onnx", reason="onnx not installed (optional extra dpsynth[onnx])")
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    if preset is not None:
+        env["ORT_DISABLE_TELEMETRY"] = preset
+    env.update(TMPDIR=str(tmp_path), PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = subprocess.run([sys.executable, "-c", ORT_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == expected  # a user's own setting is kept
+    if preset is None:
+        assert os.listdir(tmp_path) == []

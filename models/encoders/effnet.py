@@ -82,8 +82,9 @@ class EfficientNetLite0(Encoder):
 
     def _build(self) -> EncodeFn:
         self.check_available()
-        import onnxruntime as ort
         from models.encoders.effnet_nets import build_onnx_model
+        from models.encoders.onnx_model import import_onnxruntime
+        ort = import_onnxruntime()
         options = ort.SessionOptions()
         if self.num_threads:
             options.intra_op_num_threads = self.num_threads

@@ -7,13 +7,21 @@ is the embedding: [b, d] as is, [b, c, h, w] / [b, h, w, c] globally average-poo
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from models.encoders import preprocess
 from models.encoders.base import Encoder, EncodeFn, EncoderError, EncoderUnavailableError, path_exists, read_bytes
 
 
-def _import_onnxruntime():
+def import_onnxruntime():
+    """onnxruntime with its telemetry off. Its official POSIX builds (1.2x+, here 1.32) send usage events to
+    Microsoft's 1DS service unless ``ORT_DISABLE_TELEMETRY=1`` is set before it initialises (no uploader, events,
+    device id or cache then; measured: without it each run writes a ``.ses`` session file in the temporary
+    directory). Nothing of a private dataset should prompt traffic from a DP pipeline; a user who wants the
+    telemetry sets the variable to 0."""
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     try:
         import onnxruntime
     except ImportError as err:
@@ -36,7 +44,7 @@ class OnnxEncoder(Encoder):
         self.channels_first: bool | None = None
 
     def _session(self):
-        ort = _import_onnxruntime()
+        ort = import_onnxruntime()
         options = ort.SessionOptions()
         if self.num_threads:
             options.intra_op_num_threads = self.num_threads
@@ -63,7 +71,7 @@ class OnnxEncoder(Encoder):
             self.input_size = (int(dims[0]), int(dims[1]))
 
     def check_available(self) -> None:
-        _import_onnxruntime()
+        import_onnxruntime()
         if not path_exists(self.path):
             raise EncoderUnavailableError(f"encoder {self.name!r}: model file {self.path!r} does not exist")
         self._read_layout(self._session())
