@@ -52,15 +52,7 @@ def version() -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv else "generate"
-    with console.remember_ctrl_c():
-        try:
-            return _dispatch(argv)
-        except KeyboardInterrupt as err:  # e.g. while Beam was imported
-            return console.stopped_by_ctrl_c(err, command)
-        except Exception:
-            if console.ctrl_c_pressed():  # a half-imported module's error
-                return console.stopped_by_ctrl_c(command=command)
-            raise
+    return console.run_stoppable(lambda: _dispatch(argv), command)
 
 
 def _dispatch(argv: list[str]) -> int:

@@ -285,6 +285,21 @@ def stopped_by_ctrl_c(err: Optional[BaseException] = None,
     return 128 + (_stopped_by or signal.SIGINT)
 
 
+def run_stoppable(fn: Callable[[], int], command: str) -> int:
+    """Runs a whole command (its imports included) with Ctrl-C and SIGTERM
+    remembered: one that stops it, or is swallowed and leaves a later error
+    behind (see remember_ctrl_c), is the one line."""
+    with remember_ctrl_c():
+        try:
+            return fn()
+        except KeyboardInterrupt as err:  # e.g. while Beam was imported
+            return stopped_by_ctrl_c(err, command)
+        except Exception:
+            if ctrl_c_pressed():  # a half-imported module's error
+                return stopped_by_ctrl_c(command=command)
+            raise
+
+
 def run_command(fn: Callable[[], int], command: str,
                 input_errors: Sequence[type]) -> int:
     """Runs ``fn`` with dpsynth's error policy (see the module docstring)."""

@@ -354,12 +354,10 @@ def _lifetime(spec: GenerateSpec):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """`generate` alone (``deploy/launch.py``: Airflow, Flex Templates)."""
-    with console.remember_ctrl_c():
-        try:
-            args, beam_argv = parser().parse_known_args(argv)
-            return handle(args, beam_argv)
-        except KeyboardInterrupt as err:  # before handle's own policy
-            return console.stopped_by_ctrl_c(err)
+    def run() -> int:
+        args, beam_argv = parser().parse_known_args(argv)
+        return handle(args, beam_argv)
+    return console.run_stoppable(run, "generate")
 
 
 if __name__ == "__main__":
