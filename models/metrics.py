@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-from scipy import linalg
 
 
 def _as_2d(x: np.ndarray, name: str) -> np.ndarray:
@@ -48,6 +47,7 @@ def _subsample(x: np.ndarray, cap: Optional[int],
 # ------------------------------------------------------------------ Fréchet
 
 def _sqrt_psd(cov: np.ndarray) -> np.ndarray:
+    from scipy import linalg  # here: `dpsynth --help` imports this module
     w, v = linalg.eigh(cov)
     return (v * np.sqrt(np.clip(w, 0.0, None))) @ v.T
 
@@ -61,6 +61,7 @@ def frechet_from_moments(mu_a: np.ndarray, cov_a: np.ndarray,
     spectrum as S_a S_b), which is stable where ``sqrtm`` of the product
     returns complex noise.
     """
+    from scipy import linalg
     root_a = _sqrt_psd(cov_a)
     middle = root_a @ cov_b @ root_a
     eig = linalg.eigvalsh((middle + middle.T) / 2)

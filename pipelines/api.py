@@ -74,12 +74,12 @@ def encode(spec: EncodeSpec) -> dict:
                           output="gs://b/private/emb.npz"))
 
     The embeddings are as private as the images. Raises
-    ``transforms.images.ImageInputError`` for bad input or options,
+    ``transforms.formats.ImageInputError`` for bad input or options,
     ``BadImagesError`` past ``spec.max_bad_images`` unreadable images
     (nothing is written then), and ``models.encoders``' ``EncoderError`` /
     ``EncoderUnavailableError``."""
-    from pipelines import encode as command
-    return command.run(spec)
+    from pipelines import encode_job
+    return encode_job.run(spec)
 
 
 def evaluate(spec: EvaluateSpec,

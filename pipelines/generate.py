@@ -232,8 +232,8 @@ def spec_from_args(args: argparse.Namespace,
     below the command line takes the spec, never the flags)."""
     image_options = None
     if args.images:
-        from pipelines.encode import _classes
-        classes = _classes(args.classes)
+        from pipelines.encode import class_names
+        classes = class_names(args.classes)
         image_options = ImageOptions(
             path=args.images, encoder=args.encoder,
             encoder_weights=args.encoder_weights, image_size=args.image_size,
@@ -315,7 +315,7 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
         from pipelines import budget_store, demo, release, summary
         from pipelines.options import UsageError, check_beam_args
         from transforms import io
-        from transforms.images import ImageInputError
+        from transforms.formats import ImageInputError
 
         def go() -> int:
             from pipelines import job

@@ -287,7 +287,7 @@ class ImageSource(beam.PTransform):
         self.paths = [images.path]
 
     def expand(self, pbegin):
-        from pipelines.encode import encoded_image_blocks
+        from pipelines.encode_job import encoded_image_blocks
         return encoded_image_blocks(pbegin.pipeline, self._images)
 
 

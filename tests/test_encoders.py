@@ -16,7 +16,7 @@ from PIL import Image
 
 from models.encoders import EncoderError, EncoderUnavailableError, clip, get_encoder, list_encoders
 from models.encoders.preprocess import normalise_batch, prepare_image
-from pipelines import encode
+from pipelines import encode, encode_job
 from tests.conftest import shared_image_subset, shared_path
 
 TWO_WORKERS = ["--runner=DirectRunner", "--direct_running_mode=multi_processing", "--direct_num_workers=2"]
@@ -43,7 +43,7 @@ def _files(root):
 
 def _encode(argv):
     args, beam_argv = encode.parser().parse_known_args(argv)
-    return encode.run(encode.spec_from_args(args, beam_argv))
+    return encode_job.run(encode.spec_from_args(args, beam_argv))
 
 
 # ------------------------------------------------------------------ registry
@@ -177,7 +177,7 @@ def test_tfrecord_output_l2_and_blocks(cifar_subset, tmp_path):
         np.save(seen / f"{uuid.uuid4().hex}.npy", by)
 
     with beam.Pipeline(options=PipelineOptions(runner="FnApiRunner")) as p:
-        blocks = encode.encoded_blocks(p, cifar_subset, f"keras:{tmp_path / 'tiny.keras'}", block_size=4)
+        blocks = encode_job.encoded_blocks(p, cifar_subset, f"keras:{tmp_path / 'tiny.keras'}", block_size=4)
         blocks | beam.Map(keep)
     ys = [np.load(f) for f in seen.iterdir()]
     assert max(len(b) for b in ys) <= 4

@@ -217,7 +217,7 @@ def test_shared_images_subset_reads(tmp_path):
 def test_gcs_folder_layout_encode_to_gcs(gcs, tree, tmp_path):
     """Images, model and output all on gs://: listing, reading, bad files and writing go through FileSystems."""
     import keras
-    from pipelines import encode
+    from pipelines import encode, encode_job
     bucket = gcs.client().bucket(gcs.bucket)
     for dirpath, _, files in os.walk(tree):
         for f in files:
@@ -232,7 +232,7 @@ def test_gcs_folder_layout_encode_to_gcs(gcs, tree, tmp_path):
     args, beam_argv = encode.parser().parse_known_args(
         ["--images", gcs.uri("imgs"), "--encoder", "keras:" + gcs.uri("models", "m.keras"), "--output",
          gcs.uri("out", "emb.npz"), "--max-bad-images", "2", "--keep-source-ids", "--runner=FnApiRunner"])
-    encode.run(encode.spec_from_args(args, beam_argv))
+    encode_job.run(encode.spec_from_args(args, beam_argv))
     assert {"out/emb.npz", "out/emb.labels.json", "out/emb.bad_images.tsv"} <= set(gcs.names("out/"))
     local = tmp_path / "emb.npz"
     bucket.blob("out/emb.npz").download_to_filename(str(local))

@@ -285,11 +285,11 @@ def test_ctrl_c_after_publishing_says_the_release_is_there(
 
 def test_ctrl_c_in_encode_says_nothing_was_written(tmp_path, capsys,
                                                     monkeypatch):
-    from pipelines import cli, encode
+    from pipelines import cli, encode_job
 
     def run(spec):
         raise KeyboardInterrupt
-    monkeypatch.setattr(encode, "run", run)
+    monkeypatch.setattr(encode_job, "run", run)
     (tmp_path / "images").mkdir()
     assert cli.main(["encode", "--images", str(tmp_path / "images"),
                      "--output", str(tmp_path / "e.npz")]) == 130

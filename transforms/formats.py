@@ -1,6 +1,7 @@
 """Public names of the formats and policies the readers and writers accept.
 
-Pure constants, no Beam import: the command lines build their ``--help``
+Pure constants and the input errors the command lines name, no Beam
+import: the command lines build their ``--help`` and check their flags
 from these without loading Beam (``dpsynth generate --help`` answers in a
 fraction of a second).
 """
@@ -14,3 +15,11 @@ OUTPUT_FORMATS = ("tfrecord", "parquet")
 # Image inputs (transforms.images).
 IMAGE_LAYOUTS = ("folder", "tfrecord", "npz")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+
+
+class ImageInputError(ValueError):
+    """Bad --images argument or layout, found while building the graph."""
+
+
+class BadImagesError(RuntimeError):
+    """More unreadable images than --max-bad-images allows."""

@@ -45,7 +45,8 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from transforms.formats import IMAGE_EXTENSIONS, IMAGE_LAYOUTS
+from transforms.formats import (IMAGE_EXTENSIONS, IMAGE_LAYOUTS,  # noqa: F401 (the errors: re-exported)
+                                BadImagesError, ImageInputError)
 
 log = logging.getLogger("dpsynth.images")
 
@@ -55,14 +56,6 @@ LABEL_FEATURE_KEYS = ("image/class/label", "label", "class", "image/label", "lab
 _METRICS = "dpsynth_images"
 # Marker the CLI looks for in Beam's wrapped worker errors.
 BAD_IMAGES_MARKER = "BadImagesError"
-
-
-class ImageInputError(ValueError):
-    """Bad --images argument or layout, found while building the graph."""
-
-
-class BadImagesError(RuntimeError):
-    """More unreadable images than --max-bad-images allows."""
 
 
 # ------------------------------------------------------------------ layouts and listing (graph construction)
