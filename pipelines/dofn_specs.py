@@ -27,20 +27,17 @@ import types
 import weakref
 from typing import Any, Callable, Optional
 
+from pipelines.beam_patch import replace_once
+
 _original: Optional[Callable[[Any], tuple]] = None  # Beam's, once installed
-_lock = threading.Lock()
 
 
 def install() -> None:
     """Replaces ``userstate.get_dofn_specs`` with the memoised one
     (idempotent)."""
     global _original
-    with _lock:
-        if _original is not None:
-            return
-        from apache_beam.transforms import userstate
-        _original = userstate.get_dofn_specs
-        userstate.get_dofn_specs = memoised(_original)
+    from apache_beam.transforms import userstate
+    _original = replace_once(userstate, "get_dofn_specs", memoised)
 
 
 def memoised(original: Callable[[Any], tuple]) -> Callable[[Any], tuple]:

@@ -22,20 +22,17 @@ import threading
 import weakref
 from typing import Any, Callable, Optional
 
+from pipelines.beam_patch import replace_once
+
 _original: Optional[Callable[[Any, type], Any]] = None  # Beam's view_as
-_lock = threading.Lock()
 
 
 def install() -> None:
     """Replaces ``PipelineOptions.view_as`` with the memoised one
     (idempotent)."""
     global _original
-    with _lock:
-        if _original is not None:
-            return
-        from apache_beam.options.pipeline_options import PipelineOptions
-        _original = PipelineOptions.view_as
-        PipelineOptions.view_as = memoised(_original)
+    from apache_beam.options.pipeline_options import PipelineOptions
+    _original = replace_once(PipelineOptions, "view_as", memoised)
 
 
 def memoised(original: Callable[[Any, type], Any]

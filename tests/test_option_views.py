@@ -83,3 +83,19 @@ def test_installed_for_every_pipeline_dpsynth_builds():
     from pipelines.options import beam_options
     options = beam_options(["--runner", "DirectRunner"])
     assert options.view_as(DebugOptions) is options.view_as(DebugOptions)
+
+
+def test_replace_once_swaps_once_and_keeps_beams():
+    from types import SimpleNamespace
+
+    from pipelines.beam_patch import replace_once
+    owner = SimpleNamespace(f=lambda x: x + 1)
+    beams = owner.f
+    made = []
+
+    def make(original):
+        made.append(original)
+        return lambda x: original(x) * 10
+    assert replace_once(owner, "f", make) is beams
+    assert replace_once(owner, "f", make) is beams  # again: no second wrap
+    assert made == [beams] and owner.f(1) == 20
