@@ -42,6 +42,20 @@ def test_numpy_pandas_and_tf_hold_the_same_shuffled_rows(demo):
         release.load_release(demo, as_="arrow")
 
 
+def test_shuffled_rows_are_the_files_rows_in_the_seeded_order(
+        demo, monkeypatch):
+    monkeypatch.setattr(release, "_READ_BLOCK_ROWS", 7)  # many blocks
+    x0, y0, _ = release.load_release(demo)
+    for seed in (0, 3):
+        order = np.random.default_rng(seed).permutation(len(y0))
+        x, y = release.load_release(demo, as_="numpy", seed=seed)
+        np.testing.assert_array_equal(x, x0[order].astype(np.float32))
+        np.testing.assert_array_equal(y, y0[order])
+    x, y = release.load_release(demo, as_="numpy", shuffle=False)
+    np.testing.assert_array_equal(x, x0.astype(np.float32))
+    np.testing.assert_array_equal(y, y0)
+
+
 def test_reading_a_release_prints_nothing(demo):
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); "
             "from pipelines import release; "
