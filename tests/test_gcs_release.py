@@ -122,6 +122,11 @@ def test_generate_reads_gs_input_and_publishes_gs_release(gcs):
     assert "files" not in manifest["input"]
     assert x.shape[0] == manifest["samples_total"] == len(y) > 0
     assert set(np.unique(y)) <= set(range(10))
+    # the shuffled form reads the shards on several threads
+    xs, ys = release.load_release(output, as_="numpy")
+    order = np.random.default_rng(0).permutation(len(y))
+    np.testing.assert_array_equal(xs, x[order].astype(np.float32))
+    np.testing.assert_array_equal(ys, y[order])
 
 
 # ------------------------------------------------------- atomic publication
