@@ -33,6 +33,7 @@ import json
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import numpy as np
@@ -58,6 +59,7 @@ def _import_filesystems():
 
 FileSystems = _import_filesystems()
 
+from pipelines.machine import usable_cores  # noqa: E402
 from transforms import io  # noqa: E402  (after the quiet Beam import)
 
 MANIFEST = "_manifest.json"
@@ -316,10 +318,7 @@ def _float32_blocks(path: str, manifest: dict) -> tuple[list, list]:
     def read(shard: str) -> list:
         return [(x.astype(np.float32), y)
                 for x, y in _shard_blocks(shard, manifest)]
-    from concurrent.futures import ThreadPoolExecutor
-
-    from pipelines.machine import usable_cores
-    with ThreadPoolExecutor(max(1, usable_cores())) as pool:
+    with ThreadPoolExecutor(usable_cores()) as pool:
         blocks = [b for shard in pool.map(read, release_files(path, manifest))
                   for b in shard]
     return [b[0] for b in blocks], [b[1] for b in blocks]
