@@ -310,13 +310,14 @@ def _shard_blocks(shard: str, manifest: dict):
         yield x, y
 
 
-def _float32_blocks(path: str, manifest: dict) -> tuple[list, list]:
-    """Every block of the release as (float32 x, y) lists, in the files'
-    order. The shards are read on as many threads as there are usable
-    cores (Arrow's decoding and numpy's conversions release the GIL); the
-    shards hold float32, exact through the reader's float64."""
+def _all_blocks(path: str, manifest: dict, dtype: type
+                ) -> tuple[list, list]:
+    """Every block of the release as (x as ``dtype``, y) lists, in the
+    files' order. The shards are read on as many threads as there are
+    usable cores (Arrow's decoding and numpy's conversions release the
+    GIL); they hold float32, exact through the reader's float64."""
     def read(shard: str) -> list:
-        return [(x.astype(np.float32), y)
+        return [(x.astype(dtype, copy=False), y)
                 for x, y in _shard_blocks(shard, manifest)]
     with ThreadPoolExecutor(usable_cores()) as pool:
         blocks = [b for shard in pool.map(read, release_files(path, manifest))
@@ -345,14 +346,12 @@ def load_release(path: str, as_: str = "tuple", shuffle: bool = True,
     manifest = read_manifest(path)
     dim = manifest.get("embedding_dim", 0)
     if as_ == "tuple":
-        xs, ys = [], []
-        for _, x, y in release_blocks(path, manifest):
-            xs.append(x)
-            ys.append(y)
+        xs, ys = _all_blocks(path, manifest, np.float64)
         x = np.concatenate(xs) if xs else np.zeros((0, dim))
         y = np.concatenate(ys) if ys else np.zeros(0, np.int64)
         return x, y, manifest
-    x, y = _in_order(*_float32_blocks(path, manifest), dim, shuffle, seed)
+    x, y = _in_order(*_all_blocks(path, manifest, np.float32), dim, shuffle,
+                     seed)
     if as_ == "numpy":
         return x, y
     if as_ == "pandas":
