@@ -292,22 +292,28 @@ _READ_BLOCK_ROWS = 16384
 def release_blocks(path: str, manifest: dict):
     """(file, x, y) blocks of a release's data shards, in either output
     format (the manifest's ``outputs``; older releases: TFRecord)."""
+    read = _shard_reader(manifest)
     for f in release_files(path, manifest):
-        for x, y in _shard_blocks(f, manifest):
+        for x, y in read(f):
             yield f, x, y
 
 
-def _shard_blocks(shard: str, manifest: dict):
-    """(x float64, y) blocks of one data shard of a release."""
+def _shard_reader(manifest: dict):
+    """shard path -> its (x float64, y) blocks, as the release's manifest
+    names its format and features."""
     outputs = manifest.get("outputs", {})
     features = outputs.get("features") or {}
     role = {f.get("role"): name for name, f in features.items()}
-    spec = io.InputSpec(shard, io.detect_format(shard, outputs.get("format")),
-                        role.get("embedding", "embedding"),
-                        role.get("label", "label"),
-                        block_size=_READ_BLOCK_ROWS)
-    for x, y, _ in io.read_file_blocks(shard, spec):
-        yield x, y
+
+    def read(shard: str):
+        spec = io.InputSpec(shard,
+                            io.detect_format(shard, outputs.get("format")),
+                            role.get("embedding", "embedding"),
+                            role.get("label", "label"),
+                            block_size=_READ_BLOCK_ROWS)
+        for x, y, _ in io.read_file_blocks(shard, spec):
+            yield x, y
+    return read
 
 
 def _all_blocks(path: str, manifest: dict, dtype: type
@@ -316,9 +322,10 @@ def _all_blocks(path: str, manifest: dict, dtype: type
     files' order. The shards are read on as many threads as there are
     usable cores (Arrow's decoding and numpy's conversions release the
     GIL); they hold float32, exact through the reader's float64."""
+    blocks_of = _shard_reader(manifest)
+
     def read(shard: str) -> list:
-        return [(x.astype(dtype, copy=False), y)
-                for x, y in _shard_blocks(shard, manifest)]
+        return [(x.astype(dtype, copy=False), y) for x, y in blocks_of(shard)]
     with ThreadPoolExecutor(usable_cores()) as pool:
         blocks = [b for shard in pool.map(read, release_files(path, manifest))
                   for b in shard]
@@ -373,6 +380,7 @@ def _in_order(xs: list, ys: list, dim: int, shuffle: bool, seed: int
     once beside its blocks (a 1M x 384 release: ~3 GB at most), not stacked
     in float64 and then gathered (~10 GB, 33 s here)."""
     n = sum(len(y) for y in ys)
+    dim = xs[0].shape[1] if xs else dim  # the files' own width
     order = (np.random.default_rng(seed).permutation(n) if shuffle
              else np.arange(n))
     place = np.empty(n, np.int64)
