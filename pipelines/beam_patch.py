@@ -1,10 +1,10 @@
 """Replacing one of Beam's functions once per process.
 
 dpsynth swaps some of Beam's functions for memoised ones with the same
-answers (``dofn_specs``, ``option_views``); each is installed by every
-``beam_options`` call, so the swap must happen once whatever the number
-of calls or threads, and keep Beam's original for the replacement (and
-the tests) to call.
+answers (``dofn_specs``, ``option_views``) or ones that clean up after
+themselves (``beam_temp``); each is installed for every pipeline, so the
+swap must happen once whatever the number of calls or threads, and keep
+Beam's original for the replacement (and the tests) to call.
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ from typing import Iterator, Optional
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines.beam_patch import replace_once
+
 # The folder this context's pipeline puts Beam's dependency folders in.
 _scratch: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
     "dpsynth_beam_scratch", default=None)
@@ -54,28 +56,24 @@ def pipeline_run(options: PipelineOptions) -> Iterator[beam.Pipeline]:
 
 def _install() -> None:
     """Points Beam's environment builder at the current pipeline's scratch
-    folder (once per process; outside ``pipeline_run`` it is Beam's), and
-    has a job server whose start failed remove its folder."""
+    folder (outside ``pipeline_run`` it is Beam's), and has a job server
+    whose start failed remove its folder (each once per process)."""
+    from apache_beam.runners.portability import job_server
     from apache_beam.transforms import environments
-    if getattr(environments.python_sdk_dependencies, "dpsynth", False):
-        return
-    _install_job_server_start()
-    beams = environments.python_sdk_dependencies
+    replace_once(environments, "python_sdk_dependencies", _in_scratch)
+    replace_once(job_server.SubprocessJobServer, "start", _cleaned_start)
 
+
+def _in_scratch(beams):
     def python_sdk_dependencies(options, tmp_dir=None):
         scratch = _scratch.get()
         if tmp_dir is None and scratch is not None:
             tmp_dir = tempfile.mkdtemp(dir=scratch)
         return beams(options, tmp_dir)
-
-    python_sdk_dependencies.dpsynth = True  # type: ignore[attr-defined]
-    environments.python_sdk_dependencies = python_sdk_dependencies
+    return python_sdk_dependencies
 
 
-def _install_job_server_start() -> None:
-    from apache_beam.runners.portability import job_server
-    beams = job_server.SubprocessJobServer.start
-
+def _cleaned_start(beams):
     def start(self):
         try:
             return beams(self)
@@ -84,5 +82,4 @@ def _install_job_server_start() -> None:
                 shutil.rmtree(self._local_temp_root, ignore_errors=True)
                 self._local_temp_root = None
             raise
-
-    job_server.SubprocessJobServer.start = start
+    return start
