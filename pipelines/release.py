@@ -299,8 +299,8 @@ def release_blocks(path: str, manifest: dict):
 
 
 def _shard_reader(manifest: dict):
-    """shard path -> its (x float64, y) blocks, as the release's manifest
-    names its format and features."""
+    """shard path -> its (x, y) blocks (x as the shards store it: float32),
+    as the release's manifest names its format and features."""
     outputs = manifest.get("outputs", {})
     features = outputs.get("features") or {}
     role = {f.get("role"): name for name, f in features.items()}
@@ -321,7 +321,7 @@ def _all_blocks(path: str, manifest: dict, dtype: type
     """Every block of the release as (x as ``dtype``, y) lists, in the
     files' order. The shards are read on as many threads as there are
     usable cores (Arrow's decoding and numpy's conversions release the
-    GIL); they hold float32, exact through the reader's float64."""
+    GIL); they hold float32, which the reader hands over as it is."""
     blocks_of = _shard_reader(manifest)
 
     def read(shard: str) -> list:

@@ -4,8 +4,10 @@ All file access goes through Beam's FileSystems, so local paths and gs:// work
 the same. Files are read in workers, one byte range per element (a file
 larger than ``--split-bytes`` is split into ranges of that size, so one
 large file is read by every worker; a compressed .npz is read whole), and
-yield numpy blocks ``(x [b, d] float64, y [b] int64)``; nothing collects
-the dataset. Block boundaries do not change the release: every sum is exact
+yield numpy blocks ``(x [b, d], y [b] int64)``, x float32 or float64 as
+stored (other numbers become float64; every later step computes in float64
+from its own copy, exactly, as float32 -> float64 is exact); nothing
+collects the dataset. Block boundaries do not change the release: every sum is exact
 fixed-point.
 
 Every block is validated where the file and row are known, so a bad input
@@ -278,7 +280,8 @@ def _check_parquet_schema(schema, path: str, spec: InputSpec) -> None:
 
 def _list_rows(column, path: str, where: Rows) -> np.ndarray:
     """An Arrow list column (fixed-size, list or large list; one array or
-    chunked) -> [b, d] float64 straight from its buffers: Python lists per
+    chunked) -> [b, d] float32 or float64 (``_float_rows``) straight from
+    its buffers: Python lists per
     row cost 20x the read (issue 27). Errors name the first bad row, with
     the messages of ``_stack_rows``; value types numpy cannot take from
     Arrow (decimals, strings, ...) go through it."""
@@ -311,7 +314,7 @@ def _list_rows(column, path: str, where: Rows) -> np.ndarray:
         return _stack_rows(column.to_pylist(), path, where)
     # A null value becomes NaN, as before (so --non-finite decides).
     flat = values.to_numpy(zero_copy_only=False)
-    return flat.astype(np.float64).reshape(n, width)
+    return _float_rows(flat).reshape(n, width)
 
 
 def _stack_rows(rows: Sequence, path: str, where: Rows) -> np.ndarray:
@@ -602,7 +605,7 @@ def _parse_examples(records: Union[list, np.ndarray], path: str,
         raise InputError(f"{path}: {where.row(i)} has {lengths[i]} "
                          f"embedding values, expected {lengths[0]}")
     x, y = parsed.arrays()
-    return x.astype(np.float64), y
+    return _float_rows(x), y
 
 
 def _tfrecord_blocks(r: FileRange, spec: InputSpec
@@ -796,7 +799,7 @@ def validate_block(x: np.ndarray, y: np.ndarray, path: str,
     """
     where = start if isinstance(start, Rows) else Rows(start)
     try:
-        x = np.asarray(x, dtype=np.float64)
+        x = _float_rows(x)
     except (TypeError, ValueError):
         raise InputError(f"{path}: {where.span()}: embeddings are not "
                          f"numeric") from None
@@ -832,12 +835,28 @@ def validate_block(x: np.ndarray, y: np.ndarray, path: str,
     return x[finite], y[finite], int((~finite).sum())
 
 
+def _float_rows(x) -> np.ndarray:
+    """x as float32 or float64 rows: those two dtypes as they are (no
+    copy: a float64 copy of float32 rows costs a quarter of a pass, and the
+    step that uses them copies them anyway), anything else as float64."""
+    if isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float64):
+        return x
+    return np.asarray(x, dtype=np.float64)
+
+
 def _finite_rows(x: np.ndarray) -> np.ndarray:
     """Rows with finite values whose squared norm also fits in float64: one
     pass, since the sum of squares is NaN or inf exactly when a value is
-    non-finite or the squared norm overflows."""
+    non-finite or the squared norm overflows. Float32 rows are summed in
+    float32 and only the rows that overflow there are summed again in
+    float64 (a finite float32 row's squared norm always fits in float64)."""
     with np.errstate(over="ignore", invalid="ignore"):
-        return np.isfinite(np.einsum("ij,ij->i", x, x))
+        finite = np.isfinite(np.einsum("ij,ij->i", x, x))
+        if x.dtype != np.float64 and not finite.all():
+            again = np.flatnonzero(~finite)
+            wide = x[again].astype(np.float64)
+            finite[again] = np.isfinite(np.einsum("ij,ij->i", wide, wide))
+    return finite
 
 
 def _short(labels: Sequence[int]) -> str:
@@ -996,7 +1015,7 @@ def load_arrays(pattern: str, fmt: Optional[str] = None,
             ys.append(y)
     if not xs:
         raise InputError(f"--input {pattern!r}: the files hold no rows")
-    return np.vstack(xs), np.concatenate(ys)
+    return np.concatenate(xs, dtype=np.float64), np.concatenate(ys)
 
 
 # ------------------------------------------------------------------- Beam
