@@ -61,8 +61,18 @@ def test_parquet_columns_are_float32_lists_and_int64(releases):
     import pyarrow.parquet as pq
     path = sorted((release_dir(releases["parquet"]) / "data").iterdir())[0]
     table = pq.read_table(path)
-    assert table.schema.field("vec").type == pa.list_(pa.float32(), DIM)
-    assert table.schema.field("cls").type == pa.int64()
+    vec, cls = table.schema.field("vec"), table.schema.field("cls")
+    assert pa.types.is_fixed_size_list(vec.type)
+    assert vec.type.list_size == DIM
+    assert vec.type.value_type == pa.float32()
+    assert not vec.nullable and not vec.type.value_field.nullable
+    assert cls.type == pa.int64() and not cls.nullable
+    # Plain float rows (nothing to gain from compression, a dictionary or
+    # min/max of a float column); the label keeps its statistics, so a
+    # reader filtering on it skips other classes' shards.
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    assert group.column(0).compression == "UNCOMPRESSED"
+    assert group.column(1).statistics.min == group.column(1).statistics.max
     rows = np.asarray(table.column("vec").to_pylist(), np.float32)
     assert rows.shape == (table.num_rows, DIM)
     assert set(table.column("cls").to_pylist()) == {0}
