@@ -6,8 +6,8 @@ larger than ``--split-bytes`` is split into ranges of that size, so one
 large file is read by every worker; a compressed .npz is read whole), and
 yield numpy blocks ``(x [b, d], y [b] int64)``, x float32 or float64 as
 stored (other numbers become float64; every later step computes in float64
-from its own copy, exactly, as float32 -> float64 is exact); nothing
-collects the dataset. Block boundaries do not change the release: every sum is exact
+from its own copy, and float32 -> float64 is exact); nothing collects the
+dataset. Block boundaries do not change the release: every sum is exact
 fixed-point.
 
 Every block is validated where the file and row are known, so a bad input
@@ -281,10 +281,10 @@ def _check_parquet_schema(schema, path: str, spec: InputSpec) -> None:
 def _list_rows(column, path: str, where: Rows) -> np.ndarray:
     """An Arrow list column (fixed-size, list or large list; one array or
     chunked) -> [b, d] float32 or float64 (``_float_rows``) straight from
-    its buffers: Python lists per
-    row cost 20x the read (issue 27). Errors name the first bad row, with
-    the messages of ``_stack_rows``; value types numpy cannot take from
-    Arrow (decimals, strings, ...) go through it."""
+    its buffers: Python lists per row cost 20x the read (issue 27). Errors
+    name the first bad row, with the messages of ``_stack_rows``; value
+    types numpy cannot take from Arrow (decimals, strings, ...) go through
+    it."""
     import pyarrow as pa
     if isinstance(column, pa.ChunkedArray):
         column = (column.combine_chunks() if column.num_chunks != 1
