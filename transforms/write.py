@@ -107,6 +107,14 @@ def tfrecord_bytes(x: np.ndarray, label: int,
                    embedding_feature: str = "embedding",
                    label_feature: str = "label") -> bytes:
     """The TFRecord file content of rows ``x`` (all of class ``label``)."""
+    return _tfrecord_frames(x, label, embedding_feature,
+                            label_feature).tobytes()
+
+
+def _tfrecord_frames(x: np.ndarray, label: int, embedding_feature: str,
+                     label_feature: str) -> np.ndarray:
+    """``tfrecord_bytes`` as a uint8 array [n, record frame] (written as it
+    is: no copy of the whole shard into a bytes object)."""
     x = np.ascontiguousarray(x, dtype="<f4")
     n, dim = x.shape
     head, tail = example_layout(dim, label, embedding_feature, label_feature)
@@ -122,7 +130,7 @@ def tfrecord_bytes(x: np.ndarray, label: int,
     crcs = io.masked_crc32c_strided(frame.tobytes(), 12, size, 12 + size + 4,
                                     n).astype("<u4")
     frame[:, 12 + size:] = crcs.view(np.uint8).reshape(n, 4)
-    return frame.tobytes()
+    return frame
 
 
 def record_bytes(dim: int, label: int, embedding_feature: str = "embedding",
@@ -176,10 +184,11 @@ def parquet_bytes(x: np.ndarray, label: int,
 
 
 def to_tfrecord_file(f, x: np.ndarray, label: int,
-                   embedding_feature: str = "embedding",
-                   label_feature: str = "label") -> None:
+                     embedding_feature: str = "embedding",
+                     label_feature: str = "label") -> None:
     """Writes the TFRecords of rows ``x`` to the open binary file ``f``."""
-    f.write(tfrecord_bytes(x, label, embedding_feature, label_feature))
+    f.write(_tfrecord_frames(x, label, embedding_feature,
+                             label_feature).data)
 
 
 _WRITERS = {"tfrecord": to_tfrecord_file, "parquet": to_parquet_file}
