@@ -141,21 +141,22 @@ def record_bytes(dim: int, label: int, embedding_feature: str = "embedding",
 
 
 def to_parquet_file(f, x: np.ndarray, label: int,
-                  embedding_feature: str = "embedding",
-                  label_feature: str = "label") -> None:
+                    embedding_feature: str = "embedding",
+                    label_feature: str = "label") -> None:
     """Writes a Parquet file of rows ``x`` (all of class ``label``) to the
     open binary file ``f``: a fixed-size list<float32> column and an int64
     column, neither nullable (pyarrow; zero-copy rows; pages go straight to
     ``f``, not through a buffer of the whole file).
 
     The embedding column is stored plain: no compression (float32 draws do
-    not compress: snappy saved 0.5 % of the bytes), no dictionary and no
-    statistics (pyarrow tries a dictionary of floats before giving up, and
-    min/max of 384 values a row select nothing); with no nulls it needs no
-    definition levels. A 50,000 x 384 shard written to a local file: 0.22
-    -> 0.13-0.16 s, read in 0.12 instead of 0.16 s (pyarrow 25). The label
-    column keeps pyarrow's dictionary and statistics (a reader filtering on
-    the label skips other classes' shards)."""
+    not compress: pyarrow's snappy default gave 0.5 % more bytes), no
+    dictionary and no statistics (pyarrow tries a dictionary of floats
+    before giving up, and min/max of 384 values a row select nothing); with
+    no nulls it needs no definition levels. A 50,000 x 384 shard written to
+    a local file: 0.22 -> 0.13-0.16 s, read in 0.12 instead of 0.16 s
+    (pyarrow 25). The label column keeps pyarrow's dictionary and
+    statistics (a reader filtering on the label skips other classes'
+    shards)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     x = np.ascontiguousarray(x, dtype=np.float32)
