@@ -68,6 +68,39 @@ def test_parquet_bytes_round_trip_through_the_reader(tmp_path):
     assert pq.read_table(empty).num_rows == 0
 
 
+@pytest.mark.parametrize("fmt", write.OUTPUT_FORMATS)
+def test_a_shard_drawn_in_pieces_holds_the_rows_of_one_draw(tmp_path, fmt):
+    """A writer draws and writes its shard ``WRITE_PIECE`` rows at a time
+    (a Parquet piece is one row group): the file holds the class's rows
+    [start, stop) in order, as one draw of them gives; an empty range is
+    still a valid file."""
+    from dp_ops import generator
+    from dp_ops.config import GeneratorConfig
+    cfg = GeneratorConfig(labels=(6,))
+    rng = np.random.default_rng(3)
+    mix = generator.ClassMixture(6, np.array([0.5, 0.5]),
+                                 rng.normal(size=(2, 5)),
+                                 np.full((2, 5), 0.1), 30000.0)
+    start, stop, total = 700, 700 + 2 * write.WRITE_PIECE + 300, 30000
+    fn = write._WriteShard(str(tmp_path), "vec", "cls", fmt, cfg)
+    [info] = fn.process((6, 0, (start, stop, total, None)), {6: mix})
+    [empty] = fn.process((6, 1, (stop, stop, total, None)), {6: mix})
+    assert (info["samples"], empty["samples"]) == (stop - start, 0)
+    data = tmp_path / write.DATA_DIR
+    xs, ys = tio.load_arrays(str(data / info["shard"]), fmt,
+                             embedding_feature="vec", label_feature="cls")
+    np.testing.assert_array_equal(
+        xs, generator.sample_rows(mix, cfg, total, start, stop))
+    assert set(ys.tolist()) == {6}
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+        assert pq.ParquetFile(data / info["shard"]).metadata \
+            .num_row_groups == 3
+        assert pq.read_table(data / empty["shard"]).num_rows == 0
+    else:
+        assert (data / empty["shard"]).stat().st_size == 0
+
+
 def _calls(path: Path) -> set[str]:
     """Dotted names of everything called or referenced in a module."""
     tree = ast.parse(path.read_text())
