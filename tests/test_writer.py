@@ -101,6 +101,25 @@ def test_a_shard_drawn_in_pieces_holds_the_rows_of_one_draw(tmp_path, fmt):
         assert (data / empty["shard"]).stat().st_size == 0
 
 
+def test_a_parquet_shard_has_no_empty_row_group(tmp_path):
+    """The vote filter can keep no row of a piece: that piece adds no row
+    group (an empty shard is one empty row group, a valid file)."""
+    import pyarrow.parquet as pq
+    x = _rows(20, 4)
+    path = tmp_path / "s.parquet"
+    with open(path, "wb") as f:
+        shard = write.ParquetShard(f, 2, "vec", "cls")
+        for piece in (x[:8], x[:0], x[8:]):
+            shard.write(piece)
+        shard.close()
+    meta = pq.ParquetFile(path).metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] \
+        == [8, 12]
+    xs, _ = tio.load_arrays(str(path), embedding_feature="vec",
+                            label_feature="cls")
+    np.testing.assert_array_equal(xs, x)
+
+
 def _calls(path: Path) -> set[str]:
     """Dotted names of everything called or referenced in a module."""
     tree = ast.parse(path.read_text())

@@ -164,7 +164,12 @@ class ParquetShard:
         self._writer = None
 
     def write(self, x: np.ndarray) -> None:
+        """Appends ``x`` as a row group; an empty piece only when it is the
+        first (a shard with no rows is still a Parquet file with the
+        schema), never an empty row group between others."""
         import pyarrow.parquet as pq
+        if self._writer is not None and not len(x):
+            return
         table = self._table(x)
         if self._writer is None:
             self._writer = pq.ParquetWriter(
