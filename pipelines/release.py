@@ -284,8 +284,8 @@ def release_files(path: str, manifest: Optional[dict] = None) -> list[str]:
 
 
 # Rows per block when a release is read whole: the pipeline's 4,096 makes a
-# Python round per 6 MB of a 1M x 384 release (a 16,384-row block is 50 MB
-# in float64).
+# Python round per 6 MB of a 1M x 384 release (a 16,384-row block is 25 MB
+# of float32 rows as read, 50 MB in the tuple form's float64).
 _READ_BLOCK_ROWS = 16384
 
 

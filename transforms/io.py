@@ -604,8 +604,7 @@ def _parse_examples(records: Union[list, np.ndarray], path: str,
         i = int(np.flatnonzero(lengths != lengths[0])[0])
         raise InputError(f"{path}: {where.row(i)} has {lengths[i]} "
                          f"embedding values, expected {lengths[0]}")
-    x, y = parsed.arrays()
-    return _float_rows(x), y
+    return parsed.arrays()  # float32 rows, as the records hold them
 
 
 def _tfrecord_blocks(r: FileRange, spec: InputSpec

@@ -214,22 +214,14 @@ class TFRecordShard:
         pass
 
 
-def to_parquet_file(f, x: np.ndarray, label: int,
-                    embedding_feature: str = "embedding",
-                    label_feature: str = "label") -> None:
-    """Writes the rows ``x`` to ``f`` as one Parquet file
-    (``ParquetShard``)."""
-    shard = ParquetShard(f, label, embedding_feature, label_feature)
-    shard.write(x)
-    shard.close()
-
-
 def parquet_bytes(x: np.ndarray, label: int,
                   embedding_feature: str = "embedding",
                   label_feature: str = "label") -> bytes:
-    """The bytes ``to_parquet_file`` writes."""
+    """A ``ParquetShard`` of rows ``x`` (all of class ``label``), as bytes."""
     buf = stdio.BytesIO()
-    to_parquet_file(buf, x, label, embedding_feature, label_feature)
+    shard = ParquetShard(buf, label, embedding_feature, label_feature)
+    shard.write(x)
+    shard.close()
     return buf.getvalue()
 
 
