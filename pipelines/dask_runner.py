@@ -202,10 +202,14 @@ class _GroupByKey(transform_evaluator.GroupByKey):
     over every worker."""
 
     def apply(self, input_bag, side_inputs=None):
+        import dask
         ways = min(input_bag.npartitions, _cluster_threads())
         if ways < input_bag.npartitions:
             input_bag = input_bag.repartition(npartitions=ways)
-        return super().apply(input_bag, side_inputs)
+        # A bag shuffles by tasks anyway; naming it spares Dask's default
+        # lookup, which imports dask.dataframe (0.27 s of the first job).
+        with dask.config.set({"dataframe.shuffle.method": "tasks"}):
+            return super().apply(input_bag, side_inputs)
 
 
 def install_grouping() -> None:
@@ -250,23 +254,35 @@ class LocalDaskOptions(PipelineOptions):
             "127.0.0.1:8787; by default there is none")
 
 
+# The scheduler of the local cluster sends a worker one task per thread
+# and keeps the rest queued (Dask's default, 1.1, sends a one-thread worker
+# two): a worker that frees up takes the next shard or read range instead
+# of waiting while another worker still holds two. Measured (2 workers, 1M
+# x 384): the workers' last tasks of the moments pass end 0.28 s apart
+# instead of 0.62, and the writers' 0.13 s instead of 0.52 (3 runs each).
+SCHEDULER_CONFIG = {"distributed.scheduler.worker-saturation": 1.0}
+
+
 class _LocalCluster:
     """The LocalCluster of this process and its scratch folder."""
 
     def __init__(self, workers: int, dashboard: Optional[str],
                  by_run: bool) -> None:
+        import dask
         from distributed import LocalCluster
         # started by a job's pipeline (the job closes it) or by the caller
         self.by_run = by_run
         self.directory = tempfile.mkdtemp(prefix="dpsynth-dask-")
         known = _clusters(), set(multiprocessing.active_children())
         try:
-            self.cluster = LocalCluster(
-                n_workers=workers, threads_per_worker=1, processes=True,
-                host="127.0.0.1", dashboard_address=dashboard,
-                local_directory=self.directory,
-                scheduler_kwargs=_scheduler_kwargs(self.directory, dashboard),
-                preload=["pipelines.dask_preload"])
+            with dask.config.set(SCHEDULER_CONFIG):  # read as it starts
+                self.cluster = LocalCluster(
+                    n_workers=workers, threads_per_worker=1, processes=True,
+                    host="127.0.0.1", dashboard_address=dashboard,
+                    local_directory=self.directory,
+                    scheduler_kwargs=_scheduler_kwargs(self.directory,
+                                                       dashboard),
+                    preload=["pipelines.dask_preload"])
         except BaseException:
             _close_half_started(known)
             shutil.rmtree(self.directory, ignore_errors=True)

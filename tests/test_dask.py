@@ -182,10 +182,20 @@ class _NoteBundles(beam.DoFn):
         _save(self._groups, self._out, uuid.uuid4().hex)
 
 
-def test_group_by_key_runs_on_one_partition_per_worker(scheduler, tmp_path):
+def test_group_by_key_runs_on_one_partition_per_worker(scheduler, tmp_path,
+                                                       monkeypatch):
     """A GroupByKey of 12 one-element partitions groups right and its
     output is 2 partitions (the cluster's 2 worker threads), not 12:
-    Dask's task shuffle of n partitions is ~n^2 tasks."""
+    Dask's task shuffle of n partitions is ~n^2 tasks. The shuffle is
+    named, so Dask's lookup does not import dask.dataframe."""
+    import dask
+    import dask.bag.core
+    lookup = dask.bag.core.get_default_shuffle_method
+
+    def named():
+        assert dask.config.get("dataframe.shuffle.method") == "tasks"
+        return lookup()
+    monkeypatch.setattr(dask.bag.core, "get_default_shuffle_method", named)
     with beam.Pipeline(options=beam_options(_dask(scheduler))) as p:
         _ = (p | beam.Create([(i % 3, i) for i in range(12)])
              | beam.GroupByKey()
@@ -354,6 +364,8 @@ def test_local_cluster_is_started_once_and_cleaned_up():
         directory = dask_runner._LOCAL.directory
         assert os.listdir(directory)  # the scratch space is in it
         assert cluster.scheduler.http_server.port != 8787
+        # one task a worker thread at a time, the rest queued
+        assert cluster.scheduler.WORKER_SATURATION == 1.0
     finally:
         dask_runner.close_local_cluster()
     assert not os.path.exists(directory)
