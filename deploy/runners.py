@@ -306,7 +306,8 @@ def dask_args(client_address: Optional[str] = None,
     ``scheduler_file`` it wrote). With neither, ``dpsynth generate`` starts
     a local cluster for the run, which is only for trying the runner.
     ``npartitions`` / ``partition_size``: Dask partitions of each created
-    PCollection (default: one per element, e.g. per read range).
+    PCollection (default: Beam's, 128 elements; the read ranges and the
+    release's shards are spread one per partition whatever these say).
     """
     if client_address and scheduler_file:
         raise ValueError("pass --dask_client_address or "

@@ -196,7 +196,8 @@ def test_group_by_key_runs_on_one_partition_per_worker(scheduler, tmp_path,
         assert dask.config.get("dataframe.shuffle.method") == "tasks"
         return lookup()
     monkeypatch.setattr(dask.bag.core, "get_default_shuffle_method", named)
-    with beam.Pipeline(options=beam_options(_dask(scheduler))) as p:
+    flags = [*_dask(scheduler), "--dask_partition_size=1"]
+    with beam.Pipeline(options=beam_options(flags)) as p:
         _ = (p | beam.Create([(i % 3, i) for i in range(12)])
              | beam.GroupByKey()
              | beam.ParDo(_NoteBundles(str(tmp_path))))
