@@ -262,7 +262,16 @@ class LocalDaskOptions(PipelineOptions):
 # of waiting while another worker still holds two. Measured (2 workers, 1M
 # x 384): the workers' last tasks of the moments pass end 0.28 s apart
 # instead of 0.62, and the writers' 0.13 s instead of 0.52 (3 runs each).
-SCHEDULER_CONFIG = {"distributed.scheduler.worker-saturation": 1.0}
+CLUSTER_CONFIG = {"distributed.scheduler.worker-saturation": 1.0}
+# Without a dashboard nobody sees the workers' profiles: their sampler
+# thread (each worker's stacks every 10 ms) is off. Measured (2 workers on
+# 2 cores, 1M x 384, default job): 12.9 -> 12.6 s (3 runs each).
+NO_DASHBOARD_CONFIG = {"distributed.worker.profile.enabled": False}
+
+
+def _cluster_config(dashboard: Optional[str]) -> dict:
+    """Dask settings the local cluster's scheduler and workers start with."""
+    return {**CLUSTER_CONFIG, **({} if dashboard else NO_DASHBOARD_CONFIG)}
 
 
 class _LocalCluster:
@@ -277,7 +286,7 @@ class _LocalCluster:
         self.directory = tempfile.mkdtemp(prefix="dpsynth-dask-")
         known = _clusters(), set(multiprocessing.active_children())
         try:
-            with dask.config.set(SCHEDULER_CONFIG):  # read as it starts
+            with dask.config.set(_cluster_config(dashboard)):  # read at start
                 self.cluster = LocalCluster(
                     n_workers=workers, threads_per_worker=1, processes=True,
                     host="127.0.0.1", dashboard_address=dashboard,

@@ -353,6 +353,11 @@ def test_secure_noise_release_is_self_consistent(scheduler, tmp_path):
 
 # ---------------------------------------------------------- local cluster
 
+def _profile_enabled() -> bool:
+    import dask
+    return dask.config.get("distributed.worker.profile.enabled")
+
+
 def test_local_cluster_is_started_once_and_cleaned_up():
     """One LocalCluster per process, its scratch space in a temporary
     folder removed at close, its HTTP routes off port 8787."""
@@ -367,6 +372,9 @@ def test_local_cluster_is_started_once_and_cleaned_up():
         assert cluster.scheduler.http_server.port != 8787
         # one task a worker thread at a time, the rest queued
         assert cluster.scheduler.WORKER_SATURATION == 1.0
+        # no dashboard: the workers sample no profiles
+        with distributed.Client(cluster) as client:
+            assert set(client.run(_profile_enabled).values()) == {False}
     finally:
         dask_runner.close_local_cluster()
     assert not os.path.exists(directory)
