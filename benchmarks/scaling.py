@@ -1353,6 +1353,14 @@ def timeline_serial(profile: Sequence[float], workers: int) -> Optional[float]:
     return amdahl_serial(one / total, workers)
 
 
+def busy_work(profile: Sequence[float]) -> float:
+    """Worker-seconds of traced work in one run's busy profile (k workers
+    busy for s_k seconds: sum k * s_k). W workers doing W = 1's work with
+    no overhead give the same; more is work the run added or the machine
+    slowed (on a 2-vCPU VM two busy workers each run slower than one)."""
+    return sum(k * s for k, s in enumerate(profile))
+
+
 def amdahl_serial(speedup: float, workers: int) -> Optional[float]:
     """Amdahl's serial fraction from S(W): f = (W/S - 1) / (W - 1)
     (W = 2: f = 2/S - 1)."""
@@ -1404,12 +1412,14 @@ def workers_report(results: list[dict], top_share: float = 0.03) -> str:
              f"machine). Amdahl f = (W/S - 1)/(W - 1) from the job times "
              f"(W = 2: 2/S(2) - 1); f from trace: the same from one run's "
              f"busy profile (seconds with 0, 1, 2.. worker processes "
-             f"running traced work; see `timeline_serial`).", "",
+             f"running traced work; see `timeline_serial`); work vs W=1: "
+             f"the run's busy worker-seconds over W = 1's (`busy_work`; "
+             f"above 1: the same work took longer on W workers).", "",
              "| config | engine | W | job s | speed-up | efficiency | "
              "Amdahl f | f from trace | s with 0/1/2.. workers busy | "
-             "cluster s | load | release |",
+             "work vs W=1 | cluster s | load | release |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-             "| --- | --- |"]
+             "| --- | --- | --- |"]
     keys = sorted({(r["config"], r["engine"]) for r in ok},
                   key=lambda k: (list(CONFIGS).index(k[0]), k[1]))
     for config, engine in keys:
@@ -1422,6 +1432,10 @@ def workers_report(results: list[dict], top_share: float = 0.03) -> str:
             f = amdahl_serial(s, w) if s else None
             prof = runs[w].get("busy_profile") or []
             ft = timeline_serial(prof, w)
+            base_work = busy_work(base.get("busy_profile") or []) \
+                if base else 0.0
+            work = (f"{busy_work(prof) / base_work:.2f}"
+                    if prof and base_work else "-")
             lines.append(
                 f"| {config} | {engine} | {w} | {t:.1f} | "
                 f"{'-' if s is None else f'{s:.2f}x'} | "
@@ -1429,7 +1443,7 @@ def workers_report(results: list[dict], top_share: float = 0.03) -> str:
                 f"{'-' if f is None else f'{f:.2f}'} | "
                 f"{'-' if ft is None else f'{ft:.2f}'} | "
                 f"{' / '.join(f'{v:.1f}' for v in prof) or '-'} | "
-                f"{_cluster(runs[w])} | {_load(runs[w])} | "
+                f"{work} | {_cluster(runs[w])} | {_load(runs[w])} | "
                 f"{(runs[w].get('release_sha256') or '-')[:12]} |")
     lines += ["", identity_line(ok)]
     lines += ["", "Per stage (the widest run of each config and engine; "

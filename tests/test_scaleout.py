@@ -140,7 +140,7 @@ def test_direct_runner_runs_every_stage_on_both_workers(trace_file, files,
 
 def test_stage_table_and_busy_profile():
     """The benchmark's per-stage table and Amdahl estimate from a trace."""
-    from benchmarks.scaling import busy_profile, timeline_serial
+    from benchmarks.scaling import busy_profile, busy_work, timeline_serial
     spans = [("read:Moments", 1, 0.0, 10.0), ("sums:x", 1, 2.0, 3.0),
              ("write:class0", 2, 5.0, 10.0), ("write:class1", 1, 10.0, 11.0)]
     table = {r["stage"]: r for r in progress.stage_table(spans)}
@@ -150,3 +150,4 @@ def test_stage_table_and_busy_profile():
     assert profile == [1.0, 6.0, 5.0]  # idle 11-12; one 0-5, 10-11; two 5-10
     # on one worker: 1 + 6 + 2 * 5 = 17 s against 12 s: S = 17/12
     assert timeline_serial(profile, 2) == pytest.approx(2 * 12 / 17 - 1)
+    assert busy_work(profile) == pytest.approx(16.0)  # 6 + 2 * 5
