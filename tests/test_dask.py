@@ -358,6 +358,14 @@ def _profile_enabled() -> bool:
     return dask.config.get("distributed.worker.profile.enabled")
 
 
+def test_the_profiler_stays_on_when_a_dashboard_is_asked_for():
+    from pipelines import dask_runner
+    assert not dask_runner._cluster_config(None)[
+        "distributed.worker.profile.enabled"]
+    assert "distributed.worker.profile.enabled" not in \
+        dask_runner._cluster_config("127.0.0.1:8787")
+
+
 def test_local_cluster_is_started_once_and_cleaned_up():
     """One LocalCluster per process, its scratch space in a temporary
     folder removed at close, its HTTP routes off port 8787."""
