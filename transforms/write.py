@@ -140,7 +140,17 @@ def record_bytes(dim: int, label: int, embedding_feature: str = "embedding",
                               label_feature))
 
 
-class ParquetShard:
+class _Shard:
+    """One shard file of class ``label`` being written to the open binary
+    file ``f``, and the names of its two columns (features)."""
+
+    def __init__(self, f, label: int, embedding_feature: str = "embedding",
+                 label_feature: str = "label") -> None:
+        self._f, self._label = f, label
+        self._names = (embedding_feature, label_feature)
+
+
+class ParquetShard(_Shard):
     """A Parquet file of rows of class ``label``, written to the open binary
     file ``f`` piece by piece (each piece one row group, its pages straight
     to ``f``): a fixed-size list<float32> column and an int64 column,
@@ -159,8 +169,7 @@ class ParquetShard:
 
     def __init__(self, f, label: int, embedding_feature: str = "embedding",
                  label_feature: str = "label") -> None:
-        self._f, self._label = f, label
-        self._names = (embedding_feature, label_feature)
+        super().__init__(f, label, embedding_feature, label_feature)
         self._writer = None
 
     def write(self, x: np.ndarray) -> None:
@@ -197,15 +206,10 @@ class ParquetShard:
             schema=schema)
 
 
-class TFRecordShard:
+class TFRecordShard(_Shard):
     """A TFRecord file of rows of class ``label``, written to the open
     binary file ``f`` piece by piece (a TFRecord file is the concatenation
     of its records)."""
-
-    def __init__(self, f, label: int, embedding_feature: str = "embedding",
-                 label_feature: str = "label") -> None:
-        self._f, self._label = f, label
-        self._names = (embedding_feature, label_feature)
 
     def write(self, x: np.ndarray) -> None:
         self._f.write(_tfrecord_frames(x, self._label, *self._names).data)
