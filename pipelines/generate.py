@@ -98,7 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--overwrite", action="store_true",
                      help="replace a release of another run id at --output")
     out.add_argument("--rows-per-shard", type=int, default=50_000,
-                     help="synthetic rows per data file")
+                     help="at most this many synthetic rows per data file (a "
+                     "class's rows are split evenly over as few files as "
+                     "that allows)")
 
     dp = parser.add_argument_group("privacy")
     dp.add_argument("--epsilon", type=_epsilon, default=4.0,

@@ -67,6 +67,24 @@ def _assert_ranges_hold_the_file(path: str, splits) -> None:
         np.testing.assert_array_equal(got[1], whole[1])
 
 
+def test_a_file_is_cut_into_equal_ranges(tmp_path):
+    """As few ranges as --split-bytes allows, equal to a byte (a 154 MB
+    file in 64 MB pieces is three of 51 MB, not 64 + 64 + 26: DirectRunner
+    deals a pass's ranges out to its workers by count)."""
+    path = str(tmp_path / "e.npz")
+    np.savez(path, embeddings=np.ones((1000, 8), np.float32),
+             labels=np.zeros(1000, np.int64))
+    size = os.path.getsize(path)
+    for split in (size // 3 + 1, 1000, 4096, size - 1):
+        ranges = io.file_ranges(path, size, io.InputSpec(path,
+                                                          split_bytes=split))
+        lengths = [(size if r.stop is None else r.stop) - r.start
+                   for r in ranges]
+        assert len(ranges) == -(-size // split)
+        assert max(lengths) <= split and max(lengths) - min(lengths) <= 1
+        assert ranges[0].start == 0 and ranges[-1].stop is None
+
+
 @pytest.mark.parametrize("dtype", ["<f4", ">f8"])
 def test_npz_ranges_hold_exactly_the_rows_of_the_file(tmp_path, dtype):
     """A stored .npz (numpy.savez) is cut into ranges like the other

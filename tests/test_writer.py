@@ -156,7 +156,7 @@ def test_shards_are_written_to_gcs_and_read_back(gcs, fmt):
              for i in fn.process(task)]
     names = [write.shard_name(6, i, fmt) for i in range(3)]
     assert [i["shard"] for i in infos] == names
-    assert [i["samples"] for i in infos] == [100, 100, 50]
+    assert [i["samples"] for i in infos] == [83, 83, 84]  # even split
     assert gcs.names("rel.staging/data/") == [
         f"rel.staging/data/{name}" for name in names]
     got = [b for name in names
@@ -166,6 +166,29 @@ def test_shards_are_written_to_gcs_and_read_back(gcs, fmt):
     np.testing.assert_array_equal(np.vstack([b[0] for b in got]),
                                   x.astype(np.float64))
     assert np.concatenate([b[1] for b in got]).tolist() == [6] * 250
+
+
+@pytest.mark.parametrize("total,per,want", [
+    (0, 50, [(0, 0)]), (50, 50, [(0, 50)]), (51, 50, [(0, 25), (25, 51)]),
+    (200_277, 50_000, [(0, 40055), (40055, 80110), (80110, 120166),
+                       (120166, 160221), (160221, 200277)])])
+def test_a_class_is_split_into_equal_shards(total, per, want):
+    """As few shards as --rows-per-shard allows, equal to one row: a
+    200,277-row class is five ~40k shards, not four of 50k and one of 277
+    (DirectRunner deals shards out to its workers by count)."""
+    assert write.shard_bounds(total, per) == want
+    sizes = [b - a for a, b in want]
+    assert max(sizes) <= max(per, 0) and max(sizes) - min(sizes) <= 1
+
+
+def test_vote_filtered_shards_split_the_kept_rows_evenly():
+    keep = np.zeros(1000, bool)
+    keep[::3] = True  # 334 kept
+    tasks = list(write.shard_tasks((2, write.KeptRows(1000, keep)), 100))
+    kept = [int(t[2][3].sum()) for t in tasks]
+    assert kept == [83, 84, 83, 84] and sum(kept) == keep.sum()
+    starts = [t[2][0] for t in tasks]
+    assert starts == sorted(starts) and tasks[0][2][0] == 0
 
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])

@@ -255,25 +255,32 @@ class KeptRows:
     keep: np.ndarray
 
 
+def shard_bounds(total: int, rows_per_shard: int) -> list[tuple[int, int]]:
+    """[start, stop) of each shard of a class's ``total`` rows: as few
+    shards as hold at most ``rows_per_shard`` rows each, of equal size (to
+    one row), so that the workers that split a class's shards get equal
+    work; a class with no rows gets one empty shard."""
+    count = max(1, -(-total // rows_per_shard))
+    cuts = [total * i // count for i in range(count + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
 def shard_tasks(kv, rows_per_shard: int):
     """(label, DrawRows | KeptRows | rows) -> (label, shard index, (start,
-    stop, total, mask or None) | rows) for each shard: ``rows_per_shard``
-    rows each (kept rows for ``KeptRows``, whose shard draws candidates
-    start..stop and keeps ``mask``); a class with no rows gets one empty
-    shard."""
+    stop, total, mask or None) | rows) for each shard (``shard_bounds``:
+    kept rows for ``KeptRows``, whose shard draws candidates start..stop
+    and keeps ``mask``)."""
     label, rows = kv
     if isinstance(rows, KeptRows):
         kept = np.flatnonzero(rows.keep)
-        for i, first in enumerate(range(0, max(len(kept), 1),
-                                        rows_per_shard)):
-            sel = kept[first:first + rows_per_shard]
+        for i, (a, b) in enumerate(shard_bounds(len(kept), rows_per_shard)):
+            sel = kept[a:b]
             start, stop = (int(sel[0]), int(sel[-1]) + 1) if len(sel) else (0, 0)
             yield label, i, (start, stop, rows.total,
                              np.array(rows.keep[start:stop]))
         return
     total = rows.total if isinstance(rows, DrawRows) else len(rows)
-    for i, start in enumerate(range(0, max(total, 1), rows_per_shard)):
-        stop = min(start + rows_per_shard, total)
+    for i, (start, stop) in enumerate(shard_bounds(total, rows_per_shard)):
         part = ((start, stop, total, None) if isinstance(rows, DrawRows)
                 else np.asarray(rows[start:stop], np.float32))
         yield label, i, part
