@@ -770,11 +770,33 @@ def per_class_mixtures(noisy_m: Iterable[np.ndarray], noisy_n: np.ndarray,
         withins = shrink_class_deviations(mats, n, edges)
     else:
         withins = (w for w, _ in withins)
-    out = {}
-    for (i, c), w in zip(enumerate(cfg.labels), withins):
-        factors, residual = covariance.factors_from_within(
-            w, structure.shared_rank, floor)
-        if residual is None:
-            residual = np.full(d, floor)
-        out[c] = _mixture(c, noisy_n[i], means[i], residual, factors, centre)
-    return out
+    return {c: _within_mixture(c, w, noisy_n[i], means[i], centre,
+                               structure, floor)
+            for (i, c), w in zip(enumerate(cfg.labels), withins)}
+
+
+@kmeans.one_blas_thread
+def per_class_mixture(label: int, noisy_m: np.ndarray, noisy_count: float,
+                      clipped_sum_mean: tuple[float, np.ndarray],
+                      centre: np.ndarray, structure: Structure,
+                      cfg: GeneratorConfig) -> generator.ClassMixture:
+    """One class of ``per_class_mixtures`` with the "raw" deviation (the
+    pipeline's): it needs no other class, so the classes' mixtures are
+    formed where their released moments are (post-processing).
+    ``clipped_sum_mean``: the class's (n >= 1, mean) of ``class_means``."""
+    n_c, mean = clipped_sum_mean
+    w = covariance.within_covariance(noisy_m, [np.array([n_c])],
+                                     [mean[None, :]])
+    return _within_mixture(label, w, noisy_count, mean, centre, structure,
+                           variance_floor(cfg, mean.shape[0]))
+
+
+def _within_mixture(label: int, within: np.ndarray, count: float,
+                    mean: np.ndarray, centre: np.ndarray,
+                    structure: Structure,
+                    floor: float) -> generator.ClassMixture:
+    factors, residual = covariance.factors_from_within(
+        within, structure.shared_rank, floor)
+    if residual is None:
+        residual = np.full(mean.shape[0], floor)
+    return _mixture(label, count, mean, residual, factors, centre)

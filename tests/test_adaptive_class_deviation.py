@@ -95,3 +95,30 @@ def test_shrink_class_deviations_edges():
 def test_unknown_deviation_is_refused():
     with pytest.raises(ValueError):
         adaptive.RuleConstants(class_deviation="js")
+
+
+def test_one_class_at_a_time_is_the_raw_rule_bit_for_bit():
+    """``per_class_mixture`` (the pipeline forms each class's mixture on
+    the worker that released its moments) gives the same bits as
+    ``per_class_mixtures`` over all classes at once."""
+    rng = np.random.default_rng(4)
+    cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=2.0)
+    d, counts = 12, np.array([900.0, 0.4, 2100.0])  # a class under 1 row
+    st = adaptive.make_structure("per-class", 0.4, d, adaptive.RuleConstants())
+    mu = adaptive.calibrate_mu(cfg, d)
+    ledger = adaptive.add_phase2(adaptive.phase1_ledger(cfg, mu), cfg, st, mu)
+    sums = rng.standard_normal((3, d)) * counts[:, None] * 0.1
+    second = [a @ a.T for a in rng.standard_normal((3, d, d))]
+    n, means = adaptive.class_means(sums, counts, cfg.clip_norm)
+    centre = rng.standard_normal(d) * 0.01
+    whole = adaptive.per_class_mixtures(second, counts, n, means, centre,
+                                        st, cfg, ledger)
+    for i, c in enumerate(cfg.labels):
+        n_c, mean_c = adaptive.class_means(sums[i:i + 1], counts[i:i + 1],
+                                           cfg.clip_norm)
+        one = adaptive.per_class_mixture(c, second[i], counts[i],
+                                         (n_c[0], mean_c[0]), centre, st, cfg)
+        for field in ("weights", "means", "variances", "factors", "centre"):
+            assert np.array_equal(getattr(one, field),
+                                  getattr(whole[c], field)), (c, field)
+        assert one.noisy_count == whole[c].noisy_count

@@ -16,6 +16,7 @@ from dp_ops.noise import SeededNoise
 
 PINNED = [adaptive.shared_stage, adaptive.noisy_class_block,
           adaptive.shared_mixtures, adaptive.per_class_mixtures,
+          adaptive.per_class_mixture,
           generator.add_factors, generator.sample_rows]
 
 

@@ -40,13 +40,19 @@ def test_preprocess_is_per_record():
     np.testing.assert_array_equal(full[3:4], one)
 
 
+@pytest.mark.parametrize("chunk", [None, 7])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("mode", ["unit", "none"])
-def test_preprocess_in_place_equals_the_step_by_step_composition(dtype, mode):
-    """preprocess / centre_sum work on one copy in place: the same bits as
+def test_preprocess_in_place_equals_the_step_by_step_composition(
+        dtype, mode, chunk, monkeypatch):
+    """preprocess / centre_sum work on one copy in place, a chunk of rows
+    at a time (``chunk``: 7 rows, else the default ~1 MB): the same bits as
     normalize_rows -> minus the centre -> clip_rows (-> quantize), and the
     caller's rows are left untouched."""
     from dp_ops.moments import quantize
+    if chunk is not None:
+        monkeypatch.setattr(clipping, "PREPARE_CHUNK_BYTES", 8 * 32 * chunk)
+        assert clipping.chunk_rows(32) == chunk
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((300, 32))
          * rng.uniform(0, 3, (300, 1))).astype(dtype)

@@ -158,3 +158,28 @@ def test_global_second_moment_accumulated_per_bundle_equals_per_block_sum(
         empty = ((p | "NoBlocks" >> beam.Create([]).with_output_types(object))
                  | "AccEmpty" >> GlobalSum(SecondMoment(cfg.clip_norm)))
         assert_that(empty, equal_to([None]), label="none")
+
+
+@pytest.mark.parametrize("centre", [False, True])
+def test_a_clustering_pass_block_has_the_projections_without_the_rows(centre):
+    """``prepare_block(rows=False)`` (the tree and Lloyd passes, which read
+    only z and the codes) gives the bits of the full block's z, codes and
+    clipped count, and no prepared rows."""
+    from dp_ops import generator
+    from dp_ops.config import GeneratorConfig
+    from transforms.aggregate import prepare_block
+    rng = np.random.default_rng(2)
+    d = 384  # above the clustering dimension: a real projection
+    x = (rng.standard_normal((1000, d)) * rng.uniform(0.2, 2, (1000, 1))
+         ).astype(np.float32)
+    y = rng.integers(0, 4, 1000)
+    cfg = GeneratorConfig(labels=(0, 1, 2, 3), epsilon=2.0, clusters=4)
+    proj, planes = generator.projection(d, cfg), generator.planes(cfg, d)
+    c = rng.standard_normal(d) * 0.01 if centre else None
+    full, n_full = prepare_block(x, y, cfg, proj, planes, c)
+    lean, n_lean = prepare_block(x, y, cfg, proj, planes, c, rows=False)
+    assert full.x.shape == (1000, d) and lean.x.shape == (1000, 0)
+    assert n_full == n_lean and n_full > 0
+    for field in ("y", "z", "codes"):
+        assert np.array_equal(getattr(full, field), getattr(lean, field))
+    assert [k for k, _ in lean.by_class()] == [0, 1, 2, 3]

@@ -64,30 +64,47 @@ beam.coders.registry.register_coder(Block, ArraysCoder)
 
 def prepare_block(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
                   proj: np.ndarray, planes: np.ndarray,
-                  centre: Optional[np.ndarray] = None) -> tuple[Block, int]:
+                  centre: Optional[np.ndarray] = None,
+                  rows: bool = True) -> tuple[Block, int]:
     """Normalise, subtract the DP centre (if any), clip each row
     (per-record, public rule), project, hash (with more than one cluster:
     the projection and LSH codes only serve the clustering).
 
     Rows are reordered by label (a stable sort; row order carries no
     information the aggregates use) so that classes are contiguous slices.
+    ``rows`` False: a clustering pass that reads only the projections and
+    codes; the block's x then has no columns, and each chunk of prepared
+    rows is projected while it is still in cache and dropped (the pass
+    never writes or re-reads the float64 rows).
     """
     order = np.argsort(y, kind="stable")
     if np.any(order[1:] < order[:-1]):
         x, y = x[order], y[order]
-    xc, n_clipped = clipping.preprocess(x, cfg.normalize, cfg.clip_norm,
-                                        centre)
     if cfg.clusters == 1:  # one cluster: no tree, no nearest-centre search
+        xc, n_clipped = clipping.preprocess(x, cfg.normalize, cfg.clip_norm,
+                                            centre)
         return Block(xc, y, np.zeros((len(y), 0)),
                      np.zeros(len(y), np.int64)), n_clipped
-    z = xc @ proj.T
+    n, d = x.shape
+    step = clipping.chunk_rows(d)
+    xc = np.empty((n, d) if rows else (min(n, step), d))
+    z = np.empty((n, proj.shape[0]))
+    n_clipped = 0
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        part = xc[a:b] if rows else xc[:b - a]
+        n_clipped += clipping.prepare_into(part, x[a:b], cfg.normalize,
+                                           cfg.clip_norm, centre)
+        np.matmul(part, proj.T, out=z[a:b])
+    if not rows:
+        xc = np.empty((n, 0))
     return Block(xc, y, z, lsh_tree.leaf_codes(z, planes)), n_clipped
 
 
 class _PrepareFn(beam.DoFn):
     def __init__(self, cfg: GeneratorConfig, dim: int,
-                 stage: str = "blocks") -> None:
-        self._cfg, self._dim = cfg, dim
+                 stage: str = "blocks", rows: bool = True) -> None:
+        self._cfg, self._dim, self._rows = cfg, dim, rows
         self._clipped = Metrics.counter("dpsynth", "rows_clipped")
         self._span = BundleSpan(f"read:{stage}")
 
@@ -108,26 +125,29 @@ class _PrepareFn(beam.DoFn):
         x, y = block
         with blas_threads(1):
             prepared, n_clipped = prepare_block(x, y, self._cfg, self._proj,
-                                                self._planes, centre)
+                                                self._planes, centre,
+                                                self._rows)
         self._clipped.inc(n_clipped)
         yield prepared
 
 
 class PrepareBlocks(beam.PTransform):
     """Raw (x, y) blocks -> ``Block``s; ``centre``: the one-element
-    PCollection of the DP centre (``transforms.centre``), or None."""
+    PCollection of the DP centre (``transforms.centre``), or None; ``rows``
+    False: blocks for a clustering pass, without x (``prepare_block``)."""
 
     def __init__(self, cfg: GeneratorConfig, dim: int,
                  centre: Optional[PCollection] = None,
-                 stage: str = "blocks") -> None:
+                 stage: str = "blocks", rows: bool = True) -> None:
         super().__init__()
         self._cfg, self._dim, self._centre = cfg, dim, centre
         self._stage = stage  # the pass's name in the stage trace
+        self._rows = rows
 
     def expand(self, blocks):
         side = [] if self._centre is None else [AsSingleton(self._centre)]
         return blocks | beam.ParDo(_PrepareFn(self._cfg, self._dim,
-                                              self._stage),
+                                              self._stage, self._rows),
                                    *side).with_output_types(Block)
 
 
@@ -148,20 +168,23 @@ class RereadBlocks:
         self._cfg, self._dim, self._centre = cfg, dim, centre
         self._progress = progress
 
-    def read(self, name: str) -> PCollection:
+    def read(self, name: str, rows: bool = True) -> PCollection:
         return (self.pipeline
                 | f"{name}Read" >> self._reader
                 | f"{name}Progress" >> ReportProgress(self._progress, name)
                 | f"{name}Prepare" >> PrepareBlocks(self._cfg, self._dim,
-                                                    self._centre, name))
+                                                    self._centre, name, rows))
 
 
 Blocks = Union[PCollection, RereadBlocks]
 
 
-def pass_blocks(blocks: Blocks, name: str) -> PCollection:
-    """The blocks one pass reads: the shared PCollection or a fresh read."""
-    return blocks.read(name) if isinstance(blocks, RereadBlocks) else blocks
+def pass_blocks(blocks: Blocks, name: str, rows: bool = True) -> PCollection:
+    """The blocks one pass reads: the shared PCollection or a fresh read
+    (``rows`` False: a pass that reads only the projections and codes, so
+    a fresh read need not keep the prepared rows)."""
+    return (blocks.read(name, rows) if isinstance(blocks, RereadBlocks)
+            else blocks)
 
 
 def add_inplace(acc: Any, value: Any) -> Any:

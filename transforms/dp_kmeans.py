@@ -76,7 +76,7 @@ class DPKMeans(beam.PTransform):
             return label, generator.grow_tree(exact, label, cfg, ledger,
                                               noise)
 
-        trees = (pass_blocks(blocks, "TreeCounts")
+        trees = (pass_blocks(blocks, "TreeCounts", rows=False)
                  | "TreeCounts" >> PerClassSum(
                      labels, _level_counts(depth),
                      add=lsh_tree.merge_level_counts_into)
@@ -90,7 +90,7 @@ class DPKMeans(beam.PTransform):
             return label, generator.coreset_centres(
                 tree, sums, label, cfg, ledger, noise)
 
-        centres = (pass_blocks(blocks, "LeafSums")
+        centres = (pass_blocks(blocks, "LeafSums", rows=False)
                    | "LeafSums" >> PerClassSum(labels, _leaf_sums(cfg.clip_norm),
                                                [AsDict(trees)])
                    | "Coreset" >> beam.Map(coreset, AsDict(trees)))
@@ -104,7 +104,7 @@ class DPKMeans(beam.PTransform):
                     agg[:, 0], agg[:, 1:], old[label], rnd, label, cfg,
                     ledger, noise)
 
-            centres = (pass_blocks(blocks, f"Lloyd{rnd}")
+            centres = (pass_blocks(blocks, f"Lloyd{rnd}", rows=False)
                        | f"Lloyd{rnd}Sums" >> PerClassSum(
                            labels, _cluster_sums(cfg.clusters, cfg.clip_norm),
                            [AsDict(centres)])
