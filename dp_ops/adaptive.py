@@ -777,14 +777,14 @@ def per_class_mixtures(noisy_m: Iterable[np.ndarray], noisy_n: np.ndarray,
 
 @kmeans.one_blas_thread
 def per_class_mixture(label: int, noisy_m: np.ndarray, noisy_count: float,
-                      clipped_sum_mean: tuple[float, np.ndarray],
+                      n_and_mean: tuple[float, np.ndarray],
                       centre: np.ndarray, structure: Structure,
                       cfg: GeneratorConfig) -> generator.ClassMixture:
     """One class of ``per_class_mixtures`` with the "raw" deviation (the
     pipeline's): it needs no other class, so the classes' mixtures are
     formed where their released moments are (post-processing).
-    ``clipped_sum_mean``: the class's (n >= 1, mean) of ``class_means``."""
-    n_c, mean = clipped_sum_mean
+    ``n_and_mean``: the class's (n >= 1, mean) of ``class_means``."""
+    n_c, mean = n_and_mean
     w = covariance.within_covariance(noisy_m, [np.array([n_c])],
                                      [mean[None, :]])
     return _within_mixture(label, w, noisy_count, mean, centre, structure,

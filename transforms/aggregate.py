@@ -85,6 +85,16 @@ def prepare_block(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
                                             centre)
         return Block(xc, y, np.zeros((len(y), 0)),
                      np.zeros(len(y), np.int64)), n_clipped
+    xc, z, n_clipped = _prepared_projected(x, cfg, proj, centre, rows)
+    return Block(xc, y, z, lsh_tree.leaf_codes(z, planes)), n_clipped
+
+
+def _prepared_projected(x: np.ndarray, cfg: GeneratorConfig,
+                        proj: np.ndarray, centre: Optional[np.ndarray],
+                        rows: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    """(prepared rows, or [n, 0] without ``rows``; their projections z;
+    rows clipped), ``clipping.chunk_rows`` rows at a time: each chunk is
+    projected while it is in cache."""
     n, d = x.shape
     step = clipping.chunk_rows(d)
     xc = np.empty((n, d) if rows else (min(n, step), d))
@@ -92,13 +102,11 @@ def prepare_block(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
     n_clipped = 0
     for a in range(0, n, step):
         b = min(n, a + step)
-        part = xc[a:b] if rows else xc[:b - a]
+        part = xc[a:b] if rows else xc[:b - a]  # without rows: one buffer
         n_clipped += clipping.prepare_into(part, x[a:b], cfg.normalize,
                                            cfg.clip_norm, centre)
         np.matmul(part, proj.T, out=z[a:b])
-    if not rows:
-        xc = np.empty((n, 0))
-    return Block(xc, y, z, lsh_tree.leaf_codes(z, planes)), n_clipped
+    return (xc if rows else np.empty((n, 0))), z, n_clipped
 
 
 class _PrepareFn(beam.DoFn):
