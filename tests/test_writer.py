@@ -178,7 +178,7 @@ def test_a_class_is_split_into_equal_shards(total, per, want):
     (DirectRunner deals shards out to its workers by count)."""
     assert write.shard_bounds(total, per) == want
     sizes = [b - a for a, b in want]
-    assert max(sizes) <= max(per, 0) and max(sizes) - min(sizes) <= 1
+    assert max(sizes) <= per and max(sizes) - min(sizes) <= 1
 
 
 def test_vote_filtered_shards_split_the_kept_rows_evenly():
