@@ -141,10 +141,15 @@ def test_both_phases_translate_to_the_expected_steps(built):
     for name in ("PublicCentre", "AdaptiveMixture/MomentsRead/ReadBlocks",
                  "AdaptiveMixture/ClassSums/Partials",
                  "AdaptiveMixture/ClassSums/Aggregate",
-                 "AdaptiveMixture/Phase2Noise", "Sample/RowsToDraw",
-                 "Write/SpreadShards", "Write/WriteShards",
-                 "Write/WriteSummary"):
+                 "Sample/RowsToDraw", "Write/SpreadShards",
+                 "Write/WriteShards", "Write/WriteSummary"):
         assert name in phase2, name
+    # The per-class mode forms each class's mixture in its own step; the
+    # other modes noise a global matrix in one.
+    mixture = ("AdaptiveMixture/ClassMixture"
+               if built["plan"]["structure"].startswith("per-class")
+               else "AdaptiveMixture/Phase2Noise")
+    assert mixture in phase2, (built["plan"]["structure"], mixture)
     assert not any(name.startswith("Counts") for name in phase2)
     # The stand-in counts went through the real rule (choose_phase2).
     assert built["plan"]["stand_in_counts"] == [400.0, 300.0, 200.0]
