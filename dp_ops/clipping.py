@@ -112,5 +112,14 @@ def centre_sum(x: np.ndarray, normalize: str,
                bound: float) -> tuple[np.ndarray, int]:
     """Exact (grid-quantised, order-independent) sum of the normalised rows
     clipped to ``bound``, and the row count: the centre's aggregates."""
-    rows, _ = _prepared_copy(x, normalize, bound, None)
-    return quantize(rows, bound, out=rows).sum(axis=0), len(rows)
+    x = np.asarray(x)
+    total = np.zeros(x.shape[1:], dtype=np.float64)
+    if x.size == 0:
+        return total, len(x)
+    step = chunk_rows(x.shape[-1])
+    buf = np.empty((min(step, len(x)),) + x.shape[1:], dtype=np.float64)
+    for start in range(0, len(x), step):  # one cached chunk at a time
+        part = buf[:min(step, len(x) - start)]
+        prepare_into(part, x[start:start + step], normalize, bound, None)
+        total += quantize(part, bound, out=part).sum(axis=0)  # exact sums
+    return total, len(x)
