@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+from scipy.linalg import blas
 
 from dp_ops.moments import quantize
 
@@ -43,6 +44,31 @@ def add_second_moment(out: np.ndarray, x: np.ndarray,
     temporary per block and no copies of it."""
     xq = quantize(x, clip_norm, COV_GRID_BITS)
     out += xq.T @ xq  # numpy runs x^T x as one syrk
+
+
+def add_second_moment_upper(out: np.ndarray, x: np.ndarray,
+                            clip_norm: float) -> None:
+    """``out``'s upper triangle ``+= x^T x`` on the grid, in place, with no
+    d x d temporary: BLAS syrk with beta = 1 (numpy has no accumulating
+    syrk, hence scipy's BLAS wrapper). The lower triangle is left as it
+    was. Grid values sum exactly, so the upper triangle has the bits of
+    ``add_second_moment``'s. ``out``: C-contiguous float64 d x d."""
+    xq = quantize(x, clip_norm, COV_GRID_BITS)
+    if len(xq) == 0:
+        return
+    # out.T is Fortran-ordered: its lower triangle is out's upper one, and
+    # the wrapper updates it in place (copied back should it ever not).
+    got = blas.dsyrk(1.0, xq.T, beta=1.0, c=out.T, trans=0, lower=1,
+                     overwrite_c=1)
+    if not np.shares_memory(got, out):
+        np.copyto(out.T, got)
+
+
+def mirror_upper(m: np.ndarray) -> np.ndarray:
+    """Copies ``m``'s upper triangle onto its lower one, in place."""
+    lower = np.tril_indices(m.shape[0], -1)
+    m[lower] = m.T[lower]
+    return m
 
 
 def upper_size(d: int) -> int:

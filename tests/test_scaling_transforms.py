@@ -183,3 +183,29 @@ def test_a_clustering_pass_block_has_the_projections_without_the_rows(centre):
     for field in ("y", "z", "codes"):
         assert np.array_equal(getattr(full, field), getattr(lean, field))
     assert [k for k, _ in lean.by_class()] == [0, 1, 2, 3]
+
+
+def test_second_moments_accumulate_in_place_with_the_same_bits():
+    """``add_second_moment_upper`` (BLAS syrk with beta 1, no d x d
+    temporary) gives the upper triangle of ``add_second_moment``, over
+    blocks of any length (an empty one, a strided class slice); the
+    ``SecondMoment`` accumulator then mirrors it into the same full matrix."""
+    from dp_ops import covariance
+    from transforms.aggregate import Block, SecondMoment
+    rng = np.random.default_rng(6)
+    d = 40
+    blocks = [rng.standard_normal((n, d)) * 0.2 for n in (0, 1, 57, 300)]
+    blocks.append(rng.standard_normal((200, d))[::2] * 0.2)  # not contiguous
+    want, got = np.zeros((d, d)), np.zeros((d, d))
+    for x in blocks:
+        covariance.add_second_moment(want, x, 0.7)
+        covariance.add_second_moment_upper(got, x, 0.7)
+    upper = np.triu_indices(d)
+    assert np.array_equal(got[upper], want[upper])
+    acc = SecondMoment(0.7)
+    total = acc.zero(Block(blocks[2], np.zeros(57), np.zeros((57, 0)),
+                           np.zeros(57, np.int64)))
+    for x in blocks:
+        acc.add(total, Block(x, np.zeros(len(x)), np.zeros((len(x), 0)),
+                             np.zeros(len(x), np.int64)))
+    assert np.array_equal(acc.done(total), want)

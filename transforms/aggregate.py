@@ -301,7 +301,10 @@ class SecondMoment(Accumulator):
         return np.zeros((d, d))
 
     def add(self, acc: np.ndarray, rows: Block) -> None:
-        covariance.add_second_moment(acc, rows.x, self._clip)
+        covariance.add_second_moment_upper(acc, rows.x, self._clip)
+
+    def done(self, acc: np.ndarray) -> np.ndarray:
+        return covariance.mirror_upper(acc)
 
 
 class _AccumulateAllFn(beam.DoFn):

@@ -95,6 +95,10 @@ class Family:
     partial: Callable[[np.ndarray], np.ndarray]
     release: Release = generator.add_noise
     symmetric: bool = False
+    # acc += partial(rows) in place without the partial's temporary, where
+    # the family has one (None: the plain sum). A symmetric family's may
+    # update only the upper triangle, the part that moves.
+    add_into: Optional[Callable[[np.ndarray, np.ndarray], None]] = None
 
     def zero(self, dim: int) -> np.ndarray:
         """The family's value of no rows (its shape)."""
@@ -136,7 +140,8 @@ def class_second_moment_family(clip_norm: float) -> Family:
     """``class=<c>/covariance/second-moment`` (R^2, isometric upper
     triangle), as the per-class mode of ``transforms.adaptive``."""
     return Family("covariance/second-moment", _SecondMoment(clip_norm),
-                  second_moment_release, symmetric=True)
+                  second_moment_release, symmetric=True,
+                  add_into=_AddSecondMoment(clip_norm))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +158,14 @@ class _SecondMoment:
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
         return covariance.block_second_moment(rows, self.clip_norm)
+
+
+@dataclasses.dataclass(frozen=True)
+class _AddSecondMoment:
+    clip_norm: float
+
+    def __call__(self, acc: np.ndarray, rows: np.ndarray) -> None:
+        covariance.add_second_moment_upper(acc, rows, self.clip_norm)
 
 
 def family_mechanisms(ledger: PrivacyLedger, labels: Sequence[int],
@@ -439,7 +452,10 @@ class _Concatenated(aggregate.Accumulator):
 
     def add(self, acc: list[np.ndarray], rows) -> None:
         for f, value in zip(self._families, acc):
-            value += f.partial(rows.x)
+            if f.add_into is not None:
+                f.add_into(value, rows.x)
+            else:
+                value += f.partial(rows.x)
 
     def done(self, acc: list[np.ndarray]) -> np.ndarray:
         return np.concatenate([place.pack(value)
