@@ -8,6 +8,8 @@ mechanisms, see plan.global_slots), hence public by then.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
 from dp_ops.moments import quantize
@@ -67,6 +69,13 @@ def chunk_rows(dim: int) -> int:
     return max(1, PREPARE_CHUNK_BYTES // (8 * max(1, dim)))
 
 
+def row_chunks(n: int, dim: int) -> Iterator[tuple[int, int]]:
+    """[start, stop) of each ``chunk_rows(dim)``-row chunk of n rows."""
+    step = chunk_rows(dim)
+    for start in range(0, n, step):
+        yield start, min(n, start + step)
+
+
 def prepare_into(out: np.ndarray, x: np.ndarray, normalize: str,
                  clip_norm: float, centre: np.ndarray | None) -> int:
     """``preprocess`` of rows ``x`` written into the float64 array ``out``
@@ -93,11 +102,9 @@ def _prepared_copy(x: np.ndarray, normalize: str, clip_norm: float,
     out = np.empty(x.shape, dtype=np.float64)
     if out.size == 0:
         return out, 0
-    step = chunk_rows(out.shape[-1])
     clipped = 0
-    for start in range(0, len(out), step):
-        clipped += prepare_into(out[start:start + step],
-                                x[start:start + step], normalize, clip_norm,
+    for a, b in row_chunks(len(out), out.shape[-1]):
+        clipped += prepare_into(out[a:b], x[a:b], normalize, clip_norm,
                                 centre)
     return out, clipped
 
@@ -116,10 +123,10 @@ def centre_sum(x: np.ndarray, normalize: str,
     total = np.zeros(x.shape[1:], dtype=np.float64)
     if x.size == 0:
         return total, len(x)
-    step = chunk_rows(x.shape[-1])
-    buf = np.empty((min(step, len(x)),) + x.shape[1:], dtype=np.float64)
-    for start in range(0, len(x), step):  # one cached chunk at a time
-        part = buf[:min(step, len(x) - start)]
-        prepare_into(part, x[start:start + step], normalize, bound, None)
+    buf = np.empty((min(chunk_rows(x.shape[-1]), len(x)),) + x.shape[1:],
+                   dtype=np.float64)
+    for a, b in row_chunks(len(x), x.shape[-1]):  # one cached chunk a time
+        part = buf[:b - a]
+        prepare_into(part, x[a:b], normalize, bound, None)
         total += quantize(part, bound, out=part).sum(axis=0)  # exact sums
     return total, len(x)

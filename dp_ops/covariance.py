@@ -36,23 +36,14 @@ def block_second_moment(x: np.ndarray, clip_norm: float) -> np.ndarray:
     return xq.T @ xq
 
 
-def add_second_moment(out: np.ndarray, x: np.ndarray,
-                      clip_norm: float) -> None:
-    """``out += x^T x`` on the grid, in out's memory: the same exact sum
-    as adding ``block_second_moment`` blocks (grid values: every partial
-    sum is exact, so the bits do not depend on the order), with one d x d
-    temporary per block and no copies of it."""
-    xq = quantize(x, clip_norm, COV_GRID_BITS)
-    out += xq.T @ xq  # numpy runs x^T x as one syrk
-
-
 def add_second_moment_upper(out: np.ndarray, x: np.ndarray,
                             clip_norm: float) -> None:
     """``out``'s upper triangle ``+= x^T x`` on the grid, in place, with no
     d x d temporary: BLAS syrk with beta = 1 (numpy has no accumulating
     syrk, hence scipy's BLAS wrapper). The lower triangle is left as it
     was. Grid values sum exactly, so the upper triangle has the bits of
-    ``add_second_moment``'s. ``out``: C-contiguous float64 d x d."""
+    summed ``block_second_moment``s in any order. ``out``: C-contiguous
+    float64 d x d."""
     xq = quantize(x, clip_norm, COV_GRID_BITS)
     if len(xq) == 0:
         return

@@ -187,7 +187,8 @@ def test_a_clustering_pass_block_has_the_projections_without_the_rows(centre):
 
 def test_second_moments_accumulate_in_place_with_the_same_bits():
     """``add_second_moment_upper`` (BLAS syrk with beta 1, no d x d
-    temporary) gives the upper triangle of ``add_second_moment``, over
+    temporary) gives the upper triangle of the summed
+    ``block_second_moment``s, over
     blocks of any length (an empty one, a strided class slice); the
     ``SecondMoment`` accumulator then mirrors it into the same full matrix."""
     from dp_ops import covariance
@@ -198,7 +199,7 @@ def test_second_moments_accumulate_in_place_with_the_same_bits():
     blocks.append(rng.standard_normal((200, d))[::2] * 0.2)  # not contiguous
     want, got = np.zeros((d, d)), np.zeros((d, d))
     for x in blocks:
-        covariance.add_second_moment(want, x, 0.7)
+        want += covariance.block_second_moment(x, 0.7)
         covariance.add_second_moment_upper(got, x, 0.7)
     upper = np.triu_indices(d)
     assert np.array_equal(got[upper], want[upper])

@@ -96,12 +96,10 @@ def _prepared_projected(x: np.ndarray, cfg: GeneratorConfig,
     rows clipped), ``clipping.chunk_rows`` rows at a time: each chunk is
     projected while it is in cache."""
     n, d = x.shape
-    step = clipping.chunk_rows(d)
-    xc = np.empty((n, d) if rows else (min(n, step), d))
+    xc = np.empty((n, d) if rows else (min(n, clipping.chunk_rows(d)), d))
     z = np.empty((n, proj.shape[0]))
     n_clipped = 0
-    for a in range(0, n, step):
-        b = min(n, a + step)
+    for a, b in clipping.row_chunks(n, d):
         part = xc[a:b] if rows else xc[:b - a]  # without rows: one buffer
         n_clipped += clipping.prepare_into(part, x[a:b], cfg.normalize,
                                            cfg.clip_norm, centre)
@@ -291,7 +289,7 @@ class Accumulator:
 class SecondMoment(Accumulator):
     """Exact second moment x^T x on the grid of the rows it is given (a
     class's, or all rows with ``GlobalSum``), in place per bundle (see
-    ``covariance.add_second_moment``)."""
+    ``covariance.add_second_moment_upper``)."""
 
     def __init__(self, clip_norm: float) -> None:
         self._clip = clip_norm
