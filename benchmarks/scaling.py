@@ -72,6 +72,7 @@ import os
 import platform
 import pstats
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -975,6 +976,10 @@ def parser() -> argparse.ArgumentParser:
                    "report speed-up, efficiency, Amdahl's serial fraction "
                    "and a per-stage table (to --out, default "
                    "results/scaling-workers.md)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="with --workers: run every (config, engine, W) this "
+                   "many times, interleaved; the report adds medians and f "
+                   "from the median job times")
     p.add_argument("--no-pin", dest="pin", action="store_false",
                    help="with --workers: let every run use every core (by "
                    "default a run with W workers runs on W cores: Amdahl's "
@@ -1250,8 +1255,10 @@ def run_workers(args: argparse.Namespace, configs: Sequence[str],
                 engines: Sequence[str], workers: Sequence[int]) -> list[dict]:
     """Every (config, W, engine) on one data set (--dims[0] x --sizes[0]),
     in the order given (W outer, so both engines get each W before the
-    next); with --budget, a run that may not finish in what is left is
-    skipped and reported so."""
+    next), --repeat times per config (each repeat runs every W before the
+    next repeat starts, so a slow spell of a shared machine hits one pair,
+    not one worker count); with --budget, a run that may not finish in
+    what is left is skipped and reported so."""
     deadline = time.time() + args.budget if args.budget else None
     d, n = args.dims[0], (args.sizes or [200_000])[0]
     data = (make_data(args.cache, n, d) if args.files is None else
@@ -1259,7 +1266,8 @@ def run_workers(args: argparse.Namespace, configs: Sequence[str],
     results = []
     for config in configs:
         args.clusters, args.vote = CONFIGS[config]
-        for w, engine in ((w, e) for w in workers for e in engines):
+        for rep, w, engine in ((r, w, e) for r in range(args.repeat)
+                               for w in workers for e in engines):
             timeout = args.timeout
             if deadline is not None:
                 timeout = min(timeout, deadline - time.time())
@@ -1275,13 +1283,13 @@ def run_workers(args: argparse.Namespace, configs: Sequence[str],
                    *_gen_flags(args)]
             r = run_child(cmd, result, args, timeout)
             r.update(d=d, n=n, config=config, engine=engine, workers=w,
-                     pinned=bool(args.pin),
+                     repeat=rep, pinned=bool(args.pin),
                      flags=" ".join(_gen_flags(args)))
             results.append(r)
             if args.save:
                 with open(args.save, "a") as f:
                     f.write(json.dumps(r) + "\n")
-            print(f"  {config:8s} {engine:6s} W={w:<3d} job "
+            print(f"  {config:8s} {engine:6s} W={w:<3d} #{rep + 1} job "
                   f"{r.get('work_s', float('nan')):6.1f} s  wall "
                   f"{r['wall_s']:6.1f} s  load {_load(r)}  rc={r['rc']}",
                   flush=True)
@@ -1392,6 +1400,71 @@ def identity_line(ok: Sequence[dict]) -> str:
             + "; ".join(parts) + "." if parts else "")
 
 
+def _same_repeat(runs: Sequence[dict], r: dict, workers: int
+                 ) -> Optional[dict]:
+    """The run of ``runs`` with ``workers`` workers in r's repeat (and
+    of r's size)."""
+    return next((b for b in runs if b["workers"] == workers
+                 and b.get("repeat", 0) == r.get("repeat", 0)
+                 and b["n"] == r["n"]), None)
+
+
+def median_run(runs: Sequence[dict]) -> dict:
+    """The run with the median job time (the lower one of an even count)."""
+    ranked = sorted(runs, key=lambda r: r["work_s"])
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def _run_row(r: dict, base: Optional[dict], repeated: bool) -> str:
+    """One run's row of the per-run table (``base``: its W=1 run)."""
+    w, t = r["workers"], r["work_s"]
+    s = base["work_s"] / t if base else None
+    f = amdahl_serial(s, w) if s else None
+    prof = r.get("busy_profile") or []
+    ft = timeline_serial(prof, w)
+    base_work = busy_work(base.get("busy_profile") or []) if base else 0.0
+    work = (f"{busy_work(prof) / base_work:.2f}"
+            if prof and base_work else "-")
+    rep = f" {r.get('repeat', 0) + 1} |" if repeated else ""
+    return (f"| {r['config']} | {r['engine']} | {w} |{rep} {t:.1f} | "
+            f"{'-' if s is None else f'{s:.2f}x'} | "
+            f"{'-' if s is None else f'{100 * s / w:.0f} %'} | "
+            f"{'-' if f is None else f'{f:.2f}'} | "
+            f"{'-' if ft is None else f'{ft:.2f}'} | "
+            f"{' / '.join(f'{v:.1f}' for v in prof) or '-'} | "
+            f"{work} | {_cluster(r)} | {_load(r)} | "
+            f"{(r.get('release_sha256') or '-')[:12]} |")
+
+
+def _median_rows(config: str, engine: str, runs: Sequence[dict]
+                 ) -> list[str]:
+    """Rows of the medians table for one config and engine."""
+    by_w: dict[int, list[dict]] = {}
+    for r in runs:
+        by_w.setdefault(r["workers"], []).append(r)
+    base = by_w.get(1)
+    base_t = statistics.median(r["work_s"] for r in base) if base else None
+    rows = []
+    for w in sorted(by_w):
+        times = [r["work_s"] for r in by_w[w]]
+        t = statistics.median(times)
+        s = base_t / t if base_t else None
+        f = amdahl_serial(s, w) if s else None
+        pairs = []
+        for r in sorted(by_w[w], key=lambda r: r.get("repeat", 0)):
+            b = _same_repeat(runs, r, 1)
+            fp = amdahl_serial(b["work_s"] / r["work_s"], w) if b else None
+            if fp is not None:
+                pairs.append(f"{fp:.2f}")
+        rows.append(
+            f"| {config} | {engine} | {w} | {len(times)} | {t:.1f} | "
+            f"{min(times):.1f}-{max(times):.1f} | "
+            f"{'-' if s is None else f'{s:.2f}x'} | "
+            f"{'-' if f is None else f'{f:.2f}'} | "
+            f"{', '.join(pairs) or '-'} |")
+    return rows
+
+
 def workers_report(results: list[dict], top_share: float = 0.03) -> str:
     """Speed-up table per (config, engine) and the per-stage table of each
     engine's widest run."""
@@ -1422,29 +1495,25 @@ def workers_report(results: list[dict], top_share: float = 0.03) -> str:
              "| --- | --- | --- |"]
     keys = sorted({(r["config"], r["engine"]) for r in ok},
                   key=lambda k: (list(CONFIGS).index(k[0]), k[1]))
+    repeated = any(r.get("repeat", 0) for r in ok)
+    if repeated:  # which repeat each run is: its speed-up is against its own
+        lines[-2] = lines[-2].replace("| W |", "| W | repeat |")
+        lines[-1] += " --- |"
     for config, engine in keys:
-        runs = {r["workers"]: r for r in ok
-                if (r["config"], r["engine"]) == (config, engine)}
-        base = runs.get(1)
-        for w in sorted(runs):
-            t = runs[w]["work_s"]
-            s = base["work_s"] / t if base else None
-            f = amdahl_serial(s, w) if s else None
-            prof = runs[w].get("busy_profile") or []
-            ft = timeline_serial(prof, w)
-            base_work = busy_work(base.get("busy_profile") or []) \
-                if base else 0.0
-            work = (f"{busy_work(prof) / base_work:.2f}"
-                    if prof and base_work else "-")
-            lines.append(
-                f"| {config} | {engine} | {w} | {t:.1f} | "
-                f"{'-' if s is None else f'{s:.2f}x'} | "
-                f"{'-' if s is None else f'{100 * s / w:.0f} %'} | "
-                f"{'-' if f is None else f'{f:.2f}'} | "
-                f"{'-' if ft is None else f'{ft:.2f}'} | "
-                f"{' / '.join(f'{v:.1f}' for v in prof) or '-'} | "
-                f"{work} | {_cluster(runs[w])} | {_load(runs[w])} | "
-                f"{(runs[w].get('release_sha256') or '-')[:12]} |")
+        mine = [r for r in ok if (r["config"], r["engine"]) == (config, engine)]
+        for r in sorted(mine, key=lambda r: (r.get("repeat", 0), r["workers"])):
+            lines.append(_run_row(r, _same_repeat(mine, r, 1), repeated))
+    if repeated:
+        lines += ["", "Medians over the repeats (speed-up and f from the "
+                  "median job times; f per repeat: each repeat's W=1 and W "
+                  "runs paired):", "",
+                  "| config | engine | W | runs | median job s | min-max s | "
+                  "speed-up | Amdahl f | f per repeat |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for config, engine in keys:
+            mine = [r for r in ok
+                    if (r["config"], r["engine"]) == (config, engine)]
+            lines += _median_rows(config, engine, mine)
     lines += ["", identity_line(ok)]
     lines += ["", "Per stage (the widest run of each config and engine; "
               "stages with at least "
@@ -1456,8 +1525,9 @@ def workers_report(results: list[dict], top_share: float = 0.03) -> str:
               "`step:<label>`: every ParDo task on Dask. A stage with 1 "
               "worker and a large busy time is serial.", ""]
     for config, engine in keys:
-        widest = max((r for r in ok if (r["config"], r["engine"])
-                      == (config, engine)), key=lambda r: r["workers"])
+        mine = [r for r in ok if (r["config"], r["engine"]) == (config, engine)]
+        top = max(r["workers"] for r in mine)
+        widest = median_run([r for r in mine if r["workers"] == top])
         lines += [f"`{config}` on {engine}, W={widest['workers']} "
                   f"(job {widest['work_s']:.1f} s):", "",
                   "| stage | spans | workers | busy s | elapsed s | "

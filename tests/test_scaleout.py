@@ -151,3 +151,19 @@ def test_stage_table_and_busy_profile():
     # on one worker: 1 + 6 + 2 * 5 = 17 s against 12 s: S = 17/12
     assert timeline_serial(profile, 2) == pytest.approx(2 * 12 / 17 - 1)
     assert busy_work(profile) == pytest.approx(16.0)  # 6 + 2 * 5
+
+
+def test_repeated_runs_report_medians_and_pairs():
+    """--repeat: f from the median job times, and each repeat's own pair."""
+    from benchmarks.scaling import median_run, workers_report
+    runs = [dict(config="default", engine="direct", n=10, d=4, flags="",
+                 workers=w, repeat=rep, work_s=t, rc=0)
+            for rep, (t1, t2) in enumerate([(10.0, 6.0), (12.0, 6.5),
+                                            (11.0, 9.0)])
+            for w, t in ((1, t1), (2, t2))]
+    assert median_run([r for r in runs if r["workers"] == 2])["work_s"] == 6.5
+    text = workers_report(runs)
+    # medians 11.0 / 6.5: f = 2 * 6.5 / 11 - 1; pairs 0.20, 0.08, 0.64
+    assert (f"| default | direct | 2 | 3 | 6.5 | 6.0-9.0 | 1.69x | "
+            f"{2 * 6.5 / 11 - 1:.2f} | 0.20, 0.08, 0.64 |") in text
+    assert "| default | direct | 2 | 3 | 9.0 | 1.22x |" in text  # its own W=1
