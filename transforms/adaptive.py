@@ -37,7 +37,7 @@ from dp_ops.config import GeneratorConfig
 from dp_ops.generator import ClassMixture
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import NoiseSource
-from transforms.aggregate import (Blocks, GlobalSum, PerClassSum,
+from transforms.aggregate import (Blocks, GlobalSum, OnePass, PerClassSum,
                                   SecondMoment, pass_blocks, sum_present)
 from transforms.centre import DPCentre
 from transforms.pipelinedp import (ClassAggregation, ClassSums,
@@ -212,17 +212,20 @@ class AdaptiveMixture(beam.PTransform):
         mode = steps.structure.mode
         blocks = pass_blocks(self._blocks, "Moments")  # one read
         # (label, (sum, [second moment])): released values
-        sums = blocks | "ClassSums" >> self._sums
+        if mode == "per-class":
+            sums = blocks | "ClassSums" >> self._sums
+        else:  # with the global second moment, from the same ParDo
+            both = blocks | "Moments" >> OnePass({
+                "ClassSums": self._sums,
+                "SecondMoment": GlobalSum(SecondMoment(cfg.clip_norm))})
+            sums = both["ClassSums"]
         if mode == "per-class" and steps.class_deviation == "raw":
             # One task a class, not one for all: K eigendecompositions of
             # d x d matrices (0.2 s at d = 384, K = 10) spread over the
             # workers instead of running while the others wait.
             return sums | "ClassMixture" >> beam.Map(steps.class_mixture)
-        if mode == "per-class":
-            second = None
-        else:
-            second = AsSingleton(blocks | "SecondMoment" >> GlobalSum(
-                SecondMoment(cfg.clip_norm)))
+        second = (None if mode == "per-class"
+                  else AsSingleton(both["SecondMoment"]))
         stats = (pbegin | "Once" >> beam.Create([None])
                  | "Phase2Noise" >> beam.Map(steps.moments, AsDict(sums),
                                              *([] if second is None

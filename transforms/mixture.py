@@ -13,8 +13,8 @@ from dp_ops import generator, kmeans, moments, plan, vote
 from dp_ops.config import GeneratorConfig
 from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import NoiseSource
-from transforms.aggregate import (Block, Blocks, GlobalSum, PerClassSum,
-                                  SecondMoment, pass_blocks)
+from transforms.aggregate import (Block, Blocks, GlobalSum, OnePass,
+                                  PerClassSum, SecondMoment, pass_blocks)
 from transforms.pipelinedp import (ClassAggregation, ClassSums,
                                    LedgerAccountant,
                                    class_second_moment_family,
@@ -72,12 +72,17 @@ class DPMixture(beam.PTransform):
         fields = plan.moment_fields(cfg)
         with_sumsq = "sumsq" in fields
         # The second moment needs no noisy result, so it shares this read
-        # (one pass fewer: issue 15).
+        # (one pass fewer: issue 15) and its ParDo (aggregate.OnePass).
         blocks = pass_blocks(blocks, "Moments")
-        exact = (blocks
-                 | "Moments" >> PerClassSum(
-                     labels, _moments(k, cfg.clip_norm, with_sumsq),
-                     [AsDict(self._centres)])
+        sums = {"Moments": PerClassSum(
+            labels, _moments(k, cfg.clip_norm, with_sumsq),
+            [AsDict(self._centres)])}
+        if cfg.covariance_rank:
+            sums["SecondMoment"] = (
+                GlobalSum(SecondMoment(cfg.clip_norm))
+                if cfg.covariance == "shared" else self._class_covariance)
+        sums = blocks | "Moments" >> OnePass(sums)
+        exact = (sums["Moments"]
                  | "ZeroEmpty" >> beam.MapTuple(
                      lambda l, m: (l, m or moments.Moments.zeros(
                          k, d, with_sumsq))))
@@ -98,9 +103,9 @@ class DPMixture(beam.PTransform):
             return mixtures
         if cfg.covariance == "shared":
             return mixtures | "Covariance" >> _SharedCovariance(
-                cfg, self._ledger, d, blocks, self._noise)
+                cfg, self._ledger, d, sums["SecondMoment"], self._noise)
         return mixtures | "Covariance" >> _ClassCovariance(
-            cfg, blocks, self._class_covariance)
+            cfg, sums["SecondMoment"])
 
 
 class _SharedCovariance(beam.PTransform):
@@ -112,17 +117,15 @@ class _SharedCovariance(beam.PTransform):
     """
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
-                 blocks, noise: NoiseSource) -> None:
+                 exact, noise: NoiseSource) -> None:
         super().__init__()
         self._cfg, self._ledger, self._dim = cfg, ledger, dim
-        self._blocks, self._noise = blocks, noise
+        self._exact, self._noise = exact, noise  # exact: GlobalSum's total
 
     def expand(self, mixtures):
         cfg, d = self._cfg, self._dim
-        bound = cfg.clip_norm
         ledger, noise = self._ledger, self._noise
-        noisy = (pass_blocks(self._blocks, "SecondMoment")
-                 | "SecondMoment" >> GlobalSum(SecondMoment(bound))
+        noisy = (self._exact
                  | "NoiseSecondMoment" >> beam.Map(
                      lambda m: generator.noisy_second_moment(
                          m if m is not None else np.zeros((d, d)), ledger,
@@ -149,14 +152,12 @@ class _ClassCovariance(beam.PTransform):
     factors are post-processing of it and of that class's noisy moments.
     """
 
-    def __init__(self, cfg: GeneratorConfig, blocks, sums: ClassSums) -> None:
+    def __init__(self, cfg: GeneratorConfig, noisy) -> None:
         super().__init__()
-        self._cfg, self._blocks, self._sums = cfg, blocks, sums
+        self._cfg, self._noisy = cfg, noisy  # ClassSums' released matrices
 
     def expand(self, mixtures):
-        cfg = self._cfg
-        noisy = (pass_blocks(self._blocks, "SecondMoment")
-                 | "SecondMoment" >> self._sums)
+        cfg, noisy = self._cfg, self._noisy
 
         def with_factors(kv):
             label, parts = kv

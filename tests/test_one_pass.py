@@ -1,0 +1,149 @@
+"""One read of the blocks feeds every aggregation of a pass
+(``aggregate.OnePass``): the same sums as separate aggregations, and no
+plan gives a pass's prepared blocks two readers (dpsynth's Dask runner
+then kept every block of the pass until the second reader ran: 7.9 GB of
+worker memory at 2M x 384 with --clusters 16)."""
+
+import os
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.pvalue import AsDict
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that
+
+from dp_ops.config import GeneratorConfig
+from transforms import io
+from transforms.aggregate import (GlobalSum, OnePass, PerClassSum,
+                                  PrepareBlocks, SecondMoment)
+
+
+def _files(tmp_path, n=900, d=5):
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(n, d)).astype(np.float32), rng.integers(0, 3, n)
+    y[y == 2] = 1  # label 2 is empty: every aggregation still reports it
+    for i in range(3):
+        np.savez(tmp_path / f"part-{i}.npz", embeddings=x[i::3],
+                 labels=y[i::3])
+    return str(tmp_path / "part-*.npz")
+
+
+class _Count:
+    """An accumulator: rows per class and bundle."""
+
+    def zero(self, rows):
+        return np.zeros(1)
+
+    def add(self, acc, rows):
+        acc += len(rows.y)
+
+    def done(self, acc):
+        return acc
+
+
+def test_one_pass_gives_each_aggregation_its_own_sums(tmp_path):
+    """A per-class function with a side input, a per-class accumulator
+    and a global accumulator from one ParDo equal the three aggregations
+    run on their own (exact bits), with the empty class still reported."""
+    from transforms.aggregate import Accumulator
+    cfg = GeneratorConfig(labels=(0, 1, 2), cluster_dim=3, tree_depth=3)
+    spec = io.InputSpec(_files(tmp_path), labels=(0, 1, 2), block_size=64)
+    reader = io.ReadEmbeddingBlocks(spec)
+    count = type("Count", (_Count, Accumulator), {})
+
+    def aggregations(scale):
+        return {
+            "Scaled": PerClassSum([0, 1, 2],
+                                  lambda l, b, s: b.x.sum(0) * s[0],
+                                  [AsDict(scale)]),
+            "Rows": PerClassSum([0, 1, 2], count()),
+            "Second": GlobalSum(SecondMoment(cfg.clip_norm))}
+
+    def check(pairs):
+        got = dict(pairs)
+        one, alone = got["one"], got["alone"]
+        for name in ("Scaled", "Rows"):
+            assert one[name][2] is None and alone[name][2] is None
+            for label in (0, 1):
+                assert np.array_equal(one[name][label], alone[name][label])
+        assert np.array_equal(one["Second"], alone["Second"])
+        assert one["Rows"][0][0] + one["Rows"][1][0] == 900
+
+    with TestPipeline(runner="FnApiRunner") as p:
+        scale = p | "Scale" >> beam.Create([(0, 2.0)])
+        blocks = p | reader | PrepareBlocks(cfg, reader.dim)
+        one = blocks | "One" >> OnePass(aggregations(scale))
+        alone = {name: blocks | f"Alone{name}" >> agg
+                 for name, agg in aggregations(scale).items()}
+
+        def gather(results, tag):
+            return ((p | f"Tag{tag}" >> beam.Create([tag]))
+                    | f"Gather{tag}" >> beam.Map(
+                        lambda t, s, r, g: (t, {"Scaled": s, "Rows": r,
+                                                "Second": g[0]}),
+                        AsDict(results["Scaled"]), AsDict(results["Rows"]),
+                        beam.pvalue.AsList(results["Second"])))
+        both = (gather(one, "one"), gather(alone, "alone")) | beam.Flatten()
+        assert_that(both | beam.combiners.ToList(), lambda l: check(l[0]))
+
+
+def _readers_of_prepared_blocks(p: beam.Pipeline) -> dict:
+    """Each prepared-blocks PCollection -> how many transforms read it as
+    their main input (side inputs excluded)."""
+    readers: dict = {}
+
+    class Visitor(beam.pipeline.PipelineVisitor):
+        def visit_transform(self, node):
+            side = {s.pvalue for s in node.side_inputs}
+            for pcoll in node.inputs:
+                if pcoll in side or pcoll.producer is None:
+                    continue
+                if "_PrepareFn" in pcoll.producer.full_label:
+                    readers.setdefault(pcoll.producer.full_label, 0)
+                    readers[pcoll.producer.full_label] += 1
+
+    p.visit(Visitor())
+    return readers
+
+
+def _job(tmp_path, *flags):
+    from pipelines import generate, job
+    x = np.random.default_rng(1).normal(size=(60, 8)).astype(np.float32)
+    np.savez(tmp_path / "a.npz", embeddings=x, labels=np.arange(60) % 3)
+    args, beam_argv = generate.parser().parse_known_args(
+        ["--input", str(tmp_path / "a.npz"), "--output",
+         str(tmp_path / "out"), "--num-classes", "3", "--noise-seed", "1",
+         *flags])
+    spec = generate.spec_from_args(args, beam_argv)
+    return job.prepare(spec), spec
+
+
+@pytest.mark.parametrize("flags", [
+    ["--clusters", "4"],  # the fixed plan with the shared matrix
+    ["--clusters", "4", "--covariance", "per-class"],
+    ["--clusters", "4", "--vote-filter"]])
+def test_no_pass_of_a_fixed_plan_has_two_readers(tmp_path, flags):
+    from pipelines import job
+    j, spec = _job(tmp_path, *flags)
+    p = beam.Pipeline()
+    job.build(p, j, job.make_reader(j, spec), spec)
+    readers = _readers_of_prepared_blocks(p)
+    assert any("Moments" in name for name in readers), readers
+    assert set(readers.values()) == {1}, readers
+
+
+@pytest.mark.parametrize("counts", [[20.0] * 3, [2000.0] * 3])
+def test_no_pass_of_the_adaptive_plan_has_two_readers(tmp_path, counts):
+    """Phase 2 in the shared mode (class sums + the global second moment)
+    and in the per-class mode."""
+    from pipelines import job
+    j, spec = _job(tmp_path)
+    mode = job.choose_phase2(j, 8, counts).mode
+    assert mode == ("shared" if counts[0] < 100 else "per-class")
+    p = beam.Pipeline()
+    job.build_adaptive(p, j, job.make_reader(j, spec), spec,
+                       np.zeros(8), counts)
+    readers = _readers_of_prepared_blocks(p)
+    assert any("Moments" in name for name in readers), readers
+    assert set(readers.values()) == {1}, readers
