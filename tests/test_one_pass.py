@@ -147,3 +147,57 @@ def test_no_pass_of_the_adaptive_plan_has_two_readers(tmp_path, counts):
     readers = _readers_of_prepared_blocks(p)
     assert any("Moments" in name for name in readers), readers
     assert set(readers.values()) == {1}, readers
+
+
+def test_a_bundle_emits_one_partial_per_class():
+    """Per-block partials are summed within the bundle (the combiner's
+    add, the first value copied; a class with only None partials still
+    comes out, as None): on Dask a bundle's outputs are held as one list
+    until the combine runs."""
+    from transforms.aggregate import Block, _PartialFn
+
+    def block(labels):
+        y = np.array(labels)
+        return Block(np.ones((len(y), 2)), y, np.zeros((len(y), 0)),
+                     np.zeros(len(y), np.int64))
+
+    def fn(label, rows):
+        return None if label == 2 else rows.x.sum(0)
+
+    dofn = _PartialFn(fn, 1)
+    for _ in range(2):  # a retried bundle starts from nothing
+        dofn.start_bundle()
+        for labels in ([0, 0, 1], [1, 2], [0]):
+            assert list(dofn.process(block(labels))) == []
+        out = [wv.value for wv in dofn.finish_bundle()]
+        assert [label for label, _ in out] == [0, 1, 2]
+        assert np.array_equal(out[0][1], [3.0, 3.0])
+        assert np.array_equal(out[1][1], [2.0, 2.0]) and out[2][1] is None
+
+
+def test_vote_candidates_are_indexed_once_per_process():
+    """Every copy of the vote DoFn (Dask unpickles one per task) finds the
+    index its process built; a new mixture of a class replaces the old."""
+    import pickle
+
+    from dp_ops import generator
+    from transforms import mixture
+    cfg = GeneratorConfig(labels=(0, 1), vote_filter=True,
+                          vote_max_candidates=50)
+
+    def mix(label, shift):
+        return generator.ClassMixture(
+            label, np.array([20.0]), np.full((1, 3), shift),
+            np.ones((1, 3)), 20.0)
+
+    votes = mixture._Votes(cfg)
+    a = mixture.candidate_index(mix(0, 0.0), cfg)
+    copy = pickle.loads(pickle.dumps(votes))
+    assert mixture.candidate_index(mix(0, 0.0), cfg) is a
+    x = np.zeros((4, 3))
+    rows = type("Rows", (), {"x": x})()
+    assert np.array_equal(copy(0, rows, {0: mix(0, 0.0)}),
+                          votes(0, rows, {0: mix(0, 0.0)}))
+    b = mixture.candidate_index(mix(0, 1.0), cfg)
+    assert b is not a
+    assert sum(k[0] == 0 for k in mixture._INDEXES) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from typing import Optional
 
 import apache_beam as beam
@@ -169,34 +170,50 @@ class _ClassCovariance(beam.PTransform):
                 | "Factors" >> beam.Map(with_factors))
 
 
+# Candidate indexes built in this process, shared by every copy of
+# ``_Votes``: Beam's Dask runner unpickles the DoFn for every task (one a
+# read range), so an index kept on the instance was rebuilt for every class
+# in every task and lived as long as the task (the vote pass at 1M x 384:
+# ~100 MB a range, 3.2 GB of one worker). One index per label (the latest
+# mixture's), as before.
+_INDEXES: dict = {}
+_INDEXES_LOCK = threading.Lock()
+
+
+def candidate_index(mix: generator.ClassMixture,
+                    cfg: GeneratorConfig) -> vote.CandidateIndex:
+    """The search index of ``mix``'s candidates (public post-processing of
+    the mixture and the public seed), built once per process."""
+    key = (mix.label, _fingerprint(mix), cfg)
+    with _INDEXES_LOCK:
+        found = _INDEXES.get(key)
+    if found is None:
+        found = vote.CandidateIndex(generator.centred(
+            generator.candidates(mix, cfg), mix))
+        with _INDEXES_LOCK:
+            for old in [k for k in _INDEXES if k[0] == mix.label]:
+                del _INDEXES[old]
+            _INDEXES[key] = found
+    return found
+
+
 class _Votes:
     """Per-block votes of one class against that class's candidates.
 
     The candidates are public post-processing of the class mixture (public
     seed), so each worker regenerates them from the small mixture side
-    input, once per class, instead of the pipeline shipping m x d
-    candidate rows per class to every reader. The cached search index is
-    the only per-class state: m x d float32 (m <= --vote-max-candidates).
+    input, once per class and process (``candidate_index``), instead of the
+    pipeline shipping m x d candidate rows per class to every reader. The
+    cached search index is the only per-class state: m x d float32
+    (m <= --vote-max-candidates).
     """
 
     def __init__(self, cfg: GeneratorConfig) -> None:
         self._cfg = cfg
-        self._index: dict = {}
-
-    def __getstate__(self):
-        return {"_cfg": self._cfg, "_index": {}}
-
-    def index(self, mix: generator.ClassMixture) -> vote.CandidateIndex:
-        key = (mix.label, _fingerprint(mix))
-        if key not in self._index:
-            self._index = {k: v for k, v in self._index.items()
-                           if k[0] != mix.label}
-            self._index[key] = vote.CandidateIndex(generator.centred(
-                generator.candidates(mix, self._cfg), mix))
-        return self._index[key]
 
     def __call__(self, label: int, block: Block, mixtures: dict) -> np.ndarray:
-        return vote.block_votes(block.x, self.index(mixtures[label]))
+        return vote.block_votes(block.x,
+                                candidate_index(mixtures[label], self._cfg))
 
 
 def _fingerprint(mix: generator.ClassMixture) -> str:
