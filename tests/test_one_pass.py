@@ -201,3 +201,7 @@ def test_vote_candidates_are_indexed_once_per_process():
     b = mixture.candidate_index(mix(0, 1.0), cfg)
     assert b is not a
     assert sum(k[0] == 0 for k in mixture._INDEXES) == 1
+    other = GeneratorConfig(labels=(0, 1), vote_filter=True,
+                            vote_max_candidates=40)
+    mixture.candidate_index(mix(1, 0.0), other)  # another job's config
+    assert all(k[2] == other for k in mixture._INDEXES)

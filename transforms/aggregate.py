@@ -252,10 +252,9 @@ def _stage_name(fn: Any) -> str:
 class _BundleSums:
     """Per-label sums of one bundle's partials, with the combiner's ``add``
     (the first value copied, as ``_SumFn`` does; None is the zero): one
-    partial per class and bundle leaves the DoFn, not one per block. On
-    Dask a bundle's outputs are one list held until the combine runs: the
-    vote pass's per-block histograms (1.6 MB per class and block at 1M
-    rows) held 3.3 GB of one worker's memory at 1M x 384."""
+    partial per class and bundle leaves the DoFn, not one per block (on
+    Dask a bundle's outputs are one list held until the combine runs; a
+    vote histogram per class and block, for instance)."""
 
     def __init__(self, add: Callable[[Any, Any], Any]) -> None:
         self._add, self._sums = add, {}

@@ -191,7 +191,10 @@ def candidate_index(mix: generator.ClassMixture,
         found = vote.CandidateIndex(generator.centred(
             generator.candidates(mix, cfg), mix))
         with _INDEXES_LOCK:
-            for old in [k for k in _INDEXES if k[0] == mix.label]:
+            # one per label, and only the latest job's: a worker that
+            # outlives a job (a standing Dask cluster) keeps no stale ones
+            for old in [k for k in _INDEXES
+                        if k[0] == mix.label or k[2] != cfg]:
                 del _INDEXES[old]
             _INDEXES[key] = found
     return found
