@@ -154,7 +154,7 @@ def test_a_bundle_emits_one_partial_per_class():
     add, the first value copied; a class with only None partials still
     comes out, as None): on Dask a bundle's outputs are held as one list
     until the combine runs."""
-    from transforms.aggregate import Block, _PartialFn
+    from transforms.aggregate import Block, Part, _PartialFn
 
     def block(labels):
         y = np.array(labels)
@@ -164,7 +164,7 @@ def test_a_bundle_emits_one_partial_per_class():
     def fn(label, rows):
         return None if label == 2 else rows.x.sum(0)
 
-    dofn = _PartialFn(fn, 1)
+    dofn = _PartialFn(Part(fn), 1)
     for _ in range(2):  # a retried bundle starts from nothing
         dofn.start_bundle()
         for labels in ([0, 0, 1], [1, 2], [0]):

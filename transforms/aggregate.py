@@ -274,30 +274,6 @@ class _BundleSums:
         self._sums = {}
 
 
-class _PartialFn(beam.DoFn):
-    def __init__(self, fn: Callable[..., Any], threads: Optional[int],
-                 add: Optional[Callable[[Any, Any], Any]] = None) -> None:
-        self._fn, self._threads = fn, threads
-        self._add = add or add_inplace
-        self._sums = _BundleSums(self._add)
-        self._span = BundleSpan(_stage_name(fn))
-
-    def start_bundle(self) -> None:
-        self._sums = _BundleSums(self._add)  # a retry starts from nothing
-        self._span.start()
-
-    def finish_bundle(self):
-        yield from self._sums.emit()
-        self._span.end()
-
-    def process(self, block: Block, *side):
-        self._span.mark()
-        with blas_threads(self._threads):
-            for label, rows in block.by_class():
-                self._sums.add(label, self._fn(label, rows, *side))
-        return ()
-
-
 class Accumulator:
     """In-place aggregation of a class's blocks within one bundle, for
     aggregates whose per-block partials are large (d x d): ``zero(rows)``
@@ -335,34 +311,107 @@ class SecondMoment(Accumulator):
         return covariance.mirror_upper(acc)
 
 
-class _AccumulateAllFn(beam.DoFn):
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One aggregation's partials of a block: ``fn(label, rows, *side)``
+    per class, or an ``Accumulator`` per class (``per_class``) or over all
+    the block's rows (one partial per bundle)."""
+
+    fn: Union[Callable[..., Any], Accumulator]
+    per_class: bool = True
+    side: tuple = ()
+    add: Optional[Callable[[Any, Any], Any]] = None  # a function's sums
+
+
+class _PartsFn(beam.DoFn):
+    """(i, partial) for aggregation i of ``parts``, from one look at each
+    block; one partial per class (or one in all) and bundle. Without
+    ``tagged`` (one part): the partials alone."""
+
+    def __init__(self, parts: Sequence[Part], threads: Optional[int],
+                 tagged: bool = True) -> None:
+        self._parts, self._threads = list(parts), threads
+        self._tagged = tagged  # False: one part, its partials as they are
+        self._open: list = []
+        self._span = BundleSpan("sums:" + "+".join(
+            _stage_name(p.fn)[len("sums:"):] for p in self._parts))
+
+    def start_bundle(self) -> None:
+        # per part: label (None: all rows) -> accumulator, or _BundleSums
+        self._open = [{} if isinstance(p.fn, Accumulator)
+                      else _BundleSums(p.add or add_inplace)
+                      for p in self._parts]  # a retry starts from nothing
+        self._span.start()
+
+    def process(self, block: Block, *side):
+        self._span.mark()
+        classes, at = None, 0
+        with blas_threads(self._threads):
+            for i, part in enumerate(self._parts):
+                args, at = side[at:at + len(part.side)], at + len(part.side)
+                if not part.per_class:
+                    if len(block.y):
+                        self._accumulate(i, None, block)
+                    continue
+                if classes is None:
+                    classes = list(block.by_class())
+                for label, rows in classes:
+                    if isinstance(part.fn, Accumulator):
+                        self._accumulate(i, label, rows)
+                    else:
+                        self._open[i].add(label, part.fn(label, rows, *args))
+        return ()
+
+    def _accumulate(self, i: int, label: Optional[int], rows: Block) -> None:
+        acc, fn = self._open[i], self._parts[i].fn
+        if label not in acc:
+            acc[label] = fn.zero(rows)
+        fn.add(acc[label], rows)
+
+    def finish_bundle(self):
+        for i in range(len(self._parts)):
+            for value in self._done(i):
+                yield GlobalWindows.windowed_value(
+                    (i, value) if self._tagged else value)
+        self._open = []
+        self._span.end()
+
+    def _done(self, i: int) -> list:
+        """Part i's partials of the bundle: (label, partial), or the one
+        partial over all rows (none without rows)."""
+        open_, fn = self._open[i], self._parts[i].fn
+        if isinstance(open_, _BundleSums):
+            return [wv.value for wv in open_.emit()]
+        if None in open_:
+            return [fn.done(open_[None])]
+        return [(c, fn.done(open_[c])) for c in sorted(open_)]
+
+
+class _PartialFn(_PartsFn):
+    """``PerClassSum``'s partials of a function: (label, bundle sum)."""
+
+    def __init__(self, part: Part, threads: Optional[int]) -> None:
+        super().__init__([part], threads, tagged=False)
+        self._fn = part.fn  # Dask's step trace names the step by it
+
+
+class _AccumulateAllFn(_PartsFn):
     """Every row of a bundle into one accumulator; the partial is emitted
     when the bundle finishes (nothing for a bundle without rows)."""
 
     def __init__(self, accumulator: Accumulator,
                  threads: Optional[int]) -> None:
-        self._acc, self._threads = accumulator, threads
-        self._value = None
-        self._span = BundleSpan(_stage_name(accumulator))
+        super().__init__([Part(accumulator, per_class=False)], threads,
+                         tagged=False)
 
-    def start_bundle(self) -> None:
-        self._value = None  # a retried bundle starts from nothing
-        self._span.start()
 
-    def process(self, block: Block):
-        self._span.mark()
-        if len(block.y):
-            with blas_threads(self._threads):
-                if self._value is None:
-                    self._value = self._acc.zero(block)
-                self._acc.add(self._value, block)
-        return ()
+class _AccumulateFn(_PartsFn):
+    """A class's rows of a bundle into its accumulator: (label, partial)
+    per class when the bundle finishes."""
 
-    def finish_bundle(self):
-        if self._value is not None:
-            yield GlobalWindows.windowed_value(self._acc.done(self._value))
-        self._value = None
-        self._span.end()
+    def __init__(self, accumulator: Accumulator,
+                 threads: Optional[int]) -> None:
+        super().__init__([Part(accumulator)], threads, tagged=False)
 
 
 class GlobalSum(beam.PTransform):
@@ -389,34 +438,6 @@ class GlobalSum(beam.PTransform):
     def from_partials(self, partials: PCollection) -> PCollection:
         """Per-bundle partials -> the one total (None without rows)."""
         return partials | "Total" >> beam.CombineGlobally(sum_present)
-
-
-class _AccumulateFn(beam.DoFn):
-    def __init__(self, accumulator: Accumulator,
-                 threads: Optional[int]) -> None:
-        self._acc, self._threads = accumulator, threads
-        self._open: dict = {}
-        self._span = BundleSpan(_stage_name(accumulator))
-
-    def start_bundle(self) -> None:
-        self._open = {}  # a retried bundle starts from nothing
-        self._span.start()
-
-    def process(self, block: Block):
-        self._span.mark()
-        with blas_threads(self._threads):
-            for label, rows in block.by_class():
-                if label not in self._open:
-                    self._open[label] = self._acc.zero(rows)
-                self._acc.add(self._open[label], rows)
-        return ()
-
-    def finish_bundle(self):
-        for label in sorted(self._open):
-            yield GlobalWindows.windowed_value(
-                (label, self._acc.done(self._open[label])))
-        self._open = {}
-        self._span.end()
 
 
 def _label_sum(label: int, sums: dict) -> tuple:
@@ -469,8 +490,8 @@ class PerClassSum(beam.PTransform):
             assert not self._side, "accumulators take no side inputs"
             partials = beam.ParDo(_AccumulateFn(self._fn, self._threads))
         else:
-            partials = beam.ParDo(_PartialFn(self._fn, self._threads,
-                                             self._add), *self._side)
+            partials = beam.ParDo(_PartialFn(self.part(), self._threads),
+                                  *self._side)
         return self.from_partials(blocks | "Partials" >> partials)
 
     def from_partials(self, partials: PCollection) -> PCollection:
@@ -481,75 +502,6 @@ class PerClassSum(beam.PTransform):
         return (partials.pipeline
                 | "Labels" >> beam.Create(self._labels)
                 | "EveryLabel" >> beam.Map(_label_sum, AsDict(sums)))
-
-
-@dataclasses.dataclass(frozen=True)
-class Part:
-    """One aggregation's partials of a block: ``fn(label, rows, *side)``
-    per class, or an ``Accumulator`` per class (``per_class``) or over all
-    the block's rows (one partial per bundle)."""
-
-    fn: Union[Callable[..., Any], Accumulator]
-    per_class: bool = True
-    side: tuple = ()
-    add: Optional[Callable[[Any, Any], Any]] = None  # a function's sums
-
-
-class _PartsFn(beam.DoFn):
-    """(i, partial) for aggregation i of ``parts``, from one look at each
-    block; one partial per class (or one in all) and bundle."""
-
-    def __init__(self, parts: Sequence[Part], threads: Optional[int]) -> None:
-        self._parts, self._threads = list(parts), threads
-        self._open: list = []
-        self._span = BundleSpan("sums:" + "+".join(
-            _stage_name(p.fn)[len("sums:"):] for p in self._parts))
-
-    def start_bundle(self) -> None:
-        # per part: label (None: all rows) -> accumulator, or _BundleSums
-        self._open = [{} if isinstance(p.fn, Accumulator)
-                      else _BundleSums(p.add or add_inplace)
-                      for p in self._parts]  # a retry starts from nothing
-        self._span.start()
-
-    def process(self, block: Block, *side):
-        self._span.mark()
-        classes, at = None, 0
-        with blas_threads(self._threads):
-            for i, part in enumerate(self._parts):
-                args, at = side[at:at + len(part.side)], at + len(part.side)
-                if not part.per_class:
-                    if len(block.y):
-                        self._accumulate(i, None, block)
-                    continue
-                if classes is None:
-                    classes = list(block.by_class())
-                for label, rows in classes:
-                    if isinstance(part.fn, Accumulator):
-                        self._accumulate(i, label, rows)
-                    else:
-                        self._open[i].add(label, part.fn(label, rows, *args))
-        return ()
-
-    def _accumulate(self, i: int, label: Optional[int], rows: Block) -> None:
-        acc, fn = self._open[i], self._parts[i].fn
-        if label not in acc:
-            acc[label] = fn.zero(rows)
-        fn.add(acc[label], rows)
-
-    def finish_bundle(self):
-        for i, part in enumerate(self._parts):
-            open_ = self._open[i]
-            if isinstance(open_, _BundleSums):
-                for wv in open_.emit():
-                    yield GlobalWindows.windowed_value((i, wv.value))
-                continue
-            for label in sorted(open_, key=lambda c: (c is not None, c)):
-                value = part.fn.done(open_[label])
-                yield GlobalWindows.windowed_value(
-                    (i, value if label is None else (label, value)))
-        self._open = []
-        self._span.end()
 
 
 def _select(item: tuple, index: int):
