@@ -1045,6 +1045,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def sweep_workers(args: argparse.Namespace, configs: Sequence[str]) -> int:
     """--workers: run (or --report-from) the sweep, print and write it."""
     engines = [e for e in args.engines.split(",") if e]
+    if args.repeat < 1:
+        raise SystemExit(f"--repeat must be >= 1, got {args.repeat}")
     if set(engines) - set(ENGINES):
         raise SystemExit(f"--engines: choose from {', '.join(ENGINES)}")
     if args.report_from:
