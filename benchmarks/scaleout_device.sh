@@ -18,7 +18,8 @@
 # (about 40 MB; carried to the machine with the checkout). Knobs: N,
 # FILES, WORKERS (run order, W outer), ENGINES, CONFIGS, BUDGET_S (the whole
 # sweep, data included; runs that no longer fit are skipped), RUN_TIMEOUT,
-# SECTION, OUT (results: scaling-workers.md, runs.jsonl, log.txt), PIN (1:
+# SECTION, OUT (results: scaling-workers.md, runs.jsonl, log.txt,
+# write_contention.txt), CONTENTION_ROWS, PIN (1:
 # a run with W workers on W cores, as scaling.py does by default; 0: all).
 set -uo pipefail
 BUNDLE=${BUNDLE:-.scaleout}; OUT=${OUT:-/tmp/scaleout}; PY=${PY:-python3}
@@ -40,3 +41,11 @@ $PY benchmarks/scaling.py --workers "${WORKERS:-16,1,2,4,8}" \
     --save "$OUT/runs.jsonl" --nice 0 --max-rss-gb 100 \
     --timeout "${RUN_TIMEOUT:-150}" --budget "${BUDGET_S:-400}" \
     $([ "${PIN:-1}" = 0 ] && echo --no-pin) 2>&1 | tee "$OUT/log.txt"
+# The write stage's parts alone and on every core at once (drawing and
+# encoding against the kernel's page-cache writes; see
+# benchmarks/write_contention.py). CONTENTION_ROWS=0 skips it.
+if [ "${CONTENTION_ROWS:-500000}" != 0 ]; then
+  $PY benchmarks/write_contention.py --rows "${CONTENTION_ROWS:-500000}" \
+      --processes "$(nproc)" --no-save --section device 2>&1 \
+      | tee "$OUT/write_contention.txt"
+fi
