@@ -310,3 +310,28 @@ def test_a_whole_matrix_for_a_triangle_is_refused(tmp_path):
                                  ledger, SeededNoise(1))
             _ = p | beam.Create([(0, np.eye(D))]) | t
             t.aggregation.accountant.compute_budgets()
+
+
+def test_labels_are_created_once_without_a_reshuffle():
+    """The public labels feed both the seeds and PipelineDP's public
+    partitions from one Create, with no redistributing reshuffle (PipelineDP's
+    combine per label spreads them): each such Create or reshuffle was a
+    stage of its own on every run."""
+    p = beam.Pipeline()
+    t = ClassSums(LABELS, D, class_sum_family(R), _ledger(), SeededNoise(4))
+    _ = p | beam.Create(_blocks(*_data(), 100)) | "Sums" >> t
+    labels = []
+
+    class Visit(beam.pipeline.PipelineVisitor):
+        def enter_composite_transform(self, node):
+            labels.append(node.full_label)
+
+        def visit_transform(self, node):
+            labels.append(node.full_label)
+    p.visit(Visit())
+    creates = [x for x in labels if x.startswith("Sums/")
+               and x.endswith("/Impulse")]
+    assert creates == ["Sums/Aggregate/Labels/Impulse"], creates
+    reshuffles = [x for x in labels if x.startswith("Sums/")
+                  and x.endswith("/Reshuffle")]
+    assert not reshuffles, reshuffles

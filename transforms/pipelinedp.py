@@ -403,12 +403,17 @@ class ClassAggregation(beam.PTransform):
         # one flat value per element (a view for one family's array)
         keyed = partials | "Keyed" >> beam.MapTuple(
             lambda c, v: (c, (c, _flat(v, size))))
+        # The public labels, created once: the seeds below and PipelineDP's
+        # public partitions (given a list, it creates its own). No
+        # redistributing reshuffle: both go into PipelineDP's combine per
+        # label, which spreads the labels itself (two stages fewer each).
+        labels = partials.pipeline | "Labels" >> beam.Create(
+            self._labels, reshuffle=False)
         # One seed per label, (label, None): the accumulator of a class
         # absent from the data then still knows its label (see the module
         # doc); no zero array (a class's second moments are ~0.6 MB at
         # d=384), the combiner knows its family's zero.
-        seeds = (partials.pipeline | "Labels" >> beam.Create(self._labels)
-                 | "Seeds" >> beam.Map(lambda c: (c, (c, None))))
+        seeds = labels | "Seeds" >> beam.Map(lambda c: (c, (c, None)))
         col = (keyed, seeds) | "WithSeeds" >> beam.Flatten()
         params = pipeline_dp.AggregateParams(
             noise_kind=pipeline_dp.NoiseKind.GAUSSIAN, metrics=[],
@@ -422,7 +427,7 @@ class ClassAggregation(beam.PTransform):
             col, params,
             pipeline_dp.DataExtractors(partition_extractor=lambda kv: kv[0],
                                        value_extractor=lambda kv: kv[1]),
-            public_partitions=self._labels,
+            public_partitions=labels,
             out_explain_computation_report=self.aggregation.report)
         return out | "Unwrap" >> beam.MapTuple(
             lambda c, m: (c, m[0] if single else tuple(m)))
