@@ -401,6 +401,9 @@ async def interrupted_start(self):
     return await real(self)
 
 if __name__ == "__main__":
+    # Ctrl-C as in a terminal, even where the test runner was started with
+    # SIGINT ignored (a background job inherits it ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     nanny.Nanny.start_unsafe = interrupted_start
     try:
         dask_runner.local_cluster(workers=2)
