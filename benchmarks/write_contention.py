@@ -39,7 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -83,7 +83,7 @@ def _mixture() -> generator.ClassMixture:
         factors=rng.normal(size=(DIM, RANK)) * 0.01)
 
 
-def _pieces(rows: int):
+def _pieces(rows: int) -> Iterator[list[tuple[int, int]]]:
     """[start, stop) of each shard's ``WRITE_PIECE``-row pieces."""
     for first in range(0, rows, SHARD):
         last = min(rows, first + SHARD)
@@ -116,7 +116,9 @@ def run_mode(mode: str, rows: int, folder: str) -> None:
 
 
 def _child(mode: str, rows: int, folder: str, core: Optional[int],
-           start, results) -> None:
+           start: Any, results: Any) -> None:
+    """One timed process: ``start`` a Barrier, ``results`` a Queue of the
+    spawn context."""
     if core is not None:
         os.sched_setaffinity(0, {core})
     run_mode(mode, min(rows, WRITE_PIECE), folder)  # first-call costs
