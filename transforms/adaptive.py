@@ -213,19 +213,18 @@ class AdaptiveMixture(beam.PTransform):
         blocks = pass_blocks(self._blocks, "Moments")  # one read
         # (label, (sum, [second moment])): released values
         if mode == "per-class":
-            sums = blocks | "ClassSums" >> self._sums
+            sums, second = blocks | "ClassSums" >> self._sums, None
         else:  # with the global second moment, from the same ParDo
             both = blocks | "Moments" >> OnePass({
                 "ClassSums": self._sums,
                 "SecondMoment": GlobalSum(SecondMoment(cfg.clip_norm))})
-            sums = both["ClassSums"]
+            sums, second = both["ClassSums"], AsSingleton(
+                both["SecondMoment"])
         if mode == "per-class" and steps.class_deviation == "raw":
             # One task a class, not one for all: K eigendecompositions of
             # d x d matrices (0.2 s at d = 384, K = 10) spread over the
             # workers instead of running while the others wait.
             return sums | "ClassMixture" >> beam.Map(steps.class_mixture)
-        second = (None if mode == "per-class"
-                  else AsSingleton(both["SecondMoment"]))
         stats = (pbegin | "Once" >> beam.Create([None])
                  | "Phase2Noise" >> beam.Map(steps.moments, AsDict(sums),
                                              *([] if second is None

@@ -268,10 +268,11 @@ class _BundleSums:
         else:
             self._sums[label] = self._add(old, value)
 
-    def emit(self) -> Iterator:
-        for label in sorted(self._sums):
-            yield GlobalWindows.windowed_value((label, self._sums[label]))
+    def take(self) -> list:
+        """The (label, sum) pairs by label; the sums start again empty."""
+        out = [(label, self._sums[label]) for label in sorted(self._sums)]
         self._sums = {}
+        return out
 
 
 class Accumulator:
@@ -381,7 +382,7 @@ class _PartsFn(beam.DoFn):
         partial over all rows (none without rows)."""
         open_, fn = self._open[i], self._parts[i].fn
         if isinstance(open_, _BundleSums):
-            return [wv.value for wv in open_.emit()]
+            return open_.take()
         if None in open_:
             return [fn.done(open_[None])]
         return [(c, fn.done(open_[c])) for c in sorted(open_)]
