@@ -41,11 +41,6 @@ rewrites all of them to ``pipelines.dask_runner.DaskRunner``). Needs the
   per read range, and Dask's task shuffle of n partitions is ~n² tasks,
   almost all of them moving a few per-class partials (a ``--clusters 16``
   job at 200k rows: 2,600 of its 3,067 tasks).
-* A lifted sum whose combine offers ``merged_copy`` (dpsynth's exact
-  sums: the moments pass's d x d partials among them) has its per-bundle
-  partials merged per key on the worker that holds them before the
-  GroupByKey (``merge_where_stored``): the shuffle then moves one partial
-  per key and worker, not one per key and bundle.
 * Every side input is computed once, when the graph is built, and kept on
   the cluster (``_Readers``, ``_Stored``): Beam's translation recomputes
   it per reading task, redrawing secure noise and holding the readers'
@@ -524,11 +519,6 @@ class DaskRunner(beam_dask.DaskRunner):
                     self.bags[node] = _spread(
                         node, self.bags[node],
                         pending.needs_pending(self.bags[node], self.bags))
-                merge = _local_merge(node)
-                if merge is not None and not pending.needs_pending(
-                        self.bags[node], self.bags):
-                    self.bags[node] = merge_where_stored(self.bags[node],
-                                                         merge)
                 pending.visited(node)
                 if readers.side(node):
                     for n, bag in pending.store_with(node, self.bags).items():
@@ -607,70 +597,6 @@ def _spread(node, bag, needs_pending: bool):
         return db.from_sequence([], npartitions=1)
     return db.from_sequence(items, partition_size=math.ceil(
         len(items) / MAX_SPREAD_PARTITIONS))
-
-
-def _local_merge(node):
-    """``merged_copy`` of the combine whose per-bundle partials ``node``
-    makes (Beam's lifted combine: ``_PartialGroupByKeyCombiningValues``),
-    when that combine offers one (``transforms.aggregate._SumFn``: exact
-    sums, so any grouping gives the same bits) and has no side inputs;
-    else None."""
-    from apache_beam.transforms import combiners
-    transform = node.transform
-    if not isinstance(transform, beam.ParDo) or node.side_inputs:
-        return None
-    partial = getattr(combiners, "_PartialGroupByKeyCombiningValues", None)
-    if partial is None or not isinstance(transform.fn, partial):
-        return None
-    return getattr(getattr(transform.fn, "_combine_fn", None),
-                   "merged_copy", None)
-
-
-def merge_where_stored(bag, merge):
-    """A lifted combine's per-bundle partials, (key, accumulator) pairs,
-    merged per key on the worker that holds them: one partition per
-    worker, so the GroupByKey after it moves one accumulator per key and
-    worker instead of one per key and bundle (the moments pass at 2M x
-    384 makes 60 bundles of ten 0.6 MB partials; at two workers half of
-    them crossed twice, ~0.9 s of the job with one or no worker busy).
-
-    The partials are computed now (the GroupByKey after them is a barrier
-    anyway) and stay where they are; each worker's merge reads only
-    partitions it holds, so Dask runs it there. ``merge(accs)`` must
-    return a new accumulator and leave its inputs as they are (a retried
-    task reads them again)."""
-    if bag.npartitions < 2:
-        return bag
-    import dask.bag as db
-    import distributed
-    from dask.base import tokenize
-    from dask.highlevelgraph import HighLevelGraph
-    client = distributed.default_client()
-    (persisted,) = client.persist([bag])
-    futures = distributed.futures_of(persisted)
-    distributed.wait(futures)
-    for future in futures:
-        if future.status == "error":
-            future.result()  # raises the worker's exception
-    holders = client.who_has(futures)
-    groups: dict = {}
-    for key in persisted.__dask_keys__():
-        where = sorted(holders.get(key) or ["?"])[0]
-        groups.setdefault(where, []).append(key)
-    out = f"dpsynth-merged-{tokenize(persisted.name, len(groups))}"
-    layer = {(out, j): (_merge_partitions, merge, keys)
-             for j, keys in enumerate(groups.values())}
-    graph = HighLevelGraph.from_collections(out, layer,
-                                            dependencies=[persisted])
-    return db.Bag(graph, out, len(layer))
-
-
-def _merge_partitions(merge, partitions) -> list:
-    by_key: dict = {}
-    for part in partitions:
-        for key, acc in part:
-            by_key.setdefault(key, []).append(acc)
-    return [(key, merge(accs)) for key, accs in by_key.items()]
 
 
 def deal_partitions(bag, ways: int):

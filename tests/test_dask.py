@@ -12,9 +12,6 @@ loopback (``distributed.LocalCluster``), driven by ``--runner dask``.
   self-consistent.
 * A GroupByKey runs on one partition per worker thread, not one per input
   partition (Dask's task shuffle of n partitions is ~n² tasks).
-* A lifted sum's per-bundle partials are merged per key on the worker
-  that holds them before its GroupByKey, exactly, and the merge leaves the
-  stored partials as they were (a retried merge gives the same sums).
 * Without a scheduler address, ``python -m pipelines.generate --runner
   dask`` starts one local cluster for both phases of the adaptive plan,
   keeps Dask's logs and dashboard off the console and leaves no files.
@@ -209,58 +206,6 @@ def test_group_by_key_runs_on_one_partition_per_worker(scheduler, tmp_path,
     assert len(bundles) == 2
     groups = sorted(g for bundle in bundles for g in bundle)
     assert groups == [(k, list(range(k, 12, 3))) for k in range(3)]
-
-
-def test_lifted_sums_merge_where_their_partials_are(scheduler, tmp_path,
-                                                   monkeypatch):
-    """12 one-element bundles of a dpsynth sum (``_SumFn``, the moments'
-    combine) reach its GroupByKey as at most one partition per worker
-    (each merged where its partials lie), and the sums are exact."""
-    from pipelines import dask_runner
-    from transforms.aggregate import _SumFn, add_inplace
-    merged: list[tuple[int, int]] = []
-    original = dask_runner.merge_where_stored
-
-    def recording(bag, merge):
-        out = original(bag, merge)
-        merged.append((bag.npartitions, out.npartitions))
-        return out
-    monkeypatch.setattr(dask_runner, "merge_where_stored", recording)
-    flags = [*_dask(scheduler), "--dask_partition_size=1"]
-    with beam.Pipeline(options=beam_options(flags)) as p:
-        _ = (p | beam.Create([(i % 3, np.full(4, float(i)))
-                              for i in range(12)])
-             | beam.CombinePerKey(_SumFn(add_inplace))
-             | beam.MapTuple(lambda k, v: (k, v.tolist()))
-             | beam.combiners.ToList()
-             | beam.Map(lambda kv: _save(sorted(kv), str(tmp_path), "out")))
-    assert merged and all(n_in == 12 and 1 <= n_out <= 2
-                          for n_in, n_out in merged), merged
-    assert ast.literal_eval((tmp_path / "out").read_text()) == [
-        (k, [float(sum(range(k, 12, 3)))] * 4) for k in range(3)]
-
-
-def test_merging_leaves_the_stored_partials_as_they_were(scheduler):
-    """The merge runs on stored partials: computed twice (a retried task),
-    it gives the same exact sums, so no partial was summed into in place."""
-    import dask.bag as db
-    from pipelines.dask_runner import merge_where_stored
-    from transforms.aggregate import _SumFn, add_inplace
-    items = [(i % 2, np.full(3, float(i))) for i in range(8)] + [(2, None)]
-    with distributed.Client(scheduler):
-        bag = db.from_sequence(items, npartitions=9)
-        merged = merge_where_stored(bag, _SumFn(add_inplace).merged_copy)
-        assert 1 <= merged.npartitions <= 2
-
-        def sums():
-            totals: dict = {}
-            for key, acc in merged.compute():
-                totals[key] = _SumFn(add_inplace).merged_copy(
-                    [totals.get(key), acc])
-            return {k: (None if v is None else v.tolist())
-                    for k, v in totals.items()}
-        first, again = sums(), sums()
-    assert first == again == {0: [12.0] * 3, 1: [16.0] * 3, 2: None}
 
 
 def _note_run(value, out: str):

@@ -239,18 +239,6 @@ class _SumFn(beam.CombineFn):
                 out = acc if out is None else self._add(out, acc)
         return out
 
-    def merged_copy(self, accs: Iterable[Any]) -> Any:
-        """``merge_accumulators`` into a new object, every input left as it
-        is: dpsynth's Dask runner merges a worker's stored bundle partials
-        where they lie (``pipelines.dask_runner``), and a stored result may
-        be read again (a retried task)."""
-        out = None
-        for acc in accs:
-            if acc is not None:
-                out = (copy.deepcopy(acc) if out is None
-                       else self._add(out, acc))
-        return out
-
     def extract_output(self, acc):
         return acc
 
