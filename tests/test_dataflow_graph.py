@@ -135,9 +135,15 @@ def test_both_phases_translate_to_the_expected_steps(built):
     phase2 = _transforms(built["docs"]["phase2"])
     for name in ("CountsRead/ListRanges", "CountsRead/SpreadRanges",
                  "CountsRead/ReadBlocks", "Phase1/DPCentre",
-                 "Phase1/ClassCounts", "Phase1/TotalCounts",
+                 "Phase1/CentreAndCounts", "Phase1/Total",
                  "Phase1/NoisyCounts", "WritePhase1"):
         assert name in phase1, name
+    # Phase 1 reads each block once for both aggregates (one global
+    # combine): a second reader made every block a task of its own on Dask.
+    blocks = set(phase1["CountsRead/ReadBlocks"]["outputs"].values())
+    readers = [n for n, t in phase1.items() if not t.get("subtransforms")
+               and blocks & set(t.get("inputs", {}).values())]
+    assert len(readers) == 1, readers
     for name in ("PublicCentre", "AdaptiveMixture/MomentsRead/ReadBlocks",
                  "AdaptiveMixture/ClassSums/Partials",
                  "AdaptiveMixture/ClassSums/Aggregate",

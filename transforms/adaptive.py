@@ -39,7 +39,7 @@ from dp_ops.ledger import PrivacyLedger
 from dp_ops.noise import NoiseSource
 from transforms.aggregate import (Blocks, GlobalSum, OnePass, PerClassSum,
                                   SecondMoment, pass_blocks, sum_present)
-from transforms.centre import DPCentre
+from transforms.centre import CentreFromTotal, block_centre_sum
 from transforms.pipelinedp import (ClassAggregation, ClassSums,
                                    LedgerAccountant, class_count_family,
                                    class_second_moment_family,
@@ -51,7 +51,7 @@ PHASE1_FILE = "phase1.json"  # in the staging folder; DP outputs only
 class AdaptivePhase1(beam.PTransform):
     """Raw (x, y) blocks -> one element {"centre": [d], "noisy_counts":
     [K]} (DP outputs). Mechanisms: ``global/centre/sum`` (B) and
-    ``global/centre/count`` (1) of ``DPCentre``; ``class=<c>/count``, the
+    ``global/centre/count`` (1) of ``CentreFromTotal``; ``class=<c>/count``, the
     class's row count, L2 sensitivity 1 under add/remove one record, as a
     PipelineDP aggregation (``transforms.pipelinedp``) whose budget is
     requested from ``accountant``."""
@@ -67,26 +67,35 @@ class AdaptivePhase1(beam.PTransform):
 
     def expand(self, raw_blocks):
         cfg, ledger, noise = self._cfg, self._ledger, self._noise
-        labels = list(cfg.labels)
-        # Both readers of the blocks before any combine: on Dask the first
-        # side input (inside DPCentre) is then computed with both, so each
-        # block is read once and dropped, not stored for a later reader.
-        per_block = raw_blocks | "ClassCounts" >> beam.Map(
-            lambda b: adaptive.exact_class_counts(b[1], labels))
-        centre = raw_blocks | "DPCentre" >> DPCentre(cfg, ledger, self._dim,
-                                                     noise)
-        # The exact counts are combined first (one small vector per block):
-        # PipelineDP's graph then handles K elements, not one per block,
-        # which on Dask saves a round of tasks per PipelineDP step.
-        counts = (per_block
-                  | "TotalCounts" >> beam.CombineGlobally(sum_present)
-                  | "PerClass" >> beam.FlatMap(lambda c: [] if c is None else [
-                      (k, np.array([c[i]])) for i, k in enumerate(labels)])
+        labels, d = list(cfg.labels), self._dim
+        # One reader of the blocks and one global combine for both
+        # aggregates: a block's [centre sum..., row count, class counts...]
+        # (exact values, summed element by element as two combines would).
+        # Two readers made every block a task of its own on Dask, with two
+        # tasks reading it (~16 ms a task boundary there).
+        total = (raw_blocks
+                 | "CentreAndCounts" >> beam.Map(_block_phase1, cfg, labels)
+                 | "Total" >> beam.CombineGlobally(sum_present))
+        centre = (total
+                  | "CentreTotal" >> beam.Map(
+                      lambda v: None if v is None else np.array(v[:d + 1]))
+                  | "DPCentre" >> CentreFromTotal(cfg, ledger, d, noise))
+        counts = (total
+                  | "PerClass" >> beam.FlatMap(lambda v: [] if v is None else [
+                      (k, np.array(v[d + 1 + i:d + 2 + i]))
+                      for i, k in enumerate(labels)])
                   | "NoisyCounts" >> self._counts)
         return centre | "Phase1" >> beam.Map(
             lambda c, n: {"centre": [float(v) for v in c],
                           "noisy_counts": [float(n[k][0]) for k in labels]},
             AsDict(counts))
+
+
+def _block_phase1(block, cfg: GeneratorConfig,
+                  labels: Sequence[int]) -> np.ndarray:
+    """Phase 1's exact aggregates of one raw block, side by side."""
+    return np.concatenate([block_centre_sum(block, cfg),
+                           adaptive.exact_class_counts(block[1], labels)])
 
 
 def write_json(doc: dict, path: str) -> None:

@@ -21,9 +21,10 @@ from transforms.aggregate import sum_present
 from transforms.noise import AddNoise
 
 
-def _block_centre_sum(block: tuple[np.ndarray, np.ndarray],
-                      cfg: GeneratorConfig) -> np.ndarray:
-    """[sum of clipped normalised rows..., row count] of one raw block."""
+def block_centre_sum(block: tuple[np.ndarray, np.ndarray],
+                     cfg: GeneratorConfig) -> np.ndarray:
+    """[sum of clipped normalised rows..., row count] of one raw block
+    (exact: grid values), what ``CentreFromTotal`` takes summed."""
     x, _ = block
     total, count = clipping.centre_sum(x, cfg.normalize, cfg.centre_bound)
     return np.append(total, float(count))
@@ -39,12 +40,27 @@ class DPCentre(beam.PTransform):
         self._noise = noise
 
     def expand(self, raw_blocks):
+        return (raw_blocks
+                | "CentreSum" >> beam.Map(block_centre_sum, self._cfg)
+                | "Total" >> beam.CombineGlobally(sum_present)
+                | "Noise" >> CentreFromTotal(self._cfg, self._ledger,
+                                             self._dim, self._noise))
+
+
+class CentreFromTotal(beam.PTransform):
+    """One element, the exact [sum..., count] of all raw rows (None: no
+    rows) -> the DP centre [d]: the mechanisms of the module doc."""
+
+    def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
+                 noise: NoiseSource) -> None:
+        super().__init__()
+        self._cfg, self._ledger, self._dim = cfg, ledger, dim
+        self._noise = noise
+
+    def expand(self, exact_total):
         cfg, d = self._cfg, self._dim
-        exact = (raw_blocks
-                 | "CentreSum" >> beam.Map(_block_centre_sum, cfg)
-                 | "Total" >> beam.CombineGlobally(sum_present)
-                 | "ZeroIfEmpty" >> beam.Map(
-                     lambda v: np.zeros(d + 1) if v is None else v))
+        exact = exact_total | "ZeroIfEmpty" >> beam.Map(
+            lambda v: np.zeros(d + 1) if v is None else v)
 
         def noisy(field: str, name: str, take):
             return (exact
