@@ -36,15 +36,14 @@ class DPCentre(beam.PTransform):
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
                  noise: NoiseSource) -> None:
         super().__init__()
-        self._cfg, self._ledger, self._dim = cfg, ledger, dim
-        self._noise = noise
+        self._cfg = cfg
+        self._noised = CentreFromTotal(cfg, ledger, dim, noise)
 
     def expand(self, raw_blocks):
         return (raw_blocks
                 | "CentreSum" >> beam.Map(block_centre_sum, self._cfg)
                 | "Total" >> beam.CombineGlobally(sum_present)
-                | "Noise" >> CentreFromTotal(self._cfg, self._ledger,
-                                             self._dim, self._noise))
+                | "Noise" >> self._noised)
 
 
 class CentreFromTotal(beam.PTransform):
