@@ -45,7 +45,9 @@ runs each configuration on each engine (``ENGINES``: DirectRunner
 multi_processing, dpsynth's Dask runner on a LocalCluster; Flink, Spark
 and Prism plug in there) with each worker count, every pass re-reading
 the files, and reports job time, speed-up, efficiency, Amdahl's serial
-fraction f = (W/S - 1)/(W - 1) (W = 2: 2/S(2) - 1), the load average, and
+fraction f = (W/S - 1)/(W - 1) (W = 2: 2/S(2) - 1), the load average, the
+machine's memory just before each run (``benchmarks/machine_probe.py``:
+first touch of fresh memory and a page-cache write, ``--probe-mb``), and
 a per-stage table from the stage trace (``transforms.progress``: which
 worker processes ran each stage, busy vs elapsed time) to
 ``results/scaling-workers.md``:
@@ -84,6 +86,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from benchmarks import machine_probe  # noqa: E402
 
 DEFAULT_CACHE = os.path.join(ROOT, "benchmarks", "cache")
 DEFAULT_OUT = os.path.join(ROOT, "benchmarks", "results", "scaling.md")
@@ -980,6 +984,10 @@ def parser() -> argparse.ArgumentParser:
                    help="with --workers: run every (config, engine, W) this "
                    "many times, interleaved; the report adds medians and f "
                    "from the median job times")
+    p.add_argument("--probe-mb", type=int, default=256,
+                   help="with --workers: before each run, time the first "
+                   "touch of this many MB of fresh memory and a page-cache "
+                   "write of as many (benchmarks/machine_probe.py); 0: off")
     p.add_argument("--no-pin", dest="pin", action="store_false",
                    help="with --workers: let every run use every core (by "
                    "default a run with W workers runs on W cores: Amdahl's "
@@ -1283,7 +1291,11 @@ def run_workers(args: argparse.Namespace, configs: Sequence[str],
             cmd = [sys.executable, os.path.abspath(__file__), "_workers",
                    data, result, engine, str(w), str(w if args.pin else 0),
                    *_gen_flags(args)]
+            state = (machine_probe.probe(tempfile.gettempdir(),
+                                         args.probe_mb)
+                     if args.probe_mb > 0 else {})
             r = run_child(cmd, result, args, timeout)
+            r.update(machine=state)
             r.update(d=d, n=n, config=config, engine=engine, workers=w,
                      repeat=rep, pinned=bool(args.pin),
                      flags=" ".join(_gen_flags(args)))
@@ -1293,7 +1305,8 @@ def run_workers(args: argparse.Namespace, configs: Sequence[str],
                     f.write(json.dumps(r) + "\n")
             print(f"  {config:8s} {engine:6s} W={w:<3d} #{rep + 1} job "
                   f"{r.get('work_s', float('nan')):6.1f} s  wall "
-                  f"{r['wall_s']:6.1f} s  load {_load(r)}  rc={r['rc']}",
+                  f"{r['wall_s']:6.1f} s  load {_load(r)}  memory "
+                  f"{machine_probe.describe(state)}  rc={r['rc']}",
                   flush=True)
             if r["rc"] != 0 or r.get("failed"):
                 print(r["log_tail"], flush=True)
@@ -1435,7 +1448,8 @@ def _run_row(r: dict, base: Optional[dict], repeated: bool) -> str:
             f"{'-' if ft is None else f'{ft:.2f}'} | "
             f"{' / '.join(f'{v:.1f}' for v in prof) or '-'} | "
             f"{work} | {_cluster(r)} | {_load(r)} | "
-            f"{(r.get('release_sha256') or '-')[:12]} |")
+            f"{(r.get('release_sha256') or '-')[:12]} | "
+            f"{machine_probe.describe(r.get('machine') or {})} |")
 
 
 def _median_rows(config: str, engine: str, runs: Sequence[dict]
@@ -1489,12 +1503,15 @@ def workers_report(results: list[dict], top_share: float = 0.03) -> str:
              f"busy profile (seconds with 0, 1, 2.. worker processes "
              f"running traced work; see `timeline_serial`); work vs W=1: "
              f"the run's busy worker-seconds over W = 1's (`busy_work`; "
-             f"above 1: the same work took longer on W workers).", "",
+             f"above 1: the same work took longer on W workers); memory: "
+             f"just before the run, s a GB to touch fresh memory / GB a "
+             f"second written through the page cache "
+             f"(`benchmarks/machine_probe.py`, `--probe-mb`).", "",
              "| config | engine | W | job s | speed-up | efficiency | "
              "Amdahl f | f from trace | s with 0/1/2.. workers busy | "
-             "work vs W=1 | cluster s | load | release |",
+             "work vs W=1 | cluster s | load | release | memory |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-             "| --- | --- | --- |"]
+             "| --- | --- | --- | --- |"]
     keys = sorted({(r["config"], r["engine"]) for r in ok},
                   key=lambda k: (list(CONFIGS).index(k[0]), k[1]))
     repeated = any(r.get("repeat", 0) for r in ok)
