@@ -47,6 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from benchmarks import publish  # noqa: E402
 from dp_ops import generator  # noqa: E402
 from dp_ops.config import GeneratorConfig  # noqa: E402
 from transforms.write import WRITE_PIECE, ParquetShard  # noqa: E402
@@ -217,10 +218,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.error(f"--dir {args.dir}: not a folder")
     text = report(measure(modes, args.rows, args.processes, args.dir),
                   args.rows, args.processes, args.dir, args.section)
-    print(text)
-    if not args.no_save:
-        with open(RESULTS, "a") as f:
-            f.write(text)
+    publish(text, RESULTS, not args.no_save)
     return 0
 
 

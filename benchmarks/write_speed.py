@@ -54,6 +54,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks import publish  # noqa: E402
 from transforms import write  # noqa: E402
 
 DIM = 384
@@ -248,10 +249,7 @@ def main(argv=None) -> int:
                      f"{r['rows_per_s']:,.0f} | {r['us_per_row_cpu']:.1f} | "
                      f"{ratio} | {r['bytes_per_row']:.0f} |")
     text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_save:
-        with open(RESULTS, "a") as f:
-            f.write(text)
+    publish(text, RESULTS, not args.no_save)
     return 0
 
 
