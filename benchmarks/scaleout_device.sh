@@ -41,9 +41,9 @@ $PY benchmarks/scaling.py --workers "${WORKERS:-16,1,2,4,8}" \
     --save "$OUT/runs.jsonl" --nice 0 --max-rss-gb 100 \
     --timeout "${RUN_TIMEOUT:-150}" --budget "${BUDGET_S:-400}" \
     $([ "${PIN:-1}" = 0 ] && echo --no-pin) 2>&1 | tee "$OUT/log.txt"
-# The write stage's parts alone and on every core at once (drawing and
-# encoding against the kernel's page-cache writes; see
-# benchmarks/write_contention.py). CONTENTION_ROWS=0 skips it.
+# The write stage's parts alone and on every core at once (drawing,
+# encoding, writing files; see benchmarks/write_contention.py).
+# CONTENTION_ROWS=0 skips it.
 if [ "${CONTENTION_ROWS:-500000}" != 0 ]; then
   $PY benchmarks/write_contention.py --rows "${CONTENTION_ROWS:-500000}" \
       --processes "$(nproc)" --no-save --section device 2>&1 \

@@ -1295,9 +1295,8 @@ def run_workers(args: argparse.Namespace, configs: Sequence[str],
                                          args.probe_mb)
                      if args.probe_mb > 0 else {})
             r = run_child(cmd, result, args, timeout)
-            r.update(machine=state)
-            r.update(d=d, n=n, config=config, engine=engine, workers=w,
-                     repeat=rep, pinned=bool(args.pin),
+            r.update(machine=state, d=d, n=n, config=config, engine=engine,
+                     workers=w, repeat=rep, pinned=bool(args.pin),
                      flags=" ".join(_gen_flags(args)))
             results.append(r)
             if args.save:

@@ -18,7 +18,10 @@ processes at once, each pinned to its own core and doing the same work:
   code and no Python per byte).
 
 A ratio (P at once / alone) near 1 means the part scales over cores; the
-difference between ``release`` and ``encode`` is what the file system adds.
+difference between ``release`` and ``encode`` is what writing the files
+adds to drawing and encoding: the file system, and what the streams share
+(on the 2-core machine, warm, ``file`` alone scaled and ``release`` grew
+18 %: session 21 in benchmarks/results/scaling-workers.md).
 
     python benchmarks/write_contention.py                 # 2M rows a process
     python benchmarks/write_contention.py --rows 200000 --dir /dev/shm
