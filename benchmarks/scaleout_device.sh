@@ -19,7 +19,9 @@
 # FILES, WORKERS (run order, W outer), ENGINES, CONFIGS, BUDGET_S (the whole
 # sweep, data included; runs that no longer fit are skipped), RUN_TIMEOUT,
 # SECTION, OUT (results: scaling-workers.md, runs.jsonl, log.txt,
-# write_contention.txt), CONTENTION_ROWS, PIN (1:
+# write_contention.txt, floor_scaling.txt), CONTENTION_ROWS, FLOOR_REPEAT
+# (rounds of benchmarks/floor_scaling.py at 1 and nproc processes: the
+# machine's own f for the same work with no runner; 0 skips it), PIN (1:
 # a run with W workers on W cores, as scaling.py does by default; 0: all).
 set -uo pipefail
 BUNDLE=${BUNDLE:-.scaleout}; OUT=${OUT:-/tmp/scaleout}; PY=${PY:-python3}
@@ -48,4 +50,11 @@ if [ "${CONTENTION_ROWS:-500000}" != 0 ]; then
   $PY benchmarks/write_contention.py --rows "${CONTENTION_ROWS:-500000}" \
       --processes "$(nproc)" --no-save --section device 2>&1 \
       | tee "$OUT/write_contention.txt"
+fi
+# The machine's own serial fraction for the job's work, with no runner
+# (benchmarks/floor_scaling.py): the floor under the sweep's f.
+if [ "${FLOOR_REPEAT:-1}" != 0 ]; then
+  $PY benchmarks/floor_scaling.py --rows "${N:-2000000}" \
+      --processes "1,$(nproc)" --repeat "${FLOOR_REPEAT:-1}" \
+      --cache /tmp/dpsynth-cache --no-save 2>&1 | tee "$OUT/floor_scaling.txt"
 fi
