@@ -35,10 +35,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import multiprocessing
 import os
 import platform
-import shutil
 import statistics
 import sys
 import tempfile
@@ -51,7 +49,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks import publish, scaling  # noqa: E402
+from benchmarks import publish, run_pinned, scaling  # noqa: E402
 
 PARTS = ("phase1", "moments", "write")
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "floor_scaling.md")
@@ -132,29 +130,12 @@ def _child(data: str, rows: int, index: int, processes: int, folder: str,
 
 
 def timed(data: str, rows: int, processes: int, root: str) -> dict:
-    """{part: s} of one run of ``processes`` processes."""
-    ctx = multiprocessing.get_context("spawn")
-    cores = sorted(os.sched_getaffinity(0))
-    barrier, results = ctx.Barrier(processes), ctx.Queue()
-    folders = [tempfile.mkdtemp(prefix="floor-", dir=root)
-               for _ in range(processes)]
-    os.sync()
-    try:
-        procs = [ctx.Process(target=_child, args=(
-            data, rows, i, processes, folders[i],
-            cores[i] if processes <= len(cores) else None, barrier,
-            results)) for i in range(processes)]
-        for p in procs:
-            p.start()
-        out = dict(results.get() for _ in procs)
-        for p in procs:
-            p.join()
-            if p.exitcode:
-                raise RuntimeError(f"a process exited {p.exitcode}")
-    finally:
-        for folder in folders:
-            shutil.rmtree(folder, ignore_errors=True)
-    return out[0]  # every process saw the same barriers
+    """{part: s} of one run of ``processes`` processes (every process
+    sees the same barriers, so the first one's times are the run's)."""
+    out = dict(run_pinned(
+        _child, lambda i, folder: (data, rows, i, processes, folder),
+        processes, root, "floor-"))
+    return out[0]
 
 
 def serial_fraction(one: float, many: float, processes: int) -> float:

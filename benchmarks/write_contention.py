@@ -34,10 +34,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import multiprocessing
 import os
 import platform
-import shutil
 import statistics
 import sys
 import tempfile
@@ -50,7 +48,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks import publish  # noqa: E402
+from benchmarks import publish, run_pinned  # noqa: E402
 from dp_ops import generator  # noqa: E402
 from dp_ops.config import GeneratorConfig  # noqa: E402
 from transforms.write import WRITE_PIECE, ParquetShard  # noqa: E402
@@ -137,28 +135,8 @@ def _child(mode: str, rows: int, folder: str, core: Optional[int],
 def timed(mode: str, rows: int, processes: int, root: str) -> list[tuple]:
     """(wall s, CPU s) of each of ``processes`` processes running
     ``mode`` at once, each on its own core where there are enough."""
-    ctx = multiprocessing.get_context("spawn")  # no inherited BLAS state
-    cores = sorted(os.sched_getaffinity(0))
-    start, results = ctx.Barrier(processes), ctx.Queue()
-    folders = [tempfile.mkdtemp(prefix=f"contention-{mode}-", dir=root)
-               for _ in range(processes)]
-    os.sync()  # start clean: no earlier run's dirty pages being written back
-    try:
-        procs = [ctx.Process(target=_child, args=(
-            mode, rows, folder,
-            cores[i] if processes <= len(cores) else None, start, results))
-            for i, folder in enumerate(folders)]
-        for p in procs:
-            p.start()
-        out = [results.get() for _ in procs]
-        for p in procs:
-            p.join()
-            if p.exitcode:
-                raise RuntimeError(f"{mode}: a process exited {p.exitcode}")
-    finally:
-        for folder in folders:
-            shutil.rmtree(folder, ignore_errors=True)
-    return out
+    return run_pinned(_child, lambda i, folder: (mode, rows, folder),
+                      processes, root, f"contention-{mode}-")
 
 
 def measure(modes: Sequence[str], rows: int, processes: int,
