@@ -44,7 +44,8 @@ rewrites all of them to ``pipelines.dask_runner.DaskRunner``). Needs the
 * Every side input is computed once, when the graph is built, and kept on
   the cluster (``_Readers``, ``_Stored``): Beam's translation recomputes
   it per reading task, redrawing secure noise and holding the readers'
-  inputs meanwhile. A collection read by several transforms is computed
+  inputs meanwhile. A worker process fetches it once for all its tasks
+  (``_side_values``). A collection read by several transforms is computed
   once without being kept whole where its readers allow (``_Pending``).
 * Every output is computed: Beam's runner computes only the ancestors of
   the last transform, so a second sink silently did not run.
@@ -797,24 +798,58 @@ class _Stored:
 
 def _dataset_name(bag) -> str:
     import distributed
-    return f"dpsynth-{distributed.default_client().id}-{bag.name}"
+    # "/" parts the client (one per pipeline run) from the bag: neither
+    # has one, and _job_of splits on it
+    return f"dpsynth-{distributed.default_client().id}/{bag.name}"
 
 
 class _StoredSideInput:
     """A side input read from its published dataset (Future objects cannot
     travel in a task: the scheduler unpickles the graph outside any
-    client)."""
+    client), once per worker process (``_side_values``)."""
 
     def __init__(self, name: str, window_fn) -> None:
         self._name, self._window_fn = name, window_fn
 
     def __iter__(self):
-        import distributed
-        stored = distributed.get_client().get_dataset(self._name)
-        for future in distributed.futures_of(stored):
-            for item in future.result():
-                yield transform_evaluator.get_windowed_value(
-                    item, self._window_fn)
+        for item in _side_values(self._name):
+            yield transform_evaluator.get_windowed_value(
+                item, self._window_fn)
+
+
+# Side-input values this worker process has fetched, by dataset name. Every
+# task that reads a side input used to fetch it again (a scheduler round
+# trip for the dataset, one for its data, and the data itself: the class
+# mixtures are ~12 MB at d = 384, for each of the 45 shards a 2M-row job
+# writes). A stored side input never changes while its job runs, so one
+# fetch serves every task of the process. Only the newest pipeline run's
+# entries are kept (names start with its client's id, see _dataset_name):
+# a worker that serves run after run holds one run's side inputs at most,
+# until the next run reads one.
+_SIDE_VALUES: dict[str, list] = {}
+_SIDE_LOCK = threading.Lock()
+
+
+def _side_values(name: str) -> list:
+    """The items of the published dataset ``name``, fetched once per
+    process (and again only after another run's have replaced them)."""
+    import distributed
+    with _SIDE_LOCK:
+        values = _SIDE_VALUES.get(name)
+        if values is None:
+            stored = distributed.get_client().get_dataset(name)
+            values = [item for future in distributed.futures_of(stored)
+                      for item in future.result()]
+            job = _job_of(name)
+            for other in [n for n in _SIDE_VALUES if _job_of(n) != job]:
+                del _SIDE_VALUES[other]
+            _SIDE_VALUES[name] = values
+        return values
+
+
+def _job_of(name: str) -> str:
+    """The client part of a dataset name made by _dataset_name."""
+    return name.split("/", 1)[0]
 
 
 def _all_of(bags: list):

@@ -166,6 +166,78 @@ def test_a_step_read_by_two_branches_runs_once(scheduler, tmp_path):
     assert (tmp_path / "main").read_text() == (tmp_path / "side").read_text()
 
 
+class _Counted:
+    """A value that leaves a file in ``out`` each time it is unpickled:
+    one file per fetch of a side input that holds it."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+
+    def __reduce__(self):
+        return _counted_load, (self.out,)
+
+
+def _counted_load(out: str) -> _Counted:
+    _save(os.getpid(), out, f"fetch-{uuid.uuid4().hex}")
+    return _Counted(out)
+
+
+def _note_side(element, side, out: str):
+    """Records which process read the side input."""
+    _save(os.getpid(), out, f"read-{uuid.uuid4().hex}")
+    return element
+
+
+def test_a_side_input_is_fetched_once_per_worker_process(scheduler,
+                                                          tmp_path):
+    """Tasks that read a stored side input share one fetched copy per
+    worker process (each task fetched it again: ~12 MB of class mixtures
+    for each shard a 2M-row job writes)."""
+    out = str(tmp_path)
+    with beam.Pipeline(options=beam_options(_dask(scheduler))) as p:
+        side = beam.pvalue.AsSingleton(
+            p | "Value" >> beam.Create([None])
+            | beam.Map(lambda _: _Counted(out)))
+        _ = (p | beam.Create(list(range(12)))
+             | beam.Reshuffle()
+             | beam.Map(_note_side, side, out))
+
+    def pids(prefix):
+        return [int(f.read_text()) for f in tmp_path.glob(prefix + "-*")]
+    readers = set(pids("read"))
+    assert len(pids("read")) == 12
+    fetches = [pid for pid in pids("fetch") if pid in readers]
+    assert sorted(fetches) == sorted(readers)  # once in each reader
+
+
+def test_side_values_keep_only_the_newest_runs(monkeypatch):
+    from pipelines import dask_runner
+    fetched = []
+
+    class _Future:
+        def __init__(self, name):
+            self._name = name
+
+        def result(self):
+            fetched.append(self._name)
+            return [self._name.upper()]
+
+    class _Client:
+        def get_dataset(self, name):
+            return [_Future(name)]
+
+    monkeypatch.setattr(dask_runner, "_SIDE_VALUES", {})
+    monkeypatch.setattr(distributed, "get_client", lambda: _Client())
+    monkeypatch.setattr(distributed, "futures_of", lambda stored: stored)
+    read = dask_runner._side_values
+    assert read("dpsynth-Client-a/x") == ["DPSYNTH-CLIENT-A/X"]
+    assert read("dpsynth-Client-a/x") == ["DPSYNTH-CLIENT-A/X"]
+    assert read("dpsynth-Client-a/y") == ["DPSYNTH-CLIENT-A/Y"]
+    assert fetched == ["dpsynth-Client-a/x", "dpsynth-Client-a/y"]
+    read("dpsynth-Client-b/x")  # a new run: the old run's values go
+    assert sorted(dask_runner._SIDE_VALUES) == ["dpsynth-Client-b/x"]
+
+
 class _NoteBundles(beam.DoFn):
     """Writes each bundle's groups to a file of its own in ``out``."""
 
