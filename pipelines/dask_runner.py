@@ -819,9 +819,9 @@ class _StoredSideInput:
 
 # Side-input values this worker process has fetched, by dataset name. Every
 # task that reads a side input used to fetch it again (a scheduler round
-# trip for the dataset, one for its data, and the data itself: the class
-# mixtures are ~12 MB at d = 384, for each of the 45 shards a 2M-row job
-# writes). A stored side input never changes while its job runs, so one
+# trip for the dataset, one for its data, and the data itself: the ten
+# class mixtures with their rank-128 factors, about 4 MB at d = 384, for
+# each of the 45 shards a 2M-row job writes). A stored side input never changes while its job runs, so one
 # fetch serves every task of the process. Only the newest pipeline run's
 # entries are kept (names start with its client's id, see _dataset_name):
 # a worker that serves run after run holds one run's side inputs at most,

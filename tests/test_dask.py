@@ -191,8 +191,8 @@ def _note_side(element, side, out: str):
 def test_a_side_input_is_fetched_once_per_worker_process(scheduler,
                                                           tmp_path):
     """Tasks that read a stored side input share one fetched copy per
-    worker process (each task fetched it again: ~12 MB of class mixtures
-    for each shard a 2M-row job writes)."""
+    worker process (each task fetched it again: the class mixtures for
+    each shard a 2M-row job writes)."""
     out = str(tmp_path)
     with beam.Pipeline(options=beam_options(_dask(scheduler))) as p:
         side = beam.pvalue.AsSingleton(
