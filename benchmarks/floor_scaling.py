@@ -7,7 +7,7 @@ the driver) adds, and what the machine loses when both cores work at once
 the second alone. It runs the default job's per-row work with the
 product's own functions and no runner at all:
 
-* ``phase1``: read every block, ``_block_phase1`` (the DP centre's clipped
+* ``phase1``: read every block, ``block_phase1`` (the DP centre's clipped
   sum and the class counts);
 * ``moments``: read every block again, ``prepare_block`` (normalise,
   centre, clip), then per class the grid sum and the second moment's
@@ -60,28 +60,19 @@ FLAGS = ["--num-classes", str(scaling.CLASSES), "--noise-seed", "1",
 def _blocks(data: str, index: int, processes: int):
     """A function giving this process's blocks afresh: every
     ``processes``-th read range of the job's own reader, from ``index``."""
-    from transforms import io
-    args, _ = scaling._parse_generate(
-        ["--input", os.path.join(data, "part-*"), "--output", "unused",
-         *FLAGS])
-    spec = io.InputSpec(args.input, args.input_format, args.embedding_feature,
-                        args.label_feature, None, args.non_finite,
-                        args.block_size, args.split_bytes)
-    reader = io.ReadEmbeddingBlocks(spec)
+    spec, reader = scaling.job_reader(data, FLAGS)
     ranges = reader.ranges[index::processes]
 
     def blocks():
-        for r in ranges:
-            for x, y, _ in io.read_range_blocks(r, spec, reader.dim,
-                                                reader.dim_source):
-                yield x, y
+        for x, y, _ in scaling.range_blocks(spec, reader, ranges):
+            yield x, y
     return blocks, reader.dim
 
 
 def _phase1(blocks, cfg) -> None:
-    from transforms.adaptive import _block_phase1
+    from transforms.adaptive import block_phase1
     for x, y in blocks():
-        _block_phase1((x, y), cfg, cfg.labels)
+        block_phase1((x, y), cfg, cfg.labels)
 
 
 def _moments(blocks, cfg, dim: int) -> None:
@@ -210,7 +201,7 @@ def report(runs: list[dict], rows: int, root: str) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=2_000_000)
-    p.add_argument("--processes", default="1,2",
+    p.add_argument("--processes", type=scaling._ints, default=[1, 2],
                    help="process counts, comma-separated (1 must be one)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--cache", default=scaling.DEFAULT_CACHE,
@@ -220,7 +211,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
     data = scaling.make_data(args.cache, args.rows, 384)
-    counts = sorted({int(v) for v in args.processes.split(",")})
+    counts = sorted(set(args.processes))
     if 1 not in counts:
         p.error("--processes must include 1 (f compares with one process)")
     runs = measure(data, args.rows, counts, args.repeat, args.dir)

@@ -40,16 +40,17 @@ def page_cache_write(folder: str, mb: int = 256) -> float:
     page cache (no sync: what a shard write costs a worker); the file is
     removed."""
     block = os.urandom(_CHUNK)
+    chunks = max(1, mb * 2 ** 20 // _CHUNK)
     fd, path = tempfile.mkstemp(dir=folder, prefix="dpsynth-probe-")
     try:
         start = time.perf_counter()
         with os.fdopen(fd, "wb") as f:
-            for _ in range(max(1, mb * 2 ** 20 // _CHUNK)):
+            for _ in range(chunks):
                 f.write(block)
         took = time.perf_counter() - start
     finally:
         os.remove(path)
-    return (max(1, mb * 2 ** 20 // _CHUNK) * _CHUNK / 2 ** 30) / took
+    return (chunks * _CHUNK / 2 ** 30) / took
 
 
 def probe(folder: str, mb: int = 256) -> dict:

@@ -382,20 +382,32 @@ def floor_seconds(passes: int, read_s: float, compute_s: float) -> float:
     return passes * (read_s + compute_s)
 
 
-def _job_blocks(data: str, flags: Sequence[str]) -> Iterator:
-    """The input's validated blocks, read as the job reads them: its
-    InputSpec from generate's parser, its ranges (TFRecord: --split-bytes
-    byte ranges), ``transforms.io.read_range_blocks``. The file listing
-    and schema peek (decoder imports) happen here, before any timing."""
+def job_reader(data: str, flags: Sequence[str]):
+    """(InputSpec, ReadEmbeddingBlocks) of a data folder, as the job makes
+    them from generate's parser: the reader lists the read ranges
+    (TFRecord: --split-bytes byte ranges) and peeks at the schema (decoder
+    imports) here, before any timing; no pipeline."""
     from transforms import io
     args, _ = _parse_generate(["--input", os.path.join(data, "part-*"),
                                "--output", "unused", *flags])
     spec = io.InputSpec(args.input, args.input_format, args.embedding_feature,
                         args.label_feature, None, args.non_finite,
                         args.block_size, args.split_bytes)
-    reader = io.ReadEmbeddingBlocks(spec)  # ranges only; no pipeline
-    return (block for r in reader.ranges for block in
+    return spec, io.ReadEmbeddingBlocks(spec)
+
+
+def range_blocks(spec, reader, ranges) -> Iterator:
+    """The validated blocks of ``ranges`` of ``reader``'s input
+    (``transforms.io.read_range_blocks``)."""
+    from transforms import io
+    return (block for r in ranges for block in
             io.read_range_blocks(r, spec, reader.dim, reader.dim_source))
+
+
+def _job_blocks(data: str, flags: Sequence[str]) -> Iterator:
+    """The input's validated blocks, read as the job reads them."""
+    spec, reader = job_reader(data, flags)
+    return range_blocks(spec, reader, reader.ranges)
 
 
 def child_floor(data: str, flags: Sequence[str], result: str) -> None:

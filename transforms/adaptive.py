@@ -74,7 +74,7 @@ class AdaptivePhase1(beam.PTransform):
         # Two readers made every block a task of its own on Dask, with two
         # tasks reading it (~16 ms a task boundary there).
         total = (raw_blocks
-                 | "CentreAndCounts" >> beam.Map(_block_phase1, cfg, labels)
+                 | "CentreAndCounts" >> beam.Map(block_phase1, cfg, labels)
                  | "Total" >> beam.CombineGlobally(sum_present))
         centre = (total
                   | "CentreTotal" >> beam.Map(
@@ -91,7 +91,7 @@ class AdaptivePhase1(beam.PTransform):
             AsDict(counts))
 
 
-def _block_phase1(block, cfg: GeneratorConfig,
+def block_phase1(block, cfg: GeneratorConfig,
                   labels: Sequence[int]) -> np.ndarray:
     """Phase 1's exact aggregates of one raw block, side by side."""
     return np.concatenate([block_centre_sum(block, cfg),
