@@ -257,17 +257,12 @@ class LocalDaskOptions(PipelineOptions):
             "127.0.0.1:8787; by default there is none")
 
 
-# The scheduler of the local cluster sends every runnable task to a worker
-# at once (no queue: worker-saturation "inf"); work stealing moves tasks
-# from a worker still holding several to one that frees up. With a queue
-# (1.0, one task per worker thread) each read range or shard cost ~5.5 ms
-# more between tasks, because a range is a fused task plus a trivial alias
-# task, each a round trip (plain Dask, one worker, 200 ranges of 50 ms:
-# 8.0-8.6 ms a range against 2.8-3.1). Measured at 2M x 384 (two rounds,
-# old and new alternating, W = 1 / 2): the default job 35.6, 29.2 / 20.0,
-# 17.6 -> 29.7, 26.9 / 17.5, 16.7 s; --clusters 16 54.5, 53.2 / 32.7, 32.0
-# -> 49.8, 48.4 / 31.1, 29.9 s; same releases and peak memory, and the
-# write stage as well spread (parallelism 1.83-1.96 against 1.90-1.92).
+# The local cluster's scheduler sends every runnable task at once (no
+# queue); work stealing balances the workers. A read range is a fused task
+# plus an alias task, so with a queue (1.0) each range paid two round trips
+# through the scheduler: ~5.5 ms more a range. At 2M x 384 the default job
+# ran 5-17 % faster without it, same releases and memory
+# (benchmarks/results/scaling-workers.md, "2 cores, session 23").
 CLUSTER_CONFIG = {"distributed.scheduler.worker-saturation": "inf"}
 # Without a dashboard nobody sees the workers' profiles: their sampler
 # thread (each worker's stacks every 10 ms) is off. Measured (2 workers on
