@@ -818,14 +818,13 @@ class _StoredSideInput:
 
 
 # Side-input values this worker process has fetched, by dataset name. Every
-# task that reads a side input used to fetch it again (a scheduler round
-# trip for the dataset, one for its data, and the data itself: the ten
-# class mixtures with their rank-128 factors, about 4 MB at d = 384, for
-# each of the 45 shards a 2M-row job writes). A stored side input never changes while its job runs, so one
-# fetch serves every task of the process. Only the newest pipeline run's
-# entries are kept (names start with its client's id, see _dataset_name):
-# a worker that serves run after run holds one run's side inputs at most,
-# until the next run reads one.
+# task that reads a side input used to fetch it again (two scheduler round
+# trips and the data: the ten class mixtures, about 4 MB at d = 384, for
+# each of the 45 shards a 2M-row job writes). A stored side input never
+# changes while its job runs, so one fetch serves every task of the
+# process. Only the newest pipeline run's entries are kept (names start
+# with its client's id, see _dataset_name): a worker that serves run after
+# run holds one run's side inputs at most.
 _SIDE_VALUES: dict[str, list] = {}
 _SIDE_LOCK = threading.Lock()
 

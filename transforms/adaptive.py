@@ -92,7 +92,7 @@ class AdaptivePhase1(beam.PTransform):
 
 
 def block_phase1(block, cfg: GeneratorConfig,
-                  labels: Sequence[int]) -> np.ndarray:
+                 labels: Sequence[int]) -> np.ndarray:
     """Phase 1's exact aggregates of one raw block, side by side."""
     return np.concatenate([block_centre_sum(block, cfg),
                            adaptive.exact_class_counts(block[1], labels)])
