@@ -211,6 +211,39 @@ def test_a_side_input_is_fetched_once_per_worker_process(scheduler,
     assert sorted(fetches) == sorted(readers)  # once in each reader
 
 
+def test_a_run_leaves_no_stored_collection_on_the_cluster(scheduler):
+    """Side inputs are stored on the cluster as published datasets while
+    the graph runs; a cluster that outlives the job (a deployment's) holds
+    none of them afterwards (they are unpublished in one call)."""
+    with beam.Pipeline(options=beam_options(_dask(scheduler))) as p:
+        sides = [beam.pvalue.AsSingleton(p | f"Value{i}" >> beam.Create([i]))
+                 for i in range(3)]
+        _ = (p | beam.Create([0])
+             | beam.Map(lambda x, a, b, c: x + a + b + c, *sides))
+    with distributed.Client(scheduler) as client:
+        assert not [n for n in client.list_datasets()
+                    if str(n).startswith("dpsynth-")]
+
+
+def test_stored_collections_go_one_by_one_where_a_list_is_refused():
+    """An older distributed unpublishes one name a call: the list is
+    refused and every name still goes."""
+    from pipelines import dask_runner
+    gone = []
+
+    class _OldClient:
+        def unpublish_dataset(self, name):
+            if isinstance(name, list):
+                raise TypeError("unhashable type: 'list'")
+            gone.append(name)
+
+    stored = dask_runner._Stored()
+    stored._names = {"dpsynth-c/b", "dpsynth-c/a"}
+    stored.drop(_OldClient())
+    assert gone == ["dpsynth-c/a", "dpsynth-c/b"]
+    assert not stored._names
+
+
 def test_side_values_keep_only_the_newest_runs(monkeypatch):
     from pipelines import dask_runner
     fetched = []
