@@ -228,9 +228,10 @@ class _ParDo(transform_evaluator.ParDo):
     them as objects (~12 KB pickled): the scheduler pickled them for every
     task it sent (1.6 ms) and the worker unpickled them for every task it
     got (0.6-0.9 ms), all of a pass's tasks before the first of them ran.
-    A worker now unpickles a step's arguments once and its tasks share
-    them, as a Beam worker's bundles share a DoFn (``apply_dofn_to_bundle``
-    empties the output list first).
+    A worker now unpickles a step's arguments once and its tasks reuse
+    them, as a Beam worker's bundles reuse a DoFn (``apply_dofn_to_bundle``
+    empties the output list first); tasks running at the same time get a
+    copy each (``_StepArgs.take``).
     """
 
     def apply(self, input_bag, side_inputs=None):
@@ -257,7 +258,11 @@ class _OnceArgs:
 
 
 def _call_with(items, fn, shared: "_StepArgs"):
-    return fn(items, *shared.args)
+    args = shared.take()
+    try:
+        return fn(items, *args)
+    finally:
+        shared.give(args)
 
 
 class _StepArgs:
@@ -266,17 +271,37 @@ class _StepArgs:
     process is the object already there (``_step_args``). Not a task
     dependency of its own: that would stop Dask fusing the step with the
     steps before and after it (each step's output would be a task of its
-    own, sent between workers; measured: 28 % more worker CPU)."""
+    own, sent between workers; measured: 28 % more worker CPU).
+
+    A bundle ``take``s the arguments and ``give``s them back: one worker
+    thread's bundles reuse one copy, and bundles running at the same time
+    (a worker with several threads) each get a copy of their own, unpickled
+    from the bytes, so none waits for another's output list."""
 
     def __init__(self, args: tuple, token: str,
                  blob: Optional[bytes] = None) -> None:
         self.args, self.token, self._blob = args, token, blob
+        self._idle, self._lock = [args], threading.Lock()
 
-    def __reduce__(self):
+    def _bytes(self) -> bytes:
         if self._blob is None:
             from distributed.protocol import pickle as dask_pickle
             self._blob = dask_pickle.dumps(self.args)
-        return _step_args, (self.token, self._blob)
+        return self._blob
+
+    def __reduce__(self):
+        return _step_args, (self.token, self._bytes())
+
+    def take(self) -> tuple:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        from distributed.protocol import pickle as dask_pickle
+        return dask_pickle.loads(self._bytes())
+
+    def give(self, args: tuple) -> None:
+        with self._lock:
+            self._idle.append(args)
 
 
 # The step arguments this process has unpickled, by token; only the newest

@@ -286,6 +286,21 @@ def test_step_arguments_are_pickled_once_and_shared_in_a_process(
     assert sorted(dask_runner._STEP_ARGS) == ["dpsynth-Client-b/s"]
 
 
+def test_bundles_at_the_same_time_get_their_own_step_arguments():
+    """A worker with several threads runs a step's bundles side by side:
+    each running bundle holds its own copy of the arguments (one output
+    list each), and a finished bundle's copy serves the next."""
+    from pipelines import dask_runner
+    step = dask_runner._StepArgs(([1], {}), "dpsynth-Client-a/s")
+    first = step.take()
+    second = step.take()  # while the first runs
+    assert first is step.args and second is not first
+    assert second == first
+    step.give(second)
+    step.give(first)
+    assert step.take() is first and step.take() is second
+
+
 def test_side_values_keep_only_the_newest_runs(monkeypatch):
     from pipelines import dask_runner
     fetched = []
