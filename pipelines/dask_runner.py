@@ -247,6 +247,12 @@ class _OnceArgs:
     def __init__(self, bag) -> None:
         self._bag = bag
 
+    def __getattr__(self, name: str):
+        # anything else a later Beam asks of the bag: the bag's own
+        if name == "_bag":  # not set (a copy made without __init__)
+            raise AttributeError(name)
+        return getattr(self._bag, name)
+
     def map(self, *args, **kwargs) -> "_OnceArgs":
         return _OnceArgs(self._bag.map(*args, **kwargs))
 
