@@ -214,10 +214,16 @@ def test_shared_images_subset_reads(tmp_path):
 
 # ------------------------------------------------------------------ gs:// (fake-gcs-server emulator)
 
-def test_gcs_folder_layout_encode_to_gcs(gcs, tree, tmp_path):
-    """Images, model and output all on gs://: listing, reading, bad files and writing go through FileSystems."""
+def test_gcs_folder_layout_encode_to_gcs(gcs, tree, tmp_path, monkeypatch):
+    """Images, model and output all on gs://: listing, reading, bad files and writing go through FileSystems.
+    The model's local copy is gone once it is loaded."""
+    import tempfile
+
     import keras
     from pipelines import encode, encode_job
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # FnApiRunner: this process
     bucket = gcs.client().bucket(gcs.bucket)
     for dirpath, _, files in os.walk(tree):
         for f in files:
@@ -242,3 +248,4 @@ def test_gcs_folder_layout_encode_to_gcs(gcs, tree, tmp_path):
     assert got["labels"].tolist() == [0, 0, 1, 1, 2, 2] and got["embeddings"].shape == (6, 3)
     report = bucket.blob("out/emb.bad_images.tsv").download_as_text()
     assert "imgs/cat/corrupt.jpg" in report and "imgs/dog/truncated.jpg" in report
+    assert not list(scratch.glob("dpsynth-model-*"))

@@ -9,10 +9,11 @@ tests that never run a model.
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import shutil
 import tempfile
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -104,16 +105,28 @@ def path_exists(path: str) -> bool:
     return FileSystems.exists(path)
 
 
-def localize(path: str) -> str:
-    """Returns a local path for `path`, copying a remote file or folder (gs://...) into a temp folder first.
+@contextlib.contextmanager
+def localized(path: str) -> Iterator[str]:
+    """A local path for `path` while the block runs: a remote file or folder (gs://...) is copied into a temp
+    folder first, removed when the block ends (load the model inside it: a worker that loads a remote model for
+    every job would otherwise keep a copy per job in its temp folder).
 
     Framework loaders (Keras, keras-hub) want local files; all remote access still goes through FileSystems.
     """
-    from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
     if FileSystems.get_scheme(path) in (None, "file"):
-        return path
+        yield path
+        return
     target_root = tempfile.mkdtemp(prefix="dpsynth-model-")
+    try:
+        yield _copy_local(path, target_root)
+    finally:
+        shutil.rmtree(target_root, ignore_errors=True)
+
+
+def _copy_local(path: str, target_root: str) -> str:
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
     base = path.rstrip("/")
     name = base.rsplit("/", 1)[-1]
     matches = FileSystems.match([base + "/**"])[0].metadata_list

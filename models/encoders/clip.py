@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from models.encoders.base import Encoder, EncodeFn, EncoderUnavailableError, localize, path_exists
+from models.encoders.base import Encoder, EncodeFn, EncoderUnavailableError, localized, path_exists
 
 # registry name → (keras-hub preset, Kaggle handle, input size, projection dim)
 CLIP_PRESETS = {
@@ -80,7 +80,6 @@ class ClipImageEncoder(Encoder):
                 f"pip install keras-hub") from err
 
     def _build(self) -> EncodeFn:
-        preset_dir = localize(self.resolve_weights())
         if self.num_threads:
             _set_tf_threads(self.num_threads)
         try:
@@ -89,7 +88,8 @@ class ClipImageEncoder(Encoder):
             raise EncoderUnavailableError(
                 f"encoder {self.name!r} needs the 'keras-hub' package to build CLIP ({err}); "
                 f"pip install keras-hub") from err
-        backbone = keras_hub.models.CLIPBackbone.from_preset(preset_dir)
+        with localized(self.resolve_weights()) as preset_dir:
+            backbone = keras_hub.models.CLIPBackbone.from_preset(preset_dir)
 
         def run(batch: np.ndarray) -> np.ndarray:
             return np.asarray(backbone.get_vision_embeddings(batch))

