@@ -286,6 +286,28 @@ def test_step_arguments_are_pickled_once_and_shared_in_a_process(
     assert sorted(dask_runner._STEP_ARGS) == ["dpsynth-Client-b/s"]
 
 
+def _triple(x):
+    return 3 * x
+
+
+def test_each_step_has_its_own_task_name(scheduler, tmp_path):
+    """Dask learns how long a task takes by its name: each ParDo step's
+    tasks carry the step's (they all carried one, so a 0.4 s shard write
+    was expected to last as long as the average step, and the scheduler
+    never moved the last shards of a busy worker to an idle one)."""
+    with beam.Pipeline(options=beam_options(_dask(scheduler))) as p:
+        _ = (p | beam.Create(list(range(6))) | beam.Reshuffle()
+             | "Triple" >> beam.Map(_triple)
+             | beam.Map(_save, str(tmp_path), "x"))
+    with distributed.Client(scheduler) as client:
+        prefixes = client.run_on_scheduler(
+            lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
+    # (Dask names a fused chain of steps by its last ones)
+    assert any(name.startswith("dpsynth__save") for name in prefixes), \
+        prefixes
+    assert not any("apply_dofn_to_bundle" in name for name in prefixes)
+
+
 def test_bundles_at_the_same_time_get_their_own_step_arguments():
     """A worker with several threads runs a step's bundles side by side:
     each running bundle holds its own copy of the arguments (one output
