@@ -269,10 +269,10 @@ class _StepCall:
     name. Dask names a task's key, and learns how long a task takes, by its
     function's name: under one name for every step (Beam's
     ``apply_dofn_to_bundle``) a 0.4 s shard write was expected to take as
-    long as the average step (a few ms), so the scheduler never moved the
-    last shards of a busy worker to an idle one (0.6-1.3 s with one worker
-    of two busy at the end of the writers; no steal in a whole job). A chain
-    of steps that Dask fuses into one task is named by its last steps."""
+    long as the average step (a few ms), so the scheduler seldom moved the
+    last shards of a busy worker to an idle one (up to 1.3 s with one
+    worker of two busy at the end of the writers). A chain of steps that
+    Dask fuses into one task is named by its last steps."""
 
     def __init__(self, args: tuple) -> None:
         step = _step_name(args[0])  # Beam's (invoker args, kwargs, outputs)
