@@ -88,8 +88,7 @@ import tempfile
 import threading
 import time
 import uuid
-import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import apache_beam as beam
 from apache_beam.metrics.metric import MetricResults
@@ -107,41 +106,25 @@ from transforms.progress import trace, trace_path
 
 log = logging.getLogger("dpsynth")
 
-# One lock per receiver object: bundles that share a step's receivers (same
-# worker process) run one at a time, so emptying the list is safe under
-# threads_per_worker > 1 too. Keyed by id(); entries go with the object.
-_LOCKS: dict[int, threading.Lock] = {}
-_LOCKS_GUARD = threading.Lock()
-
-
-def _lock_for(receivers: Any) -> threading.Lock:
-    key = id(receivers)
-    with _LOCKS_GUARD:
-        lock = _LOCKS.get(key)
-        if lock is None:
-            lock = _LOCKS[key] = threading.Lock()
-            weakref.finalize(receivers, _LOCKS.pop, key, None)
-    return lock
-
-
 def apply_dofn_to_bundle(items, invoker_args, invoker_kwargs, receivers):
     """Runs one bundle (a Dask partition) through a DoFn, as Beam's function
     of that name does, with two fixes: the step's output list (Beam's
     ``OneReceiver``, which belongs to the step, not to the bundle) is
     emptied first, and read after ``finish_bundle``, whose outputs Beam's
-    version drops (and then returns with the next bundle)."""
+    version drops (and then returns with the next bundle). No other bundle
+    uses these arguments meanwhile: ``_StepCall`` gives each running bundle
+    its own (``_StepArgs.take``)."""
     start = time.time()
-    with _lock_for(receivers):
-        del receivers.values[:]
-        invoker = DoFnInvoker.create_invoker(*invoker_args, **invoker_kwargs)
-        invoker.invoke_setup()
-        invoker.invoke_start_bundle()
-        for item in items:
-            invoker.invoke_process(item)
-        invoker.invoke_finish_bundle()
-        invoker.invoke_teardown()
-        results = [v.value for v in receivers.values]
-        del receivers.values[:]
+    del receivers.values[:]
+    invoker = DoFnInvoker.create_invoker(*invoker_args, **invoker_kwargs)
+    invoker.invoke_setup()
+    invoker.invoke_start_bundle()
+    for item in items:
+        invoker.invoke_process(item)
+    invoker.invoke_finish_bundle()
+    invoker.invoke_teardown()
+    results = [v.value for v in receivers.values]
+    del receivers.values[:]
     if trace_path():  # benchmarks/tests: which worker ran each step
         trace(f"step:{_step_name(invoker_args)}", start, time.time())
     return results
@@ -339,16 +322,10 @@ _STEP_LOCK = threading.Lock()
 
 
 def _step_args(token: str, blob: bytes) -> _StepArgs:
-    with _STEP_LOCK:
-        found = _STEP_ARGS.get(token)
-        if found is None:
-            from distributed.protocol import pickle as dask_pickle
-            found = _StepArgs(dask_pickle.loads(blob), token, blob)
-            job = _job_of(token)
-            for other in [t for t in _STEP_ARGS if _job_of(t) != job]:
-                del _STEP_ARGS[other]
-            _STEP_ARGS[token] = found
-        return found
+    def load() -> _StepArgs:
+        from distributed.protocol import pickle as dask_pickle
+        return _StepArgs(dask_pickle.loads(blob), token, blob)
+    return _newest_run_entry(_STEP_ARGS, _STEP_LOCK, token, load)
 
 
 def install_translations() -> None:
@@ -976,17 +953,27 @@ def _side_values(name: str) -> list:
     """The items of the published dataset ``name``, fetched once per
     process (and again only after another run's have replaced them)."""
     import distributed
-    with _SIDE_LOCK:
-        values = _SIDE_VALUES.get(name)
-        if values is None:
-            stored = distributed.get_client().get_dataset(name)
-            values = [item for future in distributed.futures_of(stored)
-                      for item in future.result()]
-            job = _job_of(name)
-            for other in [n for n in _SIDE_VALUES if _job_of(n) != job]:
-                del _SIDE_VALUES[other]
-            _SIDE_VALUES[name] = values
-        return values
+
+    def fetch() -> list:
+        stored = distributed.get_client().get_dataset(name)
+        return [item for future in distributed.futures_of(stored)
+                for item in future.result()]
+    return _newest_run_entry(_SIDE_VALUES, _SIDE_LOCK, name, fetch)
+
+
+def _newest_run_entry(cache: dict, lock: threading.Lock, name: str,
+                      load: Callable[[], Any]) -> Any:
+    """``cache[name]``, loaded once per process (under ``lock``); loading
+    one of a new pipeline run drops the other runs' entries (names start
+    with their client's id, see ``_job_of``)."""
+    with lock:
+        value = cache.get(name)
+        if value is None:
+            value = load()
+            for other in [n for n in cache if _job_of(n) != _job_of(name)]:
+                del cache[other]
+            cache[name] = value
+        return value
 
 
 def _job_of(name: str) -> str:

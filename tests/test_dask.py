@@ -189,6 +189,17 @@ def _note_side(element, side, out: str):
     return element
 
 
+def _assert_once_in_each_reader(notes, reads: int) -> None:
+    """``reads`` elements were read (``_note_side``), and each process that
+    read one unpickled the ``_Counted`` value exactly once."""
+    def pids(prefix):
+        return [int(f.read_text()) for f in notes.glob(prefix + "-*")]
+    readers = set(pids("read"))
+    assert len(pids("read")) == reads
+    fetches = [pid for pid in pids("fetch") if pid in readers]
+    assert sorted(fetches) == sorted(readers)
+
+
 def test_a_side_input_is_fetched_once_per_worker_process(scheduler,
                                                           tmp_path):
     """Tasks that read a stored side input share one fetched copy per
@@ -203,12 +214,7 @@ def test_a_side_input_is_fetched_once_per_worker_process(scheduler,
              | beam.Reshuffle()
              | beam.Map(_note_side, side, out))
 
-    def pids(prefix):
-        return [int(f.read_text()) for f in tmp_path.glob(prefix + "-*")]
-    readers = set(pids("read"))
-    assert len(pids("read")) == 12
-    fetches = [pid for pid in pids("fetch") if pid in readers]
-    assert sorted(fetches) == sorted(readers)  # once in each reader
+    _assert_once_in_each_reader(tmp_path, 12)
 
 
 def test_a_run_leaves_no_stored_collection_on_the_cluster(scheduler):
@@ -258,13 +264,8 @@ def test_a_step_is_unpickled_once_per_worker_process(scheduler, tmp_path):
              | beam.combiners.Count.Globally()
              | beam.Map(_save, out, "count"))
 
-    def pids(prefix):
-        return [int(f.read_text()) for f in tmp_path.glob(prefix + "-*")]
-    readers = set(pids("read"))
-    assert len(pids("read")) == 12
     assert (tmp_path / "count").read_text() == "12"
-    fetches = [pid for pid in pids("fetch") if pid in readers]
-    assert sorted(fetches) == sorted(readers)  # once in each worker
+    _assert_once_in_each_reader(tmp_path, 12)
 
 
 def test_step_arguments_are_pickled_once_and_shared_in_a_process(
@@ -294,7 +295,7 @@ def test_each_step_has_its_own_task_name(scheduler, tmp_path):
     """Dask learns how long a task takes by its name: each ParDo step's
     tasks carry the step's (they all carried one, so a 0.4 s shard write
     was expected to last as long as the average step, and the scheduler
-    never moved the last shards of a busy worker to an idle one)."""
+    seldom moved the last shards of a busy worker to an idle one)."""
     with beam.Pipeline(options=beam_options(_dask(scheduler))) as p:
         _ = (p | beam.Create(list(range(6))) | beam.Reshuffle()
              | "Triple" >> beam.Map(_triple)
