@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import logging
 import multiprocessing
 import os
@@ -133,9 +134,7 @@ def apply_dofn_to_bundle(items, invoker_args, invoker_kwargs, receivers):
 def _step_name(invoker_args) -> str:
     """The DoFn's name, or the function's of a Map/FlatMap (Beam's
     DoFnContext, which holds the transform's label, does not pickle it)."""
-    fn = getattr(invoker_args[0], "do_fn", None)
-    inner = getattr(fn, "_fn", None)  # CallableWrapperDoFn
-    named = _user_fn(inner) if inner is not None else fn
+    named = _step_fn(invoker_args)
     name = getattr(named, "__qualname__", None) or type(named).__name__
     code = getattr(named, "__code__", None)
     if name.endswith("<lambda>") and code is not None:
@@ -145,6 +144,23 @@ def _step_name(invoker_args) -> str:
             code.co_filename)
         name += f"@{module}:{code.co_firstlineno}"
     return name.replace(".<locals>", "")
+
+
+def _step_fn(invoker_args):
+    """A step's DoFn, or the function of its Map / FlatMap."""
+    fn = getattr(invoker_args[0], "do_fn", None)
+    inner = getattr(fn, "_fn", None)  # CallableWrapperDoFn
+    return _user_fn(inner) if inner is not None else fn
+
+
+def _ours(invoker_args) -> bool:
+    """Whether a step's DoFn or function is dpsynth's (one purpose each)."""
+    named = _step_fn(invoker_args)
+    module = getattr(named, "__module__", None) or type(named).__module__
+    return module.split(".")[0] in _PACKAGES
+
+
+_PACKAGES = {"pipelines", "transforms", "dp_ops", "models"}
 
 
 def _user_fn(fn):
@@ -219,7 +235,8 @@ class _ParDo(transform_evaluator.ParDo):
     """
 
     def apply(self, input_bag, side_inputs=None):
-        return super().apply(_OnceArgs(input_bag), side_inputs)
+        return super().apply(_OnceArgs(input_bag, self.applied.full_label),
+                             side_inputs)
 
 
 class _OnceArgs:
@@ -228,8 +245,8 @@ class _OnceArgs:
     ``map_partitions`` wrapped as one ``_StepArgs`` (one object graph: the
     output handler fills the output list it was built with)."""
 
-    def __init__(self, bag) -> None:
-        self._bag = bag
+    def __init__(self, bag, label: str = "") -> None:
+        self._bag, self._label = bag, label
 
     def __getattr__(self, name: str):
         # anything else a later Beam asks of the bag: the bag's own
@@ -238,12 +255,12 @@ class _OnceArgs:
         return getattr(self._bag, name)
 
     def map(self, *args, **kwargs) -> "_OnceArgs":
-        return _OnceArgs(self._bag.map(*args, **kwargs))
+        return _OnceArgs(self._bag.map(*args, **kwargs), self._label)
 
     def map_partitions(self, fn, *args):
         import distributed
         token = f"{distributed.default_client().id}/{uuid.uuid4().hex}"
-        return self._bag.map_partitions(_StepCall(args), fn,
+        return self._bag.map_partitions(_StepCall(args, self._label), fn,
                                         _StepArgs(args, token))
 
 
@@ -255,11 +272,21 @@ class _StepCall:
     long as the average step (a few ms), so the scheduler seldom moved the
     last shards of a busy worker to an idle one (up to 1.3 s with one
     worker of two busy at the end of the writers). A chain of steps that
-    Dask fuses into one task is named by its last steps."""
+    Dask fuses into one task is named after one of them (Dask's pick).
 
-    def __init__(self, args: tuple) -> None:
+    Another library's function (PipelineDP's ``map_values`` lambda, ...)
+    serves many steps, mostly trivial ones: its name also carries a digest
+    of the step's Beam label (``label``), or PipelineDP's noise step, 0.1 s
+    a partition, was expected to take no time like the others, and its
+    partitions all ran where their inputs were, one after another, while
+    the other worker waited."""
+
+    def __init__(self, args: tuple, label: str = "") -> None:
         step = _step_name(args[0])  # Beam's (invoker args, kwargs, outputs)
-        self.__name__ = "dpsynth_" + re.sub(r"\W+", "_", step)[:40]
+        name = "dpsynth_" + re.sub(r"\W+", "_", step)[:40]
+        if label and not _ours(args[0]):
+            name += "_" + hashlib.sha1(label.encode()).hexdigest()[:6]
+        self.__name__ = name
 
     def __dask_tokenize__(self):
         return self.__name__

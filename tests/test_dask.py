@@ -308,6 +308,30 @@ def test_each_step_has_its_own_task_name(scheduler, tmp_path):
         prefixes
 
 
+def test_another_librarys_function_is_named_per_step():
+    """One library function (PipelineDP's map_values lambda) serves many
+    steps, most of them trivial: each step's tasks get a name of their own
+    (a digest of the Beam label), or Dask expects its noise step to take
+    no time and runs its partitions one after another where their inputs
+    are. dpsynth's own functions have one purpose each and keep their
+    plain names (durations learnt across passes)."""
+    import operator
+
+    from apache_beam.runners.common import DoFnSignature
+    from pipelines import dask_runner
+    from transforms.write import shard_tasks
+
+    def name(fn, label: str) -> str:
+        signature = DoFnSignature(beam.Map(fn).fn)
+        return dask_runner._StepCall(([signature], {}, None), label).__name__
+
+    first, second = name(operator.neg, "A/Neg"), name(operator.neg, "B/Neg")
+    assert first.startswith("dpsynth_neg_") and first != second
+    assert first == name(operator.neg, "A/Neg")  # the same in every run
+    assert (name(shard_tasks, "A/Shards") == name(shard_tasks, "B/Shards")
+            == "dpsynth_shard_tasks")
+
+
 def test_bundles_at_the_same_time_get_their_own_step_arguments():
     """A worker with several threads runs a step's bundles side by side:
     each running bundle holds its own copy of the arguments (one output
