@@ -274,12 +274,12 @@ class _StepCall:
     worker of two busy at the end of the writers). A chain of steps that
     Dask fuses into one task is named after one of them (Dask's pick).
 
-    Another library's function (PipelineDP's ``map_values`` lambda, ...)
-    serves many steps, mostly trivial ones: its name also carries a digest
-    of the step's Beam label (``label``), or PipelineDP's noise step, 0.1 s
-    a partition, was expected to take no time like the others, and its
-    partitions all ran where their inputs were, one after another, while
-    the other worker waited."""
+    Another library's function (PipelineDP's ``map_values`` lambda, Beam's
+    ``_KeyWithNone``, ...) serves many steps, mostly trivial ones: its name
+    also carries a digest of the step's Beam label (``label``). Otherwise
+    PipelineDP's noise step (0.1-0.16 s a partition) and the writers'
+    chain (which Dask named after its ``_KeyWithNone`` step, as it names
+    the ToList steps) were expected to last as long as those."""
 
     def __init__(self, args: tuple, label: str = "") -> None:
         step = _step_name(args[0])  # Beam's (invoker args, kwargs, outputs)
