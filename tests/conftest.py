@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 
 import numpy as np
@@ -127,22 +126,6 @@ def small_npz(tmp_path):
     path = tmp_path / "train.npz"
     np.savez(path, embeddings=x, labels=y)
     return str(path)
-
-
-@pytest.fixture
-def graph_pipeline():
-    """Makes pipelines a test only builds to inspect, never runs. Beam
-    gives each pipeline a temporary folder that only ``run`` removes: they
-    are removed here, so the suite leaves nothing in the temp directory."""
-    import apache_beam as beam
-    made = []
-
-    def make(*args, **kwargs):
-        made.append(beam.Pipeline(*args, **kwargs))
-        return made[-1]
-    yield make
-    for p in made:
-        shutil.rmtree(p.local_tempdir, ignore_errors=True)
 
 
 def pytest_configure(config):

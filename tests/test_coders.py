@@ -41,11 +41,11 @@ def test_blocks_round_trip():
     np.testing.assert_array_equal(y, b.y)
 
 
-def test_block_pcollections_carry_the_array_coders(tmp_path, graph_pipeline):
+def test_block_pcollections_carry_the_array_coders(tmp_path):
     path = tmp_path / "in.npz"
     np.savez(path, embeddings=np.ones((5, 4)), labels=np.zeros(5, np.int64))
     cfg = GeneratorConfig(epsilon=1.0, delta=1e-5, labels=(0,))
-    p = graph_pipeline()
+    p = beam.Pipeline()
     raw = p | ReadEmbeddingBlocks(InputSpec(str(path)))
     reported = raw | ReportProgress(ProgressFile(str(tmp_path / "p")), "x")
     prepared = reported | PrepareBlocks(cfg, 4)

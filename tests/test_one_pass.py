@@ -123,11 +123,10 @@ def _job(tmp_path, *flags):
     ["--clusters", "4"],  # the fixed plan with the shared matrix
     ["--clusters", "4", "--covariance", "per-class"],
     ["--clusters", "4", "--vote-filter"]])
-def test_no_pass_of_a_fixed_plan_has_two_readers(tmp_path, flags,
-                                                 graph_pipeline):
+def test_no_pass_of_a_fixed_plan_has_two_readers(tmp_path, flags):
     from pipelines import job
     j, spec = _job(tmp_path, *flags)
-    p = graph_pipeline()
+    p = beam.Pipeline()
     job.build(p, j, job.make_reader(j, spec), spec)
     readers = _readers_of_prepared_blocks(p)
     assert any("Moments" in name for name in readers), readers
@@ -135,15 +134,14 @@ def test_no_pass_of_a_fixed_plan_has_two_readers(tmp_path, flags,
 
 
 @pytest.mark.parametrize("counts", [[20.0] * 3, [2000.0] * 3])
-def test_no_pass_of_the_adaptive_plan_has_two_readers(tmp_path, counts,
-                                                      graph_pipeline):
+def test_no_pass_of_the_adaptive_plan_has_two_readers(tmp_path, counts):
     """Phase 2 in the shared mode (class sums + the global second moment)
     and in the per-class mode."""
     from pipelines import job
     j, spec = _job(tmp_path)
     mode = job.choose_phase2(j, 8, counts).mode
     assert mode == ("shared" if counts[0] < 100 else "per-class")
-    p = graph_pipeline()
+    p = beam.Pipeline()
     job.build_adaptive(p, j, job.make_reader(j, spec), spec,
                        np.zeros(8), counts)
     readers = _readers_of_prepared_blocks(p)
