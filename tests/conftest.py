@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -14,6 +16,15 @@ if ROOT not in sys.path:
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
+
+# Beam (2.77) leaves temporary folders behind for each pipeline run outside
+# pipelines.beam_temp.pipeline_run (a dependency folder per environment, a
+# beam-temp folder) or built and never run, as many tests do: ~45 a suite
+# run. The suite's temporary files (its processes' too) go to one folder,
+# removed at the end (pytest_unconfigure); tests of "nothing left behind"
+# compare its content.
+SUITE_TMP = tempfile.mkdtemp(prefix="dpsynth-tests-")
+os.environ["TMPDIR"] = tempfile.tempdir = SUITE_TMP
 
 
 def assert_release_matches_reference(out, x, y, cfg, noise_seed: int,
@@ -126,6 +137,10 @@ def small_npz(tmp_path):
     path = tmp_path / "train.npz"
     np.savez(path, embeddings=x, labels=y)
     return str(path)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(SUITE_TMP, ignore_errors=True)
 
 
 def pytest_configure(config):
