@@ -311,10 +311,10 @@ def test_each_step_has_its_own_task_name(scheduler, tmp_path):
 def test_another_librarys_function_is_named_per_step():
     """One library function (PipelineDP's map_values lambda) serves many
     steps, most of them trivial: each step's tasks get a name of their own
-    (a digest of the Beam label), or Dask expects its noise step to take
-    no time and runs its partitions one after another where their inputs
-    are. dpsynth's own functions have one purpose each and keep their
-    plain names (durations learnt across passes)."""
+    (a digest of the Beam label), or Dask estimates the noise step's
+    duration from the trivial steps'. dpsynth's own functions have one
+    purpose each and keep their plain names (durations learnt across
+    passes)."""
     import operator
 
     from apache_beam.runners.common import DoFnSignature
