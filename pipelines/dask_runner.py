@@ -407,7 +407,15 @@ class LocalDaskOptions(PipelineOptions):
 # through the scheduler: ~5.5 ms more a range. At 2M x 384 the default job
 # ran 5-17 % faster without it, same releases and memory
 # (benchmarks/results/scaling-workers.md, "2 cores, session 23").
-CLUSTER_CONFIG = {"distributed.scheduler.worker-saturation": "inf"}
+# Work stealing every 100 ms, not every 1 s (distributed 2026.8's default):
+# with every task sent at once, a worker that ran a little slower (beside
+# the scheduler's own CPU) ended a pass with 2-3 tasks still queued while
+# the other waited. Default job, 2M x 384, W = 2, five alternating pairs:
+# one worker busy 0.95-1.81 s (median 1.40) -> 0.99-1.19 s (1.14), job
+# 13.23-13.97 -> 13.32-13.51 s (benchmarks/results/scaling-workers.md,
+# "2 cores, session 25").
+CLUSTER_CONFIG = {"distributed.scheduler.worker-saturation": "inf",
+                  "distributed.scheduler.work-stealing-interval": "100ms"}
 # Without a dashboard nobody sees the workers' profiles: their sampler
 # thread (each worker's stacks every 10 ms) is off. Measured (2 workers on
 # 2 cores, 1M x 384, default job): 12.9 -> 12.6 s (3 runs each).

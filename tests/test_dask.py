@@ -590,6 +590,10 @@ def test_local_cluster_is_started_once_and_cleaned_up():
         # every runnable task sent at once (no queue: a read range is two
         # tasks, and a queue made each a round trip more)
         assert math.isinf(cluster.scheduler.WORKER_SATURATION)
+        # and balanced every 100 ms (a pass ended with 2-3 tasks queued on
+        # one worker while the other waited, at distributed's 1 s)
+        stealing = cluster.scheduler.extensions["stealing"]
+        assert stealing._callback_time == 0.1
         # no dashboard: the workers sample no profiles
         with distributed.Client(cluster) as client:
             assert set(client.run(_profile_enabled).values()) == {False}
