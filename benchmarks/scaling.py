@@ -554,7 +554,7 @@ def measure(cmd: list[str], timeout: float, max_rss: float = float("inf"),
     root = psutil.Process(proc.pid)
     peak_one = peak_sum = 0
     procs = peak_procs = 0
-    per_proc: dict[int, int] = {}  # pid -> peak RSS, workers included
+    per_proc: dict[int, int] = {}  # pid -> peak PSS, workers included
     load_before = os.getloadavg()[0]
     timed_out = over_memory = False
     last_pss = -float("inf")
