@@ -1,6 +1,7 @@
-"""The per-class mode's "spectral" class deviation (RuleConstants
-.class_deviation) is post-processing only: same ledger, same mechanisms,
-same noise draws; with zero noise it gives the raw covariances' factors."""
+"""The per-class mode's "spectral" and "spiked" class deviations
+(RuleConstants.class_deviation, study options) are post-processing only:
+same ledger, same mechanisms, same noise draws; with zero noise they give
+the raw covariances' factors."""
 
 import math
 
@@ -44,9 +45,10 @@ def _mech(ledger):
                    m.count) for m in ledger.mechanisms)
 
 
-def test_spectral_class_deviation_is_post_processing_only():
+@pytest.mark.parametrize("deviation", ["spectral", "spiked"])
+def test_class_deviation_is_post_processing_only(deviation):
     raw_mix, raw_ledger, raw_noise, raw_st = _run(2.0, "raw")
-    sp_mix, sp_ledger, sp_noise, sp_st = _run(2.0, "spectral")
+    sp_mix, sp_ledger, sp_noise, sp_st = _run(2.0, deviation)
     assert raw_st == sp_st
     assert _mech(raw_ledger) == _mech(sp_ledger)
     assert sp_ledger.spent_epsilon() == raw_ledger.spent_epsilon()
@@ -64,9 +66,10 @@ def test_spectral_class_deviation_is_post_processing_only():
     assert changed  # the option does something at finite epsilon
 
 
-def test_zero_noise_gives_the_raw_factors():
+@pytest.mark.parametrize("deviation", ["spectral", "spiked"])
+def test_zero_noise_gives_the_raw_factors(deviation):
     raw_mix, ledger, _, _ = _run(math.inf, "raw")
-    sp_mix, _, _, _ = _run(math.inf, "spectral")
+    sp_mix, _, _, _ = _run(math.inf, deviation)
     assert all(m.sigma == 0 for m in ledger.mechanisms)
     for c in raw_mix:
         fr, fs = raw_mix[c].factors, sp_mix[c].factors
@@ -90,6 +93,36 @@ def test_shrink_class_deviations_edges():
     big = adaptive.shrink_class_deviations(cs, n, [1e9] * 3)
     for b in big:
         np.testing.assert_allclose(b, pooled, atol=1e-10)
+
+
+def test_spiked_within_keeps_spikes_and_flattens_the_bulk():
+    """A rank-2 signal plus symmetric Gaussian noise (the mechanism's, on
+    a within covariance): the two spikes come back near their size, every
+    other eigenvalues are one flat level that keeps the noisy matrix's
+    trace outside the spikes (unbiased: the noise has zero trace in
+    expectation)."""
+    rng = np.random.default_rng(1)
+    d, tau = 200, 0.01  # off-diagonal noise std tau / sqrt(2)
+    u = np.linalg.qr(rng.normal(size=(d, 2)))[0]
+    signal = (u * [3.0, 1.5]) @ u.T + 0.002 * np.eye(d)
+    g = rng.normal(size=(d, d)) * tau / math.sqrt(2)
+    noisy = signal + np.triu(g, 1) + np.triu(g, 1).T + \
+        np.diag(rng.normal(size=d) * tau)
+    edge = math.sqrt(2 * d) * tau
+    out = adaptive.spiked_within(noisy, edge)
+    vals = np.sort(np.linalg.eigvalsh(out))[::-1]
+    np.testing.assert_allclose(vals[:2], [3.002, 1.502], rtol=0.02)
+    assert np.ptp(vals[2:]) < 1e-9  # one flat level
+    assert vals[2] == pytest.approx(0.002, abs=0.002)
+    noisy_vals = np.sort(np.linalg.eigvalsh(noisy))[::-1]
+    assert vals[2:].sum() == pytest.approx(np.trace(noisy)
+                                           - noisy_vals[:2].sum())
+
+
+def test_spiked_within_without_noise_is_the_identity():
+    a = np.random.default_rng(2).normal(size=(5, 5))
+    np.testing.assert_array_equal(adaptive.spiked_within(a @ a.T, 0.0),
+                                  a @ a.T)
 
 
 def test_unknown_deviation_is_refused():
