@@ -215,10 +215,7 @@ def run(names: list[str], shares: list[float], curves: Curves) -> None:
 
 
 def load_log() -> list[dict]:
-    if not os.path.exists(LOG):
-        return []
-    with open(LOG) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return sweep.load_log(LOG)
 
 
 TITLE = "# Paid structure selection (issue 30)"
