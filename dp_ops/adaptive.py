@@ -771,9 +771,9 @@ def per_class_mixtures(noisy_m: Iterable[np.ndarray], noisy_n: np.ndarray,
     """Per-class mode, post-processing of the released class second
     moments ``noisy_m`` (label order; ``noisy_class_second_moments`` or the
     Beam job's PipelineDP aggregation): each class's within covariance C_c
-    (optionally shrunk towards the pooled one: ``class_deviation``
-    "spectral", ``shrink_class_deviations``, at the noise edge of the
-    ledger's sigma), then factors (top ``shared_rank`` eigenpairs) and the
+    (optionally, by ``class_deviation`` at the noise edge of the ledger's
+    sigma: "spectral", shrunk towards the pooled one,
+    ``shrink_class_deviations``; "spiked", ``spiked_within``), then factors (top ``shared_rank`` eigenpairs) and the
     diagonal residual."""
     if class_deviation not in CLASS_DEVIATIONS:
         raise ValueError(f"unknown class deviation {class_deviation!r}")
