@@ -38,3 +38,14 @@ def test_selection_and_release_compose_to_the_whole_budget(share,
     assert asked[3][0] == out["pick"]
     spent = sum(m ** 2 for _, m in asked) + paid_selection.EVAL_SHARE * mu ** 2
     assert spent == pytest.approx(mu ** 2)
+
+
+def test_append_record_prints_the_short_view_and_logs_the_whole(tmp_path,
+                                                                capsys):
+    from benchmarks.studies.study_data import append_record
+    log = tmp_path / "runs.jsonl"
+    append_record(str(log), {"a": 1, "big": [1, 2]}, {"a": 1})
+    append_record(str(log), {"a": 2})
+    assert capsys.readouterr().out.splitlines() == ['{"a": 1}', '{"a": 2}']
+    assert log.read_text().splitlines() == ['{"a": 1, "big": [1, 2]}',
+                                            '{"a": 2}']

@@ -25,7 +25,6 @@ where the accuracy comes from, not a release. Probe as the sweep's
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -37,8 +36,9 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.studies import covariance_sweep as sweep  # noqa: E402
-from benchmarks.studies.study_data import RESULTS, Split  # noqa: E402
-from dp_ops import adaptive, clipping, covariance, generator, plan  # noqa: E402
+from benchmarks.studies.study_data import (RESULTS, Split,  # noqa: E402
+                                           append_record)
+from dp_ops import adaptive, clipping, covariance, generator  # noqa: E402
 
 LOG = os.path.join(RESULTS, "class_matrix_parts.jsonl")
 PARTS = ("released", "exact", "pooled", "pooled+noise", "spiked")
@@ -169,9 +169,7 @@ def main() -> int:
                 rec = {"shape": name, "epsilon": eps, "seed": seed,
                        **run(split, eps, seed),
                        "seconds": round(time.time() - t, 1)}
-                print(json.dumps(rec), flush=True)
-                with open(LOG, "a") as fh:
-                    fh.write(json.dumps(rec) + "\n")
+                append_record(LOG, rec)
     return 0
 
 

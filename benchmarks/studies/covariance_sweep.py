@@ -63,7 +63,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.studies.study_data import (RESULTS, Split,  # noqa: E402
-                                           load_npz, selection_split)
+                                           append_record, selection_split)
 from dp_ops import adaptive  # noqa: E402
 from dp_ops.clipping import normalize_rows  # noqa: E402
 
@@ -323,19 +323,15 @@ def sweep(names: list[str], epsilons, seeds, modes) -> None:
         if (name, "real-rows", math.inf, 0) not in done:
             rec = {"shape": name, "mode": "real-rows", "epsilon": math.inf,
                    "seed": 0, **run_real(split)}
-            print(json.dumps(rec), flush=True)
-            with open(LOG, "a") as fh:
-                fh.write(json.dumps(rec) + "\n")
+            append_record(LOG, rec)
         for mode, eps, seed in todo:
             run = (run_family(split, mode[len("family:"):], eps, seed)
                    if mode.startswith("family:")
                    else run_one(split, mode, eps, seed))
             rec = {"shape": name, "mode": mode, "epsilon": float(eps),
                    "seed": int(seed), **run}
-            print(json.dumps({k: v for k, v in rec.items()
-                              if k != "noisy_counts"}), flush=True)
-            with open(LOG, "a") as fh:
-                fh.write(json.dumps(rec) + "\n")
+            append_record(LOG, rec, {k: v for k, v in rec.items()
+                                     if k != "noisy_counts"})
 
 
 # ------------------------------------------------------------ report

@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import sys
 import time
 
-import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from benchmarks.studies.study_data import RESULTS, selection_split  # noqa: E402
+from benchmarks.studies.study_data import (RESULTS,  # noqa: E402
+                                           append_record, selection_split)
 
 LOG = os.path.join(RESULTS, "dpsgd_bars-issue13.jsonl")
 # (batch, epochs) x learning rate; input scale fixed per model (the
@@ -83,9 +82,7 @@ def main() -> int:
                     r = run(model, eps, seed, split, variant)
                     rec = {"dataset": args.dataset, "stage": variant,
                            "model": model, "epsilon": eps, "seed": seed, **r}
-                    print(json.dumps(rec), flush=True)
-                    with open(LOG, "a") as fh:
-                        fh.write(json.dumps(rec) + "\n")
+                    append_record(LOG, rec)
     if "tuned" not in variants:
         return 0
     for model in args.models.split(","):
@@ -98,18 +95,14 @@ def main() -> int:
                 grid.append((r["accuracy"], hp))
                 rec = {"dataset": args.dataset, "stage": "grid",
                        "model": model, "epsilon": eps, "seed": 0, **hp, **r}
-                print(json.dumps(rec), flush=True)
-                with open(LOG, "a") as fh:
-                    fh.write(json.dumps(rec) + "\n")
+                append_record(LOG, rec)
             best = max(grid, key=lambda g: g[0])[1]
             for seed in range(args.seeds):
                 r = run(model, eps, seed, split, **best)
                 rec = {"dataset": args.dataset, "stage": "best",
                        "model": model, "epsilon": eps, "seed": seed,
                        **best, **r}
-                print(json.dumps(rec), flush=True)
-                with open(LOG, "a") as fh:
-                    fh.write(json.dumps(rec) + "\n")
+                append_record(LOG, rec)
     return 0
 
 

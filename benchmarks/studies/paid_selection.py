@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import math
 import os
 import sys
@@ -53,7 +52,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.studies import covariance_sweep as sweep  # noqa: E402
-from benchmarks.studies.study_data import RESULTS, Split  # noqa: E402
+from benchmarks.studies.study_data import (RESULTS, Split,  # noqa: E402
+                                           append_record)
 from dp_ops import adaptive  # noqa: E402
 from dp_ops.calibration import gdp_mu  # noqa: E402
 
@@ -209,9 +209,7 @@ def run(names: list[str], shares: list[float], curves: Curves) -> None:
                            "share": share, "mu": mu,
                            **select_and_release(split, mu, share, seed),
                            "seconds": round(time.time() - t, 1)}
-                    with open(LOG, "a") as f:
-                        f.write(json.dumps(rec) + "\n")
-                    print(json.dumps(rec), flush=True)
+                    append_record(LOG, rec)
 
 
 def load_log() -> list[dict]:

@@ -127,6 +127,14 @@ def probe(xs: np.ndarray, ys: np.ndarray, split: Split,
     return float(clf.score(split.x_val, split.y_val))
 
 
+def append_record(path: str, rec: dict, shown: dict | None = None) -> None:
+    """Prints one run's record (or ``shown``, a shorter view of it) and
+    appends it to the JSON-lines log at ``path`` (studies resume from it)."""
+    print(json.dumps(rec if shown is None else shown), flush=True)
+    with open(path, "a") as fh:
+        fh.write(json.dumps(rec) + "\n")
+
+
 def save_rows(filename: str, rows: list) -> str:
     """A study's result rows as JSON under benchmarks/studies/results."""
     os.makedirs(RESULTS, exist_ok=True)
