@@ -42,6 +42,9 @@ release from a richer family (``FAMILIES``; study only).
     nice -n 19 env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \\
         python -m benchmarks.studies.covariance_sweep --shapes 20news,... \\
         --modes family:t5,family:t10,family:rows4
+    nice -n 19 env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \\
+        python -m benchmarks.studies.covariance_sweep --shapes all \\
+        --modes per-class+spiked
     python -m benchmarks.studies.covariance_sweep --report
 """
 
