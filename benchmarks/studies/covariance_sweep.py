@@ -549,12 +549,17 @@ class Points:
             self.n >= c["per_class_min_rows"] * self.rank)
         return np.where(pc, 2, np.where(sub, 1, 0))
 
+    def cell_means(self, picks: np.ndarray) -> np.ndarray:
+        """3-seed mean accuracy per (shape, eps) cell of the mode index
+        picked at each point."""
+        got = self.acc[np.arange(len(self.n)), picks]
+        return np.bincount(self.cell, got, len(self.cells)) / self.count
+
 
 def score(pts: Points, c: dict) -> tuple:
     """(picks > 0.5 points below the best, drops, total gap) of the rule
     with constants c, on 3-seed means per (shape, eps)."""
-    got = pts.acc[np.arange(len(pts.n)), pts.modes(c)]
-    mean = np.bincount(pts.cell, got, len(pts.cells)) / pts.count
+    mean = pts.cell_means(pts.modes(c))
     gap = pts.best - mean
     drops = sum(b > a and pts.cells[a][0] == pts.cells[b][0]
                 and mean[b] < mean[a]
@@ -566,8 +571,7 @@ def score(pts: Points, c: dict) -> tuple:
 def faults(pts: Points, c: dict) -> tuple[set, set]:
     """((shape, eps) cells where the rule with constants c is > 0.5 points
     below the best mode, (shape, eps) cells after which its mean drops)."""
-    got = pts.acc[np.arange(len(pts.n)), pts.modes(c)]
-    mean = np.bincount(pts.cell, got, len(pts.cells)) / pts.count
+    mean = pts.cell_means(pts.modes(c))
     far = {pts.cells[i]
            for i in np.flatnonzero(pts.best - mean > TOLERANCE + 1e-12)}
     drops = {pts.cells[a] for a in range(len(mean) - 1)
@@ -729,8 +733,7 @@ def render_spiked(records: list[dict]) -> str:
 
 def largest_gap(pts: Points, c: dict) -> float:
     """The rule's largest 3-seed-mean gap to the best mode, in points."""
-    got = pts.acc[np.arange(len(pts.n)), pts.modes(c)]
-    mean = np.bincount(pts.cell, got, len(pts.cells)) / pts.count
+    mean = pts.cell_means(pts.modes(c))
     return float((pts.best - mean).max()) * 100
 
 

@@ -231,8 +231,7 @@ def points_h(points: list[dict], cache: dict, noisy_counts: dict,
 def score_picks(pts: cs.Points, picks: np.ndarray) -> tuple[set, set, float]:
     """(cells > 0.5 points below the best, cells after which the rule's
     mean drops, total gap in points) of per-point mode indices."""
-    got = pts.acc[np.arange(len(pts.n)), picks]
-    mean = np.bincount(pts.cell, got, len(pts.cells)) / pts.count
+    mean = pts.cell_means(picks)
     far = {pts.cells[i] for i in
            np.flatnonzero(pts.best - mean > cs.TOLERANCE + 1e-12)}
     drops = {pts.cells[a] for a in range(len(mean) - 1)
