@@ -38,11 +38,11 @@ from typing import Optional, Sequence
 import numpy as np
 from scipy import stats
 
-from dp_ops import clipping, plan, reference
-from dp_ops.config import GeneratorConfig
-from dp_ops.generator import ClassMixture
-from dp_ops.ledger import Mechanism, PrivacyLedger
-from dp_ops.noise import SeededNoise
+from dpsynth.dp_ops import clipping, plan, reference
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.generator import ClassMixture
+from dpsynth.dp_ops.ledger import Mechanism, PrivacyLedger
+from dpsynth.dp_ops.noise import SeededNoise
 
 
 # ------------------------------------------------------------ statistics

@@ -1,6 +1,6 @@
 """Issue 2 acceptance on real embeddings: the Beam job on CIFAR-10 features.
 
-Runs `python -m pipelines.generate` on ../shared/data/cifar10-effnetlite0/
+Runs `python -m dpsynth.pipelines.generate` on ../shared/data/cifar10-effnetlite0/
 train.npz (the private set) at each epsilon, times it, and scores the shared
 README's logistic probe trained on the release on test.npz.
 
@@ -29,14 +29,14 @@ def main() -> int:
     if not os.path.exists(DATA):
         sys.exit(f"shared data not found at {DATA}")
     from benchmarks.utility_study import probe_accuracy
-    from pipelines.release import load_release
-    from transforms.io import load_arrays
+    from dpsynth.pipelines.release import load_release
+    from dpsynth.transforms.io import load_arrays
     xt, yt = load_arrays(os.path.join(DATA, "test.npz"))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for eps in args.epsilons.split(","):
             out = os.path.join(tmp, f"eps{eps}")
-            cmd = [sys.executable, "-m", "pipelines.generate", "--input",
+            cmd = [sys.executable, "-m", "dpsynth.pipelines.generate", "--input",
                    os.path.join(DATA, "train.npz"), "--num-classes", "10",
                    "--epsilon", eps, "--output", out, *extra]
             t0 = time.time()

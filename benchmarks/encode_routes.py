@@ -45,7 +45,7 @@ def measure(route: str, per_class: int, repeats: int, out: str) -> dict:
     sys.path.insert(0, ROOT)
     from PIL import Image
 
-    from models.encoders import get_encoder
+    from dpsynth.models.encoders import get_encoder
     encoder = get_encoder(route, num_threads=1)
     encoder.check_available()
     files, _ = shared_images(per_class)

@@ -2,9 +2,9 @@
 
 Once Beam and PipelineDP are imported, Python's interpreter teardown (freeing
 every module and object) takes a noticeable time that the user waits
-through after the summary. ``pipelines.cli.run`` (the ``dpsynth`` command)
+through after the summary. ``dpsynth.pipelines.cli.run`` (the ``dpsynth`` command)
 runs the exit handlers and ends the process without that teardown;
-``pipelines.cli.main`` under ``sys.exit`` is the ordinary exit it replaces.
+``dpsynth.pipelines.cli.main`` under ``sys.exit`` is the ordinary exit it replaces.
 Both run the same command (by default the demo job) in a fresh process,
 alternately, and are timed from the last line the command printed to the
 process's end, and as a whole.
@@ -30,8 +30,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 WAYS = {
-    "run (dpsynth)": "from pipelines import cli; cli.run()",
-    "sys.exit(main())": "import sys; from pipelines import cli; "
+    "run (dpsynth)": "from dpsynth.pipelines import cli; cli.run()",
+    "sys.exit(main())": "import sys; from dpsynth.pipelines import cli; "
                         "sys.exit(cli.main())",
 }
 

@@ -70,14 +70,14 @@ def _blocks(data: str, index: int, processes: int):
 
 
 def _phase1(blocks, cfg) -> None:
-    from transforms.adaptive import block_phase1
+    from dpsynth.transforms.adaptive import block_phase1
     for x, y in blocks():
         block_phase1((x, y), cfg, cfg.labels)
 
 
 def _moments(blocks, cfg, dim: int) -> None:
-    from dp_ops import adaptive, covariance, generator
-    from transforms.aggregate import prepare_block
+    from dpsynth.dp_ops import adaptive, covariance, generator
+    from dpsynth.transforms.aggregate import prepare_block
     proj, planes = generator.projection(dim, cfg), generator.planes(cfg, dim)
     centre = np.zeros(dim)  # a stand-in for the DP centre: same arithmetic
     sums: dict = {}

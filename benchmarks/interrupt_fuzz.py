@@ -16,7 +16,7 @@ operator would see:
     python benchmarks/interrupt_fuzz.py --runner direct --rounds 20
     python benchmarks/interrupt_fuzz.py --runner dask --from 4 --to 8
     python benchmarks/interrupt_fuzz.py --runner prism \\
-        --prism-location "$(python -m deploy.install_engines --print prism)"
+        --prism-location "$(python -m dpsynth.deploy.install_engines --print prism)"
 
 The input is 4 ``.npz`` files of ``--rows`` Gaussian rows (64 dimensions,
 4 classes). Prints one line per round and the number of bad rounds; exits 1
@@ -71,7 +71,7 @@ def one_round(data: str, work: str, flags: list[str], at: float,
     out, tmp = os.path.join(work, "out"), os.path.join(work, "tmp")
     os.mkdir(tmp)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", "generate", "--input", data,
+        [sys.executable, "-m", "dpsynth.pipelines.cli", "generate", "--input", data,
          "--num-classes", "4", "--output", out, *flags], cwd=ROOT,
         env={**os.environ, "TMPDIR": tmp, "PYTHONPATH": ROOT},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

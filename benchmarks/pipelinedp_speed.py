@@ -1,6 +1,6 @@
 """Wall time of one per-class aggregation pass: dpsynth's own PerClassSum
 (in-place accumulator + keyed noise, the path before PipelineDP) vs the family
-through PipelineDP (transforms.pipelinedp.ClassSums), same run, alternating
+through PipelineDP (dpsynth.transforms.pipelinedp.ClassSums), same run, alternating
 runs; blocks are generated inside the pipeline (a 'gen' run measures that
 alone). Results: benchmarks/results/pipelinedp.md.
 
@@ -17,11 +17,11 @@ import numpy as np
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.pvalue import AsDict
 
-from dp_ops import plan
-from dp_ops.ledger import Mechanism, PrivacyLedger
-from dp_ops.noise import SeededNoise
-from transforms.aggregate import Block, PerClassSum
-from transforms.pipelinedp import (ClassSums, _Concatenated, class_second_moment_family,
+from dpsynth.dp_ops import plan
+from dpsynth.dp_ops.ledger import Mechanism, PrivacyLedger
+from dpsynth.dp_ops.noise import SeededNoise
+from dpsynth.transforms.aggregate import Block, PerClassSum
+from dpsynth.transforms.pipelinedp import (ClassSums, _Concatenated, class_second_moment_family,
                                    class_sum_family, pieces)
 
 R = 0.7

@@ -15,7 +15,7 @@ claimed one. Two configurations:
   see, so the empirical bound is lower.
 
 A third arm, ``beam``, attacks what users run: the real default job
-(``dpsynth generate`` in process through ``pipelines.cli.main``,
+(``dpsynth generate`` in process through ``dpsynth.pipelines.cli.main``,
 DirectRunner) with only input, output, classes, dimension and epsilon
 given, so every other flag is the CLI default (today ``--covariance auto``:
 the adaptive two-phase plan), secure noise (a fresh per-run key), at
@@ -51,7 +51,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import audit  # noqa: E402
-from dp_ops import plan  # noqa: E402
+from dpsynth.dp_ops import plan  # noqa: E402
 
 CONFIGS = {"tight": audit.tight_config, "default": audit.default_config}
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -133,8 +133,8 @@ def default_job_config(eps: float, classes: int, dim: int) -> dict:
     manifest writes it: JSON, labels a list)."""
     import dataclasses
     import json
-    from dp_ops.config import labels_from
-    from pipelines import cli, generate, job
+    from dpsynth.dp_ops.config import labels_from
+    from dpsynth.pipelines import cli, generate, job
     args, _ = cli.build_parser().parse_known_args(
         job_flags("in.npz", "out", eps, classes, dim))
     cfg = job.resolve_config(generate.spec_from_args(args), tuple(
@@ -161,7 +161,7 @@ def beam_release(x, y, eps: float, classes: int, dim: int, folder: str):
     import io
 
     import numpy as np
-    from pipelines import cli, release
+    from dpsynth.pipelines import cli, release
     data = os.path.join(folder, "in.npz")
     out = os.path.join(folder, "release")
     np.savez(data, embeddings=x, labels=y)
@@ -182,7 +182,7 @@ def beam_run_scores(run: int, eps: float, classes: int, per_class: int,
     import tempfile
 
     import numpy as np
-    from dp_ops.config import GeneratorConfig
+    from dpsynth.dp_ops.config import GeneratorConfig
     rng = np.random.default_rng([seed, run, 0xCA])
     canaries = sorted(rng.choice(classes, classes // 2,
                                  replace=False).tolist())
@@ -264,7 +264,7 @@ def reference_section(rows, args) -> str:
         "(no record has mass on axis 0); canary = R e_0 on the clip sphere "
         "(R = 1), the worst case for the sum and the sum of squares. Each "
         "trial is a full run of the reference generator "
-        "(`dp_ops.reference`, the fixed plans of the Beam pipeline; the "
+        "(`dpsynth.dp_ops.reference`, the fixed plans of the Beam pipeline; the "
         "Beam arm below audits the default adaptive plan) with a fresh "
         "`SeededNoise`; the attacker sees the released mixture and the "
         "public configuration and thresholds "
@@ -325,7 +325,7 @@ def beam_section(rows, args, command: str, loads: list) -> str:
         f"{min(loads):.1f}-{max(loads):.1f}, mean "
         f"{sum(loads) / len(loads):.1f} over the runs; "
         f"{sum(r['seconds'] for r in rows) / 60:.0f} min).", "",
-        "Each run is `dpsynth generate` in process (`pipelines.cli.main`, "
+        "Each run is `dpsynth generate` in process (`dpsynth.pipelines.cli.main`, "
         "DirectRunner) with only `--input --output --num-classes "
         "--embedding-dim --epsilon`: every other flag is the CLI default "
         f"(today `--covariance {cfg['covariance']}`, clip {cfg['clip_norm']}, "

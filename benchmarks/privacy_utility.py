@@ -14,7 +14,7 @@ with its defaults only.
 For every method, epsilon in {1, 2, 4, 8} (delta 1e-5) and seed: run the
 method on the private train set (``train.npz``), then score its output on
 the held-out ``test.npz`` with the paper's MLP and the logistic probe
-(synthetic sets cut to the real train size, ``pipelines.evaluate``), or
+(synthetic sets cut to the real train size, ``dpsynth.pipelines.evaluate``), or
 score the DP-trained classifier directly (DP-SGD). Also: the non-private
 ceiling (models trained on the real train set) and the noiseless GMM.
 
@@ -61,10 +61,10 @@ if ROOT not in sys.path:
 
 import numpy as np
 
-from dp_ops.clipping import normalize_rows
-from models import classifiers
+from dpsynth.dp_ops.clipping import normalize_rows
+from dpsynth.models import classifiers
 from benchmarks.baselines import METHODS, make_method
-from pipelines.evaluate import fit_size
+from dpsynth.pipelines.evaluate import fit_size
 
 SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 DATASETS = {
@@ -409,7 +409,7 @@ def _tuned_section(records: list, eps: list, methods: list) -> list:
              f"chosen from the public grid {{{grid}}} by accuracy on a "
              "stratified 20 % hold-out of the released rows (public seed), "
              "then retrained on all released rows and scored on the real "
-             "test set (`models.classifiers.tune_mlp_on_holdout`). Nothing "
+             "test set (`dpsynth.models.classifiers.tune_mlp_on_holdout`). Nothing "
              "but the release is used, so the tuning costs no privacy. The "
              "real-data ceiling is tuned the same way on a split of the real "
              "train rows. Cached runs were completed by re-running the method "
@@ -468,7 +468,7 @@ def markdown(records: list, args: argparse.Namespace, setup_info: dict,
              f"L2-normalised (public per-record map) for every method.",
              f"Privacy: (ε, δ={args.delta:g}), add/remove-one-record "
              f"neighbours, every method accounted in one "
-             f"`dp_ops.ledger.PrivacyLedger` (dp_accounting PLD or RDP).",
+             f"`dpsynth.dp_ops.ledger.PrivacyLedger` (dp_accounting PLD or RDP).",
              f"Seeds: {args.seeds} per cell (mean ± sample std, accuracy in %). "
              f"MLP: {setup_info['mlp']}. Logistic probe: StandardScaler + "
              f"LogisticRegression(C={args.logreg_c:g}).",
@@ -523,7 +523,7 @@ def markdown(records: list, args: argparse.Namespace, setup_info: dict,
             lines.append(f"- {r['method']}, ε={r['epsilon']:g}: {note}")
     dpgmm_cfg = ("DP-GMM uses the overrides listed above"
                  if any(m.startswith("dpgmm") for m in args.overrides)
-                 else "DP-GMM uses the project defaults (dp_ops.config), not "
+                 else "DP-GMM uses the project defaults (dpsynth.dp_ops.config), not "
                  "tuned on this data")
     lines += ["- Hyperparameters of every method are fixed in its module "
               "(or overridden above); none was chosen on the test set. "

@@ -1,11 +1,11 @@
 """Input reader speed: seconds to read the same rows as .npz, TFRecord and
-Parquet through ``transforms.io`` (issue 27 item 2).
+Parquet through ``dpsynth.transforms.io`` (issue 27 item 2).
 
 Writes n x d float32 rows (default 100,000 x 384, labels 0..9) into a temp
 dir as
 
 * ``npz``: ``np.savez`` (embeddings, labels);
-* ``tfrecord``: ``transforms.write.tfrecord_bytes`` (the release's layout);
+* ``tfrecord``: ``dpsynth.transforms.write.tfrecord_bytes`` (the release's layout);
 * ``parquet-fixed``: pyarrow, a fixed-size list of float32 (the release's
   Parquet layout), 64k-row row groups;
 * ``parquet-list``: pyarrow, a variable-length ``list<float>`` column (what
@@ -36,7 +36,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from transforms import io, write  # noqa: E402
+from dpsynth.transforms import io, write  # noqa: E402
 
 
 def write_inputs(folder: str, x: np.ndarray, y: np.ndarray) -> dict:

@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-evaluate", action="store_true")
     p.add_argument("--output", default=RESULT)
     args = p.parse_args(argv)
-    from pipelines import cli
+    from dpsynth.pipelines import cli
     work = tempfile.mkdtemp(prefix="report-screenshot-")
     try:
         release = os.path.join(work, "demo")

@@ -10,17 +10,17 @@ once as several .npz shards under ``benchmarks/cache/`` (git-ignored; 1M x
 and peak RSS (sampled with psutil over the child and all its descendants,
 e.g. the DirectRunner's worker processes) are its own:
 
-* ``reference``: ``dp_ops.reference.generate`` on the whole array in memory
+* ``reference``: ``dpsynth.dp_ops.reference.generate`` on the whole array in memory
   (also times its stages, the vote filter among them);
-* ``direct``: ``python -m pipelines.generate --materialise-blocks`` on
+* ``direct``: ``python -m dpsynth.pipelines.generate --materialise-blocks`` on
   DirectRunner, in process (one materialised PCollection of blocks);
 * ``direct2``: the same with ``--direct_num_workers=2`` (multi_processing);
 * ``dask2``: ``--runner dask`` on a ``distributed.LocalCluster`` of 2
   single-threaded worker processes (loopback) that the child starts;
 * ``...-reread``: generate's default layout, where every pass re-reads the
-  input files (``transforms.aggregate.RereadBlocks``);
+  input files (``dpsynth.transforms.aggregate.RereadBlocks``);
 * ``floor`` (issue 15): one read of the input with the job's own reader
-  (``transforms.io`` ranges and decoder) and one float32 pass of sum x and
+  (``dpsynth.transforms.io`` ranges and decoder) and one float32 pass of sum x and
   x^T x over its blocks, on one BLAS thread; read and compute timed apart.
   With the vote filter it also times the exact vote's nearest-neighbour
   arithmetic (``vote_nn_floor``: rows x candidates x d at the one-thread
@@ -48,7 +48,7 @@ the files, and reports job time, speed-up, efficiency, Amdahl's serial
 fraction f = (W/S - 1)/(W - 1) (W = 2: 2/S(2) - 1), the load average, the
 machine's memory just before each run (``benchmarks/machine_probe.py``:
 first touch of fresh memory and a page-cache write, ``--probe-mb``), and
-a per-stage table from the stage trace (``transforms.progress``: which
+a per-stage table from the stage trace (``dpsynth.transforms.progress``: which
 worker processes ran each stage, busy vs elapsed time) to
 ``results/scaling-workers.md``:
 
@@ -184,7 +184,7 @@ def _write(path: str, fmt: str, parts) -> None:
         xs, ys = zip(*parts)
         np.savez(path, embeddings=np.concatenate(xs), labels=np.concatenate(ys))
     elif fmt == "tfrecord":
-        from transforms.write import tfrecord_bytes
+        from dpsynth.transforms.write import tfrecord_bytes
         with open(path, "wb") as fh:
             for x, y in parts:
                 for label in np.unique(y).tolist():
@@ -228,7 +228,7 @@ def make_data(cache: str, n: int, d: int, classes: int = CLASSES,
 def load_dir(path: str) -> tuple[np.ndarray, np.ndarray]:
     files = sorted(f for f in os.listdir(path) if f.endswith(".npz"))
     if not files:  # TFRecord / Parquet
-        from transforms import io
+        from dpsynth.transforms import io
         return io.load_arrays(os.path.join(path, "part-*"))
     xs, ys = [], []
     for name in files:
@@ -253,8 +253,8 @@ def _gen_flags(args: argparse.Namespace) -> list[str]:
 
 def _config(flags: Sequence[str]):
     """GeneratorConfig from generate's own parser (same defaults)."""
-    from dp_ops.config import labels_from
-    from pipelines import generate, job
+    from dpsynth.dp_ops.config import labels_from
+    from dpsynth.pipelines import generate, job
     args, _ = _parse_generate(flags)
     # As the job resolves it ("auto" outside the adaptive plan: "shared").
     return job.resolve_config(generate.spec_from_args(args), tuple(
@@ -262,7 +262,7 @@ def _config(flags: Sequence[str]):
 
 
 def _parse_generate(flags: Sequence[str]):
-    from pipelines import generate
+    from dpsynth.pipelines import generate
     parser = generate.parser()
     flags = list(flags)
     if any("--record-timings" in a.option_strings for a in parser._actions):
@@ -287,8 +287,8 @@ def rows_of(data: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def child_reference(data: str, flags: Sequence[str], result: str) -> None:
-    from dp_ops import plan, reference
-    from dp_ops.noise import SeededNoise
+    from dpsynth.dp_ops import plan, reference
+    from dpsynth.dp_ops.noise import SeededNoise
     t0 = time.perf_counter()
     cfg = _config(flags)
     made = os.path.basename(data).rsplit("-", 2)[-2:]
@@ -311,13 +311,13 @@ def child_reference(data: str, flags: Sequence[str], result: str) -> None:
 def child_beam(data: str, flags: Sequence[str], result: str,
                profile: Optional[str] = None, reread: bool = False,
                dask_workers: int = 0) -> None:
-    from pipelines import console, generate, job
+    from dpsynth.pipelines import console, generate, job
     # Re-reading the files every pass is generate's default layout; the
     # other modes keep one materialised copy of the blocks.
     layout = [] if reread else ["--materialise-blocks"]
     out = tempfile.mkdtemp(prefix="dpsynth-bench-")
     if dask_workers:  # generate's own local cluster, started here
-        from pipelines.dask_runner import local_cluster
+        from dpsynth.pipelines.dask_runner import local_cluster
         local_cluster(dask_workers)
         layout += ["--runner", "dask"]
     try:
@@ -343,7 +343,7 @@ def child_beam(data: str, flags: Sequence[str], result: str,
                        "samples": manifest["samples_total"]})
     finally:
         if dask_workers:
-            from pipelines.dask_runner import close_local_cluster
+            from dpsynth.pipelines.dask_runner import close_local_cluster
             close_local_cluster()
         shutil.rmtree(out, ignore_errors=True)
 
@@ -387,7 +387,7 @@ def job_reader(data: str, flags: Sequence[str]):
     them from generate's parser: the reader lists the read ranges
     (TFRecord: --split-bytes byte ranges) and peeks at the schema (decoder
     imports) here, before any timing; no pipeline."""
-    from transforms import io
+    from dpsynth.transforms import io
     args, _ = _parse_generate(["--input", os.path.join(data, "part-*"),
                                "--output", "unused", *flags])
     spec = io.InputSpec(args.input, args.input_format, args.embedding_feature,
@@ -398,8 +398,8 @@ def job_reader(data: str, flags: Sequence[str]):
 
 def range_blocks(spec, reader, ranges) -> Iterator:
     """The validated blocks of ``ranges`` of ``reader``'s input
-    (``transforms.io.read_range_blocks``)."""
-    from transforms import io
+    (``dpsynth.transforms.io.read_range_blocks``)."""
+    from dpsynth.transforms import io
     return (block for r in ranges for block in
             io.read_range_blocks(r, spec, reader.dim, reader.dim_source))
 
@@ -433,12 +433,12 @@ def output_floor(rows: int, dim: int) -> dict:
     """The release's own work, which the issue's floor leaves out: drawing
     ``rows`` synthetic rows (``generator.sample_rows``: d + 128 normals a
     row, the rank-128 factor product, the projection onto the sphere) and
-    encoding them as TFRecords (``transforms.write.tfrecord_bytes``), in
+    encoding them as TFRecords (``dpsynth.transforms.write.tfrecord_bytes``), in
     the writer's pieces, on the current (one) BLAS thread."""
     import numpy as np
-    from dp_ops import adaptive, generator
-    from dp_ops.config import GeneratorConfig
-    from transforms.write import WRITE_PIECE, tfrecord_bytes
+    from dpsynth.dp_ops import adaptive, generator
+    from dpsynth.dp_ops.config import GeneratorConfig
+    from dpsynth.transforms.write import WRITE_PIECE, tfrecord_bytes
     rng = np.random.default_rng(0)
     rank = min(adaptive.RuleConstants().shared_rank, dim)
     mix = generator.ClassMixture(
@@ -469,7 +469,7 @@ def sgemm_rate(dim: int, repeats: int = 10) -> float:
     """Peak float32 flop/s of the vote kernel's tile product (ROW_TILE rows
     x CANDIDATE_TILE candidates, dim deep) on the current BLAS threads."""
     import numpy as np
-    from dp_ops import vote
+    from dpsynth.dp_ops import vote
     rng = np.random.default_rng(0)
     a = rng.standard_normal((vote.ROW_TILE, dim)).astype(np.float32)
     b = rng.standard_normal((vote.CANDIDATE_TILE, dim)).astype(np.float32)
@@ -496,7 +496,7 @@ def vote_nn_floor(rows: int, dim: int, oversample: float,
 def _recording_progress(seen: list) -> None:
     """Records the pass names generate hands its progress printer (one
     printer per Beam pipeline: the passes the run really makes)."""
-    from pipelines import console
+    from dpsynth.pipelines import console
     base = console.ProgressPrinter
 
     class Recording(base):
@@ -656,7 +656,7 @@ def untiled_votes(x: np.ndarray, candidates: np.ndarray,
     """The vote search before ISSUE 6, for comparison: float64, all
     candidates per 4096-row chunk (a chunk x m distance matrix), the
     candidates' norms recomputed per call."""
-    from dp_ops.kmeans import nearest
+    from dpsynth.dp_ops.kmeans import nearest
     hist = np.zeros(len(candidates))
     for start in range(0, len(x), chunk):
         hist += np.bincount(nearest(x[start:start + chunk], candidates),
@@ -667,9 +667,9 @@ def untiled_votes(x: np.ndarray, candidates: np.ndarray,
 def vote_bench(dims: Sequence[int], rows: int, cands: Sequence[int],
                seed: int = 0, untiled_max: int = 30_000) -> list[dict]:
     """Times the exact vote histogram (nearest candidate of every row):
-    the tiled float32 search of ``dp_ops.vote`` and, up to ``untiled_max``
+    the tiled float32 search of ``dpsynth.dp_ops.vote`` and, up to ``untiled_max``
     candidates (its memory is 4096 x m x 8 bytes x 2), the old one."""
-    from dp_ops import vote
+    from dpsynth.dp_ops import vote
     out = []
     rng = np.random.default_rng(seed)
     for d in dims:
@@ -786,7 +786,7 @@ def report(results: list[dict], votes: list[dict], profile_text: str,
             lines.append(f"| {r['d']} | {r['n']:,} | " + " | ".join(
                 f"{r['stages_s'].get(k, 0):.2f}" for k in names) + " |")
     if votes:
-        lines += ["", "Vote filter alone (`dp_ops.vote.block_votes`, exact "
+        lines += ["", "Vote filter alone (`dpsynth.dp_ops.vote.block_votes`, exact "
                   "nearest candidate of every row):", "",
                   "| d | real rows | candidates | method | s | GFLOP/s |",
                   "|---|---|---|---|---|---|"]
@@ -861,7 +861,7 @@ def floor_report(results: list[dict]) -> str:
              "worker processes, multi_processing, every pass re-reads the "
              "files); in-memory = `reference`; floor = passes x (read + "
              "compute) from the `floor` child (one BLAS thread: one read of "
-             "the input with transforms.io's range reader, one float32 pass "
+             "the input with dpsynth.transforms.io's range reader, one float32 pass "
              "of sum x and x^T x in the job's blocks); passes = the names "
              "generate handed its progress printer in the Beam run. Vote NN "
              "s (vote config only): the exact vote's nearest-neighbour "
@@ -1160,7 +1160,7 @@ def run_grid(args: argparse.Namespace, modes: Sequence[str],
 
 # ------------------------------------------------ worker sweep (issue 27)
 # One engine = how `dpsynth generate` gets W workers. Flink, Spark and
-# Prism go here too (deploy.runners.flink_args / spark_args / prism_args
+# Prism go here too (dpsynth.deploy.runners.flink_args / spark_args / prism_args
 # with parallelism W), one entry each; start()/stop() bracket the job for
 # engines that need a cluster started for it.
 
@@ -1191,12 +1191,12 @@ class DirectEngine(Engine):
     name = "direct"
 
     def flags(self, workers: int) -> list[str]:
-        from deploy.runners import direct_args
+        from dpsynth.deploy.runners import direct_args
         return direct_args(workers, "multi_processing")
 
     def launch(self, workers: int) -> None:
         # the worker fork server, whose imports then overlap the child's
-        from pipelines import direct_runner
+        from dpsynth.pipelines import direct_runner
         direct_runner.start_worker_server_for(self.flags(workers))
 
 
@@ -1208,7 +1208,7 @@ class DirectSpawnEngine(DirectEngine):
     name = "direct-spawn"
 
     def launch(self, workers: int) -> None:
-        from pipelines import direct_runner
+        from dpsynth.pipelines import direct_runner
         direct_runner.fork_workers(False)
 
 
@@ -1219,15 +1219,15 @@ class DaskEngine(Engine):
     name = "dask"
 
     def flags(self, workers: int) -> list[str]:
-        from deploy.runners import dask_args
+        from dpsynth.deploy.runners import dask_args
         return dask_args()
 
     def start(self, workers: int) -> None:
-        from pipelines.dask_runner import local_cluster
+        from dpsynth.pipelines.dask_runner import local_cluster
         local_cluster(workers)
 
     def stop(self) -> None:
-        from pipelines.dask_runner import close_local_cluster
+        from dpsynth.pipelines.dask_runner import close_local_cluster
         close_local_cluster()
 
 
@@ -1241,13 +1241,13 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
     """One job on ``engine`` with ``workers`` workers, every pass reading
     the files (generate's default layout); job time = generate.run (the
     engine's cluster start and stop timed apart); the stage trace
-    (transforms.progress) of every worker. The engine is launched first,
+    (dpsynth.transforms.progress) of every worker. The engine is launched first,
     as the command line does (the fork server's imports run beside the
     pipeline's)."""
     eng = ENGINES[engine]
     eng.launch(workers)
-    from pipelines import console, generate, job, machine
-    from transforms import progress
+    from dpsynth.pipelines import console, generate, job, machine
+    from dpsynth.transforms import progress
     out = tempfile.mkdtemp(prefix="dpsynth-bench-")
     trace = os.path.join(out, "trace.tsv")
     os.environ[progress.TRACE_ENV] = trace  # before any worker starts

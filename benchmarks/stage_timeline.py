@@ -4,7 +4,7 @@ Runs one `dpsynth generate` job on DirectRunner with W worker processes
 (the benchmark data of ``benchmarks/scaling.py``, its default flags) and
 prints the runner's fused stages in order with their wall times (Beam's
 ``FnApiRunner._execute_bundle``, timed in the runner process) and the
-spans of the job with no worker running traced work (``transforms.progress``).
+spans of the job with no worker running traced work (``dpsynth.transforms.progress``).
 Stages that run in the runner process (shuffles, PipelineDP's small
 stages) cost the same whatever the cores: on a 2-core machine,
 ``--workers 16`` shows what 16 workers cost there.
@@ -69,8 +69,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     engine = scaling.ENGINES["direct"]
     engine.launch(args.workers)
-    from pipelines import console, generate, job
-    from transforms import progress
+    from dpsynth.pipelines import console, generate, job
+    from dpsynth.transforms import progress
     data = scaling.make_data(scaling.DEFAULT_CACHE, args.rows, args.dim)
     out = tempfile.mkdtemp(prefix="dpsynth-timeline-")
     trace = os.path.join(out, "trace.tsv")

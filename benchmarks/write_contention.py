@@ -1,7 +1,7 @@
 """What the release-writing stage costs when several workers write at once.
 
 The write stage draws each shard's synthetic rows and writes them as a
-Parquet file (``transforms.write``: ``generator.sample_rows`` piece by
+Parquet file (``dpsynth.transforms.write``: ``generator.sample_rows`` piece by
 piece into a ``ParquetShard``). On the 2-core machine it grew 14-16 % in
 busy worker-seconds from one worker to two (issue 27, session 20), more
 than any pass over the input. This benchmark separates the three parts
@@ -49,9 +49,9 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks import publish, run_pinned  # noqa: E402
-from dp_ops import generator  # noqa: E402
-from dp_ops.config import GeneratorConfig  # noqa: E402
-from transforms.write import WRITE_PIECE, ParquetShard  # noqa: E402
+from dpsynth.dp_ops import generator  # noqa: E402
+from dpsynth.dp_ops.config import GeneratorConfig  # noqa: E402
+from dpsynth.transforms.write import WRITE_PIECE, ParquetShard  # noqa: E402
 
 DIM = 384
 RANK = 128  # the default --covariance-rank: two matrix products a chunk

@@ -5,7 +5,7 @@ The release's data shards hold n x d float32 rows (one class per shard,
 the same rows (d = 384; one 50,000-row block reused for every shard, 10
 classes) and each writing through its own file API to local disk:
 
-* ``vectorised``: ``transforms.write.tfrecord_bytes`` (numpy fills the fixed
+* ``vectorised``: ``dpsynth.transforms.write.tfrecord_bytes`` (numpy fills the fixed
   tf.train.Example byte layout around the float32 rows and the TFRecord
   frames; google-crc32c per record), one ``FileSystems.create`` per shard.
   The writer the pipeline uses.
@@ -20,7 +20,7 @@ classes) and each writing through its own file API to local disk:
   payloads (tuned Example per row) -> ``beam.io.WriteToTFRecord``.
 * ``beam-framing-only``: the same pipeline with pre-built payloads: Beam's
   sink cost alone.
-* ``parquet``: ``transforms.write.parquet_bytes`` (pyarrow, fixed-size list
+* ``parquet``: ``dpsynth.transforms.write.parquet_bytes`` (pyarrow, fixed-size list
   of float32 + int64 label), one ``FileSystems.create`` per shard.
 
 Every output is read back (first shard, first rows) and compared with the
@@ -55,7 +55,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks import publish  # noqa: E402
-from transforms import write  # noqa: E402
+from dpsynth.transforms import write  # noqa: E402
 
 DIM = 384
 SHARD = 50_000
@@ -183,7 +183,7 @@ WRITERS = {
 
 def check(out: str, block: np.ndarray) -> None:
     """The first shard written reads back as the rows written."""
-    from transforms import io
+    from dpsynth.transforms import io
     first = sorted(os.listdir(out))[0]
     path = os.path.join(out, first)
     spec = io.InputSpec(path, io.detect_format(path))

@@ -17,8 +17,8 @@ cache is ``$DPSYNTH_ENGINES_DIR``, else ``$XDG_CACHE_HOME/dpsynth/engines``
 missing, so tests can tell "the registry does not serve it" (a final no:
 skip, with that reason) from an install that failed (fail in CI).
 
-  python -m deploy.install_engines [flink spark prism]   # install, print paths
-  python -m deploy.install_engines --print flink          # the path, or exit 1
+  python -m dpsynth.deploy.install_engines [flink spark prism]   # install, print paths
+  python -m dpsynth.deploy.install_engines --print flink          # the path, or exit 1
 
 Exit status: 0 when every engine asked for is installed or not served by
 its registry, 1 when an install failed (network, build).
@@ -205,7 +205,7 @@ def describe(engine: str, entry: dict) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m deploy.install_engines",
+        prog="python -m dpsynth.deploy.install_engines",
         description="install the Flink / Spark job server jars and Prism "
         "for the installed Beam")
     parser.add_argument("engines", nargs="*",
@@ -221,7 +221,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         why = describe(args.show, entry) if "error" in entry else \
             f"{args.show}: not installed"
-        print(f"{why}; install: python -m deploy.install_engines "
+        print(f"{why}; install: python -m dpsynth.deploy.install_engines "
               f"{args.show}", file=sys.stderr)
         return 1
     unknown = sorted(set(args.engines) - set(ENGINES))

@@ -32,7 +32,7 @@ _FALSE = {"false", "0", "no", "off", ""}
 
 def _ensure_importable() -> None:
     try:
-        import pipelines.generate  # noqa: F401
+        import dpsynth.pipelines.generate  # noqa: F401
     except ImportError:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         sys.path.insert(0, root)
@@ -68,7 +68,7 @@ def translate(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]
             continue
         name, eq, value = arg.partition("=")
         if name == "--labels" and eq and _is_job_label(value):
-            print(f"deploy.launch: ignoring orchestrator job labels {value}",
+            print(f"dpsynth.deploy.launch: ignoring orchestrator job labels {value}",
                   file=sys.stderr)
             continue
         dashed = "--" + name[2:].replace("_", "-")
@@ -88,7 +88,7 @@ def translate(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     _ensure_importable()
-    from pipelines import generate
+    from dpsynth.pipelines import generate
     args = list(sys.argv[1:] if argv is None else argv)
     return generate.main(translate(args, generate.parser()))
 

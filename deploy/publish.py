@@ -1,6 +1,6 @@
 """After a scheduled run: verify its release and point LATEST.json at it.
 
-``python -m deploy.publish --output ROOT/2026-01-01 --run-id ID
+``python -m dpsynth.deploy.publish --output ROOT/2026-01-01 --run-id ID
 --output-root ROOT`` checks that the
 published release (its ``_manifest.json`` is the commit point, see
 ``pipelines/release.py``) was produced by run ``ID`` — a different run id
@@ -26,7 +26,7 @@ LATEST = "LATEST.json"
 
 
 def summary(output: str, run_id: str) -> dict:
-    from pipelines import release
+    from dpsynth.pipelines import release
     manifest = release.read_manifest(output)  # refuses incomplete releases
     if manifest.get("run_id") != run_id:
         raise ValueError(f"{output}: the release there was produced by run "
@@ -56,7 +56,7 @@ def write_latest(output_root: str, doc: dict) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m deploy.publish")
+    p = argparse.ArgumentParser(prog="python -m dpsynth.deploy.publish")
     p.add_argument("--output", required=True, help="the run's release")
     p.add_argument("--run-id", required=True)
     p.add_argument("--output-root", required=True,
@@ -65,7 +65,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         doc = summary(args.output, args.run_id)
     except (ValueError, RuntimeError) as e:
-        print(f"deploy.publish: {e}", file=sys.stderr)
+        print(f"dpsynth.deploy.publish: {e}", file=sys.stderr)
         return 1
     doc["latest"] = write_latest(args.output_root, doc)
     print(json.dumps(doc, indent=1))

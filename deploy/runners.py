@@ -2,7 +2,7 @@
 
 Each ``*_args`` function is pure: it turns a few named parameters into the
 ``--flag=value`` list that ``PipelineOptions`` (and so ``python -m
-pipelines.generate``) accepts. Nothing here imports Google Cloud clients or
+dpsynth.pipelines.generate``) accepts. Nothing here imports Google Cloud clients or
 needs credentials; ``pipeline_options`` only builds a ``PipelineOptions``.
 
 Runners:
@@ -15,18 +15,18 @@ Runners:
   * FlinkRunner (portable): ``--flink_master`` plus the SDK harness
     environment (DOCKER, PROCESS, EXTERNAL worker pool, or LOOPBACK for a
     local cluster), the job server jar (``--flink_job_server_jar``, see
-    ``deploy.install_engines``) or a running job server
+    ``dpsynth.deploy.install_engines``) or a running job server
     (``--job_endpoint``).
   * SparkRunner (portable): ``--spark_master_url`` (``local[N]`` runs Spark
     inside the job server), the environment and the job server as Flink's.
   * PrismRunner: Beam's Go runner, ``--prism_location`` (the binary that
-    ``deploy.install_engines`` builds) or a running Prism
+    ``dpsynth.deploy.install_engines`` builds) or a running Prism
     (``--job_endpoint``); the SDK harness runs in this process (LOOPBACK).
-  * DaskRunner (``pipelines.dask_runner``): ``--dask_client_address`` of a
+  * DaskRunner (``dpsynth.pipelines.dask_runner``): ``--dask_client_address`` of a
     running ``dask scheduler`` (or ``--dask_scheduler_file``); with neither,
     the job starts a local cluster for the run (for trying it).
 
-``python -m deploy.runners dataflow --project P ...`` prints the list (one
+``python -m dpsynth.deploy.runners dataflow --project P ...`` prints the list (one
 shell-quoted line) for scripts; ``add_runner_arguments`` / ``beam_args_from``
 let a CLI expose the same parameters.
 """
@@ -40,7 +40,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from pipelines.runner_names import (DASK_NAMES, default_running_mode,
+from dpsynth.pipelines.runner_names import (DASK_NAMES, default_running_mode,
                                     resolve_dask)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -238,7 +238,7 @@ def prism_args(prism_location: Optional[str] = None,
                environment_config: Optional[str] = None) -> list[str]:
     """PrismRunner: Beam's Go runner on this machine.
 
-    ``prism_location``: the binary (``python -m deploy.install_engines
+    ``prism_location``: the binary (``python -m dpsynth.deploy.install_engines
     prism`` builds it; without it Beam downloads a release), which Beam
     starts; or ``job_endpoint``: a Prism already running (``prism
     --job_port N``). ``environment_type``: LOOPBACK (default: the Python
@@ -300,7 +300,7 @@ def dask_args(client_address: Optional[str] = None,
               scheduler_file: Optional[str] = None,
               npartitions: Optional[int] = None,
               partition_size: Optional[int] = None) -> list[str]:
-    """DaskRunner (dpsynth's, ``pipelines.dask_runner``).
+    """DaskRunner (dpsynth's, ``dpsynth.pipelines.dask_runner``).
 
     ``client_address``: the scheduler, ``tcp://HOST:PORT`` (or a
     ``scheduler_file`` it wrote). With neither, ``dpsynth generate`` starts
@@ -392,14 +392,14 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--flink-master", default=DEFAULT_FLINK_MASTER)
     g.add_argument("--flink-job-server-jar", default=None,
                    help="Flink: Beam's job server jar (python -m "
-                   "deploy.install_engines flink)")
+                   "dpsynth.deploy.install_engines flink)")
     g.add_argument("--spark-master-url", default=DEFAULT_SPARK_MASTER,
                    help="Spark: local[N], spark://HOST:PORT, yarn, k8s://...")
     g.add_argument("--spark-job-server-jar", default=None,
                    help="Spark: Beam's job server jar (python -m "
-                   "deploy.install_engines spark)")
+                   "dpsynth.deploy.install_engines spark)")
     g.add_argument("--prism-location", default=None,
-                   help="Prism: the binary (python -m deploy.install_engines "
+                   help="Prism: the binary (python -m dpsynth.deploy.install_engines "
                    "prism)")
     g.add_argument("--job-endpoint", default=None,
                    help="Flink/Spark/Prism: HOST:PORT of a running job "
@@ -458,11 +458,11 @@ def beam_args_from(ns: argparse.Namespace) -> list[str]:
 def main(argv: Optional[list[str]] = None) -> int:
     """Prints the Beam options for a runner as one shell-quoted line."""
     parser = argparse.ArgumentParser(
-        prog="python -m deploy.runners",
+        prog="python -m dpsynth.deploy.runners",
         description="print the Beam pipeline options of a runner")
     add_runner_arguments(parser)
     args = sys.argv[1:] if argv is None else argv
-    # `python -m deploy.runners dataflow --project ...`: positional runner.
+    # `python -m dpsynth.deploy.runners dataflow --project ...`: positional runner.
     if args and not args[0].startswith("-"):
         args = ["--runner", args[0], *args[1:]]
     try:

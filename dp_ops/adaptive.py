@@ -63,10 +63,10 @@ from typing import Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from dp_ops import clipping, covariance, generator, kmeans, moments, plan
-from dp_ops.calibration import Slot, _mechanisms, gdp_mu, shrink_mu
-from dp_ops.config import GeneratorConfig
-from dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger, compose_epsilon
+from dpsynth.dp_ops import clipping, covariance, generator, kmeans, moments, plan
+from dpsynth.dp_ops.calibration import Slot, _mechanisms, gdp_mu, shrink_mu
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger, compose_epsilon
 
 # Shares of mu^2 (each class, with the global mechanisms, sees all of them).
 PHASE1 = {"centre": 0.0132, "count": 0.02}

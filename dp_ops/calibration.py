@@ -15,7 +15,7 @@ import dataclasses
 import math
 from typing import Mapping, Sequence
 
-from dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger, compose_epsilon
+from dpsynth.dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger, compose_epsilon
 
 
 @dataclasses.dataclass(frozen=True)

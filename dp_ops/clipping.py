@@ -12,7 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
-from dp_ops.moments import quantize
+from dpsynth.dp_ops.moments import quantize
 
 NORMALIZATIONS = ("none", "unit")
 

@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Optional, Sequence
 
-from dp_ops.clipping import NORMALIZATIONS
+from dpsynth.dp_ops.clipping import NORMALIZATIONS
 
 # "per-class" needs large classes: it won on CIFAR-10 (5,000 rows a class)
 # from epsilon 2 up and lost on the 140-row classes of the demo
@@ -63,7 +63,7 @@ class GeneratorConfig:
     variance_floor: float = 1e-6  # as a fraction of clip_norm^2 / d
     covariance_rank: int = 128  # 0: diagonal clusters; r: + rank-r factors
     # factors from one "shared" or "per-class" matrix; "auto": the adaptive
-    # plan (dp_ops/adaptive.py), run by pipelines.generate
+    # plan (dp_ops/adaptive.py), run by dpsynth.pipelines.generate
     covariance: str = "shared"
     vote_filter: bool = False
     vote_threshold: float = 6.0

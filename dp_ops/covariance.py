@@ -23,7 +23,7 @@ import functools
 import numpy as np
 from scipy.linalg import blas
 
-from dp_ops.moments import quantize
+from dpsynth.dp_ops.moments import quantize
 
 # Coarser grid than the sums: products of two 2^-12 grid values sum exactly
 # in float64 for up to 2^29 rows, so M is independent of bundle order.

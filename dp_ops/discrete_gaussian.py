@@ -31,7 +31,7 @@ exp(-gamma):
 So the output distribution is the discrete Gaussian N_Z(0, s^2) up to a total
 variation of 2^-240 per trial. No floating-point value of the private input
 is involved: the caller adds ``q * K`` to an aggregate that already lies on
-the lattice q Z (see ``dp_ops.noise``), so the result's low-order bits carry
+the lattice q Z (see ``dpsynth.dp_ops.noise``), so the result's low-order bits carry
 no information (the floating-point attack of Mironov 2012 does not apply).
 """
 

@@ -14,10 +14,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from dp_ops import covariance, kmeans, lsh_tree, moments, plan, sampling, vote
-from dp_ops.config import GeneratorConfig
-from dp_ops.ledger import PrivacyLedger
-from dp_ops.noise import NoiseSource
+from dpsynth.dp_ops import covariance, kmeans, lsh_tree, moments, plan, sampling, vote
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.ledger import PrivacyLedger
+from dpsynth.dp_ops.noise import NoiseSource
 
 
 def projection(dim: int, cfg: GeneratorConfig) -> np.ndarray:

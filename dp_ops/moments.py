@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from dp_ops.kmeans import one_hot
+from dpsynth.dp_ops.kmeans import one_hot
 
 GRID_BITS = 24
 

@@ -15,7 +15,7 @@ with independent noise while the ledger counts it once.
   dependency of Beam) under the subkey HMAC-SHA-256(key, draw name): a
   cryptographically secure generator, one independent stream per draw.
 * Distribution: the exact discrete Gaussian N_Z(0, s^2) of
-  ``dp_ops.discrete_gaussian``, scaled by a power-of-two lattice step q:
+  ``dpsynth.dp_ops.discrete_gaussian``, scaled by a power-of-two lattice step q:
   noise = q * K. ``add`` requires the value to lie on q Z already (dpsynth's
   aggregates are exact fixed-point sums on a public power-of-two grid, see
   ``moments.grid``), so value + q * K is computed exactly and its low-order
@@ -41,7 +41,7 @@ from typing import Optional, Protocol, Sequence
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from dp_ops.discrete_gaussian import discrete_gaussian
+from dpsynth.dp_ops.discrete_gaussian import discrete_gaussian
 
 _LATTICE_BITS = 20  # q <= sigma * 2^-20
 _SEED_DOMAIN = b"dpsynth/noise-seed/v1"
@@ -93,7 +93,7 @@ class KeyedNoise:
 
     def export_key(self) -> bytes:
         """The secret key, for the launcher to hand to a restricted key
-        store (``transforms.noise.StoredKeyNoise``); never log or write it
+        store (``dpsynth.transforms.noise.StoredKeyNoise``); never log or write it
         anywhere else."""
         return self._key
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dp_ops.calibration import Slot, calibrate
-from dp_ops.config import GeneratorConfig
-from dp_ops.ledger import GLOBAL, PrivacyLedger
+from dpsynth.dp_ops.calibration import Slot, calibrate
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.ledger import GLOBAL, PrivacyLedger
 
 # Relative shares inside a stage (per application of each mechanism).
 TREE_LEAF_SUM_SHARE = 0.5  # the level counts share the other half
@@ -113,7 +113,7 @@ def plan_slots(cfg: GeneratorConfig) -> list[Slot]:
 
 def make_ledger(cfg: GeneratorConfig) -> PrivacyLedger:
     """Calibrates every mechanism of the run; refuses impossible targets."""
-    if cfg.covariance == "auto":  # two phases: dp_ops.adaptive
-        raise ValueError("covariance 'auto' is planned by dp_ops.adaptive")
+    if cfg.covariance == "auto":  # two phases: dpsynth.dp_ops.adaptive
+        raise ValueError("covariance 'auto' is planned by dpsynth.dp_ops.adaptive")
     return calibrate(plan_slots(cfg), cfg.weights(), cfg.epsilon, cfg.delta,
                      cfg.accountant)

@@ -2,7 +2,7 @@
 
 Same steps, same public seeds and, with a ``SeededNoise``, the same noise
 draws as the Beam pipeline: the speed yardstick and the statistical
-cross-check for ``pipelines.generate``.
+cross-check for ``dpsynth.pipelines.generate``.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from dp_ops import (adaptive, clipping, covariance, generator, kmeans,
+from dpsynth.dp_ops import (adaptive, clipping, covariance, generator, kmeans,
                     lsh_tree, moments, plan, vote)
-from dp_ops.config import GeneratorConfig
-from dp_ops.ledger import PrivacyLedger
-from dp_ops.noise import NoiseSource
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.ledger import PrivacyLedger
+from dpsynth.dp_ops.noise import NoiseSource
 
 
 @contextlib.contextmanager
@@ -161,9 +161,9 @@ def generate_adaptive(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
                       noise: NoiseSource,
                       constants: Optional[adaptive.RuleConstants] = None,
                       timings: Optional[dict] = None):
-    """The adaptive two-phase generator (dp_ops.adaptive), in memory: the
+    """The adaptive two-phase generator (dpsynth.dp_ops.adaptive), in memory: the
     same exact aggregates, mechanism names and keyed noise as the Beam job
-    (``transforms.adaptive``), so a ``SeededNoise`` gives the same release.
+    (``dpsynth.transforms.adaptive``), so a ``SeededNoise`` gives the same release.
 
     Returns (mixtures per label, synthetic x, synthetic y, ledger,
     structure). Uses cfg's labels, epsilon, delta, clip_norm, normalize,

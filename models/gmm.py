@@ -14,8 +14,8 @@ from typing import Iterable
 
 import numpy as np
 
-from dp_ops import sampling
-from dp_ops.generator import ClassMixture
+from dpsynth.dp_ops import sampling
+from dpsynth.dp_ops.generator import ClassMixture
 
 
 @dataclasses.dataclass

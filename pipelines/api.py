@@ -1,6 +1,6 @@
 """dpsynth's Python API: the same job as `dpsynth generate`, without flags.
 
-    from pipelines.api import (GenerateSpec, GeneratorOptions, InputOptions,
+    from dpsynth.pipelines.api import (GenerateSpec, GeneratorOptions, InputOptions,
                                OutputOptions, generate)
     release = generate(GenerateSpec(
         input=InputOptions(path="gs://bucket/private/*.npz", num_classes=10),
@@ -14,10 +14,10 @@ The other commands have their own specs: ``encode(EncodeSpec(...))`` is
 boundary) and ``evaluate(EvaluateSpec(...))`` is `dpsynth evaluate` (a
 release scored on real data; the report is NOT differentially private).
 
-Every option is a typed, frozen value (``pipelines.spec``); its defaults are
+Every option is a typed, frozen value (``dpsynth.pipelines.spec``); its defaults are
 the command line's. Errors are raised, not printed: ``UsageError`` and
-``ValueError`` for a bad spec, ``transforms.io.InputError`` for bad input,
-``pipelines.release.ReleaseError``, and the budget store's
+``ValueError`` for a bad spec, ``dpsynth.transforms.io.InputError`` for bad input,
+``dpsynth.pipelines.release.ReleaseError``, and the budget store's
 ``BudgetExceeded`` / ``RunConflict`` / ``CapConflict``; in each case nothing
 was published.
 """
@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from pipelines.spec import (BudgetOptions, EncodeSpec, EvaluateSpec,
+from dpsynth.pipelines.spec import (BudgetOptions, EncodeSpec, EvaluateSpec,
                             GenerateSpec, GeneratorOptions, ImageOptions,
                             InputOptions, MLPOptions, OutputOptions,
                             RunOptions)
@@ -49,7 +49,7 @@ class Release:
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(x, y) of the synthetic rows."""
-        from pipelines import release
+        from dpsynth.pipelines import release
         x, y, _ = release.load_release(self.path)
         return x, y
 
@@ -57,7 +57,7 @@ class Release:
 def generate(spec: GenerateSpec) -> Release:
     """Runs one dpsynth job (plan, DP pipeline, atomic publication) and
     returns the published release."""
-    from pipelines import job, release
+    from dpsynth.pipelines import job, release
     path = job.run(spec)
     return Release(path, release.read_manifest(path))
 
@@ -74,11 +74,11 @@ def encode(spec: EncodeSpec) -> dict:
                           output="gs://b/private/emb.npz"))
 
     The embeddings are as private as the images. Raises
-    ``transforms.formats.ImageInputError`` for bad input or options,
+    ``dpsynth.transforms.formats.ImageInputError`` for bad input or options,
     ``BadImagesError`` past ``spec.max_bad_images`` unreadable images
-    (nothing is written then), and ``models.encoders``' ``EncoderError`` /
+    (nothing is written then), and ``dpsynth.models.encoders``' ``EncoderError`` /
     ``EncoderUnavailableError``."""
-    from pipelines import encode_job
+    from dpsynth.pipelines import encode_job
     return encode_job.run(spec)
 
 
@@ -98,7 +98,7 @@ def evaluate(spec: EvaluateSpec,
 
     The report reads the real training data and is NOT differentially
     private: keep it with the data owner. Raises ``ValueError`` for a bad
-    spec, ``transforms.io.InputError`` for unreadable rows and
-    ``pipelines.release.ReleaseError``, before any report is written."""
-    from pipelines import evaluate as command
+    spec, ``dpsynth.transforms.io.InputError`` for unreadable rows and
+    ``dpsynth.pipelines.release.ReleaseError``, before any report is written."""
+    from dpsynth.pipelines import evaluate as command
     return command.run(spec, progress)

@@ -23,7 +23,7 @@ from typing import Iterator, Optional
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines.beam_patch import replace_once
+from dpsynth.pipelines.beam_patch import replace_once
 
 # The folder this context's pipeline puts Beam's dependency folders in.
 _scratch: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(

@@ -15,11 +15,11 @@ reaches a release, ``LATEST.json`` or a notification.
 Lifetime cap. The cap (epsilon, delta) is pinned in the document when it is
 created. A later run may ask for a stricter epsilon (used for its own check)
 but never a larger one nor another delta (``CapConflict``); only the logged
-admin command ``python -m pipelines.budget_store set-cap ... --reason`` changes
+admin command ``python -m dpsynth.pipelines.budget_store set-cap ... --reason`` changes
 it, and the change is kept in the document.
 
 Accounting. All recorded mechanisms plus the new ones are put in one
-``dp_ops.ledger.PrivacyLedger`` and composed by its ``spent_epsilon``: within a
+``dpsynth.dp_ops.ledger.PrivacyLedger`` and composed by its ``spent_epsilon``: within a
 class everything composes sequentially (across releases too), and classes
 compose in parallel (a record is in exactly one class; labels are a public
 per-record rule that is the same for every release of one dataset id), the
@@ -92,7 +92,7 @@ import time
 from collections import Counter
 from typing import Callable, Iterator, Optional
 
-from dp_ops.ledger import Mechanism, PrivacyLedger
+from dpsynth.dp_ops.ledger import Mechanism, PrivacyLedger
 
 FORMAT = "dpsynth-budget-ledger/1"
 RESERVED, RUNNING, STAGED = "reserved", "running", "staged"
@@ -247,7 +247,7 @@ def reserve(store_uri: str, dataset_id: str, run_id: str,
                 f"{len(doc['releases'])} earlier attempt(s), see "
                 f"{_document_uri(store_uri, dataset_id)}). Nothing was run or "
                 "written; lower --epsilon, or raise the cap deliberately "
-                "with `python -m pipelines.budget_store set-cap`.")
+                "with `python -m dpsynth.pipelines.budget_store set-cap`.")
         entry["lifetime_epsilon_after"] = spent
         doc["releases"].append(entry)
         result.update(already_spent=False, entry=copy.deepcopy(entry),
@@ -290,12 +290,12 @@ def _cap_for_run(doc: dict, store_uri: str, epsilon: Optional[float],
         raise CapConflict(
             f"{where}: --lifetime-delta {delta:g} differs from the dataset's "
             f"pinned lifetime delta {cap_delta:g}; drop the flag, or change "
-            "the cap with `python -m pipelines.budget_store set-cap`")
+            "the cap with `python -m dpsynth.pipelines.budget_store set-cap`")
     if epsilon is not None and epsilon > cap_eps * (1 + _REL_TOL):
         raise CapConflict(
             f"{where}: --lifetime-epsilon {epsilon:g} is above the dataset's "
             f"pinned lifetime cap {cap_eps:g}; a run cannot widen it (an "
-            "administrator can: `python -m pipelines.budget_store set-cap`)")
+            "administrator can: `python -m dpsynth.pipelines.budget_store set-cap`)")
     return (cap_eps if epsilon is None else float(epsilon)), cap_delta
 
 
@@ -795,8 +795,8 @@ def _planned_mechanisms(mechanisms_json: Optional[str],
         if isinstance(data, dict):  # a manifest: {"privacy": {"mechanisms"}}
             data = data.get("privacy", data)["mechanisms"]
         return [_mechanism_from_dict(d) for d in data]
-    from dp_ops.config import GeneratorConfig, labels_from
-    from dp_ops.plan import make_ledger
+    from dpsynth.dp_ops.config import GeneratorConfig, labels_from
+    from dpsynth.dp_ops.plan import make_ledger
     cfg = GeneratorConfig(labels=labels_from(num_classes, labels),
                           epsilon=epsilon, delta=delta, accountant=accountant)
     return make_ledger(cfg).mechanisms
@@ -814,7 +814,7 @@ def pinned_cap(store_uri: str, dataset_id: str) -> Optional[dict]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipelines.budget_store")
+    p = argparse.ArgumentParser(prog="python -m dpsynth.pipelines.budget_store")
     sub = p.add_subparsers(dest="command", required=True)
     for name in ("show", "check", "set-cap"):
         s = sub.add_parser(name)
@@ -852,7 +852,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m pipelines.budget_store {show,check,set-cap} ...``.
+    """``python -m dpsynth.pipelines.budget_store {show,check,set-cap} ...``.
 
     ``show`` prints the history and the lifetime epsilon; ``check`` is the
     pre-flight of a scheduled run: exit 0 if a release with the planned

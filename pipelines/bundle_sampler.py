@@ -16,7 +16,7 @@ report of a step stuck for minutes); waking every 10 ms keeps both (finer,
 at a cost of microseconds a wake). Installed where dpsynth runs Beam's
 workers: the submitting process (the in-process runner of one worker,
 LOOPBACK environments of Flink, Spark and Prism) and the fork server of
-DirectRunner's worker processes (``pipelines.worker_fork``). Workers that
+DirectRunner's worker processes (``dpsynth.pipelines.worker_fork``). Workers that
 Beam starts itself elsewhere (Dataflow, DOCKER or PROCESS environments)
 keep Beam's period.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from pipelines.beam_patch import replace_once
+from dpsynth.pipelines.beam_patch import replace_once
 
 SAMPLING_PERIOD_MS = 10
 

@@ -13,11 +13,11 @@ import signal
 import sys
 from typing import Optional, Sequence
 
-from pipelines import console
+from dpsynth.pipelines import console
 
 # (module, takes Beam pipeline options)
-COMMANDS = (("pipelines.generate", True), ("pipelines.encode", True),
-            ("pipelines.evaluate", False), ("pipelines.report", False))
+COMMANDS = (("dpsynth.pipelines.generate", True), ("dpsynth.pipelines.encode", True),
+            ("dpsynth.pipelines.evaluate", False), ("dpsynth.pipelines.report", False))
 
 
 def build_parser(only: Optional[str] = None) -> console.Parser:

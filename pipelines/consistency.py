@@ -22,11 +22,11 @@ from typing import Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
-from dp_ops import generator
-from dp_ops.config import GeneratorConfig
-from models.gmm import MixtureRelease
-from transforms import io
-from transforms.write import DATA_DIR, GMM_FILE, record_bytes
+from dpsynth.dp_ops import generator
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.models.gmm import MixtureRelease
+from dpsynth.transforms import io
+from dpsynth.transforms.write import DATA_DIR, GMM_FILE, record_bytes
 
 
 class InconsistentRelease(RuntimeError):

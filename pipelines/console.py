@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable, Iterator, Optional, Sequence
 
-from pipelines.help_format import DefaultsHelpFormatter
+from dpsynth.pipelines.help_format import DefaultsHelpFormatter
 
 # TensorFlow's C++ start-up chatter drowns our progress lines.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -430,7 +430,7 @@ def _our_streams() -> list:
 
 
 class ProgressPrinter:
-    """Tails a ``transforms.progress.ProgressFile`` in a thread and prints,
+    """Tails a ``dpsynth.transforms.progress.ProgressFile`` in a thread and prints,
     every ``every`` seconds or when a new pass starts, one line: elapsed
     time and the pass. The exact rows each pass has read so far are private
     (they are n); they are printed only with ``show_rows`` (the operator's

@@ -2,7 +2,7 @@
 
 Selected by ``--runner dask`` (or ``DaskRunner``, or Beam's class path
 ``apache_beam.runners.dask.dask_runner.DaskRunner``: ``runner_names``
-rewrites all of them to ``pipelines.dask_runner.DaskRunner``). Needs the
+rewrites all of them to ``dpsynth.pipelines.dask_runner.DaskRunner``). Needs the
 ``dask`` extra (``pip install 'dpsynth[dask]'``) here and on every worker.
 
 * ``--dask_client_address tcp://HOST:PORT`` (Beam's option) points at an
@@ -68,7 +68,7 @@ rewrites all of them to ``pipelines.dask_runner.DaskRunner``). Needs the
   all run on that worker); see ``_spread``.
 * With ``DPSYNTH_STAGE_TRACE=<file>`` in the workers' environment every
   ParDo task appends its step name, process id and start/end time to the
-  file (``transforms.progress``; benchmarks/scaling.py --workers and
+  file (``dpsynth.transforms.progress``; benchmarks/scaling.py --workers and
   tests/test_scaleout.py read it).
 * ``metrics()`` returns empty results instead of raising
   ``NotImplementedError``: Beam's DaskRunner collects no counters, so the
@@ -102,8 +102,8 @@ from apache_beam.runners.common import DoFnInvoker
 from apache_beam.runners.runner import PipelineResult, PipelineState
 from apache_beam.transforms.combiners import LiftedCombinePerKey
 
-from pipelines.machine import usable_cores
-from transforms.progress import trace, trace_path
+from dpsynth.pipelines.machine import usable_cores
+from dpsynth.transforms.progress import trace, trace_path
 
 log = logging.getLogger("dpsynth")
 
@@ -157,10 +157,11 @@ def _ours(invoker_args) -> bool:
     """Whether a step's DoFn or function is dpsynth's (one purpose each)."""
     named = _step_fn(invoker_args)
     module = getattr(named, "__module__", None) or type(named).__module__
-    return module.split(".")[0] in _PACKAGES
+    return module.split(".")[:2] in _PACKAGES
 
 
-_PACKAGES = {"pipelines", "transforms", "dp_ops", "models"}
+_PACKAGES = [["dpsynth", name]
+             for name in ("pipelines", "transforms", "dp_ops", "models")]
 
 
 def _user_fn(fn):
@@ -446,7 +447,7 @@ class _LocalCluster:
                     local_directory=self.directory,
                     scheduler_kwargs=_scheduler_kwargs(self.directory,
                                                        dashboard),
-                    preload=["pipelines.dask_preload"])
+                    preload=["dpsynth.pipelines.dask_preload"])
         except BaseException:
             _close_half_started(known)
             shutil.rmtree(self.directory, ignore_errors=True)

@@ -53,9 +53,9 @@ def utility_line(release: str, test_path: str, train_path: str) -> str:
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from dp_ops.clipping import normalize_rows
-    from pipelines.release import load_release
-    from transforms.io import load_arrays
+    from dpsynth.dp_ops.clipping import normalize_rows
+    from dpsynth.pipelines.release import load_release
+    from dpsynth.transforms.io import load_arrays
 
     xs, ys, manifest = load_release(release)
     xtr, ytr = load_arrays(train_path)

@@ -22,7 +22,7 @@ ran no dpsynth work, against 12 of 69.7 s with one worker.
   first stage that unpickles its steps: ~1 s before the first stage and
   ~0.8 s inside the first PipelineDP stage, on 2 cores, for each of the
   adaptive plan's two pipelines. ``start_worker_server`` starts a fork
-  server (``pipelines.worker_fork``) that imports those modules while the
+  server (``dpsynth.pipelines.worker_fork``) that imports those modules while the
   job plans; every worker of the job is then forked from it, ready
   (``_ForkingSubprocess``). Beam's own ``SubprocessSdkWorker`` still runs
   each worker (its logging server, its wait and kill); only the process
@@ -32,7 +32,7 @@ ran no dpsynth work, against 12 of 69.7 s with one worker.
 None changes what a stage computes: how a stage's input is cut into
 bundles is the runner's choice, and a release is byte-identical across
 worker counts and both worker starts (tests/test_direct_runner.py checks
-the patches). ``install()`` is called by ``pipelines.options.beam_options``
+the patches). ``install()`` is called by ``dpsynth.pipelines.options.beam_options``
 for the local runner, in the submitting process (the runner side).
 """
 
@@ -48,7 +48,7 @@ import subprocess
 import sys
 from typing import Any, Optional, Sequence
 
-from pipelines import runner_names, worker_fork
+from dpsynth.pipelines import runner_names, worker_fork
 
 _SDK_WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
 
@@ -154,7 +154,7 @@ def fork_workers(enabled: bool) -> None:
 
 
 def start_worker_server() -> None:
-    """Starts the fork server (``pipelines.worker_fork``) in the background
+    """Starts the fork server (``dpsynth.pipelines.worker_fork``) in the background
     (idempotent; not on a system without process file descriptors). It
     lives as long as this process: an idle process whose pages the
     workers forked from it share."""

@@ -27,7 +27,7 @@ import types
 import weakref
 from typing import Any, Callable, Optional
 
-from pipelines.beam_patch import replace_once
+from dpsynth.pipelines.beam_patch import replace_once
 
 _original: Optional[Callable[[Any], tuple]] = None  # Beam's, once installed
 

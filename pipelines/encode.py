@@ -1,7 +1,7 @@
 """`dpsynth encode`: labelled images → embeddings + labels, encoded in Beam workers with RunInference.
 
     dpsynth encode --images ROOT_OR_PATTERN --encoder NAME --output OUT.npz|OUT.tfrecord [beam options]
-    python -m pipelines.encode ...   (same flags; any flag not listed here goes to Beam: --runner,
+    python -m dpsynth.pipelines.encode ...   (same flags; any flag not listed here goes to Beam: --runner,
                                       --direct_num_workers, --project, ...)
 
 Output by extension: `.npz` (arrays `embeddings` float32 [n, d], `labels` int64 [n], `classes` when known; rows
@@ -18,17 +18,17 @@ the job is `pipelines/encode_job.py`, whose `encoded_blocks` gives the same stag
 from __future__ import annotations
 
 # First: it quiets the libraries' start-up logs before Beam is imported.
-from pipelines import console  # noqa: I001  isort:skip
+from dpsynth.pipelines import console  # noqa: I001  isort:skip
 
 import argparse
 import os
 import sys
 from typing import Optional, Sequence
 
-from pipelines.help_format import DefaultsHelpFormatter
-from pipelines.image_flags import add_image_arguments
-from pipelines.spec import EncodeSpec, ImageOptions
-from transforms.formats import ImageInputError
+from dpsynth.pipelines.help_format import DefaultsHelpFormatter
+from dpsynth.pipelines.image_flags import add_image_arguments
+from dpsynth.pipelines.spec import EncodeSpec, ImageOptions
+from dpsynth.transforms.formats import ImageInputError
 
 
 # ------------------------------------------------------------------ flags
@@ -92,10 +92,10 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> int:
     console.setup_logging(getattr(args, "verbose", False))
     with console.quiet_stderr(getattr(args, "verbose", False)):
         # Beam and the job load here, after the flags parsed.
-        from models.encoders import EncoderError, EncoderUnavailableError
-        from pipelines import encode_job
-        from pipelines.options import UsageError, check_beam_args
-        from transforms.formats import BadImagesError
+        from dpsynth.models.encoders import EncoderError, EncoderUnavailableError
+        from dpsynth.pipelines import encode_job
+        from dpsynth.pipelines.options import UsageError, check_beam_args
+        from dpsynth.transforms.formats import BadImagesError
 
         def go() -> int:
             check_beam_args(beam_argv, parser(), "encode")

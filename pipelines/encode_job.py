@@ -16,12 +16,12 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from models.encoders import get_encoder
-from pipelines.beam_temp import pipeline_run
-from pipelines.options import beam_options, local_blas_threads
-from pipelines.spec import EncodeSpec, ImageOptions
-from transforms.formats import ImageInputError
-from transforms.images import CheckBadImages, ReadImages, gate_on
+from dpsynth.models.encoders import get_encoder
+from dpsynth.pipelines.beam_temp import pipeline_run
+from dpsynth.pipelines.options import beam_options, local_blas_threads
+from dpsynth.pipelines.spec import EncodeSpec, ImageOptions
+from dpsynth.transforms.formats import ImageInputError
+from dpsynth.transforms.images import CheckBadImages, ReadImages, gate_on
 
 log = logging.getLogger("dpsynth")
 
@@ -57,7 +57,7 @@ def encoded_rows(pipeline, images_pattern: str, encoder, *, batch_size: int = 64
                  classes: Optional[Sequence[str]] = None, layout: Optional[str] = None,
                  image_key: Optional[str] = None, label_key: Optional[str] = None, label: str = "EncodeImages"):
     """→ (rows, reader): rows are (source, label, float32 embedding), released only after the bad-image check."""
-    from transforms.encode import EncodeImages  # lazy: Beam's RunInference module imports torch when present
+    from dpsynth.transforms.encode import EncodeImages  # lazy: Beam's RunInference module imports torch when present
     reader = ReadImages(images_pattern, layout=layout, classes=classes, image_key=image_key, label_key=label_key)
     encode = EncodeImages(encoder, batch_size=batch_size, l2_normalize=l2_normalize)  # fails fast if unavailable
     rows = pipeline | label >> _EncodedRows(reader, encode, max_bad_images, bad_report_path)
@@ -73,7 +73,7 @@ def encoded_blocks(pipeline, images_pattern: str, encoder_name: str, *, encoder_
                    num_threads: Optional[int] = None, label: str = "EncodeImages"):
     """Images → PCollection of blocks (x [b, d] float64, y [b] int64), b ≤ block_size: the element type the
     DP generation pipeline consumes. Labels: folder layout → index in `classes` (default: sorted class
-    folder names, see `transforms.images.list_classes`); tfrecord/npz → the stored int labels.
+    folder names, see `dpsynth.transforms.images.list_classes`); tfrecord/npz → the stored int labels.
 
     The blocks are only produced after the bad-image budget check passed (the run fails otherwise), so no
     DP step sees data from a run that should have stopped. Raises ImageInputError / EncoderError /
@@ -85,7 +85,7 @@ def encoded_blocks(pipeline, images_pattern: str, encoder_name: str, *, encoder_
     rows, _ = encoded_rows(pipeline, images_pattern, encoder, batch_size=batch_size, l2_normalize=l2_normalize,
                            max_bad_images=max_bad_images, bad_report_path=bad_report_path, classes=classes,
                            layout=layout, image_key=image_key, label_key=label_key, label=label)
-    from transforms.encode import ToBlocks
+    from dpsynth.transforms.encode import ToBlocks
     return rows | f"{label}ToBlocks" >> ToBlocks(block_size)
 
 
@@ -159,7 +159,7 @@ def shard_path(output: str, shard: int, num_shards: int) -> str:
 
 
 def _write_tfrecord_shard(item, output: str, num_shards: int, keep_sources: bool) -> int:
-    from transforms.write import frame_records
+    from dpsynth.transforms.write import frame_records
     shard, rows = item
     rows = sorted(rows, key=lambda r: r[0])  # deterministic file content
     with FileSystems.create(shard_path(output, shard, num_shards)) as out:

@@ -46,11 +46,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np
 
-from dp_ops.clipping import NORMALIZATIONS, clip_rows, normalize_rows
-from models import classifiers, metrics
-from pipelines import console
-from pipelines.help_format import DefaultsHelpFormatter
-from pipelines.spec import EvaluateSpec, MLPOptions
+from dpsynth.dp_ops.clipping import NORMALIZATIONS, clip_rows, normalize_rows
+from dpsynth.models import classifiers, metrics
+from dpsynth.pipelines import console
+from dpsynth.pipelines.help_format import DefaultsHelpFormatter
+from dpsynth.pipelines.spec import EvaluateSpec, MLPOptions
 
 log = logging.getLogger("dpsynth.evaluate")
 
@@ -464,8 +464,8 @@ def _is_glob(path: str) -> bool:
 
 def load_synthetic(path: str) -> tuple[np.ndarray, np.ndarray, Optional[dict]]:
     """A release directory (with manifest) or a labelled data file/glob."""
-    from pipelines import release
-    from transforms.io import InputError, load_arrays
+    from dpsynth.pipelines import release
+    from dpsynth.transforms.io import InputError, load_arrays
     if "://" not in path and not _is_glob(path) and not os.path.exists(path):
         raise ValueError(f"--synthetic {path!r}: no such release directory "
                          f"or file")
@@ -480,7 +480,7 @@ def load_synthetic(path: str) -> tuple[np.ndarray, np.ndarray, Optional[dict]]:
 
 def load_real(flag: str, path: str, **read) -> tuple[np.ndarray, np.ndarray]:
     """Real rows for `flag` (--real-train, --real-test, --real-holdout)."""
-    from transforms.io import InputError, load_arrays
+    from dpsynth.transforms.io import InputError, load_arrays
     try:
         return load_arrays(path, **read)
     except InputError as err:
@@ -688,7 +688,7 @@ def resolve_real_paths(spec: EvaluateSpec,
         if given:
             raise ValueError("--demo picks both real files; drop --real-train "
                              "and --real-test")
-        from pipelines import demo
+        from dpsynth.pipelines import demo
         train, test = demo.demo_files()
         return train, test, True
     missing = [flag for flag, value in (("--real-train", spec.real_train),
@@ -705,7 +705,7 @@ def resolve_real_paths(spec: EvaluateSpec,
 
 def _is_demo_split(train: str, test: str) -> bool:
     """Whether the two paths name the demo's own train and test files."""
-    from pipelines import demo
+    from dpsynth.pipelines import demo
     same = lambda a, b: os.path.realpath(a) == os.path.realpath(b)
     demo_train, demo_test = demo.demo_files()
     return same(train, demo_train) and same(test, demo_test)
@@ -726,8 +726,8 @@ def handle(args: argparse.Namespace) -> int:
     """CLI entry: returns the exit status. TensorFlow's C++ start-up lines
     go to a log file (kept only on failure) unless --verbose."""
     with console.quiet_stderr(getattr(args, "verbose", False)):
-        from pipelines import release
-        from transforms.io import InputError
+        from dpsynth.pipelines import release
+        from dpsynth.transforms.io import InputError
         progress = Progress()
         try:
             spec = spec_from_args(args)
@@ -743,8 +743,8 @@ def handle(args: argparse.Namespace) -> int:
 def run(spec: EvaluateSpec,
         progress: Optional[Callable[[str], None]] = None) -> dict:
     """Scores the release, writes the JSON report to ``spec.output`` and
-    returns it. Raises ValueError, transforms.io.InputError or
-    pipelines.release.ReleaseError (before the report is written).
+    returns it. Raises ValueError, dpsynth.transforms.io.InputError or
+    dpsynth.pipelines.release.ReleaseError (before the report is written).
     ``progress`` gets one line per step."""
     say = progress or (lambda message: None)
     check_output(spec.output, spec.overwrite)

@@ -1,6 +1,6 @@
 """`dpsynth generate`: labelled embeddings -> DP synthetic embedding release.
 
-Run as ``dpsynth generate ...`` or ``python -m pipelines.generate ...``; any
+Run as ``dpsynth generate ...`` or ``python -m dpsynth.pipelines.generate ...``; any
 flag this parser does not know is passed to Beam as a pipeline option
 (``--runner``, ``--project``, ``--flink_master``...).
 """
@@ -8,7 +8,7 @@ flag this parser does not know is passed to Beam as a pipeline option
 from __future__ import annotations
 
 # First: it quiets the libraries' start-up logs before Beam is imported.
-from pipelines import console  # noqa: I001  isort:skip
+from dpsynth.pipelines import console  # noqa: I001  isort:skip
 
 import argparse
 import dataclasses
@@ -17,13 +17,13 @@ import math
 import sys
 from typing import Optional, Sequence
 
-from dp_ops.clipping import NORMALIZATIONS
-from dp_ops.config import (COVARIANCE_MODES, GeneratorConfig, parse_weights)
-from dp_ops.ledger import ACCOUNTANTS
-from pipelines.spec import (BudgetOptions, GenerateSpec, GeneratorOptions,
+from dpsynth.dp_ops.clipping import NORMALIZATIONS
+from dpsynth.dp_ops.config import (COVARIANCE_MODES, GeneratorConfig, parse_weights)
+from dpsynth.dp_ops.ledger import ACCOUNTANTS
+from dpsynth.pipelines.spec import (BudgetOptions, GenerateSpec, GeneratorOptions,
                             ImageOptions, InputOptions, OutputOptions,
                             RunOptions)
-from transforms.formats import (FORMATS, NON_FINITE_POLICIES, OUTPUT_FORMATS,
+from dpsynth.transforms.formats import (FORMATS, NON_FINITE_POLICIES, OUTPUT_FORMATS,
                                 SPLIT_BYTES)
 
 log = logging.getLogger("dpsynth")
@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """generate's flags, in the order a user needs them: embeddings in and
     the release out first, then the privacy target, the lifetime budget,
     the generator, images (instead of --input) and operator diagnostics."""
-    from pipelines.image_flags import add_image_arguments
+    from dpsynth.pipelines.image_flags import add_image_arguments
     data = parser.add_argument_group("input (private labelled embeddings)")
     data.add_argument("--input", help="glob of .npz / TFRecord / Parquet files "
                       "(local or gs://); default: the embedded digits demo")
@@ -137,7 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     life.add_argument("--lifetime-epsilon", type=_epsilon,
                       help="lifetime epsilon cap of --dataset-id: needed the "
                       "first time, then pinned in the store (a larger value "
-                      "is refused; `python -m pipelines.budget_store set-cap` "
+                      "is refused; `python -m dpsynth.pipelines.budget_store set-cap` "
                       "changes it)")
     life.add_argument("--lifetime-delta", type=float,
                       help="delta at which the lifetime epsilon is measured, "
@@ -234,7 +234,7 @@ def spec_from_args(args: argparse.Namespace,
     below the command line takes the spec, never the flags)."""
     image_options = None
     if args.images:
-        from pipelines.encode import class_names
+        from dpsynth.pipelines.encode import class_names
         classes = class_names(args.classes)
         image_options = ImageOptions(
             path=args.images, encoder=args.encoder,
@@ -310,17 +310,17 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
         # Worker processes (--direct_num_workers > 1) are forked from a
         # server started now, so that its imports run beside the ones below
         # (it writes where Beam's workers do: the run's log).
-        from pipelines import direct_runner
+        from dpsynth.pipelines import direct_runner
         direct_runner.start_worker_server_for(beam_argv)
         # Beam and the pipeline load here, after the flags parsed (--help
         # and flag errors answer without them).
-        from pipelines import budget_store, demo, release, summary
-        from pipelines.options import UsageError, check_beam_args
-        from transforms import io
-        from transforms.formats import ImageInputError
+        from dpsynth.pipelines import budget_store, demo, release, summary
+        from dpsynth.pipelines.options import UsageError, check_beam_args
+        from dpsynth.transforms import io
+        from dpsynth.transforms.formats import ImageInputError
 
         def go() -> int:
-            from pipelines import job
+            from dpsynth.pipelines import job
             check_beam_args(beam_argv, parser(), "generate")
             spec = spec_from_args(args, beam_argv)
             demo_run = spec.input.path is None and spec.input.images is None
@@ -347,7 +347,7 @@ def _lifetime(spec: GenerateSpec):
     budget = spec.budget
     if budget.store is None:
         return None
-    from pipelines import budget_store
+    from dpsynth.pipelines import budget_store
     cap = budget_store.pinned_cap(budget.store, budget.dataset_id)
     spent = budget_store.lifetime_spent(budget.store, budget.dataset_id,
                                         cap["delta"], spec.generator.accountant)

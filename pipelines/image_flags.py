@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from models.encoders.registry import list_encoders
-from transforms.formats import IMAGE_LAYOUTS as LAYOUTS
+from dpsynth.models.encoders.registry import list_encoders
+from dpsynth.transforms.formats import IMAGE_LAYOUTS as LAYOUTS
 
 
 def _size(text: str) -> tuple[int, int]:

@@ -1,5 +1,5 @@
 """The `dpsynth generate` job below the command line: typed values in
-(``pipelines.spec.GenerateSpec``), a published release out.
+(``dpsynth.pipelines.spec.GenerateSpec``), a published release out.
 
 ``run(spec)`` plans the run before any private data is read
 (calibration, the output check, the lifetime reservation), builds and runs
@@ -25,25 +25,25 @@ from typing import Optional
 
 import apache_beam as beam
 
-from dp_ops import adaptive, generator, plan
-from dp_ops.calibration import validate_weights
-from dp_ops.config import GeneratorConfig, check_delta, labels_from
-from dp_ops.ledger import PrivacyLedger
-from dp_ops.noise import NoiseSource, make_noise_source
-from pipelines import collector, console, consistency, demo, release
-from pipelines.beam_temp import pipeline_run
-from pipelines.options import UsageError, beam_options, local_blas_threads
-from pipelines.spec import GenerateSpec, ImageOptions
-from transforms import allocator, io
-from transforms.adaptive import (PHASE1_FILE, AdaptiveMixture, AdaptivePhase1,
+from dpsynth.dp_ops import adaptive, generator, plan
+from dpsynth.dp_ops.calibration import validate_weights
+from dpsynth.dp_ops.config import GeneratorConfig, check_delta, labels_from
+from dpsynth.dp_ops.ledger import PrivacyLedger
+from dpsynth.dp_ops.noise import NoiseSource, make_noise_source
+from dpsynth.pipelines import collector, console, consistency, demo, release
+from dpsynth.pipelines.beam_temp import pipeline_run
+from dpsynth.pipelines.options import UsageError, beam_options, local_blas_threads
+from dpsynth.pipelines.spec import GenerateSpec, ImageOptions
+from dpsynth.transforms import allocator, io
+from dpsynth.transforms.adaptive import (PHASE1_FILE, AdaptiveMixture, AdaptivePhase1,
                                  read_phase1, write_json)
-from transforms.aggregate import PrepareBlocks, RereadBlocks
-from transforms.centre import DPCentre
-from transforms.dp_kmeans import DPKMeans
-from transforms.mixture import DPMixture, SampleSynthetic
-from transforms.pipelinedp import LedgerAccountant
-from transforms.progress import ProgressFile, ReportProgress
-from transforms.write import SUMMARY_FILE, WriteRelease, describe_outputs
+from dpsynth.transforms.aggregate import PrepareBlocks, RereadBlocks
+from dpsynth.transforms.centre import DPCentre
+from dpsynth.transforms.dp_kmeans import DPKMeans
+from dpsynth.transforms.mixture import DPMixture, SampleSynthetic
+from dpsynth.transforms.pipelinedp import LedgerAccountant
+from dpsynth.transforms.progress import ProgressFile, ReportProgress
+from dpsynth.transforms.write import SUMMARY_FILE, WriteRelease, describe_outputs
 
 log = logging.getLogger("dpsynth")
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -215,7 +215,7 @@ def store_noise_key(job: Job, spec: GenerateSpec) -> Optional[str]:
     location = spec.run.noise_key_location
     if location is None or spec.generator.noise_seed is not None:
         return None
-    from transforms.noise import StoredKeyNoise, key_uri, write_key
+    from dpsynth.transforms.noise import StoredKeyNoise, key_uri, write_key
     uri = key_uri(location, job.run_id, job.owner)
     key = job.noise.export_key()
     write_key(uri, key)
@@ -239,7 +239,7 @@ def _reserve(job: Job, spec: GenerateSpec):
     takes over the run id's reserved or staged attempt at no new cost."""
     if spec.budget.store is None:
         return None
-    from pipelines import budget_store
+    from dpsynth.pipelines import budget_store
     reservation = budget_store.reserve(
         spec.budget.store, spec.budget.dataset_id, job.run_id,
         job.reserved or job.ledger.mechanisms,
@@ -276,7 +276,7 @@ class ImageSource(beam.PTransform):
     def __init__(self, images: ImageOptions,
                  embedding_dim: Optional[int] = None) -> None:
         super().__init__()
-        from models.encoders import get_encoder
+        from dpsynth.models.encoders import get_encoder
         self._images = images
         encoder = get_encoder(images.encoder, weights=images.encoder_weights)
         self.dim = encoder.embedding_dim or embedding_dim
@@ -287,7 +287,7 @@ class ImageSource(beam.PTransform):
         self.paths = [images.path]
 
     def expand(self, pbegin):
-        from pipelines.encode_job import encoded_image_blocks
+        from dpsynth.pipelines.encode_job import encoded_image_blocks
         return encoded_image_blocks(pbegin.pipeline, self._images)
 
 
@@ -303,7 +303,7 @@ def image_labels(images: ImageOptions, num_classes: Optional[int],
     TFRecord/npz layouts store integer labels: the set comes from
     ``--classes``, ``--num-classes`` or ``--labels``.
     """
-    from transforms.images import ImageInputError, detect_layout
+    from dpsynth.transforms.images import ImageInputError, detect_layout
     names = list(images.classes or ())
     if len(set(names)) != len(names):
         raise ImageInputError(f"--classes has duplicates: {','.join(names)}")
@@ -597,7 +597,7 @@ def pass_names(cfg: GeneratorConfig, spec: GenerateSpec) -> list[str]:
 
 def _progress_file(options, job: Job) -> ProgressFile:
     """A local progress file when the workers run on this machine."""
-    from pipelines.options import is_local
+    from dpsynth.pipelines.options import is_local
     if not is_local(options):
         return ProgressFile(None)
     fd, path = tempfile.mkstemp(prefix=f"dpsynth-progress-{job.run_id}-")
@@ -625,7 +625,7 @@ def _stage(job: Job, spec: GenerateSpec, reservation, timings: dict) -> dict:
         t1 = _run_pipelines(job, spec, options, reader, reservation, timings)
     finally:
         if key_object is not None:
-            from transforms.noise import delete_key
+            from dpsynth.transforms.noise import delete_key
             delete_key(key_object)
     timings["pipeline"] = round(time.time() - t1, 3)
     _checkpoint("pipeline-done")
@@ -646,7 +646,7 @@ def _run_pipelines(job: Job, spec: GenerateSpec, options,
     console.stop_if_ctrl_c()  # pressed while Beam was imported: read nothing
     release.discard(job.staging)  # a crashed attempt's partial files
     if reservation is not None:
-        from pipelines import budget_store
+        from dpsynth.pipelines import budget_store
         budget_store.mark_running(reservation)
     _checkpoint("running")
     t1 = time.time()
@@ -675,7 +675,7 @@ def _close_dask_cluster() -> None:
     """Closes the local Dask cluster this run's pipelines started, if any
     (one cluster serves both phases of the adaptive plan); one the caller
     started stays up for its next job (see pipelines/dask_runner.py)."""
-    dask_runner = sys.modules.get("pipelines.dask_runner")  # never imports
+    dask_runner = sys.modules.get("dpsynth.pipelines.dask_runner")  # never imports
     if dask_runner is not None:
         dask_runner.close_run_cluster()
 
@@ -732,7 +732,7 @@ def _run(spec: GenerateSpec) -> str:
     if job.cfg.noiseless:
         log.warning("!!! --epsilon inf: running WITHOUT NOISE. The output is "
                     "NOT differentially private. Debugging only. !!!")
-    from pipelines import budget_store
+    from dpsynth.pipelines import budget_store
     staged = _staged_to_reuse(job, spec)
     reservation = _reserve(job, spec)
     timings = {"plan": round(time.time() - t0, 3)}
@@ -783,7 +783,7 @@ def _stop_attempt(job: Job, spec: GenerateSpec, reservation,
     only where a retry may publish it (recorded in the store, or no store
     and no release of this run id published by another launch)."""
     if reservation is not None:
-        from pipelines import budget_store
+        from dpsynth.pipelines import budget_store
         try:
             budget_store.release_failed(reservation)
         except Exception as err:  # must not hide the original error
@@ -816,7 +816,7 @@ def _staged_to_reuse(job: Job, spec: GenerateSpec) -> Optional[dict]:
     complete = {token: folder for token, (folder, manifest)
                 in staged_by_token.items() if manifest is not None}
     if spec.budget.store is not None:
-        from pipelines import budget_store
+        from dpsynth.pipelines import budget_store
         charged = budget_store.run_owners(spec.budget.store, spec.budget.dataset_id,
                                           job.run_id)
         unknown = sorted(f for t, f in complete.items() if t not in charged)
@@ -880,7 +880,7 @@ def _finish_published(job: Job, spec: GenerateSpec) -> None:
     """A retry after the manifest was written: record the publication (if
     the crash came before that) and clean up; nothing is recomputed."""
     if spec.budget.store is not None:
-        from pipelines import budget_store
+        from dpsynth.pipelines import budget_store
         budget_store.mark_published(spec.budget.store, spec.budget.dataset_id,
                                     job.run_id, job.output,
                                     release.manifest_digest(job.output))

@@ -22,7 +22,7 @@ import threading
 import weakref
 from typing import Any, Callable, Optional
 
-from pipelines.beam_patch import replace_once
+from dpsynth.pipelines.beam_patch import replace_once
 
 _original: Optional[Callable[[Any, type], Any]] = None  # Beam's view_as
 

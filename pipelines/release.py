@@ -59,8 +59,8 @@ def _import_filesystems():
 
 FileSystems = _import_filesystems()
 
-from pipelines.machine import usable_cores  # noqa: E402
-from transforms import io  # noqa: E402  (after the quiet Beam import)
+from dpsynth.pipelines.machine import usable_cores  # noqa: E402
+from dpsynth.transforms import io  # noqa: E402  (after the quiet Beam import)
 
 MANIFEST = "_manifest.json"
 LEGACY_MANIFEST = "manifest.json"  # format 2 and older
@@ -398,7 +398,7 @@ def _in_order(xs: list, ys: list, dim: int, shuffle: bool, seed: int
 
 
 def load_gmm(path: str):
-    from models.gmm import MixtureRelease
+    from dpsynth.models.gmm import MixtureRelease
     manifest = read_manifest(path)
     root = release_root(path, manifest)
     name = manifest.get("outputs", {}).get("gmm", "gmm.npz")

@@ -164,12 +164,12 @@ class Release:
     path: str
     manifest: dict
     summary: list
-    gmm: Optional[object]  # models.gmm.MixtureRelease
+    gmm: Optional[object]  # dpsynth.models.gmm.MixtureRelease
 
 
 def read_release(path: str) -> Release:
-    from pipelines import release
-    from transforms import io
+    from dpsynth.pipelines import release
+    from dpsynth.transforms import io
     manifest = release.read_manifest(path)
     summary = manifest.get("classes", [])
     try:
@@ -192,7 +192,7 @@ def sample_rows(rel: Release, max_points: int, seed: int
     """A uniform subsample of at most ``max_points`` synthetic rows, read
     block by block (memory bounded by the sample, whatever the release
     size): every row gets a random key, the smallest keys are kept."""
-    from pipelines import release
+    from dpsynth.pipelines import release
     rng = np.random.default_rng(seed)
     keys = np.zeros(0)
     xs = np.zeros((0, rel.manifest.get("embedding_dim", 0)))
@@ -327,7 +327,7 @@ def planned_shares(manifest: dict) -> Optional[dict]:
 
 
 def configured_weights(config: dict) -> Optional[dict]:
-    from dp_ops.config import GeneratorConfig
+    from dpsynth.dp_ops.config import GeneratorConfig
     try:
         conf = dict(config)
         conf["labels"] = tuple(conf["labels"])
@@ -845,8 +845,8 @@ def build_report(rel: Release, evaluation, max_points: int, seed: int
 
 def handle(args: argparse.Namespace) -> int:
     """`dpsynth report`: returns the exit status."""
-    from pipelines import release
-    from transforms.io import InputError
+    from dpsynth.pipelines import release
+    from dpsynth.transforms.io import InputError
     output = args.output or default_output(args.release)
     try:
         if args.max_points < 1:

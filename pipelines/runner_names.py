@@ -1,7 +1,7 @@
 """Which Beam runner a ``--runner`` flag names; the Dask aliases.
 
-Kept free of Beam and Dask imports: ``pipelines.generate`` calls it for
-every run, and ``deploy.runners`` (pure option builders) uses the names.
+Kept free of Beam and Dask imports: ``dpsynth.pipelines.generate`` calls it for
+every run, and ``dpsynth.deploy.runners`` (pure option builders) uses the names.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 # dpsynth's subclass of Beam's DaskRunner (pipelines/dask_runner.py): it adds
 # the workaround for the upstream bug and the local cluster for trying it.
-DASK_RUNNER = "pipelines.dask_runner.DaskRunner"
+DASK_RUNNER = "dpsynth.pipelines.dask_runner.DaskRunner"
 BEAM_DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 DASK_NAMES = frozenset({"dask", "daskrunner", BEAM_DASK_RUNNER.lower(),
                         DASK_RUNNER.lower()})
@@ -54,7 +54,7 @@ def wants_worker_processes(argv: Sequence[str]) -> bool:
     """Whether these Beam flags run the local runner with worker processes
     (``--direct_running_mode multi_processing``, or several
     ``--direct_num_workers`` and no mode), read without importing Beam.
-    A hint for starting work early: ``pipelines.options.beam_options``
+    A hint for starting work early: ``dpsynth.pipelines.options.beam_options``
     decides for real."""
     runner = runner_flag(argv)
     if runner is not None and runner.lower() not in LOCAL_RUNNERS:
@@ -83,7 +83,7 @@ def resolve_dask(argv: Sequence[str]) -> list[str]:
     if importlib.util.find_spec("distributed") is None:
         raise ValueError("--runner dask needs Dask: pip install "
                          "'dpsynth[dask]' (apache-beam[dask])")
-    importlib.import_module("pipelines.dask_runner")
+    importlib.import_module("dpsynth.pipelines.dask_runner")
     out, skip = [], False
     for i, arg in enumerate(argv):
         if skip:

@@ -1,10 +1,10 @@
 """What a `dpsynth generate` run is asked to do, as typed values.
 
 The command line turns its flags into one ``GenerateSpec`` (see
-``pipelines.generate.spec_from_args``); everything below the command line
-(``pipelines.job``, the Beam transforms) takes these values, never parsed
+``dpsynth.pipelines.generate.spec_from_args``); everything below the command line
+(``dpsynth.pipelines.job``, the Beam transforms) takes these values, never parsed
 flags. Python callers (the Airflow DAG, benchmarks, notebooks) build them
-directly and call ``pipelines.api.generate``. Every field is public
+directly and call ``dpsynth.pipelines.api.generate``. Every field is public
 configuration: nothing here is read from the private data.
 
 This module imports neither Beam nor TensorFlow, so building a spec is
@@ -16,11 +16,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.config import GeneratorConfig
 # numpy only: Keras loads inside the trainers.
-from models.classifiers import MLPConfig
+from dpsynth.models.classifiers import MLPConfig
 
-# Read in byte ranges of this size (TFRecord, Parquet): transforms.io's
+# Read in byte ranges of this size (TFRecord, Parquet): dpsynth.transforms.io's
 # SPLIT_BYTES, repeated here so that this module stays free of Beam.
 DEFAULT_SPLIT_BYTES = 64 << 20
 
@@ -66,7 +66,7 @@ class InputOptions:
 
 @dataclasses.dataclass(frozen=True)
 class GeneratorOptions:
-    """The privacy target and the generator (``dp_ops.config``'s
+    """The privacy target and the generator (``dpsynth.dp_ops.config``'s
     ``GeneratorConfig`` without the label set, which comes with the input).
     ``noise_seed``: SECRET seed of reproducible noise, for tests and audits
     only: the release is then marked not private."""
@@ -175,7 +175,7 @@ class EncodeSpec:
 class MLPOptions:
     """The paper's two-layer MLP (App. C.3 defaults). ``epochs`` None: the
     protocol's; ``learning_rate`` None: the paper's, raised on small
-    training sets (see ``pipelines.evaluate.scaled_learning_rate``)."""
+    training sets (see ``dpsynth.pipelines.evaluate.scaled_learning_rate``)."""
 
     hidden: int = MLPConfig.hidden
     epochs: Optional[int] = None

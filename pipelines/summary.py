@@ -68,7 +68,7 @@ def render(output: str, manifest: dict,
     lines.append(f"rows per class (DP): {_classes_line(manifest['classes'])}")
     for warning in manifest.get("warnings", []):
         lines.append(f"warning: {warning}")
-    read = (f"read it: pipelines.release.load_release({output!r}, "
+    read = (f"read it: dpsynth.pipelines.release.load_release({output!r}, "
             f"as_='numpy') -> shuffled (x, y)")
     if manifest.get("outputs", {}).get("format") == "parquet":
         read += f", or pandas.read_parquet({output!r})"

@@ -45,8 +45,8 @@ from typing import Optional
 # pyarrow, which Beam imports): both libraries make fork safe with their
 # own fork handlers, as multiprocessing's fork start relies on daily.
 WORKER_MODULES = ("apache_beam.runners.worker.sdk_worker_main", "pipeline_dp",
-                  "pyarrow.parquet", "transforms.adaptive", "transforms.write",
-                  "transforms.io", "transforms.dp_kmeans")
+                  "pyarrow.parquet", "dpsynth.transforms.adaptive", "dpsynth.transforms.write",
+                  "dpsynth.transforms.io", "dpsynth.transforms.dp_kmeans")
 
 
 def supported() -> bool:
@@ -105,7 +105,7 @@ class WorkerServer:
         self._rep_r, rep_w = os.pipe()
         # stdout and stderr are this process's: the workers print there
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.worker_fork", str(req_r),
+            [sys.executable, "-m", "dpsynth.pipelines.worker_fork", str(req_r),
              str(rep_w)], pass_fds=(req_r, rep_w))
         os.close(req_r)
         os.close(rep_w)
@@ -220,7 +220,7 @@ def _prepare_server(req_fd: int) -> None:
             __import__(name)
         except ImportError:
             pass
-    from pipelines import bundle_sampler
+    from dpsynth.pipelines import bundle_sampler
     bundle_sampler.install()  # its workers' bundles end without a 0.2 s wait
     done.set()
     watch.join()  # no thread of ours when workers are forked

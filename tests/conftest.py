@@ -18,7 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 
 # Beam (2.77) leaves temporary folders behind for each pipeline run outside
-# pipelines.beam_temp.pipeline_run (a dependency folder per environment, a
+# dpsynth.pipelines.beam_temp.pipeline_run (a dependency folder per environment, a
 # beam-temp folder) or built and never run, as many tests do: ~45 a suite
 # run. The suite's temporary files (its processes' too) go to one folder,
 # removed at the end (pytest_unconfigure); tests of "nothing left behind"
@@ -32,9 +32,9 @@ def assert_release_matches_reference(out, x, y, cfg, noise_seed: int,
     """The release written to ``out`` holds the mixture fields that the
     in-memory reference computes on (x, y) with the same noise seed;
     returns the reference's (mixtures, synthetic x, synthetic y)."""
-    from dp_ops import plan, reference
-    from dp_ops.noise import SeededNoise
-    from pipelines.release import load_gmm
+    from dpsynth.dp_ops import plan, reference
+    from dpsynth.dp_ops.noise import SeededNoise
+    from dpsynth.pipelines.release import load_gmm
     mixes, xs, ys = reference.generate(x, y, cfg, plan.make_ledger(cfg),
                                        SeededNoise(noise_seed))
     gmm = load_gmm(str(out))
@@ -50,7 +50,7 @@ def release_dir(out):
     """The folder holding a published release's files (gmm.npz, data/...):
     the version folder its manifest names."""
     from pathlib import Path
-    from pipelines.release import release_root
+    from dpsynth.pipelines.release import release_root
     return Path(release_root(str(out)))
 
 
@@ -87,7 +87,7 @@ def assert_same_release(a, b, may_differ: frozenset = frozenset()) -> None:
     """Two published releases hold the same bytes: every file of the
     version folder, and the manifest but for the fields naming the run."""
     from pathlib import Path
-    from pipelines.release import read_manifest
+    from dpsynth.pipelines.release import read_manifest
     fa, fb = release_bytes(a), release_bytes(b)
     assert sorted(fa) == sorted(fb) and any(
         f.startswith("data/") for f in fa)

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from dp_ops import adaptive, covariance, reference
-from dp_ops.config import GeneratorConfig
-from dp_ops.ledger import compose_epsilon
-from dp_ops.noise import SeededNoise
+from dpsynth.dp_ops import adaptive, covariance, reference
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.ledger import compose_epsilon
+from dpsynth.dp_ops.noise import SeededNoise
 from tests.conftest import gmm_data
 
 
@@ -157,8 +157,8 @@ def test_ledger_lists_exactly_the_mechanisms_that_ran(release):
 
 
 def test_adaptive_release_is_useful(release):
-    from models.classifiers import LogRegConfig, train_logreg
-    from dp_ops.clipping import normalize_rows
+    from dpsynth.models.classifiers import LogRegConfig, train_logreg
+    from dpsynth.dp_ops.clipping import normalize_rows
     x, y, cfg, _, (mixes, xs, ys, _, _) = release
     assert set(mixes) == set(cfg.labels)
     assert np.allclose(np.linalg.norm(xs, axis=1), 1.0)

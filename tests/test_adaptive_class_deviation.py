@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from dp_ops import adaptive, reference
-from dp_ops.config import GeneratorConfig
-from dp_ops.noise import SeededNoise
+from dpsynth.dp_ops import adaptive, reference
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.noise import SeededNoise
 from tests.conftest import gmm_data
 
 PER_CLASS = dict(per_class_min_signal=0.0)

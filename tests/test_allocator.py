@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from transforms import allocator
+from dpsynth.transforms import allocator
 
 GLIBC = (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc") \
     if hasattr(os, "confstr") and "CS_GNU_LIBC_VERSION" in getattr(
@@ -16,7 +16,7 @@ LOOP = """
 import resource, sys, numpy as np
 sys.path.insert(0, {root!r})
 if {tuned}:
-    from transforms import allocator
+    from dpsynth.transforms import allocator
     assert allocator.keep_heap_pages()
 x = np.ones((4096, 384))  # calloc'd: the case the pad alone misses
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import api, cli, release
+from dpsynth.pipelines import api, cli, release
 from tests.conftest import gmm_data
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def test_the_api_makes_the_cli_release_byte_for_byte(tmp_path):
 
 
 def test_the_spec_defaults_are_the_command_lines():
-    from pipelines import encode, evaluate, generate
+    from dpsynth.pipelines import encode, evaluate, generate
     args, _ = generate.parser().parse_known_args([])
     assert generate.spec_from_args(args) == api.GenerateSpec()
     args, beam_argv = encode.parser().parse_known_args(
@@ -70,7 +70,7 @@ def test_the_spec_defaults_are_the_command_lines():
 
 
 def test_the_command_lines_flags_become_typed_values():
-    from pipelines import encode, evaluate
+    from dpsynth.pipelines import encode, evaluate
     args = evaluate.parser().parse_args(
         ["--synthetic", "s", "--labels", "0,2", "--models", "logreg",
          "--no-ceiling", "--mlp-lr", "0.05", "--mlp-no-cosine"])

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dp_ops.ledger import Mechanism
-from pipelines import budget_store as bs
-from pipelines import cli, job, release
+from dpsynth.dp_ops.ledger import Mechanism
+from dpsynth.pipelines import budget_store as bs
+from dpsynth.pipelines import cli, job, release
 from tests.conftest import gmm_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -64,7 +64,7 @@ def _crash_at(monkeypatch, step: str) -> None:
 LAUNCH = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {repo!r})
-    from pipelines import cli, job
+    from dpsynth.pipelines import cli, job
 
     def checkpoint(step):
         # The launch that got the attempt holds it while reading the data.

@@ -16,8 +16,8 @@ import pytest
 from scipy import stats
 
 from benchmarks import audit
-from dp_ops import plan
-from dp_ops.calibration import gdp_delta
+from dpsynth.dp_ops import plan
+from dpsynth.dp_ops.calibration import gdp_delta
 
 
 def test_clopper_pearson_matches_scipy():

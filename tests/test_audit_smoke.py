@@ -16,9 +16,9 @@ import math
 import pytest
 
 from benchmarks import privacy_audit
-from dp_ops import adaptive
-from dp_ops.config import GeneratorConfig, labels_from
-from pipelines import cli, generate, job
+from dpsynth.dp_ops import adaptive
+from dpsynth.dp_ops.config import GeneratorConfig, labels_from
+from dpsynth.pipelines import cli, generate, job
 
 CLASSES, RECORDS, DIM = 100, 40, 8
 

@@ -17,7 +17,7 @@ import os
 import numpy as np
 import pytest
 
-from pipelines import cli, console
+from dpsynth.pipelines import cli, console
 from tests.conftest import gmm_data
 
 
@@ -246,7 +246,7 @@ def test_unreadable_file_permission_denied(good, tmp_path, capsys,
                                           monkeypatch):
     """Root can read anything here, so the permission error is simulated
     where every reader opens files (Beam's FileSystems)."""
-    from transforms import io
+    from dpsynth.transforms import io
 
     def denied(path, *args, **kwargs):
         raise PermissionError(13, "Permission denied", path)
@@ -484,7 +484,7 @@ def test_a_runner_failure_is_not_reported_as_bad_input(good, tmp_path,
                                                        monkeypatch):
     """Only bad input gets exit 2 and one line; a failure inside the runner
     (here a ValueError from a worker step) keeps its traceback (exit 1)."""
-    from transforms import write
+    from dpsynth.transforms import write
 
     def broken(*args, **kwargs):
         raise ValueError("simulated runner failure")
@@ -526,7 +526,7 @@ def test_empty_class_succeeds_with_a_noisy_mixture_and_delta_warning(
     """Class 2 has no rows: valid, it gets a mixture of pure noise (DP can't
     say a class is empty). The same run has delta > 1/n: a warning with the
     noisy n (not the true one) goes to the manifest."""
-    from pipelines.release import load_gmm
+    from dpsynth.pipelines.release import load_gmm
     x, y = _data(300, classes=2)
     path = _npz(tmp_path / "in.npz", x, y)
     out = tmp_path / "out"
@@ -579,7 +579,7 @@ def test_empty_class_reaches_its_mechanisms_in_the_adaptive_plan(tmp_path):
     sums are absent from the combine (no rows), and the noise step still
     gives it the zero aggregate, so its mechanisms run and it gets a
     mixture, as every other class does."""
-    from pipelines.release import load_gmm
+    from dpsynth.pipelines.release import load_gmm
     x, y = _data(300, classes=2)
     path = _npz(tmp_path / "in.npz", x, y)
     out = tmp_path / "out"

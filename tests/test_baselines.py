@@ -9,9 +9,9 @@ import pytest
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from dp_ops.calibration import gdp_mu
-from dp_ops.ledger import ADD_REMOVE
-from dp_ops.noise import SeededNoise
+from dpsynth.dp_ops.calibration import gdp_mu
+from dpsynth.dp_ops.ledger import ADD_REMOVE
+from dpsynth.dp_ops.noise import SeededNoise
 from benchmarks.baselines import METHODS, REGISTRY, make_method
 from benchmarks.baselines import dpsgd, pe, psg
 from tests.conftest import gmm_data
@@ -55,7 +55,7 @@ def data():
 
 
 def accuracy(method, out, xt, yt):
-    from models.classifiers import LogRegConfig, train_logreg
+    from dpsynth.models.classifiers import LogRegConfig, train_logreg
     if out.classifier is not None:
         return out.classifier.accuracy(method.preprocess(xt), yt)
     clf = train_logreg(out.x_syn, out.y_syn, LABELS, LogRegConfig(C=1.0))

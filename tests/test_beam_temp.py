@@ -11,8 +11,8 @@ def test_a_pipeline_whose_build_stops_leaves_no_temporary_folder(
         tmp_path, monkeypatch, stop):
     """Beam removes a pipeline's local temporary folder only once run() is
     reached; Ctrl-C or bad input while the graph is built left it."""
-    from pipelines.beam_temp import pipeline_run
-    from pipelines.options import beam_options
+    from dpsynth.pipelines.beam_temp import pipeline_run
+    from dpsynth.pipelines.options import beam_options
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     with pytest.raises(stop):
         with pipeline_run(beam_options([])):
@@ -23,8 +23,8 @@ def test_a_pipeline_whose_build_stops_leaves_no_temporary_folder(
 def test_a_pipeline_run_runs_what_was_built(tmp_path, monkeypatch):
     import apache_beam as beam
 
-    from pipelines.beam_temp import pipeline_run
-    from pipelines.options import beam_options
+    from dpsynth.pipelines.beam_temp import pipeline_run
+    from dpsynth.pipelines.options import beam_options
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "t"))
     (tmp_path / "t").mkdir()
     with pipeline_run(beam_options([])) as p:
@@ -40,7 +40,7 @@ def test_a_job_server_whose_start_stops_removes_its_folder(tmp_path,
     server's folder only when a started one stops at exit."""
     from apache_beam.runners.portability import job_server
 
-    from pipelines import beam_temp
+    from dpsynth.pipelines import beam_temp
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     beam_temp._install()
 

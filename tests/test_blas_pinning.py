@@ -1,5 +1,5 @@
 """DP post-processing and sampling run on one BLAS thread whatever the
-caller's setting (``dp_ops.kmeans.one_blas_thread``): LAPACK and BLAS round
+caller's setting (``dpsynth.dp_ops.kmeans.one_blas_thread``): LAPACK and BLAS round
 differently with different thread counts, and a worker's count depends on
 the runner (Dask: 1, DirectRunner: the cores, Dataflow: the machine type),
 so without the pin a --noise-seed release differed between runners."""
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from dp_ops import adaptive, generator, kmeans, reference
-from dp_ops.config import GeneratorConfig
-from dp_ops.noise import SeededNoise
+from dpsynth.dp_ops import adaptive, generator, kmeans, reference
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.noise import SeededNoise
 
 PINNED = [adaptive.shared_stage, adaptive.noisy_class_block,
           adaptive.shared_mixtures, adaptive.per_class_mixtures,

@@ -3,10 +3,10 @@ import math
 import dp_accounting
 import pytest
 
-from dp_ops import calibration, plan
-from dp_ops.calibration import Slot, calibrate, gdp_delta, gdp_mu
-from dp_ops.config import GeneratorConfig
-from dp_ops.ledger import compose_epsilon
+from dpsynth.dp_ops import calibration, plan
+from dpsynth.dp_ops.calibration import Slot, calibrate, gdp_delta, gdp_mu
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.ledger import compose_epsilon
 
 
 @pytest.mark.parametrize("eps", [0.5, 1, 4, 8])
@@ -37,7 +37,7 @@ def test_calibrated_plan_spends_at_most_and_close_to_target(eps, accountant):
 
 @pytest.mark.parametrize("eps", [1, 2, 4, 8])
 def test_adaptive_calibration_spends_close_to_target(eps):
-    from dp_ops import adaptive
+    from dpsynth.dp_ops import adaptive
     cfg = GeneratorConfig(labels=tuple(range(10)), epsilon=eps)
     mu = adaptive.calibrate_mu(cfg, 384)
     worst = max(adaptive._worst_epsilon(adaptive.mechanisms(cfg, s, mu),

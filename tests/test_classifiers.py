@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from models import classifiers
+from dpsynth.models import classifiers
 from tests.conftest import gmm_data
 
 

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from dp_ops import clipping
-from dp_ops.clipping import clip_rows, normalize_rows, preprocess
+from dpsynth.dp_ops import clipping
+from dpsynth.dp_ops.clipping import clip_rows, normalize_rows, preprocess
 
 
 def test_clip_bounds_every_row_and_counts_clipped():
@@ -49,7 +49,7 @@ def test_preprocess_in_place_equals_the_step_by_step_composition(
     at a time (``chunk``: 7 rows, else the default ~1 MB): the same bits as
     normalize_rows -> minus the centre -> clip_rows (-> quantize), and the
     caller's rows are left untouched."""
-    from dp_ops.moments import quantize
+    from dpsynth.dp_ops.moments import quantize
     if chunk is not None:
         monkeypatch.setattr(clipping, "PREPARE_CHUNK_BYTES", 8 * 32 * chunk)
         assert clipping.chunk_rows(32) == chunk

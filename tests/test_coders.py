@@ -4,11 +4,11 @@ Beam's output counters sampled every ~10 MB block through pickle)."""
 import numpy as np
 import apache_beam as beam
 
-from dp_ops.config import GeneratorConfig
-from transforms import coders
-from transforms.aggregate import Block, PrepareBlocks
-from transforms.io import InputSpec, ReadEmbeddingBlocks
-from transforms.progress import ProgressFile, ReportProgress
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.transforms import coders
+from dpsynth.transforms.aggregate import Block, PrepareBlocks
+from dpsynth.transforms.io import InputSpec, ReadEmbeddingBlocks
+from dpsynth.transforms.progress import ProgressFile, ReportProgress
 
 
 def block(n=4096, d=384) -> Block:

@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from pipelines import collector, job
+from dpsynth.pipelines import collector, job
 
 
 @pytest.fixture

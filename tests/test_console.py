@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import cli, job
+from dpsynth.pipelines import cli, job
 from tests.conftest import gmm_data
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,7 +107,7 @@ def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
 
 def _cli(*argv, cwd) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", *argv],
+    return subprocess.run([sys.executable, "-m", "dpsynth.pipelines.cli", *argv],
                           cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=600)
 
@@ -139,7 +139,7 @@ def test_a_job_faster_than_the_poll_still_shows_its_last_pass(tmp_path,
     """Every pass ran between two polls: the end still names the last one."""
     import logging
 
-    from pipelines import console
+    from dpsynth.pipelines import console
     path = tmp_path / "progress"
     path.write_text("Centre\t300\nMoments\t300\n")
     with caplog.at_level(logging.INFO, logger="dpsynth.operator"):
@@ -155,7 +155,7 @@ def test_a_job_faster_than_the_poll_still_shows_its_last_pass(tmp_path,
 def test_exact_row_counts_only_when_the_operator_asks(tmp_path, caplog):
     import logging
 
-    from pipelines import console
+    from dpsynth.pipelines import console
     path = tmp_path / "progress"
     path.write_text("Centre\t300\nMoments\t300\n")
     with caplog.at_level(logging.INFO, logger="dpsynth.operator"):
@@ -182,7 +182,7 @@ def test_ctrl_c_after_a_worker_ended_first_is_still_one_line(
         tmp_path, capsys, monkeypatch):
     """The runner logs a worker's broken stream before the interrupt
     reaches its own thread: nothing of it on the console, no log left."""
-    from pipelines import console
+    from dpsynth.pipelines import console
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     console.setup_logging()
     with pytest.raises(KeyboardInterrupt):
@@ -195,7 +195,7 @@ def test_ctrl_c_after_a_worker_ended_first_is_still_one_line(
 
 def test_library_errors_of_a_job_that_worked_are_kept_in_its_log(
         tmp_path, capsys, monkeypatch):
-    from pipelines import console
+    from dpsynth.pipelines import console
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     console.setup_logging()
     with console.quiet_stderr(False):
@@ -210,7 +210,7 @@ def test_library_errors_of_a_job_that_worked_are_kept_in_its_log(
 
 def test_library_errors_of_a_failed_job_are_in_its_log_not_the_console(
         tmp_path, capsys, monkeypatch):
-    from pipelines import console
+    from dpsynth.pipelines import console
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     console.setup_logging()
     with pytest.raises(RuntimeError):
@@ -225,7 +225,7 @@ def test_library_errors_of_a_failed_job_are_in_its_log_not_the_console(
 
 EXIT_PROBE = """
 import atexit, os, signal, sys, time
-from pipelines import cli
+from dpsynth.pipelines import cli
 
 class Teardown:
     def __del__(self):
@@ -274,7 +274,7 @@ def test_ctrl_c_caught_inside_the_capture_leaves_no_log_and_no_line(
     does not reach the console."""
     import logging
 
-    from pipelines import console
+    from dpsynth.pipelines import console
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     monkeypatch.setattr(console, "_stopped", False)
     console.setup_logging()

@@ -11,9 +11,9 @@ import pytest
 
 from benchmarks.studies import covariance_sweep as sweep
 from benchmarks.studies import fast_probe
-from dp_ops import adaptive, reference
-from dp_ops.config import GeneratorConfig
-from dp_ops.noise import SeededNoise
+from dpsynth.dp_ops import adaptive, reference
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.noise import SeededNoise
 
 RICHNESS = {mode: i for i, mode in enumerate(adaptive.MODES)}
 EPSILONS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0, math.inf)

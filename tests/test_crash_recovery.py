@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import budget_store, cli, consistency, job, release
+from dpsynth.pipelines import budget_store, cli, consistency, job, release
 from tests.conftest import gmm_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -110,7 +110,7 @@ def _crash_then_retry(monkeypatch, tmp_path, output: str, store: str,
     root = release.release_root(output, manifest)
     x_rel, _, _ = release.load_release(output)
     assert len(x_rel) == manifest["samples_total"]
-    from dp_ops.config import GeneratorConfig
+    from dpsynth.dp_ops.config import GeneratorConfig
     conf = dict(manifest["config"], labels=tuple(manifest["config"]["labels"]))
     consistency.check_staged(root, GeneratorConfig(**conf),
                              manifest["classes"], manifest["embedding_dim"])

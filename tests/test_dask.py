@@ -1,7 +1,7 @@
 """dpsynth on a real Dask cluster: a scheduler and two worker processes on
 loopback (``distributed.LocalCluster``), driven by ``--runner dask``.
 
-* The Beam 2.77 bug that ``pipelines.dask_runner`` works around is still
+* The Beam 2.77 bug that ``dpsynth.pipelines.dask_runner`` works around is still
   there (when this test fails, Beam fixed it: drop the workaround, see
   deploy/README.md "Dask").
 * With ``--noise-seed`` a Dask release is byte-identical to DirectRunner's
@@ -12,7 +12,7 @@ loopback (``distributed.LocalCluster``), driven by ``--runner dask``.
   self-consistent.
 * A GroupByKey runs on one partition per worker thread, not one per input
   partition (Dask's task shuffle of n partitions is ~n² tasks).
-* Without a scheduler address, ``python -m pipelines.generate --runner
+* Without a scheduler address, ``python -m dpsynth.pipelines.generate --runner
   dask`` starts one local cluster for both phases of the adaptive plan,
   keeps Dask's logs and dashboard off the console and leaves no files.
 """
@@ -37,12 +37,12 @@ distributed = pytest.importorskip(
 
 import apache_beam as beam  # noqa: E402
 
-from pipelines import cli, generate  # noqa: E402
-from pipelines.options import beam_options  # noqa: E402
+from dpsynth.pipelines import cli, generate  # noqa: E402
+from dpsynth.pipelines.options import beam_options  # noqa: E402
 from tests.conftest import (assert_same_release, dask_test_cluster,  # noqa: E402
                             gmm_data, release_dir)
-from transforms import io  # noqa: E402
-from transforms.write import tfrecord_bytes  # noqa: E402
+from dpsynth.transforms import io  # noqa: E402
+from dpsynth.transforms.write import tfrecord_bytes  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -73,12 +73,12 @@ def _dask(address: str) -> list[str]:
 def test_dask_flags_pass_the_strict_check(runner):
     """Every Dask name selects dpsynth's runner, and Beam's --dask_* options
     pass generate's strict flag check."""
-    from pipelines.options import beam_options, check_beam_args
+    from dpsynth.pipelines.options import beam_options, check_beam_args
     argv = ["--runner", runner, "--dask_client_address", "tcp://10.0.0.5:8786",
             "--dask_npartitions=4", "--dask_dashboard=127.0.0.1:8787"]
     check_beam_args(argv, generate.parser(), "generate")
     assert beam_options(argv).get_all_options()["runner"] == \
-        "pipelines.dask_runner.DaskRunner"
+        "dpsynth.pipelines.dask_runner.DaskRunner"
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -89,7 +89,7 @@ def test_dask_flags_pass_the_strict_check(runner):
     (["--dask_dashboard=127.0.0.1:8787"], "add --runner dask"),
 ])
 def test_bad_dask_flags_are_refused(argv, message):
-    from pipelines.options import UsageError, check_beam_args
+    from dpsynth.pipelines.options import UsageError, check_beam_args
     with pytest.raises(UsageError, match=message):
         check_beam_args(argv, generate.parser(), "generate")
 
@@ -102,7 +102,7 @@ def test_bad_dask_flags_are_refused(argv, message):
 ])
 def test_local_dask_clusters_count_as_local(argv, local):
     """Workers on this machine write the operator's progress file."""
-    from pipelines.options import beam_options, is_local
+    from dpsynth.pipelines.options import beam_options, is_local
     assert is_local(beam_options(argv)) is local
 
 
@@ -116,10 +116,10 @@ def _singleton_of_total(p):
 def test_beam_dask_bug_is_still_there_and_worked_around(scheduler):
     """Beam's own DaskRunner fails on CombineGlobally + AsSingleton of it;
     dpsynth's runner does not. If the first half fails, Beam fixed the bug:
-    drop pipelines.dask_runner.install_workaround (deploy/README.md)."""
+    drop dpsynth.pipelines.dask_runner.install_workaround (deploy/README.md)."""
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.runners.dask import transform_evaluator
-    from pipelines import dask_runner
+    from dpsynth.pipelines import dask_runner
     patched = transform_evaluator.apply_dofn_to_bundle
     original = getattr(patched, "beam_original", patched)
     transform_evaluator.apply_dofn_to_bundle = original
@@ -234,7 +234,7 @@ def test_a_run_leaves_no_stored_collection_on_the_cluster(scheduler):
 def test_stored_collections_go_one_by_one_where_a_list_is_refused():
     """An older distributed unpublishes one name a call: the list is
     refused and every name still goes."""
-    from pipelines import dask_runner
+    from dpsynth.pipelines import dask_runner
     gone = []
 
     class _OldClient:
@@ -272,7 +272,7 @@ def test_step_arguments_are_pickled_once_and_shared_in_a_process(
         monkeypatch):
     import pickle
 
-    from pipelines import dask_runner
+    from dpsynth.pipelines import dask_runner
     monkeypatch.setattr(dask_runner, "_STEP_ARGS", {})
     step = dask_runner._StepArgs(([1, 2], {"k": 3}), "dpsynth-Client-a/s")
     blob = pickle.dumps(step)
@@ -318,8 +318,8 @@ def test_another_librarys_function_is_named_per_step():
     import operator
 
     from apache_beam.runners.common import DoFnSignature
-    from pipelines import dask_runner
-    from transforms.write import shard_tasks
+    from dpsynth.pipelines import dask_runner
+    from dpsynth.transforms.write import shard_tasks
 
     def name(fn, label: str) -> str:
         signature = DoFnSignature(beam.Map(fn).fn)
@@ -336,7 +336,7 @@ def test_bundles_at_the_same_time_get_their_own_step_arguments():
     """A worker with several threads runs a step's bundles side by side:
     each running bundle holds its own copy of the arguments (one output
     list each), and a finished bundle's copy serves the next."""
-    from pipelines import dask_runner
+    from dpsynth.pipelines import dask_runner
     step = dask_runner._StepArgs(([1], {}), "dpsynth-Client-a/s")
     first = step.take()
     second = step.take()  # while the first runs
@@ -348,7 +348,7 @@ def test_bundles_at_the_same_time_get_their_own_step_arguments():
 
 
 def test_side_values_keep_only_the_newest_runs(monkeypatch):
-    from pipelines import dask_runner
+    from dpsynth.pipelines import dask_runner
     fetched = []
 
     class _Future:
@@ -431,7 +431,7 @@ def test_blocks_read_by_two_branches_are_not_stored(scheduler, tmp_path,
     Built before the side input, the main branch is computed with it, so
     the blocks themselves are not kept on the cluster (at 1M x 384 that
     held every block); built after it, the blocks are stored (fallback)."""
-    from pipelines import dask_runner
+    from dpsynth.pipelines import dask_runner
     stored_labels: list[str] = []
     original = dask_runner._Pending.store_with
 
@@ -545,7 +545,7 @@ def test_secure_noise_release_is_self_consistent(scheduler, tmp_path):
     makes Dask recompute its results, which only the keyed noise of the
     privacy change (noise = f(per-run secret key, mechanism)) makes
     harmless."""
-    from pipelines.release import load_gmm, load_release
+    from dpsynth.pipelines.release import load_gmm, load_release
     out = tmp_path / "rel"
     _generate(out, *_dask(scheduler))
     _, y, manifest = load_release(str(out))
@@ -568,7 +568,7 @@ def _profile_enabled() -> bool:
 
 
 def test_the_profiler_stays_on_when_a_dashboard_is_asked_for():
-    from pipelines import dask_runner
+    from dpsynth.pipelines import dask_runner
     assert not dask_runner._cluster_config(None)[
         "distributed.worker.profile.enabled"]
     assert "distributed.worker.profile.enabled" not in \
@@ -578,7 +578,7 @@ def test_the_profiler_stays_on_when_a_dashboard_is_asked_for():
 def test_local_cluster_is_started_once_and_cleaned_up():
     """One LocalCluster per process, its scratch space in a temporary
     folder removed at close, its HTTP routes off port 8787."""
-    from pipelines import dask_runner
+    from dpsynth.pipelines import dask_runner
     started = dask_runner.local_clusters_started
     try:
         cluster = dask_runner.local_cluster(workers=1)
@@ -606,7 +606,7 @@ def test_local_cluster_is_started_once_and_cleaned_up():
 HALF_STARTED = """
 import os, signal
 import distributed.nanny as nanny
-from pipelines import dask_runner
+from dpsynth.pipelines import dask_runner
 
 real = nanny.Nanny.start_unsafe
 
@@ -654,7 +654,7 @@ def test_demo_on_a_local_cluster_is_quiet_and_leaves_nothing(tmp_path):
     temp.mkdir()
     _generate(tmp_path / "direct", "--noise-seed", 7)
     run = subprocess.run(
-        [sys.executable, "-m", "pipelines.generate", "--runner", "dask",
+        [sys.executable, "-m", "dpsynth.pipelines.generate", "--runner", "dask",
          "--output", str(tmp_path / "dask"), "--noise-seed", "7"],
         cwd=work, env={**os.environ, "TMPDIR": str(temp)},
         capture_output=True, text=True, timeout=300)

@@ -32,9 +32,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "deploy" / "dataflow"))
 import job_graph  # noqa: E402
 
-from deploy import runners  # noqa: E402
+from dpsynth.deploy import runners  # noqa: E402
 from tests.conftest import gmm_data  # noqa: E402
-from transforms.write import tfrecord_bytes  # noqa: E402
+from dpsynth.transforms.write import tfrecord_bytes  # noqa: E402
 
 # A fixed SecureNoise key, set in the builder process: by construction it
 # must not travel in the graph (see test_graph_holds_no_noise_key).
@@ -49,7 +49,7 @@ MiB = 1 << 20
 # The builder: SecureNoise with the known key, then job_graph's CLI.
 _DRIVER = """
 import sys
-from dp_ops import noise
+from dpsynth.dp_ops import noise
 key = bytes.fromhex(sys.argv[1])
 noise.SecureNoise.__init__ = lambda self: noise.KeyedNoise.__init__(self, key)
 sys.path.insert(0, sys.argv[2])
@@ -275,7 +275,7 @@ def test_graph_holds_no_noise_key(built):
 
 
 def test_dataflow_without_a_key_location_is_refused(tmp_path, capsys):
-    from pipelines import cli
+    from dpsynth.pipelines import cli
     rc = cli.main(["generate", "--output", str(tmp_path / "r"),
                    "--runner", "DataflowRunner", "--project", PROJECT,
                    "--temp_location", TEMP])

@@ -1,10 +1,10 @@
-"""dp_ops.config.check_delta: delta must be far below 1/n; large values are refused unless forced."""
+"""dpsynth.dp_ops.config.check_delta: delta must be far below 1/n; large values are refused unless forced."""
 
 import math
 
 import pytest
 
-from dp_ops.config import MAX_DELTA, check_delta
+from dpsynth.dp_ops.config import MAX_DELTA, check_delta
 
 
 @pytest.mark.parametrize("delta", [1e-5, 1e-9, MAX_DELTA])

@@ -18,7 +18,7 @@ from apache_beam.options.pipeline_options import (
     DirectOptions, FlinkRunnerOptions, GoogleCloudOptions, PortableOptions,
     SetupOptions, StandardOptions, WorkerOptions)
 
-from deploy import runners
+from dpsynth.deploy import runners
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -128,17 +128,17 @@ def test_cli_parameters_and_dispatch():
 def test_dask_options_reach_beam():
     pytest.importorskip("distributed", reason="needs the dask extra")
     from apache_beam.runners.dask.dask_runner import DaskOptions
-    from pipelines import options
+    from dpsynth.pipelines import options
     opts = runners.pipeline_options(runners.dask_args("tcp://10.0.0.5:8786"))
     assert opts.view_as(StandardOptions).runner == \
-        "pipelines.dask_runner.DaskRunner"
+        "dpsynth.pipelines.dask_runner.DaskRunner"
     assert opts.view_as(DaskOptions).address == "tcp://10.0.0.5:8786"
     for name in ("dask", "DaskRunner",
                  "apache_beam.runners.dask.dask_runner.DaskRunner"):
         assert runners.runner_args(name) == ["--runner=DaskRunner"]
         beam = options.beam_options(["--runner", name])
         assert beam.view_as(StandardOptions).runner == \
-            "pipelines.dask_runner.DaskRunner"
+            "dpsynth.pipelines.dask_runner.DaskRunner"
     parser = argparse.ArgumentParser()
     runners.add_runner_arguments(parser)
     assert runners.beam_args_from(parser.parse_args(
@@ -154,12 +154,12 @@ def test_dask_options_reach_beam():
 
 def test_module_prints_shell_line():
     out = subprocess.run(
-        [sys.executable, "-m", "deploy.runners", "flink", "--flink-master",
+        [sys.executable, "-m", "dpsynth.deploy.runners", "flink", "--flink-master",
          "jm:8081", "--environment-type", "LOOPBACK"],
         cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert shlex.split(out) == ["--runner=FlinkRunner", "--flink_master=jm:8081",
                                 "--environment_type=LOOPBACK"]
-    bad = subprocess.run([sys.executable, "-m", "deploy.runners", "dataflow"],
+    bad = subprocess.run([sys.executable, "-m", "dpsynth.deploy.runners", "dataflow"],
                          cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and "--temp-location" in bad.stderr
 
@@ -168,7 +168,7 @@ def test_importable_without_gcp_credentials():
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("GOOGLE_", "CLOUDSDK_"))}
     env["GOOGLE_APPLICATION_CREDENTIALS"] = "/nonexistent.json"
-    code = ("import sys, deploy.runners as r; "
+    code = ("import sys, dpsynth.deploy.runners as r; "
             "args = r.dataflow_args('p', 'gs://b/t'); "
             "assert 'apache_beam' not in sys.modules; "  # pure until asked
             "r.pipeline_options(args)")
@@ -185,8 +185,8 @@ def test_flex_template_metadata_is_valid():
     for p in meta["parameters"]:
         assert set(p) >= {"name", "label", "helpText"}, p
     # Every template parameter is a flag `dpsynth generate` understands.
-    pytest.importorskip("pipelines.generate")
-    from pipelines import generate
+    pytest.importorskip("dpsynth.pipelines.generate")
+    from dpsynth.pipelines import generate
     parser = generate.parser()
     known = {a for action in parser._actions for a in action.option_strings}
     missing = {p["name"] for p in meta["parameters"]
@@ -197,10 +197,10 @@ def test_flex_template_metadata_is_valid():
 def _generate_available() -> str | None:
     """Why the real DirectRunner run cannot happen, or None."""
     try:
-        if importlib.util.find_spec("pipelines.generate") is None:
-            return "pipelines.generate does not exist yet"
+        if importlib.util.find_spec("dpsynth.pipelines.generate") is None:
+            return "dpsynth.pipelines.generate does not exist yet"
     except ImportError as e:
-        return f"pipelines.generate is not importable: {e}"
+        return f"dpsynth.pipelines.generate is not importable: {e}"
     return None
 
 
@@ -209,7 +209,7 @@ def test_direct_runner_two_worker_processes_real_run(tmp_path):
     if reason:
         pytest.skip(reason)
     out = tmp_path / "release"
-    cmd = [sys.executable, "-m", "pipelines.generate",
+    cmd = [sys.executable, "-m", "dpsynth.pipelines.generate",
            *runners.direct_args(num_workers=2), "--output", str(out),
            "--run-id", "direct-2proc"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
@@ -225,7 +225,7 @@ def test_direct_runner_two_worker_processes_real_run(tmp_path):
 def test_local_blas_threads_share_the_cores_among_direct_workers(monkeypatch):
     """DirectRunner's worker processes split the cores for large BLAS
     products (the vote search, encoders); other runners are left alone."""
-    from pipelines.options import beam_options, local_blas_threads
+    from dpsynth.pipelines.options import beam_options, local_blas_threads
     monkeypatch.setattr("os.cpu_count", lambda: 64)  # the machine's
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
     assert local_blas_threads(beam_options([])) == 8  # the usable cores
@@ -326,7 +326,7 @@ def test_cli_builds_portable_runner_options(argv, expected, capsys):
 
 
 def test_install_engines_paths_are_pinned_to_beam(tmp_path):
-    from deploy import install_engines as ie
+    from dpsynth.deploy import install_engines as ie
     root = ie.cache_root({"HOME": "/h"})
     assert root == Path("/h/.cache/dpsynth/engines")
     assert ie.cache_root({"HOME": "/h", "XDG_CACHE_HOME": "/c"}) == \

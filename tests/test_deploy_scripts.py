@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from deploy import launch, publish
+from dpsynth.deploy import launch, publish
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def parser():
-    from pipelines import generate
+    from dpsynth.pipelines import generate
     return generate.parser()
 
 
@@ -120,7 +120,7 @@ def test_dataflow_classic_submit_command():
                   "gs://b/in/*.npz", "--output", "gs://b/rel/1",
                   PROJECT="proj", BUCKET="gs://b", REGION="europe-west4",
                   MAX_WORKERS="8")
-    assert cmd[:3] == [sys.executable, "-m", "pipelines.generate"]
+    assert cmd[:3] == [sys.executable, "-m", "dpsynth.pipelines.generate"]
     assert {"--runner=DataflowRunner", "--project=proj",
             "--region=europe-west4", "--temp_location=gs://b/tmp",
             "--staging_location=gs://b/tmp/staging",
@@ -158,12 +158,12 @@ def test_flink_submit_command():
                   FLINK_MASTER="flink-jm:8081", ENVIRONMENT_TYPE="EXTERNAL",
                   ENVIRONMENT_CONFIG="localhost:50000", PARALLELISM="4",
                   FLINK_VERSION="1.20")
-    assert cmd[:3] == [sys.executable, "-m", "pipelines.generate"]
+    assert cmd[:3] == [sys.executable, "-m", "dpsynth.pipelines.generate"]
     assert {"--runner=FlinkRunner", "--flink_master=flink-jm:8081",
             "--environment_type=EXTERNAL",
             "--environment_config=localhost:50000", "--parallelism=4",
             "--flink_version=1.20"} <= set(cmd)
-    from deploy import runners
+    from dpsynth.deploy import runners
     opts = runners.pipeline_options(cmd[3:-2])
     from apache_beam.options.pipeline_options import FlinkRunnerOptions
     assert opts.view_as(FlinkRunnerOptions).flink_master == "flink-jm:8081"

@@ -2,7 +2,7 @@
 work is split.
 
 Why it holds: every exact aggregate is a sum of values on a fixed-point grid
-(``dp_ops.moments.quantize``) or of integers, so float addition is exact and
+(``dpsynth.dp_ops.moments.quantize``) or of integers, so float addition is exact and
 order-free; noise is drawn per (secret seed, mechanism name) by
 ``SeededNoise``, not per worker; sampling uses per-class generators seeded by
 the public seed; shards are named by class and index; every list written is
@@ -17,7 +17,7 @@ import json
 import numpy as np
 import pytest
 
-from pipelines import cli
+from dpsynth.pipelines import cli
 from tests.conftest import gmm_data, release_bytes, release_dir
 
 COMMON = ["--num-classes", 3, "--clusters", 3, "--accountant", "rdp",
@@ -102,7 +102,7 @@ def test_manifest_differs_only_in_run_metadata(releases):
 
 
 def test_different_noise_seed_gives_different_noise(releases):
-    from pipelines.release import load_gmm
+    from dpsynth.pipelines.release import load_gmm
     ref = load_gmm(str(releases["one-worker"]))
     other = load_gmm(str(releases["other-noise-seed"]))
     ref_files = release_bytes(releases["one-worker"])

@@ -1,4 +1,4 @@
-"""pipelines.direct_runner: Beam's FnApiRunner with several workers closes
+"""dpsynth.pipelines.direct_runner: Beam's FnApiRunner with several workers closes
 its workers at once, runs no empty bundles and forks its workers from a
 server that has imported what they need; what stages compute does not
 change (the release's byte identity across worker counts is
@@ -14,8 +14,8 @@ import time
 import apache_beam as beam
 import pytest
 
-from pipelines import direct_runner, worker_fork
-from pipelines.options import beam_options
+from dpsynth.pipelines import direct_runner, worker_fork
+from dpsynth.pipelines.options import beam_options
 
 
 class _Handler:
@@ -218,7 +218,7 @@ def test_a_dead_fork_server_falls_back_to_beams_worker_start(monkeypatch):
     (["--direct_num_workers", "many"], False),  # refused later, by Beam
 ])
 def test_worker_processes_are_read_from_the_flags_without_beam(argv, wanted):
-    from pipelines import runner_names
+    from dpsynth.pipelines import runner_names
     assert runner_names.wants_worker_processes(argv) is wanted
 
 
@@ -238,7 +238,7 @@ def test_a_server_whose_runner_leaves_during_its_imports_ends_at_once():
 def test_the_fork_server_ends_with_its_runner_process():
     """No server left running when the runner's process exits (a scheduler
     that waits for a task's processes sees none)."""
-    code = ("from pipelines import direct_runner\n"
+    code = ("from dpsynth.pipelines import direct_runner\n"
             "direct_runner.start_worker_server_for(['--direct_num_workers', "
             "'2'])\n"
             "print(direct_runner._server._proc.pid)\n")

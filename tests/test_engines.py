@@ -11,7 +11,7 @@ started by Beam's worker pool in their own processes (EXTERNAL), the
 layout of a cluster. Flink and Spark run the same jobs (one job server
 started by the test for all Flink jobs).
 
-The engines come from ``python -m deploy.install_engines`` (``.ci/run``
+The engines come from ``python -m dpsynth.deploy.install_engines`` (``.ci/run``
 runs it): the Flink / Spark job server jars from Maven, Prism built with
 ``go install``, pinned to the installed Beam. Without an engine the tests
 of that engine skip with the reason; with ``CI=true`` an engine whose
@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploy import install_engines, runners
-from pipelines import cli
+from dpsynth.deploy import install_engines, runners
+from dpsynth.pipelines import cli
 from tests.conftest import assert_same_release, gmm_data
 
 pytestmark = pytest.mark.engines
@@ -66,11 +66,11 @@ def _engine(name: str) -> str:
             _missing(f"{name} needs Java (java is not on PATH)", served=True)
         return entry["path"]
     if entry is None:
-        _missing(f"{name} is not installed: python -m deploy.install_engines "
+        _missing(f"{name} is not installed: python -m dpsynth.deploy.install_engines "
                  f"{name} did not run", served=True)
     if "path" in entry:
         _missing(f"{name}: {entry['path']} is gone; run python -m "
-                 f"deploy.install_engines {name}", served=True)
+                 f"dpsynth.deploy.install_engines {name}", served=True)
     _missing(install_engines.describe(name, entry),
              served=not entry.get("not_served"))
     raise AssertionError("unreachable")
@@ -130,7 +130,7 @@ def releases(tmp_path_factory):
 def several_files(tmp_path_factory):
     """Three .npz files and one TFRecord file, 2,400 rows of 3 classes in 8
     dimensions."""
-    from transforms.write import tfrecord_bytes
+    from dpsynth.transforms.write import tfrecord_bytes
     root = tmp_path_factory.mktemp("files")
     x, y = gmm_data(2400, d=8, classes=3, seed=5)
     for i in range(3):
@@ -197,7 +197,7 @@ def prism_cluster(tmp_path_factory):
 
 
 def _engine_args(engine: str, request) -> list[str]:
-    """The runner flags a test uses for ``engine`` (deploy.runners)."""
+    """The runner flags a test uses for ``engine`` (dpsynth.deploy.runners)."""
     if engine == "prism":
         endpoint, pool, _ = request.getfixturevalue("prism_cluster")
         return runners.prism_args(job_endpoint=endpoint,
@@ -223,7 +223,7 @@ def test_demo_on_prism(releases, tmp_path):
     temp = tmp_path / "tmp"
     temp.mkdir()
     run = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "generate", "--output",
+        [sys.executable, "-m", "dpsynth.pipelines.cli", "generate", "--output",
          str(tmp_path / "prism"), *map(str, DEMO), *args], cwd=tmp_path,
         env={**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(REPO)},
         capture_output=True, text=True, timeout=600)
@@ -284,7 +284,7 @@ def test_direct_runner_stays_on_the_fnapi_runner():
     """With Prism installed, dpsynth's DirectRunner still runs Beam's
     FnApiRunner (Beam's DirectRunner would try Prism first): the byte
     comparisons above have one reference."""
-    from pipelines.options import beam_options, is_local
+    from dpsynth.pipelines.options import beam_options, is_local
     for argv in ([], ["--runner", "DirectRunner"], ["--runner=direct"]):
         opts = beam_options(argv).get_all_options()
         assert opts["runner"] == "FnApiRunner", argv
@@ -317,5 +317,5 @@ def test_submit_scripts_run_what_the_tests_run(script, env, expected):
         cwd=REPO, capture_output=True, text=True, check=True,
         env={**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, **env})
     cmd = shlex.split(proc.stdout)
-    assert cmd == [sys.executable, "-m", "pipelines.generate", *expected,
+    assert cmd == [sys.executable, "-m", "dpsynth.pipelines.generate", *expected,
                    "--noise-seed", "1", "--output", "/o"]

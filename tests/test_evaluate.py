@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from dp_ops.clipping import normalize_rows
-from pipelines import evaluate
+from dpsynth.dp_ops.clipping import normalize_rows
+from dpsynth.pipelines import evaluate
 from tests.conftest import gmm_data
 
 FAST_MLP = ["--mlp-epochs", "3", "--mlp-lr", "0.05", "--mlp-batch-size", "64"]
@@ -94,7 +94,7 @@ def test_copied_train_rows_are_flagged(files, tmp_path):
 
 
 def test_cli_on_a_release(tmp_path, capsys):
-    from pipelines import cli
+    from dpsynth.pipelines import cli
     x, y = gmm_data(900, d=12, classes=3, spread=0.2)
     xt, yt = gmm_data(300, d=12, classes=3, seed=5, spread=0.2)
     np.savez(tmp_path / "train.npz", embeddings=x, labels=y)
@@ -148,7 +148,7 @@ def test_register_adds_the_subcommand():
 
 
 def test_real_rows_are_clipped_only_for_uncentred_releases():
-    from pipelines.evaluate import resolve_clip
+    from dpsynth.pipelines.evaluate import resolve_clip
     assert resolve_clip("auto", {"config": {"center": False,
                                             "clip_norm": 0.5}}) == 0.5
     assert resolve_clip("auto", {"config": {"center": True,
@@ -214,7 +214,7 @@ def test_a_deterministic_fit_on_seed_independent_rows_runs_once(monkeypatch):
 
 
 def classifiers_epochs():
-    from models.classifiers import MLPConfig
+    from dpsynth.models.classifiers import MLPConfig
     return MLPConfig().epochs  # the paper's 50
 
 
@@ -250,7 +250,7 @@ def test_existing_report_is_not_overwritten_without_the_flag(files, capsys):
 
 
 def test_small_sets_get_a_larger_mlp_learning_rate():
-    from models.classifiers import MLPConfig
+    from dpsynth.models.classifiers import MLPConfig
     paper = MLPConfig()
     # CIFAR-10's 50,000 rows make the paper's 4,900 steps: its rate stays.
     assert evaluate.scaled_learning_rate(50_000, paper) == paper.learning_rate
@@ -263,7 +263,7 @@ def test_small_sets_get_a_larger_mlp_learning_rate():
 
 @pytest.fixture(scope="module")
 def demo_release(tmp_path_factory):
-    from pipelines import cli
+    from dpsynth.pipelines import cli
     rel = tmp_path_factory.mktemp("demo") / "release"
     assert cli.main(["generate", "--output", str(rel), "--noise-seed", "3"]) == 0
     return str(rel)
@@ -271,7 +271,7 @@ def demo_release(tmp_path_factory):
 
 def test_demo_release_scores_like_generates_utility_line(demo_release,
                                                          tmp_path, capsys):
-    from pipelines import demo
+    from dpsynth.pipelines import demo
     capsys.readouterr()
     out = tmp_path / "r.json"
     # No --real-* flags: a demo release is scored on the demo's split.
@@ -311,7 +311,7 @@ def test_console_is_quiet_and_explains_every_metric(files, tmp_path):
     import sys
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pipelines.evaluate", "--synthetic",
+        [sys.executable, "-m", "dpsynth.pipelines.evaluate", "--synthetic",
          files["syn"], "--real-train", files["train"], "--real-test",
          files["test"], "--normalize", "unit", "--metrics-max-rows", "200",
          "--output", files["out"], "--mlp-epochs", "2", "--no-ceiling"],

@@ -1,4 +1,4 @@
-"""transforms.example_wire reads tf.train.Example records as TensorFlow does,
+"""dpsynth.transforms.example_wire reads tf.train.Example records as TensorFlow does,
 without TensorFlow (issue 15: a TensorFlow import per Beam worker)."""
 
 import subprocess
@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from transforms import example_wire
-from transforms.write import tfrecord_bytes
+from dpsynth.transforms import example_wire
+from dpsynth.transforms.write import tfrecord_bytes
 
 tf = pytest.importorskip("tensorflow")
 
@@ -139,8 +139,8 @@ def test_a_record_that_is_not_an_example_is_named(bad):
 
 
 def test_reading_tfrecords_does_not_import_tensorflow():
-    code = ("import sys; import transforms.io, transforms.write, "
-            "pipelines.generate; print('tensorflow' in sys.modules)")
+    code = ("import sys; import dpsynth.transforms.io, dpsynth.transforms.write, "
+            "dpsynth.pipelines.generate; print('tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -6,10 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from dp_ops import plan
-from dp_ops.config import GeneratorConfig
-from pipelines import cli
-from pipelines.release import load_gmm, load_release
+from dpsynth.dp_ops import plan
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.pipelines import cli
+from dpsynth.pipelines.release import load_gmm, load_release
 from tests.conftest import (assert_release_matches_reference, gmm_data,
                             release_dir)
 

@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 
-from pipelines import budget_store, cli
+from dpsynth.pipelines import budget_store, cli
 from tests.conftest import gmm_data
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines import cli, generate
+from dpsynth.pipelines import cli, generate
 from tests.conftest import shared_image_subset
 from tests.test_encoders import _tiny_keras
 
@@ -70,13 +70,13 @@ def _plan(root, classes):
                               "--encoder", "keras:/nowhere.keras",
                               "--embedding-dim", "6", "--output",
                               str(root) + "-out", "--epsilon", "2"])
-    from pipelines import job as job_module
+    from dpsynth.pipelines import job as job_module
     job = job_module.prepare(generate.spec_from_args(args))
     return job.cfg.labels, [m.to_dict() for m in job.ledger.mechanisms]
 
 
 def _labelled_files(root, classes):
-    from transforms.images import _class_files
+    from dpsynth.transforms.images import _class_files
     return {p[len(str(root)):]: label
             for label, name in enumerate(classes)
             for p, label in _class_files((str(root), name, label))}

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 PROBE = textwrap.dedent("""
     import sys
     sys.path.insert(0, {repo!r})
-    from pipelines import cli
+    from dpsynth.pipelines import cli
     try:
         cli.main({argv!r})
     except SystemExit:
@@ -48,7 +48,7 @@ def test_the_help_path_loads_no_pipeline_library(argv):
 
 
 def test_generate_help_starts_with_the_embeddings_and_explains_every_flag():
-    from pipelines import generate
+    from dpsynth.pipelines import generate
     text = generate.parser().format_help()
     groups = [line for line in text.splitlines() if line.endswith(":")
               and not line.startswith(" ")]
@@ -61,7 +61,7 @@ def test_generate_help_starts_with_the_embeddings_and_explains_every_flag():
 
 
 def test_typos_suggest_the_flag_meant(capsys):
-    from pipelines import cli
+    from dpsynth.pipelines import cli
     assert cli.main(["generate", "--eps", "1"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == ("dpsynth: error: unknown flag --eps; did you mean "

@@ -13,7 +13,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from PIL import Image
 
 from tests.conftest import shared_image_subset, shared_path
-from transforms import images as ti
+from dpsynth.transforms import images as ti
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
@@ -220,7 +220,7 @@ def test_gcs_folder_layout_encode_to_gcs(gcs, tree, tmp_path, monkeypatch):
     import tempfile
 
     import keras
-    from pipelines import encode, encode_job
+    from dpsynth.pipelines import encode, encode_job
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # FnApiRunner: this process

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import budget_store, release
+from dpsynth.pipelines import budget_store, release
 from tests.conftest import gmm_data
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 SLOW_READ = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {repo!r})
-    from pipelines import cli
-    from transforms import io
+    from dpsynth.pipelines import cli
+    from dpsynth.transforms import io
     real = io._ReadBlocksFn.process
 
     def slow(self, r):
@@ -84,7 +84,7 @@ def test_ctrl_c_inside_a_pass_is_one_line_and_exit_130(tmp_path):
 
 
 SLOW_LAUNCH = SLOW_READ.replace(
-    "from pipelines import cli", "from deploy import launch").replace(
+    "from dpsynth.pipelines import cli", "from dpsynth.deploy import launch").replace(
     "cli.main(", "launch.main(")
 
 
@@ -124,7 +124,7 @@ def test_sigterm_inside_a_pass_stops_the_job_like_ctrl_c(tmp_path, entry):
 SLOW_SITE = textwrap.dedent("""
     import os, time
     if os.environ.get("DPSYNTH_TEST_SLOW_MARK"):
-        from transforms import io
+        from dpsynth.transforms import io
         real = io._ReadBlocksFn.process
 
         def slow(self, r):
@@ -154,7 +154,7 @@ def _session_processes(sid: int) -> list[str]:
 
 def test_ctrl_c_with_worker_processes_is_one_line_and_leaves_no_process(
         tmp_path):
-    """Two DirectRunner workers (forked by pipelines.worker_fork): Ctrl-C
+    """Two DirectRunner workers (forked by dpsynth.pipelines.worker_fork): Ctrl-C
     prints one line, not every worker's interrupted harness, and the job's
     processes all end."""
     x, y = gmm_data(3000, d=4, classes=2)
@@ -166,7 +166,7 @@ def test_ctrl_c_with_worker_processes_is_one_line_and_leaves_no_process(
     env = dict(os.environ, DPSYNTH_TEST_SLOW_MARK=str(mark),
                PYTHONPATH=os.pathsep.join([str(site), str(REPO)]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", "generate", "--input",
+        [sys.executable, "-m", "dpsynth.pipelines.cli", "generate", "--input",
          str(tmp_path / "in.npz"), "--num-classes", "2", "--output",
          str(out), "--direct_num_workers", "2"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -198,7 +198,7 @@ def _swallowed_ctrl_c() -> None:
 
 def test_a_ctrl_c_a_library_swallowed_still_stops_the_job(
         tmp_path, capsys, monkeypatch):
-    from pipelines import cli, job
+    from dpsynth.pipelines import cli, job
     real = job.prepare
 
     def prepare(spec):
@@ -229,7 +229,7 @@ def test_the_error_a_swallowed_ctrl_c_leaves_is_the_one_line(
         tmp_path, capsys, monkeypatch):
     """Ctrl-C while Beam is imported (before any job), swallowed, then the
     half-imported module's own error: one line, exit 130."""
-    from pipelines import cli
+    from dpsynth.pipelines import cli
 
     def build_parser(only=None):
         _swallowed_ctrl_c()
@@ -242,7 +242,7 @@ def test_the_error_a_swallowed_ctrl_c_leaves_is_the_one_line(
 
 def test_ctrl_c_while_beam_is_imported_is_one_line(tmp_path, capsys,
                                                   monkeypatch):
-    from pipelines import cli
+    from dpsynth.pipelines import cli
 
     def build_parser(only=None):
         raise KeyboardInterrupt
@@ -258,7 +258,7 @@ def test_ctrl_c_after_publishing_says_the_release_is_there(
     """Ctrl-C between publishing and recording it: the line must not say
     that nothing was published; the release is complete, and a retry of
     the run id finishes at no new cost."""
-    from pipelines import cli, job
+    from dpsynth.pipelines import cli, job
 
     def checkpoint(step):
         if step == "published":
@@ -285,7 +285,7 @@ def test_ctrl_c_after_publishing_says_the_release_is_there(
 
 def test_ctrl_c_in_encode_says_nothing_was_written(tmp_path, capsys,
                                                     monkeypatch):
-    from pipelines import cli, encode_job
+    from dpsynth.pipelines import cli, encode_job
 
     def run(spec):
         raise KeyboardInterrupt

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import cli, release
+from dpsynth.pipelines import cli, release
 from tests.conftest import gmm_data
-from transforms import io
-from transforms.write import tfrecord_bytes
+from dpsynth.transforms import io
+from dpsynth.transforms.write import tfrecord_bytes
 
 
 def _spec(path: str = "in.npz", **kw) -> io.InputSpec:

@@ -22,9 +22,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import cli
-from transforms import images, io
-from transforms.write import example_layout, tfrecord_bytes
+from dpsynth.pipelines import cli
+from dpsynth.transforms import images, io
+from dpsynth.transforms.write import example_layout, tfrecord_bytes
 
 DIM = 64
 
@@ -182,7 +182,7 @@ def test_image_pipeline_stops_on_a_corrupt_frame(tmp_path):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipelines import console
+    from dpsynth.pipelines import console
     path = tmp_path / "imgs.tfrecord"
     offsets = _image_records(path, 3)
     data = bytearray(path.read_bytes())

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from transforms import io
+from dpsynth.transforms import io
 
 LIST_TYPES = {
     "fixed": lambda value: pa.list_(value, 3),

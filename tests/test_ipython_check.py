@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from pipelines import ipython_check
+from dpsynth.pipelines import ipython_check
 
 BUILD = """
 import sys
 import apache_beam as beam
-from pipelines.options import beam_options
+from dpsynth.pipelines.options import beam_options
 p = beam.Pipeline(options=beam_options([]))
 _ = p | beam.Create([1, 2]) | beam.Map(str)
 p.run().wait_until_finish()

@@ -1,6 +1,6 @@
 import numpy as np
 
-from dp_ops import kmeans
+from dpsynth.dp_ops import kmeans
 
 
 def test_nearest_matches_brute_force():

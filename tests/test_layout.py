@@ -20,8 +20,16 @@ ALLOWED = {
 
 
 def _module_name(path: Path) -> str:
+    """The installed name: the design's folders live under ``dpsynth``."""
     parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    return "dpsynth." + ".".join(parts[:-1] if parts[-1] == "__init__"
+                                 else parts)
+
+
+def _package(name: str) -> str:
+    """The design folder a ``dpsynth.<folder>...`` module lives in."""
+    parts = name.split(".")
+    return parts[1] if parts[0] == "dpsynth" and len(parts) > 1 else ""
 
 
 def _modules() -> dict[str, Path]:
@@ -43,7 +51,7 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
         for name in names:
             while name and name not in modules:
                 name = name.rpartition(".")[0]
-            if name and name.split(".")[0] in PACKAGES:
+            if name and _package(name) in PACKAGES:
                 found.add(name)
     return found
 
@@ -82,7 +90,7 @@ def test_no_import_circles():
 def test_each_folder_imports_only_the_layers_below():
     bad = [f"{mod} imports {dep}" for mod, deps in _graph().items()
            for dep in deps
-           if dep.split(".")[0] not in ALLOWED[mod.split(".")[0]]]
+           if _package(dep) not in ALLOWED[_package(mod)]]
     assert not bad, "\n".join(bad)
 
 

@@ -4,7 +4,7 @@ import dp_accounting
 import pytest
 from dp_accounting.pld import pld_privacy_accountant
 
-from dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger, compose_epsilon
+from dpsynth.dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger, compose_epsilon
 
 
 def _pld_eps(events, delta):
@@ -30,7 +30,7 @@ def test_gaussians_compose_to_one_gaussian(accountant):
     z_i compose to one Gaussian with z = (sum 1/z_i^2)^(-1/2); RDP states
     it exactly, PLD agrees to its discretisation. Subsampled mechanisms are
     not merged."""
-    from dp_ops.ledger import make_accountant
+    from dpsynth.dp_ops.ledger import make_accountant
     zs = [0.9, 2.0, 2.0, 7.5]
     merged = sum(z ** -2 for z in zs) ** -0.5
     for z_set in (zs, [merged]):
@@ -54,7 +54,7 @@ def test_gaussians_compose_to_one_gaussian(accountant):
 
 
 def test_merged_multiplier_is_rounded_towards_more_epsilon():
-    from dp_ops.ledger import _truncate
+    from dpsynth.dp_ops.ledger import _truncate
     for z in (0.1234567891234567, 3.0, 1e-3, 123456.789):
         assert _truncate(z) <= z
         assert _truncate(z) == pytest.approx(z, rel=1e-11)
@@ -127,7 +127,7 @@ def test_ledger_pld_grid_is_an_upper_bound_close_to_the_default(z, delta):
     """The ledger's coarser PLD grid (speed: calibration runs several
     compositions) never reports less epsilon than dp_accounting's default
     grid, and at most 0.1 % more for a Gaussian (a plan composes to one)."""
-    from dp_ops.ledger import make_accountant
+    from dpsynth.dp_ops.ledger import make_accountant
     ours = make_accountant("pld", one_gaussian=True)
     ours.compose(dp_accounting.GaussianDpEvent(z))
     fine = _pld_eps([dp_accounting.GaussianDpEvent(z)], delta)
@@ -135,7 +135,7 @@ def test_ledger_pld_grid_is_an_upper_bound_close_to_the_default(z, delta):
 
 
 def test_plain_gaussians_use_the_coarse_grid_and_subsampled_the_default():
-    from dp_ops import ledger
+    from dpsynth.dp_ops import ledger
     plain = [Mechanism("a", "s", "p", 1.0, 0.7), Mechanism("b", "s", "p",
                                                           1.0, 2.0)]
     z = sum(m.noise_multiplier ** -2 for m in plain) ** -0.5

@@ -1,6 +1,6 @@
 import numpy as np
 
-from dp_ops import lsh_tree
+from dpsynth.dp_ops import lsh_tree
 
 
 def _codes(n=2000, d=8, depth=6, seed=0):

@@ -33,10 +33,10 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import stats
 
-from dp_ops import clipping, generator, kmeans, lsh_tree, moments, plan, vote
-from dp_ops.calibration import gdp_delta
-from dp_ops.config import GeneratorConfig
-from dp_ops.noise import SeededNoise
+from dpsynth.dp_ops import clipping, generator, kmeans, lsh_tree, moments, plan, vote
+from dpsynth.dp_ops.calibration import gdp_delta
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.noise import SeededNoise
 
 R = 2.0  # clip norm: sensitivities 1 (counts), R (sums), R^2 (sums of squares)
 LABEL = 0
@@ -228,7 +228,7 @@ def test_second_moment_mechanism(setup, mode):
     """The covariance mechanism, over all records (partition 'global') or
     over one class: the isometric upper triangle of sum x x^T moves by
     ||x x^T||_F = ||x||^2 = R^2 for the canary."""
-    from dp_ops import covariance
+    from dpsynth.dp_ops import covariance
     _, _, x, x_plus = setup
     cfg = GeneratorConfig(labels=(LABEL,), epsilon=2.0, clusters=3,
                           clip_norm=R, normalize="none", tree_depth=DEPTH,
@@ -268,7 +268,7 @@ def test_second_moment_mechanism(setup, mode):
 def test_isometric_upper_halves_off_diagonal_noise():
     """||upper(A)|| = ||A||_F, so sigma on upper(A) is sigma/sqrt(2) on
     each off-diagonal entry of the symmetric matrix (sigma on the diagonal)."""
-    from dp_ops import covariance
+    from dpsynth.dp_ops import covariance
     rng = np.random.default_rng(0)
     a = rng.normal(size=(6, 6))
     a = a + a.T
@@ -323,8 +323,8 @@ def test_beam_noise_path_has_the_calibrated_sigma_and_survives_reexecution(
     the same transform applied twice, as a recomputing runner would) adds
     the identical noise: one release, one draw."""
     import apache_beam as beam
-    from dp_ops.noise import SecureNoise
-    from transforms.noise import AddNoise
+    from dpsynth.dp_ops.noise import SecureNoise
+    from dpsynth.transforms.noise import AddNoise
     cfg = GeneratorConfig(labels=(0, 1), epsilon=2.0, clusters=3,
                           clip_norm=R, accountant="rdp", covariance_rank=0)
     ledger = plan.make_ledger(cfg)
@@ -408,7 +408,7 @@ def test_manifest_epsilon_matches_independent_recomputation(
     mine = max(_epsilon(events, delta, accountant)
                for events in groups.values())
     # The ledger composes one merged Gaussian on a coarser PLD grid
-    # (dp_ops.ledger.ONE_GAUSSIAN_PLD_INTERVAL): within 0.1 % of the
+    # (dpsynth.dp_ops.ledger.ONE_GAUSSIAN_PLD_INTERVAL): within 0.1 % of the
     # events composed one by one on dp_accounting's default grid.
     assert mine == pytest.approx(spent, rel=1e-3)
 

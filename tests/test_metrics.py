@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from models import metrics
+from dpsynth.models import metrics
 
 
 def gauss(n, d, seed, shift=0.0, scale=1.0):

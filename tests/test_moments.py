@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from dp_ops import moments
-from dp_ops.clipping import clip_rows
+from dpsynth.dp_ops import moments
+from dpsynth.dp_ops.clipping import clip_rows
 
 
 def test_quantize_never_grows_magnitudes():

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dp_ops import discrete_gaussian as dg
-from dp_ops.noise import (KeyedNoise, SecureNoise, SeededNoise, WordStream,
+from dpsynth.dp_ops import discrete_gaussian as dg
+from dpsynth.dp_ops.noise import (KeyedNoise, SecureNoise, SeededNoise, WordStream,
                           lattice_step, make_noise_source)
 
 

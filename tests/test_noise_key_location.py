@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dp_ops.noise import KeyedNoise
-from pipelines import cli, job, release
+from dpsynth.dp_ops.noise import KeyedNoise
+from dpsynth.pipelines import cli, job, release
 from tests.conftest import gmm_data
-from transforms.noise import StoredKeyNoise, key_uri, write_key
+from dpsynth.transforms.noise import StoredKeyNoise, key_uri, write_key
 
 KEY = bytes(range(32))
 

@@ -13,9 +13,9 @@ from apache_beam.pvalue import AsDict
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 
-from dp_ops.config import GeneratorConfig
-from transforms import io
-from transforms.aggregate import (GlobalSum, OnePass, PerClassSum,
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.transforms import io
+from dpsynth.transforms.aggregate import (GlobalSum, OnePass, PerClassSum,
                                   PrepareBlocks, SecondMoment)
 
 
@@ -46,7 +46,7 @@ def test_one_pass_gives_each_aggregation_its_own_sums(tmp_path):
     """A per-class function with a side input, a per-class accumulator
     and a global accumulator from one ParDo equal the three aggregations
     run on their own (exact bits), with the empty class still reported."""
-    from transforms.aggregate import Accumulator
+    from dpsynth.transforms.aggregate import Accumulator
     cfg = GeneratorConfig(labels=(0, 1, 2), cluster_dim=3, tree_depth=3)
     spec = io.InputSpec(_files(tmp_path), labels=(0, 1, 2), block_size=64)
     reader = io.ReadEmbeddingBlocks(spec)
@@ -108,7 +108,7 @@ def _readers_of_prepared_blocks(p: beam.Pipeline) -> dict:
 
 
 def _job(tmp_path, *flags):
-    from pipelines import generate, job
+    from dpsynth.pipelines import generate, job
     x = np.random.default_rng(1).normal(size=(60, 8)).astype(np.float32)
     np.savez(tmp_path / "a.npz", embeddings=x, labels=np.arange(60) % 3)
     args, beam_argv = generate.parser().parse_known_args(
@@ -124,7 +124,7 @@ def _job(tmp_path, *flags):
     ["--clusters", "4", "--covariance", "per-class"],
     ["--clusters", "4", "--vote-filter"]])
 def test_no_pass_of_a_fixed_plan_has_two_readers(tmp_path, flags):
-    from pipelines import job
+    from dpsynth.pipelines import job
     j, spec = _job(tmp_path, *flags)
     p = beam.Pipeline()
     job.build(p, j, job.make_reader(j, spec), spec)
@@ -137,7 +137,7 @@ def test_no_pass_of_a_fixed_plan_has_two_readers(tmp_path, flags):
 def test_no_pass_of_the_adaptive_plan_has_two_readers(tmp_path, counts):
     """Phase 2 in the shared mode (class sums + the global second moment)
     and in the per-class mode."""
-    from pipelines import job
+    from dpsynth.pipelines import job
     j, spec = _job(tmp_path)
     mode = job.choose_phase2(j, 8, counts).mode
     assert mode == ("shared" if counts[0] < 100 else "per-class")
@@ -154,7 +154,7 @@ def test_a_bundle_emits_one_partial_per_class():
     add, the first value copied; a class with only None partials still
     comes out, as None): on Dask a bundle's outputs are held as one list
     until the combine runs."""
-    from transforms.aggregate import Block, Part, _PartialFn
+    from dpsynth.transforms.aggregate import Block, Part, _PartialFn
 
     def block(labels):
         y = np.array(labels)
@@ -180,8 +180,8 @@ def test_vote_candidates_are_indexed_once_per_process():
     index its process built; a new mixture of a class replaces the old."""
     import pickle
 
-    from dp_ops import generator
-    from transforms import mixture
+    from dpsynth.dp_ops import generator
+    from dpsynth.transforms import mixture
     cfg = GeneratorConfig(labels=(0, 1), vote_filter=True,
                           vote_max_candidates=50)
 

@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks.studies import fast_probe, paid_selection
 from benchmarks.studies.study_data import Split
-from dp_ops.calibration import gdp_mu
+from dpsynth.dp_ops.calibration import gdp_mu
 
 
 @pytest.mark.parametrize("mu", [0.05, 0.268, 1.0, 3.2])

@@ -8,11 +8,11 @@ import pytest
 import apache_beam as beam
 import pipeline_dp
 
-from dp_ops import adaptive, covariance, generator, plan
-from dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger
-from dp_ops.noise import SeededNoise
-from transforms.aggregate import Block
-from transforms.pipelinedp import (
+from dpsynth.dp_ops import adaptive, covariance, generator, plan
+from dpsynth.dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger
+from dpsynth.dp_ops.noise import SeededNoise
+from dpsynth.transforms.aggregate import Block
+from dpsynth.transforms.pipelinedp import (
     PINNED_VERSION, ClassAggregation, ClassSums, KeyedSumCombiner,
     LedgerAccountant, _Concatenated, class_count_family,
     class_second_moment_family, class_sum_family, pieces)
@@ -237,7 +237,7 @@ def test_accountant_refuses_a_sigma_the_ledger_does_not_hold():
 def test_explain_epsilon_is_the_gaussian_alone():
     """The explain text's per-mechanism epsilon is exact (mu-GDP) and
     agrees with dp_accounting's PLD for that one Gaussian."""
-    from dp_ops.ledger import compose_epsilon
+    from dpsynth.dp_ops.ledger import compose_epsilon
     acc = LedgerAccountant(_ledger())
     spec = acc.request_budget(sensitivity=R, noise_standard_deviation=SIGMA,
                               name=plan.name("*", FAMILY))

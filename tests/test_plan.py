@@ -1,7 +1,7 @@
 import pytest
 
-from dp_ops import plan
-from dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops import plan
+from dpsynth.dp_ops.config import GeneratorConfig
 
 
 def _class_sensitivities(cfg: GeneratorConfig) -> dict:

@@ -39,10 +39,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dp_ops import clipping, plan, reference
-from dp_ops.config import GeneratorConfig
-from dp_ops.noise import SeededNoise
-from pipelines import cli
+from dpsynth.dp_ops import clipping, plan, reference
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.noise import SeededNoise
+from dpsynth.pipelines import cli
 from tests.conftest import release_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -378,7 +378,7 @@ def test_gmm_npz_holds_only_mechanism_outputs(run, expected):
 
 
 def test_tfrecord_rows_are_samples_of_the_dp_mixture(run, expected):
-    from pipelines.release import load_release
+    from dpsynth.pipelines.release import load_release
     xr, yr, _ = load_release(str(run["out"]))
     order_r = np.lexsort(np.column_stack([xr, yr]).T)
     xs, ys = expected["xs"].astype(np.float32), expected["ys"]
@@ -484,7 +484,7 @@ def test_exact_counts_appear_nowhere(run, expected):
 
 
 def test_schema_file_is_public_configuration(run, expected):
-    from transforms.write import release_schema
+    from dpsynth.transforms.write import release_schema
     schema = json.loads((release_dir(run["out"]) / "_schema.json").read_text())
     assert schema == json.loads(json.dumps(release_schema(expected["cfg"],
                                                           DIM)))
@@ -547,7 +547,7 @@ def _allowed_numbers(run) -> list[float]:
     values += [len(m["privacy"]["mechanisms"]),
                sum(max(c["noisy_count"], 0) for c in m["classes"])]
     # The summary's budget shares by stage: a function of the plan.
-    from pipelines.summary import stage_shares
+    from dpsynth.pipelines.summary import stage_shares
     values += [100 * v for v in stage_shares(m["privacy"]["mechanisms"])
                .values()]
     return values

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
 
-from dp_ops import plan, reference
-from dp_ops.config import GeneratorConfig
-from dp_ops.noise import SeededNoise
+from dpsynth.dp_ops import plan, reference
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.noise import SeededNoise
 from tests.conftest import gmm_data
 
 CLASSES = 10

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dp_ops.config import GeneratorConfig
-from pipelines import cli
-from pipelines.release import load_gmm, load_release
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.pipelines import cli
+from dpsynth.pipelines.release import load_gmm, load_release
 from tests.conftest import gmm_data, release_dir
-from transforms import write
+from dpsynth.transforms import write
 
 ROOT = Path(__file__).resolve().parent.parent
 DIM = 10
@@ -193,7 +193,7 @@ def test_unknown_output_format_is_refused(tmp_path, capsys):
 
 
 def test_demo_utility_line_reads_a_parquet_release(releases):
-    from pipelines import demo
+    from dpsynth.pipelines import demo
     tmp = releases["tmp"]
     line = demo.utility_line(str(releases["parquet"]), str(tmp / "test.npz"),
                              str(tmp / "train.npz"))

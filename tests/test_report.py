@@ -17,7 +17,7 @@ import pytest
 import sys
 from pathlib import Path
 
-from pipelines import cli, report
+from dpsynth.pipelines import cli, report
 from tests.conftest import gmm_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

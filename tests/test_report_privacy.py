@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from pipelines import cli, report
+from dpsynth.pipelines import cli, report
 from tests.conftest import gmm_data
 
 BANNER = "This release is NOT differentially private: "

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dp_ops import sampling
+from dpsynth.dp_ops import sampling
 
 
 @pytest.mark.parametrize("shape", [(1,), (7,), (3, 5), (1024, 384)])

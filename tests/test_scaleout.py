@@ -5,7 +5,7 @@ per-class sums, drawing and writing the shards) must run on both workers
 of a 2-worker Dask cluster and of DirectRunner ``multi_processing`` with
 2 workers, and one class's shards must be written by both. The workers
 record which process ran each span in the stage trace
-(``transforms.progress``, ``DPSYNTH_STAGE_TRACE``: set before the workers
+(``dpsynth.transforms.progress``, ``DPSYNTH_STAGE_TRACE``: set before the workers
 start, so they inherit it). The data has one large class and a small one;
 ``--rows-per-shard 100`` makes the large class ~20 shards.
 
@@ -29,9 +29,9 @@ distributed = pytest.importorskip(
     "distributed", reason="the Dask tests need pip install -e '.[test]' "
     "(apache-beam[dask])")
 
-from pipelines import cli  # noqa: E402
+from dpsynth.pipelines import cli  # noqa: E402
 from tests.conftest import dask_test_cluster, gmm_data  # noqa: E402
-from transforms import progress  # noqa: E402
+from dpsynth.transforms import progress  # noqa: E402
 
 
 @pytest.fixture(scope="module")

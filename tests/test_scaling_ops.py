@@ -6,9 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dp_ops import generator, lsh_tree, vote
-from dp_ops.config import GeneratorConfig
-from transforms.aggregate import Block, _SumFn, add_inplace, prepare_block
+from dpsynth.dp_ops import generator, lsh_tree, vote
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.transforms.aggregate import Block, _SumFn, add_inplace, prepare_block
 
 
 def _naive_level_counts(codes, depth):
@@ -179,8 +179,8 @@ def test_vectorised_tfrecords_parse_like_tensorflow_examples(tmp_path, dim,
 
     from apache_beam.io.tfrecordio import _TFRecordUtil
 
-    from transforms import io as tio
-    from transforms.write import tfrecord_bytes
+    from dpsynth.transforms import io as tio
+    from dpsynth.transforms.write import tfrecord_bytes
     x = np.random.default_rng(dim).normal(size=(37, dim)).astype(np.float32)
     data = tfrecord_bytes(x, label, "emb", "lab")
     handle, records = _io.BytesIO(data), []
@@ -199,7 +199,7 @@ def test_vectorised_tfrecords_parse_like_tensorflow_examples(tmp_path, dim,
 def test_blas_threads_limit_is_scoped():
     from threadpoolctl import threadpool_info
 
-    from dp_ops.kmeans import blas_threads
+    from dpsynth.dp_ops.kmeans import blas_threads
 
     def blas():
         return [i["num_threads"] for i in threadpool_info()

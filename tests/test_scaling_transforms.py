@@ -8,9 +8,9 @@ from apache_beam.pvalue import AsDict
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from dp_ops.config import GeneratorConfig
-from transforms import io
-from transforms.aggregate import (PerClassSum, PrepareBlocks, RereadBlocks,
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.transforms import io
+from dpsynth.transforms.aggregate import (PerClassSum, PrepareBlocks, RereadBlocks,
                                   pass_blocks)
 
 
@@ -62,8 +62,8 @@ def test_both_block_layouts_match_in_memory_reference(tmp_path, layout):
     """The whole graph, re-reading the files every pass (default) or with
     the blocks materialised once, equals the reference with the same seeds,
     over several input files and small blocks."""
-    from pipelines import cli, generate
-    from pipelines.release import load_release
+    from dpsynth.pipelines import cli, generate
+    from dpsynth.pipelines.release import load_release
     from tests.conftest import assert_release_matches_reference, gmm_data
 
     x, y = gmm_data(1200, d=10, classes=3, comps=2)
@@ -77,7 +77,7 @@ def test_both_block_layouts_match_in_memory_reference(tmp_path, layout):
             *layout]
     assert cli.main(argv) == 0
     args, _ = generate.parser().parse_known_args(argv[1:])
-    from pipelines import job
+    from dpsynth.pipelines import job
     cfg = job.resolve_config(generate.spec_from_args(args), (0, 1, 2))
     _, _, ys = assert_release_matches_reference(out, x, y, cfg, 5)
     assert len(load_release(str(out))[1]) == len(ys)
@@ -89,8 +89,8 @@ def test_accumulated_second_moments_equal_per_block_partials(tmp_path):
     (exact grid sums; the second moments move as their upper triangles), on
     several files, bundles and small blocks; an empty class is still
     reported."""
-    from dp_ops import adaptive, covariance
-    from transforms.pipelinedp import (_Concatenated,
+    from dpsynth.dp_ops import adaptive, covariance
+    from dpsynth.transforms.pipelinedp import (_Concatenated,
                                        class_second_moment_family,
                                        class_sum_family)
 
@@ -131,8 +131,8 @@ def test_global_second_moment_accumulated_per_bundle_equals_per_block_sum(
         tmp_path):
     """GlobalSum(SecondMoment): one in-place partial per bundle gives the
     bits of summing x^T x block by block (exact grid sums); no rows: None."""
-    from dp_ops import covariance
-    from transforms.aggregate import GlobalSum, SecondMoment, sum_present
+    from dpsynth.dp_ops import covariance
+    from dpsynth.transforms.aggregate import GlobalSum, SecondMoment, sum_present
 
     pattern, _ = _data(tmp_path)
     cfg = GeneratorConfig(labels=(0, 1, 2), cluster_dim=3, tree_depth=3)
@@ -165,9 +165,9 @@ def test_a_clustering_pass_block_has_the_projections_without_the_rows(centre):
     """``prepare_block(rows=False)`` (the tree and Lloyd passes, which read
     only z and the codes) gives the bits of the full block's z, codes and
     clipped count, and no prepared rows."""
-    from dp_ops import generator
-    from dp_ops.config import GeneratorConfig
-    from transforms.aggregate import prepare_block
+    from dpsynth.dp_ops import generator
+    from dpsynth.dp_ops.config import GeneratorConfig
+    from dpsynth.transforms.aggregate import prepare_block
     rng = np.random.default_rng(2)
     d = 384  # above the clustering dimension: a real projection
     x = (rng.standard_normal((1000, d)) * rng.uniform(0.2, 2, (1000, 1))
@@ -191,8 +191,8 @@ def test_second_moments_accumulate_in_place_with_the_same_bits():
     ``block_second_moment``s, over
     blocks of any length (an empty one, a strided class slice); the
     ``SecondMoment`` accumulator then mirrors it into the same full matrix."""
-    from dp_ops import covariance
-    from transforms.aggregate import Block, SecondMoment
+    from dpsynth.dp_ops import covariance
+    from dpsynth.transforms.aggregate import Block, SecondMoment
     rng = np.random.default_rng(6)
     d = 40
     blocks = [rng.standard_normal((n, d)) * 0.2 for n in (0, 1, 57, 300)]

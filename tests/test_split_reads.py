@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import gmm_data
-from transforms import io
-from transforms.write import tfrecord_bytes
+from dpsynth.transforms import io
+from dpsynth.transforms.write import tfrecord_bytes
 
 
 def _tfrecord(path, x, y) -> str:

@@ -4,10 +4,10 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from scipy import stats
 
-from dp_ops.ledger import Mechanism, PrivacyLedger
-from dp_ops.noise import SecureNoise, SeededNoise
-from transforms.aggregate import Block, PerClassSum
-from transforms.noise import AddNoise
+from dpsynth.dp_ops.ledger import Mechanism, PrivacyLedger
+from dpsynth.dp_ops.noise import SecureNoise, SeededNoise
+from dpsynth.transforms.aggregate import Block, PerClassSum
+from dpsynth.transforms.noise import AddNoise
 
 
 def _pipeline():

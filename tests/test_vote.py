@@ -1,6 +1,6 @@
 import numpy as np
 
-from dp_ops import vote
+from dpsynth.dp_ops import vote
 
 
 def test_votes_count_every_record_once_and_dense():

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from benchmarks import write_contention as wc
-from dp_ops import generator
-from dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops import generator
+from dpsynth.dp_ops.config import GeneratorConfig
 
 
 @pytest.fixture

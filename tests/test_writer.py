@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from transforms import io as tio
-from transforms import write
+from dpsynth.transforms import io as tio
+from dpsynth.transforms import write
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -74,8 +74,8 @@ def test_a_shard_drawn_in_pieces_holds_the_rows_of_one_draw(tmp_path, fmt):
     (a Parquet piece is one row group): the file holds the class's rows
     [start, stop) in order, as one draw of them gives; an empty range is
     still a valid file."""
-    from dp_ops import generator
-    from dp_ops.config import GeneratorConfig
+    from dpsynth.dp_ops import generator
+    from dpsynth.dp_ops.config import GeneratorConfig
     cfg = GeneratorConfig(labels=(6,))
     rng = np.random.default_rng(3)
     mix = generator.ClassMixture(6, np.array([0.5, 0.5]),
@@ -144,7 +144,7 @@ def test_one_writer_in_the_product_code():
         for path in (ROOT / folder).rglob("*.py"):
             used = _calls(path) & banned
             assert not used, f"{path.relative_to(ROOT)} writes TFRecords " \
-                             f"with {sorted(used)}; use transforms.write"
+                             f"with {sorted(used)}; use dpsynth.transforms.write"
 
 
 @pytest.mark.parametrize("fmt", write.OUTPUT_FORMATS)
@@ -195,8 +195,8 @@ def test_vote_filtered_shards_split_the_kept_rows_evenly():
 def test_a_drawn_shard_is_the_rows_drawn_whole(tmp_path, fmt):
     """Shards drawn in WRITE_PIECE pieces (TFRecord) hold exactly the rows
     and bytes of the range drawn in one call, from an unaligned start."""
-    from dp_ops import generator
-    from dp_ops.config import GeneratorConfig
+    from dpsynth.dp_ops import generator
+    from dpsynth.dp_ops.config import GeneratorConfig
     rng = np.random.default_rng(2)
     d = 6
     mix = generator.ClassMixture(

@@ -2,7 +2,7 @@
 as Beam transforms.
 
 Phase 1 (``AdaptivePhase1``, one pass "Counts" over the raw rows): the DP
-centre (``transforms.centre``) and each class's noisy row count. The
+centre (``dpsynth.transforms.centre``) and each class's noisy row count. The
 launcher reads these DP outputs back, the public rule
 (``adaptive.choose_structure``) picks phase 2's structure from them, and
 phase 2 runs as a second pipeline (fully adaptive composition: the ledger
@@ -16,10 +16,10 @@ moment in the subspace of the noisy shared covariance (a side input:
 public by then).
 
 The per-class counts, sums and d x d second moments run as PipelineDP
-aggregations (``transforms.pipelinedp``) with dpsynth's exact sums and keyed
+aggregations (``dpsynth.transforms.pipelinedp``) with dpsynth's exact sums and keyed
 noise. The global mechanisms, the subspace blocks (their partials need the
 noisy basis, a side input) and the post-processing are the pure functions
-of ``dp_ops.adaptive``, shared with ``reference.generate_adaptive`` (same
+of ``dpsynth.dp_ops.adaptive``, shared with ``reference.generate_adaptive`` (same
 names, same keyed noise: the same release for a ``SeededNoise``).
 """
 
@@ -32,15 +32,15 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.pvalue import AsDict, AsSingleton
 
-from dp_ops import adaptive
-from dp_ops.config import GeneratorConfig
-from dp_ops.generator import ClassMixture
-from dp_ops.ledger import PrivacyLedger
-from dp_ops.noise import NoiseSource
-from transforms.aggregate import (Blocks, GlobalSum, OnePass, PerClassSum,
+from dpsynth.dp_ops import adaptive
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.generator import ClassMixture
+from dpsynth.dp_ops.ledger import PrivacyLedger
+from dpsynth.dp_ops.noise import NoiseSource
+from dpsynth.transforms.aggregate import (Blocks, GlobalSum, OnePass, PerClassSum,
                                   SecondMoment, pass_blocks, sum_present)
-from transforms.centre import CentreFromTotal, block_centre_sum
-from transforms.pipelinedp import (ClassAggregation, ClassSums,
+from dpsynth.transforms.centre import CentreFromTotal, block_centre_sum
+from dpsynth.transforms.pipelinedp import (ClassAggregation, ClassSums,
                                    LedgerAccountant, class_count_family,
                                    class_second_moment_family,
                                    class_sum_family)
@@ -53,7 +53,7 @@ class AdaptivePhase1(beam.PTransform):
     [K]} (DP outputs). Mechanisms: ``global/centre/sum`` (B) and
     ``global/centre/count`` (1) of ``CentreFromTotal``; ``class=<c>/count``, the
     class's row count, L2 sensitivity 1 under add/remove one record, as a
-    PipelineDP aggregation (``transforms.pipelinedp``) whose budget is
+    PipelineDP aggregation (``dpsynth.transforms.pipelinedp``) whose budget is
     requested from ``accountant``."""
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
@@ -191,7 +191,7 @@ def _projected(clip_norm: float):
 class AdaptiveMixture(beam.PTransform):
     """PBegin -> (label, ClassMixture) of the chosen ``structure``, given
     the phase-1 outputs (``centre``, ``noisy_counts``: public constants by
-    now). Mechanisms (``dp_ops.adaptive``, add/remove one record):
+    now). Mechanisms (``dpsynth.dp_ops.adaptive``, add/remove one record):
     ``class=<c>/moments/sum`` (R); ``global/covariance/second-moment``
     (R^2, shared and subspace modes); ``class=<c>/covariance/subspace``
     (R^2, subspace mode); ``class=<c>/covariance/second-moment`` (R^2,

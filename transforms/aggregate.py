@@ -18,12 +18,12 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsDict, AsSingleton, PCollection
 from apache_beam.transforms.window import GlobalWindows
 
-from dp_ops import clipping, covariance, generator, lsh_tree
-from dp_ops.kmeans import blas_threads
-from dp_ops.config import GeneratorConfig
-from transforms import allocator
-from transforms.coders import ArraysCoder
-from transforms.progress import BundleSpan, ProgressFile, ReportProgress
+from dpsynth.dp_ops import clipping, covariance, generator, lsh_tree
+from dpsynth.dp_ops.kmeans import blas_threads
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.transforms import allocator
+from dpsynth.transforms.coders import ArraysCoder
+from dpsynth.transforms.progress import BundleSpan, ProgressFile, ReportProgress
 
 
 @dataclasses.dataclass
@@ -139,7 +139,7 @@ class _PrepareFn(beam.DoFn):
 
 class PrepareBlocks(beam.PTransform):
     """Raw (x, y) blocks -> ``Block``s; ``centre``: the one-element
-    PCollection of the DP centre (``transforms.centre``), or None; ``rows``
+    PCollection of the DP centre (``dpsynth.transforms.centre``), or None; ``rows``
     False: blocks for a clustering pass, without x (``prepare_block``)."""
 
     def __init__(self, cfg: GeneratorConfig, dim: int,
@@ -468,7 +468,7 @@ class PerClassSum(beam.PTransform):
     of all blocks before each pass, re-shuffled the whole dataset.)
     ``every_label=False`` skips that completion (one stage fewer): for a
     consumer that reads the sums as one dict side input and takes a
-    missing label as the zero aggregate itself (``transforms.adaptive``).
+    missing label as the zero aggregate itself (``dpsynth.transforms.adaptive``).
     """
 
     def __init__(self, labels: Sequence[int],

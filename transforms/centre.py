@@ -13,12 +13,12 @@ from __future__ import annotations
 import apache_beam as beam
 import numpy as np
 
-from dp_ops import clipping, generator, plan
-from dp_ops.config import GeneratorConfig
-from dp_ops.ledger import PrivacyLedger
-from dp_ops.noise import NoiseSource
-from transforms.aggregate import sum_present
-from transforms.noise import AddNoise
+from dpsynth.dp_ops import clipping, generator, plan
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.ledger import PrivacyLedger
+from dpsynth.dp_ops.noise import NoiseSource
+from dpsynth.transforms.aggregate import sum_present
+from dpsynth.transforms.noise import AddNoise
 
 
 def block_centre_sum(block: tuple[np.ndarray, np.ndarray],

@@ -1,7 +1,7 @@
 """DP k-means in linear time, per class: LSH-tree coreset + DP Lloyd rounds.
 
 Each pass over the data is one exact per-class aggregation followed by the
-noise of its ledger mechanisms (see ``dp_ops.generator``); only noisy values
+noise of its ledger mechanisms (see ``dpsynth.dp_ops.generator``); only noisy values
 and post-processing reach the next pass, as side inputs. Lloyd rounds are
 unrolled in the graph.
 """
@@ -14,11 +14,11 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.pvalue import AsDict
 
-from dp_ops import generator, kmeans, lsh_tree, moments
-from dp_ops.config import GeneratorConfig
-from dp_ops.ledger import PrivacyLedger
-from dp_ops.noise import NoiseSource
-from transforms.aggregate import Block, Blocks, PerClassSum, pass_blocks
+from dpsynth.dp_ops import generator, kmeans, lsh_tree, moments
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.ledger import PrivacyLedger
+from dpsynth.dp_ops.noise import NoiseSource
+from dpsynth.transforms.aggregate import Block, Blocks, PerClassSum, pass_blocks
 
 
 def _level_counts(depth: int):

@@ -19,7 +19,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult, RunInference
 
-from models.encoders import Encoder, EncodeFn, get_encoder
+from dpsynth.models.encoders import Encoder, EncodeFn, get_encoder
 
 log = logging.getLogger("dpsynth.encode")
 
@@ -86,7 +86,7 @@ def _to_row(keyed: tuple, l2_normalize: bool):
 class EncodeImages(beam.PTransform):
     """(source, label, uint8 RGB image [h, w, 3]) → (source, label, float32 embedding [d]).
 
-    `encoder`: an `Encoder` or a registry name (see models.encoders.registry). Its availability (packages,
+    `encoder`: an `Encoder` or a registry name (see dpsynth.models.encoders.registry). Its availability (packages,
     weights) is checked when the graph is built, so a missing model fails before any worker starts.
     """
 

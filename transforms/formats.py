@@ -6,13 +6,13 @@ from these without loading Beam (``dpsynth generate --help`` answers in a
 fraction of a second).
 """
 
-# Input embeddings (transforms.io).
+# Input embeddings (dpsynth.transforms.io).
 FORMATS = ("npz", "tfrecord", "parquet")
 SPLIT_BYTES = 64 << 20  # input files are read in ranges of this
 NON_FINITE_POLICIES = ("reject", "drop")
-# Release data shards (transforms.write).
+# Release data shards (dpsynth.transforms.write).
 OUTPUT_FORMATS = ("tfrecord", "parquet")
-# Image inputs (transforms.images).
+# Image inputs (dpsynth.transforms.images).
 IMAGE_LAYOUTS = ("folder", "tfrecord", "npz")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 

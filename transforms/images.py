@@ -45,7 +45,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from transforms.formats import (IMAGE_EXTENSIONS, IMAGE_LAYOUTS,  # noqa: F401 (the errors: re-exported)
+from dpsynth.transforms.formats import (IMAGE_EXTENSIONS, IMAGE_LAYOUTS,  # noqa: F401 (the errors: re-exported)
                                 BadImagesError, ImageInputError)
 
 log = logging.getLogger("dpsynth.images")
@@ -193,7 +193,7 @@ def _tfrecord_records(path: str) -> Iterator[tuple[str, bytes]]:
     naming the file and the byte offset, as the embedding reader does: skipping the rest of the file would drop
     other people's records, and skipping only the damaged one is impossible (its length cannot be trusted).
     """
-    from transforms.io import InputError, tfrecord_payloads
+    from dpsynth.transforms.io import InputError, tfrecord_payloads
     try:
         for index, record in enumerate(tfrecord_payloads(path)):
             yield f"{path}#{index}", record

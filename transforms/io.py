@@ -40,9 +40,9 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from transforms import allocator, coders, example_wire
+from dpsynth.transforms import allocator, coders, example_wire
 
-from transforms.formats import FORMATS, NON_FINITE_POLICIES, SPLIT_BYTES  # noqa: F401  (re-exported)
+from dpsynth.transforms.formats import FORMATS, NON_FINITE_POLICIES, SPLIT_BYTES  # noqa: F401  (re-exported)
 
 
 class InputError(ValueError):

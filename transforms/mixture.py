@@ -10,17 +10,17 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.pvalue import AsDict
 
-from dp_ops import generator, kmeans, moments, plan, vote
-from dp_ops.config import GeneratorConfig
-from dp_ops.ledger import PrivacyLedger
-from dp_ops.noise import NoiseSource
-from transforms.aggregate import (Block, Blocks, GlobalSum, OnePass,
+from dpsynth.dp_ops import generator, kmeans, moments, plan, vote
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.ledger import PrivacyLedger
+from dpsynth.dp_ops.noise import NoiseSource
+from dpsynth.transforms.aggregate import (Block, Blocks, GlobalSum, OnePass,
                                   PerClassSum, SecondMoment, pass_blocks)
-from transforms.pipelinedp import (ClassAggregation, ClassSums,
+from dpsynth.transforms.pipelinedp import (ClassAggregation, ClassSums,
                                    LedgerAccountant,
                                    class_second_moment_family,
                                    released_family)
-from transforms.write import DrawRows, KeptRows
+from dpsynth.transforms.write import DrawRows, KeptRows
 
 
 def _moments(k: int, bound: float, sumsq: bool):
@@ -38,7 +38,7 @@ class DPMixture(beam.PTransform):
     only without covariance factors), then the second-moment matrix (R^2,
     global: ``_SharedCovariance``, or per class: ``_ClassCovariance``).
     Their noise is the run's keyed discrete Gaussian (``dp_ops/noise.py``);
-    the per-class ones are PipelineDP aggregations (``transforms.pipelinedp``)
+    the per-class ones are PipelineDP aggregations (``dpsynth.transforms.pipelinedp``)
     whose budgets are requested from ``accountant``.
     """
 

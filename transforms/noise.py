@@ -1,7 +1,7 @@
 """Adding a ledger mechanism's noise to keyed exact aggregates in Beam.
 
 The sigma of every draw comes from the run's one ``PrivacyLedger``; the
-draw itself from the run's keyed noise source (``dp_ops.noise``): a
+draw itself from the run's keyed noise source (``dpsynth.dp_ops.noise``): a
 deterministic function of the run's secret key and the mechanism's name.
 So a runner that executes this step twice (a retried bundle, a recomputed
 side-input branch) adds the same noise both times: the statistic is
@@ -19,9 +19,9 @@ from typing import Callable, Hashable
 import apache_beam as beam
 import numpy as np
 
-from dp_ops import generator
-from dp_ops.ledger import PrivacyLedger
-from dp_ops.noise import KeyedNoise, NoiseSource
+from dpsynth.dp_ops import generator
+from dpsynth.dp_ops.ledger import PrivacyLedger
+from dpsynth.dp_ops.noise import KeyedNoise, NoiseSource
 
 
 class AddNoise(beam.PTransform):

@@ -1,7 +1,7 @@
 """The per-class mechanisms of the adaptive plan as PipelineDP aggregations
 (issue 28; ``pipeline-dp==0.3.1``, pinned: custom combiners are experimental).
 
-``transforms.adaptive`` (the default plan) runs phase 1's class counts (``class=<c>/count``) and
+``dpsynth.transforms.adaptive`` (the default plan) runs phase 1's class counts (``class=<c>/count``) and
 phase 2's class sums (``class=<c>/moments/sum``) and, in the per-class mode,
 the classes' d x d second moments (``class=<c>/covariance/second-moment``)
 here. Each mechanism family is one ``DPEngine.aggregate`` on PipelineDP's
@@ -15,7 +15,7 @@ Beam backend:
 * the ``CustomCombiner`` accumulates dpsynth's exact fixed-point partials
   (grid values: the sum is the same bits in any merge order) and its
   ``compute_metrics`` adds the keyed discrete Gaussian noise of
-  ``dp_ops.noise`` under the ledger mechanism's name and sigma, so a release
+  ``dpsynth.dp_ops.noise`` under the ledger mechanism's name and sigma, so a release
   is byte-identical to the in-memory reference under ``--noise-seed`` and a
   re-executed step redraws nothing;
 * the budget is requested through PipelineDP from ``LedgerAccountant``, a
@@ -23,7 +23,7 @@ Beam backend:
   does not hold: PipelineDP's own accountants cannot take a calibrated sigma
   (see ``benchmarks/results/pipelinedp.md``).
 
-The fixed plans (``transforms.mixture``) release their per-class, per-cluster
+The fixed plans (``dpsynth.transforms.mixture``) release their per-class, per-cluster
 moments (count vector, sums, sums of squares: each class's [k] or [k, d]
 value) and per-class second moments the same way. Not through PipelineDP:
 the global aggregates (the DP centre, the shared second moment), the
@@ -44,7 +44,7 @@ Two things PipelineDP 0.3.1 does that need care here:
   pass's wall time, and feeding it one partial per class and bundle made it
   move W x K large partials through three stages (13 s at 16 workers in
   the per-class mode), so ``ClassSums`` sums the bundles' exact partials
-  (``transforms.aggregate``'s in-place bundle accumulation, then one Beam
+  (``dpsynth.transforms.aggregate``'s in-place bundle accumulation, then one Beam
   combine per class) and feeds PipelineDP one exact sum per class: the
   combiner's accumulation is that sum, and PipelineDP adds the noise and
   accounts for it.
@@ -62,11 +62,11 @@ import pipeline_dp
 from pipeline_dp import budget_accounting, combiners, report_generator
 from pipeline_dp.aggregate_params import MechanismType
 
-from dp_ops import adaptive, covariance, generator, plan
-from dp_ops.calibration import gdp_epsilon
-from dp_ops.ledger import Mechanism, PrivacyLedger
-from dp_ops.noise import NoiseSource
-from transforms import aggregate
+from dpsynth.dp_ops import adaptive, covariance, generator, plan
+from dpsynth.dp_ops.calibration import gdp_epsilon
+from dpsynth.dp_ops.ledger import Mechanism, PrivacyLedger
+from dpsynth.dp_ops.noise import NoiseSource
+from dpsynth.transforms import aggregate
 
 PINNED_VERSION = "0.3.1"
 GAUSSIAN = MechanismType.GAUSSIAN
@@ -132,13 +132,13 @@ class _Zeros:
 
 
 def class_sum_family(clip_norm: float) -> Family:
-    """``class=<c>/moments/sum`` (sensitivity R), as ``transforms.adaptive``."""
+    """``class=<c>/moments/sum`` (sensitivity R), as ``dpsynth.transforms.adaptive``."""
     return Family("moments/sum", _ClassSum(clip_norm))
 
 
 def class_second_moment_family(clip_norm: float) -> Family:
     """``class=<c>/covariance/second-moment`` (R^2, isometric upper
-    triangle), as the per-class mode of ``transforms.adaptive``."""
+    triangle), as the per-class mode of ``dpsynth.transforms.adaptive``."""
     return Family("covariance/second-moment", _SecondMoment(clip_norm),
                   second_moment_release, symmetric=True,
                   add_into=_AddSecondMoment(clip_norm))

@@ -22,12 +22,12 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from dp_ops import generator
-from dp_ops.config import GeneratorConfig
-from models.gmm import MixtureRelease
-from transforms import allocator, io
-from transforms.formats import OUTPUT_FORMATS  # noqa: F401  (re-exported)
-from transforms.progress import trace
+from dpsynth.dp_ops import generator
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.models.gmm import MixtureRelease
+from dpsynth.transforms import allocator, io
+from dpsynth.transforms.formats import OUTPUT_FORMATS  # noqa: F401  (re-exported)
+from dpsynth.transforms.progress import trace
 
 DATA_DIR = "data"
 # "_": Parquet readers (pyarrow, pandas, Spark) skip these, so a reader
@@ -351,9 +351,9 @@ def normalisation(cfg: GeneratorConfig) -> dict:
                   f"norm {clip:g}")
     return {"normalize": cfg.normalize, "clip_norm": clip,
             "apply_to_real_inputs": steps,
-            "python": (f"dp_ops.clipping.normalize_rows(x, "
+            "python": (f"dpsynth.dp_ops.clipping.normalize_rows(x, "
                        f"{cfg.normalize!r})"
-                       + (f" then dp_ops.clipping.clip_rows(x, {clip:g})[0]"
+                       + (f" then dpsynth.dp_ops.clipping.clip_rows(x, {clip:g})[0]"
                           if clip is not None else ""))}
 
 

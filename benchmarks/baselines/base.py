@@ -2,7 +2,7 @@
 
 Every method reads the private training set once and returns its output
 (synthetic rows, or a DP-trained classifier) with the ONE ledger that
-accounts for it (``dp_ops.ledger.PrivacyLedger`` of ``Mechanism``s composed
+accounts for it (``dpsynth.dp_ops.ledger.PrivacyLedger`` of ``Mechanism``s composed
 with dp_accounting). Neighbouring relation everywhere: add/remove one record.
 
 Public inputs: the label set, (epsilon, delta), the public ``seed`` (model
@@ -25,9 +25,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from dp_ops.clipping import normalize_rows
-from dp_ops.ledger import ADD_REMOVE, PrivacyLedger
-from dp_ops.noise import SeededNoise
+from dpsynth.dp_ops.clipping import normalize_rows
+from dpsynth.dp_ops.ledger import ADD_REMOVE, PrivacyLedger
+from dpsynth.dp_ops.noise import SeededNoise
 
 
 @dataclasses.dataclass

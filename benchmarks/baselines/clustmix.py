@@ -36,12 +36,12 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from dp_ops import clipping, generator, kmeans, lsh_tree, moments, plan
-from dp_ops.calibration import Slot, calibrate
-from dp_ops.config import GeneratorConfig
-from dp_ops.ledger import PrivacyLedger
-from dp_ops.noise import NoiseSource, make_noise_source
-from dp_ops.sampling import project_to_sphere
+from dpsynth.dp_ops import clipping, generator, kmeans, lsh_tree, moments, plan
+from dpsynth.dp_ops.calibration import Slot, calibrate
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.ledger import PrivacyLedger
+from dpsynth.dp_ops.noise import NoiseSource, make_noise_source
+from dpsynth.dp_ops.sampling import project_to_sphere
 from benchmarks.baselines.base import (Generator, MethodOutput, assert_within_budget,
                                    check_inputs, labels_tuple)
 

@@ -1,8 +1,8 @@
 """dpgmm: our generator (per class DP k-means + DP diagonal GMM), in memory.
 
-Runs ``dp_ops.reference.generate``, the numpy twin of the Beam pipeline, with
+Runs ``dpsynth.dp_ops.reference.generate``, the numpy twin of the Beam pipeline, with
 the run's ``GeneratorConfig``. Privacy: every mechanism is planned and
-calibrated by ``dp_ops.plan.make_ledger`` before the data is read; each is a
+calibrated by ``dpsynth.dp_ops.plan.make_ledger`` before the data is read; each is a
 Gaussian mechanism whose L2 sensitivity is stated for the add/remove one
 record relation (counts 1, clipped sums R, sums of squares R^2, vote
 histogram 1). Classes compose in parallel (labels are public per-record).
@@ -16,9 +16,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from dp_ops import plan, reference
-from dp_ops.config import GeneratorConfig
-from dp_ops.noise import make_noise_source
+from dpsynth.dp_ops import plan, reference
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.noise import make_noise_source
 from benchmarks.baselines.base import (Generator, MethodOutput, assert_within_budget,
                                    check_inputs, labels_tuple)
 
@@ -27,7 +27,7 @@ class DPGMM(Generator):
     """Our method; ``vote_filter`` adds the DP nearest-neighbour vote filter.
 
     ``overrides`` are ``GeneratorConfig`` fields (clusters, clip_norm...).
-    Noise: ``dp_ops.noise.make_noise_source(noise_seed)`` (PyDP secure
+    Noise: ``dpsynth.dp_ops.noise.make_noise_source(noise_seed)`` (PyDP secure
     sampler when ``noise_seed`` is None, as in the product).
     """
 
@@ -40,7 +40,7 @@ class DPGMM(Generator):
         if adaptive and vote_filter:
             raise ValueError("the adaptive plan has no vote filter")
         self.vote_filter = vote_filter
-        self.adaptive = adaptive  # dp_ops.adaptive two-phase plan (issue 13)
+        self.adaptive = adaptive  # dpsynth.dp_ops.adaptive two-phase plan (issue 13)
         self.overrides = overrides
         self.normalize = overrides.get("normalize", "unit")
         self.name = ("dpgmm-adaptive" if adaptive else

@@ -31,12 +31,12 @@ from typing import Optional, Sequence
 import dp_accounting
 import numpy as np
 
-from dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger, make_accountant
-from dp_ops.noise import NoiseSource
+from dpsynth.dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger, make_accountant
+from dpsynth.dp_ops.noise import NoiseSource
 from benchmarks.baselines.base import (Method, MethodOutput, assert_within_budget,
                                    check_inputs, noise_and_sampler,
                                    quiet_accountant)
-from models.classifiers import Classifier, label_index
+from dpsynth.models.classifiers import Classifier, label_index
 
 
 @dataclasses.dataclass(frozen=True)

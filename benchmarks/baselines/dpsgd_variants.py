@@ -49,12 +49,12 @@ import dp_accounting
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger
+from dpsynth.dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger
 from benchmarks.baselines import dpsgd
 from benchmarks.baselines.base import (MethodOutput, assert_within_budget,
                                    check_inputs, quiet_accountant,
                                    secret_seed)
-from models.classifiers import Classifier, label_index
+from dpsynth.models.classifiers import Classifier, label_index
 
 # TensorFlow Privacy, tutorials/mnist_dpsgd_tutorial_keras.py (flags).
 LIBRARY_DEFAULTS = {"learning_rate": 0.15, "clip_norm": 1.0,

@@ -23,7 +23,7 @@ histogram: post-processing.
 
 Accounting: T Gaussian mechanisms of sensitivity 1 compose to a
 mu-GDP mechanism with mu = sqrt(T) / sigma; sigma is calibrated with
-``dp_ops.calibration.calibrate`` (GDP, then re-checked and certified by
+``dpsynth.dp_ops.calibration.calibrate`` (GDP, then re-checked and certified by
 dp_accounting's PLD accountant).
 """
 
@@ -35,11 +35,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from dp_ops import vote
-from dp_ops.calibration import Slot, calibrate
-from dp_ops.ledger import PrivacyLedger
-from dp_ops.noise import NoiseSource
-from dp_ops.sampling import project_to_sphere
+from dpsynth.dp_ops import vote
+from dpsynth.dp_ops.calibration import Slot, calibrate
+from dpsynth.dp_ops.ledger import PrivacyLedger
+from dpsynth.dp_ops.noise import NoiseSource
+from dpsynth.dp_ops.sampling import project_to_sphere
 from benchmarks.baselines.base import (Generator, MethodOutput, assert_within_budget,
                                    check_inputs, noise_and_sampler)
 

@@ -33,8 +33,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from dp_ops.ledger import Mechanism, PrivacyLedger, make_accountant
-from dp_ops.noise import NoiseSource
+from dpsynth.dp_ops.ledger import Mechanism, PrivacyLedger, make_accountant
+from dpsynth.dp_ops.noise import NoiseSource
 from benchmarks.baselines import dpsgd
 from benchmarks.baselines.base import (Generator, MethodOutput, assert_within_budget,
                                    check_inputs, noise_and_sampler)

@@ -3,7 +3,7 @@
 A proxy for the Beam job's wall time (the Beam side mirrors these steps):
 the reference generator on the full CIFAR-10 train set at epsilon 1, old
 defaults then the adaptive plan, back to back in one process, with the
-per-stage seconds of ``dp_ops.reference``.
+per-stage seconds of ``dpsynth.dp_ops.reference``.
 
     nice -n 10 python benchmarks/studies/adaptive_timing.py --epsilon 1
 """
@@ -20,9 +20,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from benchmarks.studies.study_data import load_npz  # noqa: E402
-from dp_ops import plan, reference  # noqa: E402
-from dp_ops.config import GeneratorConfig  # noqa: E402
-from dp_ops.noise import SeededNoise  # noqa: E402
+from dpsynth.dp_ops import plan, reference  # noqa: E402
+from dpsynth.dp_ops.config import GeneratorConfig  # noqa: E402
+from dpsynth.dp_ops.noise import SeededNoise  # noqa: E402
 
 
 def main() -> int:

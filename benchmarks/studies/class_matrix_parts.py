@@ -38,7 +38,7 @@ if ROOT not in sys.path:
 from benchmarks.studies import covariance_sweep as sweep  # noqa: E402
 from benchmarks.studies.study_data import (RESULTS, Split,  # noqa: E402
                                            append_record)
-from dp_ops import adaptive, clipping, covariance, generator  # noqa: E402
+from dpsynth.dp_ops import adaptive, clipping, covariance, generator  # noqa: E402
 
 LOG = os.path.join(RESULTS, "class_matrix_parts.jsonl")
 PARTS = ("released", "exact", "pooled", "pooled+noise", "spiked")
@@ -74,8 +74,8 @@ def _class_matrices(split: Split, cfg, noise):
 def run(split: Split, eps: float, seed: int) -> dict:
     """Probe accuracy of each part (see the module docstring)."""
     from benchmarks.studies import fast_probe
-    from dp_ops.config import GeneratorConfig
-    from dp_ops.noise import SeededNoise
+    from dpsynth.dp_ops.config import GeneratorConfig
+    from dpsynth.dp_ops.noise import SeededNoise
     cfg = GeneratorConfig(labels=tuple(range(split.classes)), epsilon=eps,
                           delta=sweep.DELTA, seed=seed)
     st, ledger, centre, noisy_n, n, means, exact, released = \

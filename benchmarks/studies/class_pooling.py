@@ -52,7 +52,7 @@ if ROOT not in sys.path:
 
 from benchmarks.studies import covariance_sweep as sweep  # noqa: E402
 from benchmarks.studies.study_data import RESULTS, Split  # noqa: E402
-from dp_ops import adaptive  # noqa: E402
+from dpsynth.dp_ops import adaptive  # noqa: E402
 
 LOG = os.path.join(RESULTS, "class_pooling.jsonl")
 REPORT = os.path.join(RESULTS, "class_pooling.md")
@@ -102,9 +102,9 @@ def run(split: Split, eps: float, seed: int) -> list[dict]:
     (``adaptive.per_class_mixtures``) is re-run with each variant as its
     "spectral" class deviation."""
     from benchmarks.studies import fast_probe
-    from dp_ops import generator, reference
-    from dp_ops.config import GeneratorConfig
-    from dp_ops.noise import SeededNoise
+    from dpsynth.dp_ops import generator, reference
+    from dpsynth.dp_ops.config import GeneratorConfig
+    from dpsynth.dp_ops.noise import SeededNoise
     t = time.time()
     cfg = GeneratorConfig(labels=tuple(range(split.classes)), epsilon=eps,
                           delta=sweep.DELTA, seed=seed)

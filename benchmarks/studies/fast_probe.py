@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import linalg, optimize
 
-from dp_ops.clipping import normalize_rows
+from dpsynth.dp_ops.clipping import normalize_rows
 
 
 def _standardize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from benchmarks.studies.study_data import probe, save_rows, selection_split  # noqa: E402
-from dp_ops.clipping import clip_rows, normalize_rows  # noqa: E402
+from dpsynth.dp_ops.clipping import clip_rows, normalize_rows  # noqa: E402
 
 CLIP = 0.7
 

@@ -29,7 +29,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.studies.study_data import RESULTS, selection_split  # noqa: E402
 from benchmarks.studies.utility_study13 import adaptive_release  # noqa: E402
-from models.classifiers import (TUNING_GRID, MLPConfig,  # noqa: E402
+from dpsynth.models.classifiers import (TUNING_GRID, MLPConfig,  # noqa: E402
                                 stratified_holdout, train_mlp)
 
 LOG = os.path.join(RESULTS, "mlp_selection.jsonl")

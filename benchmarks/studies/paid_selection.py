@@ -54,8 +54,8 @@ if ROOT not in sys.path:
 from benchmarks.studies import covariance_sweep as sweep  # noqa: E402
 from benchmarks.studies.study_data import (RESULTS, Split,  # noqa: E402
                                            append_record)
-from dp_ops import adaptive  # noqa: E402
-from dp_ops.calibration import gdp_mu  # noqa: E402
+from dpsynth.dp_ops import adaptive  # noqa: E402
+from dpsynth.dp_ops.calibration import gdp_mu  # noqa: E402
 
 LOG = os.path.join(RESULTS, "paid_selection.jsonl")
 REPORT = os.path.join(RESULTS, "paid_selection.md")
@@ -159,9 +159,9 @@ def estimate_table(curves: Curves) -> str:
 def release(split: Split, mode: str, mu: float, seed: int
             ) -> tuple[np.ndarray, np.ndarray, float]:
     """Synthetic (x, y) of ``mode`` at the given mu, and the mu it ran at."""
-    from dp_ops import reference
-    from dp_ops.config import GeneratorConfig
-    from dp_ops.noise import SeededNoise
+    from dpsynth.dp_ops import reference
+    from dpsynth.dp_ops.config import GeneratorConfig
+    from dpsynth.dp_ops.noise import SeededNoise
     cfg = GeneratorConfig(labels=tuple(range(split.classes)),
                           epsilon=epsilon_for(mu), delta=sweep.DELTA,
                           seed=seed)

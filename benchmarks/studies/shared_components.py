@@ -33,7 +33,7 @@ import numpy as np
 
 from benchmarks.studies.gaussian_ceiling import CLIP, sample_gaussians
 from benchmarks.studies.study_data import probe, save_rows, selection_split
-from dp_ops.clipping import clip_rows, normalize_rows
+from dpsynth.dp_ops.clipping import clip_rows, normalize_rows
 
 Component = tuple  # (label, rows, mean, covariance), as sample_gaussians
 

@@ -19,10 +19,10 @@ from typing import Optional
 import numpy as np
 
 from benchmarks.studies.study_data import Split, probe
-from dp_ops import covariance
-from dp_ops.calibration import gdp_mu
-from dp_ops.clipping import clip_rows, normalize_rows
-from dp_ops.noise import SeededNoise
+from dpsynth.dp_ops import covariance
+from dpsynth.dp_ops.calibration import gdp_mu
+from dpsynth.dp_ops.clipping import clip_rows, normalize_rows
+from dpsynth.dp_ops.noise import SeededNoise
 
 DELTA = 1e-5
 MU_SLACK = 0.99  # dp_accounting's PLD re-check costs ~1 % of mu

@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from dp_ops.clipping import normalize_rows  # noqa: E402
+from dpsynth.dp_ops.clipping import normalize_rows  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
 DATASETS = {"cifar10": ("cifar10-effnetlite0", 0.1),

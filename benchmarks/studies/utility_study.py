@@ -19,7 +19,7 @@ with its clip radius. Round 1 (before the centre) is kept in
 results/utility_study-round1.md; benchmarks/studies/gaussian_ceiling.py gives the
 non-private ceilings of each covariance model.
 
-Every configuration is the in-memory reference (dp_ops.reference), which
+Every configuration is the in-memory reference (dpsynth.dp_ops.reference), which
 the test suite checks equal to the Beam pipeline.
 
     python benchmarks/studies/utility_study.py                  # full study
@@ -40,10 +40,10 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from dp_ops import plan, reference  # noqa: E402
-from dp_ops.clipping import normalize_rows  # noqa: E402
-from dp_ops.config import GeneratorConfig  # noqa: E402
-from dp_ops.noise import SeededNoise  # noqa: E402
+from dpsynth.dp_ops import plan, reference  # noqa: E402
+from dpsynth.dp_ops.clipping import normalize_rows  # noqa: E402
+from dpsynth.dp_ops.config import GeneratorConfig  # noqa: E402
+from dpsynth.dp_ops.noise import SeededNoise  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(ROOT), "shared", "data",
                     "cifar10-effnetlite0")

@@ -43,7 +43,7 @@ RECIPES = {
 LOG = os.path.join(RESULTS, "utility_study-issue13.jsonl")
 INF = float("inf")
 FIXED_SUM = {"sum_min": 0.398, "sum_max": 0.398, "sum_levels": 1}
-# Runs of the dp_ops implementation itself (dp_ops.reference):
+# Runs of the dp_ops implementation itself (dpsynth.dp_ops.reference):
 # "ref:" = generate_adaptive with these RuleConstants overrides,
 # "old:" = the issue-8 generator (reference.generate) with these
 # GeneratorConfig overrides.
@@ -79,9 +79,9 @@ REF = {
 def adaptive_release(split, eps: float, seed: int, overrides: dict):
     """(rows, labels, ledger, structure) of the adaptive plan on the fit
     part, RuleConstants(**overrides), noise SeededNoise(1000 + seed)."""
-    from dp_ops import adaptive, reference
-    from dp_ops.config import GeneratorConfig
-    from dp_ops.noise import SeededNoise
+    from dpsynth.dp_ops import adaptive, reference
+    from dpsynth.dp_ops.config import GeneratorConfig
+    from dpsynth.dp_ops.noise import SeededNoise
     cfg = GeneratorConfig(labels=tuple(range(split.classes)), epsilon=eps,
                           seed=seed)
     _, xs, ys, ledger, st = reference.generate_adaptive(
@@ -96,9 +96,9 @@ def run_reference(name: str, eps: float, seed: int, split,
     import time
     import numpy as np
     from benchmarks.studies.study_data import probe
-    from dp_ops import plan, reference
-    from dp_ops.config import GeneratorConfig
-    from dp_ops.noise import SeededNoise
+    from dpsynth.dp_ops import plan, reference
+    from dpsynth.dp_ops.config import GeneratorConfig
+    from dpsynth.dp_ops.noise import SeededNoise
     t = time.time()
     labels = tuple(range(split.classes))
     noise = SeededNoise(1000 + seed)
@@ -118,7 +118,7 @@ def run_reference(name: str, eps: float, seed: int, split,
     out = {"accuracy": acc, "seconds": round(time.time() - t, 1),
            "info": info}
     if mlp:  # the paper's MLP trained on the release, same validation rows
-        from models.classifiers import MLPConfig, train_mlp
+        from dpsynth.models.classifiers import MLPConfig, train_mlp
         clf = train_mlp(np.asarray(xs), np.asarray(ys), list(labels),
                         MLPConfig(), seed)
         out["mlp_accuracy"] = clf.accuracy(split.x_val, split.y_val)
@@ -139,7 +139,7 @@ def synthetic_holdout(xs, ys, labels, seed: int, fraction: float = 0.2,
     (near 1 while real validation accuracy is far lower: the synthetic
     classes are separable by something real data lacks)."""
     import numpy as np
-    from models.classifiers import MLPConfig, train_mlp
+    from dpsynth.models.classifiers import MLPConfig, train_mlp
     rng = np.random.default_rng(seed)
     held = np.zeros(len(ys), bool)
     for c in labels:

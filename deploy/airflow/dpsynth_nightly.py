@@ -3,9 +3,9 @@
     budget_check  ->  generate (BeamRunPythonPipelineOperator)  ->  publish_notify
 
 * ``budget_check`` asks the dataset's budget store whether one more release
-  fits under the lifetime cap (``python -m pipelines.budget_store check``);
+  fits under the lifetime cap (``python -m dpsynth.pipelines.budget_store check``);
   if not it fails the run *without retries* and nothing is launched. It also
-  builds the runner's Beam options (``deploy.runners``) for the next task.
+  builds the runner's Beam options (``dpsynth.deploy.runners``) for the next task.
 * ``generate`` runs ``deploy/launch.py`` (= ``dpsynth generate``) with the
   chosen runner. The authoritative spend is recorded by the job itself
   (``budget_store.reserve`` before any data is read): the check above is only a
@@ -23,7 +23,7 @@ Privacy settings of the operator (see deploy/README.md, "Operating the budget
 store"): the lifetime cap is pinned in the dataset's budget document by its
 first run (``lifetime_epsilon`` / ``lifetime_delta`` below only create it; a
 trigger cannot change them, and a later run cannot widen the pinned cap: only
-``python -m pipelines.budget_store set-cap --reason ...`` can). The job's
+``python -m dpsynth.pipelines.budget_store set-cap --reason ...`` can). The job's
 console, which the Beam operator forwards to the task log, carries no exact
 row counts (``--show-row-counts`` is refused in ``extra_args``), and the
 summary that goes to ``LATEST.json`` and the webhook has nothing from the
@@ -36,7 +36,7 @@ the params cannot touch the lifetime cap or the budget store):
   dpsynth_runner   DirectRunner (default) | DataflowRunner | FlinkRunner |
                    SparkRunner | PrismRunner | DaskRunner
   dpsynth_config   JSON object; keys (defaults in DEFAULTS below):
-    runner_params     keyword args of deploy.runners.<runner>_args, e.g.
+    runner_params     keyword args of dpsynth.deploy.runners.<runner>_args, e.g.
                       {"project": "p", "region": "europe-west4",
                        "temp_location": "gs://b/tmp"} or
                       {"flink_master": "jm:8081", "environment_type": "DOCKER"}
@@ -180,7 +180,7 @@ with DAG(
         run_id = f"{cfg['dataset_id']}-{ds}"
         output = f"{cfg['output_root'].rstrip('/')}/{ds}"
         check = _dpsynth([
-            "pipelines.budget_store", "check",
+            "dpsynth.pipelines.budget_store", "check",
             "--budget-store", cfg["budget_store"],
             "--dataset-id", cfg["dataset_id"], "--run-id", run_id,
             "--epsilon", str(cfg["epsilon"]), "--delta", str(cfg["delta"]),
@@ -192,7 +192,7 @@ with DAG(
             raise RuntimeError(f"budget check failed: {check.stderr[-2000:]}")
 
         sys.path.insert(0, DPSYNTH_HOME)
-        from deploy import runners  # pure: no Beam/GCP import needed here
+        from dpsynth.deploy import runners  # pure: no Beam/GCP import needed here
         options = beam_option_dict(runners.runner_args(
             cfg["runner"], **cfg["runner_params"]))
         options.pop("runner")  # the operator passes --runner itself
@@ -231,7 +231,7 @@ with DAG(
     @task
     def publish_notify(plan: dict) -> dict:
         proc = _dpsynth([
-            "deploy.publish", "--output", plan["output"],
+            "dpsynth.deploy.publish", "--output", plan["output"],
             "--run-id", plan["run_id"], "--output-root", plan["output_root"]])
         if proc.returncode != 0:
             raise RuntimeError(f"release check failed: {proc.stderr[-2000:]}")

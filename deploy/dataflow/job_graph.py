@@ -151,7 +151,7 @@ def ensure_venv(venv: Optional[Path] = None, quiet: bool = False) -> Path:
     check = ("import tensorflow, google.protobuf, apache_beam;"
              "from apache_beam.runners.dataflow import dataflow_runner;"
              "from google.cloud import dataflow_v1beta3;"
-             "import dp_ops.noise, pipelines.job")
+             "import dpsynth.dp_ops.noise, dpsynth.pipelines.job")
     subprocess.run([py, "-c", check], check=True, cwd=str(REPO),
                    env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     _stamp(venv).write_text(json.dumps({"beam": beam,
@@ -276,10 +276,10 @@ def build_graphs(generate_argv: Sequence[str],
     """Dry-run Dataflow descriptions of the run these `dpsynth generate`
     flags (Beam's options included) would launch: {"phase1", "phase2"}
     for ``--covariance auto``, {"main"} for a fixed plan."""
-    from pipelines import generate
-    from pipelines import job as job_mod
-    from pipelines.options import beam_options
-    from transforms.progress import ProgressFile
+    from dpsynth.pipelines import generate
+    from dpsynth.pipelines import job as job_mod
+    from dpsynth.pipelines.options import beam_options
+    from dpsynth.transforms.progress import ProgressFile
 
     args, beam_argv = generate.parser().parse_known_args(list(generate_argv))
     beam_argv = [*beam_argv, "--dry_run=True"]
@@ -301,7 +301,7 @@ def build_graphs(generate_argv: Sequence[str],
         _build(job_mod, job, spec, options, no_progress, phase1_counts, out)
     finally:
         if key_object is not None:
-            from transforms.noise import delete_key
+            from dpsynth.transforms.noise import delete_key
             delete_key(key_object)
     return out
 

@@ -6,7 +6,7 @@
 #   deploy/dataflow/submit.sh build-template
 #   deploy/dataflow/submit.sh run-template   key=value [key=value...]
 #
-# classic         runs `python -m pipelines.generate` here with DataflowRunner;
+# classic         runs `python -m dpsynth.pipelines.generate` here with DataflowRunner;
 #                 workers get this project through --setup_file (or IMAGE, if
 #                 set, as --sdk_container_image). This process waits for the
 #                 job, then writes the manifest and publishes the release.
@@ -61,8 +61,8 @@ case "$mode" in
     [[ -n "${MAX_WORKERS:-}" ]] && runner_flags+=(--max-num-workers "$MAX_WORKERS")
     [[ -n "${SERVICE_ACCOUNT:-}" ]] && runner_flags+=(--service-account-email "$SERVICE_ACCOUNT")
     [[ -n "${IMAGE:-}" ]] && runner_flags+=(--sdk-container-image "$IMAGE")
-    # deploy.runners validates the option set and prints it shell-quoted.
-    beam_line="$(cd "$repo" && "$python" -m deploy.runners "${runner_flags[@]}")"
+    # dpsynth.deploy.runners validates the option set and prints it shell-quoted.
+    beam_line="$(cd "$repo" && "$python" -m dpsynth.deploy.runners "${runner_flags[@]}")"
     eval "beam_args=($beam_line)"
     cd "$repo"
     if [[ "$mode" == graph ]]; then
@@ -71,7 +71,7 @@ case "$mode" in
       run "$python" deploy/dataflow/job_graph.py print "${graph_flags[@]}" \
         "${beam_args[@]}" "$@"
     else
-      run "$python" -m pipelines.generate "${beam_args[@]}" "$@"
+      run "$python" -m dpsynth.pipelines.generate "${beam_args[@]}" "$@"
     fi
     ;;
   build-template)

@@ -8,7 +8,7 @@
 #                     "[local]" starts an embedded cluster for a smoke test)
 #   ENVIRONMENT_TYPE  how Flink task managers run the Python SDK harness:
 #                     DOCKER (default, LOOPBACK for [local]; ENVIRONMENT_CONFIG = SDK image, e.g. an
-#                     image built from deploy/dataflow/Dockerfile), EXTERNAL
+#                     image built from dpsynth.deploy/dataflow/Dockerfile), EXTERNAL
 #                     (ENVIRONMENT_CONFIG = host:port of a Beam worker pool
 #                     sidecar: `docker run IMAGE --worker_pool`), PROCESS
 #                     (ENVIRONMENT_CONFIG = '{"command": "/opt/apache/beam/boot"}'),
@@ -16,7 +16,7 @@
 #                     clusters only)
 #   ENVIRONMENT_CONFIG, PARALLELISM, FLINK_VERSION (e.g. 1.20), PYTHON
 #   FLINK_JOB_SERVER_JAR  Beam's Flink job server jar; default: the one
-#                     `python -m deploy.install_engines flink` installed, if
+#                     `python -m dpsynth.deploy.install_engines flink` installed, if
 #                     any (else Beam downloads the jar of FLINK_VERSION)
 #   JOB_ENDPOINT      host:port of a Flink job server already running
 #                     (instead of a jar; tests/test_engines.py starts one)
@@ -39,16 +39,16 @@ if [[ -n "${JOB_ENDPOINT:-}" ]]; then
 else
   jar="${FLINK_JOB_SERVER_JAR:-}"
   if [[ -z "$jar" && -z "${FLINK_VERSION:-}" ]]; then
-    jar="$("$python" -m deploy.install_engines --print flink 2>/dev/null || true)"
+    jar="$("$python" -m dpsynth.deploy.install_engines --print flink 2>/dev/null || true)"
   fi
   [[ -n "$jar" ]] && runner_flags+=(--flink-job-server-jar "$jar")
 fi
-beam_line="$("$python" -m deploy.runners "${runner_flags[@]}")"
+beam_line="$("$python" -m dpsynth.deploy.runners "${runner_flags[@]}")"
 eval "beam_args=($beam_line)"
 [[ -n "${FLINK_VERSION:-}" ]] && beam_args+=("--flink_version=$FLINK_VERSION")
 
 if [[ "${DRY_RUN:-0}" == 1 ]]; then
-  printf '%q ' "$python" -m pipelines.generate "${beam_args[@]}" "$@"; echo
+  printf '%q ' "$python" -m dpsynth.pipelines.generate "${beam_args[@]}" "$@"; echo
 else
-  exec "$python" -m pipelines.generate "${beam_args[@]}" "$@"
+  exec "$python" -m dpsynth.pipelines.generate "${beam_args[@]}" "$@"
 fi

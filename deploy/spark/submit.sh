@@ -9,11 +9,11 @@
 #   ENVIRONMENT_TYPE  how Spark executors run the Python SDK harness: LOOPBACK
 #                     (default for local[N]: this process runs the Python code),
 #                     DOCKER (default otherwise; ENVIRONMENT_CONFIG = SDK image,
-#                     e.g. one built from deploy/dataflow/Dockerfile), EXTERNAL
+#                     e.g. one built from dpsynth.deploy/dataflow/Dockerfile), EXTERNAL
 #                     (ENVIRONMENT_CONFIG = host:port of a Beam worker pool), PROCESS
 #   ENVIRONMENT_CONFIG, PARALLELISM, PYTHON
 #   SPARK_JOB_SERVER_JAR  Beam's Spark 3 job server jar; default: the one
-#                     `python -m deploy.install_engines spark` installed, if any
+#                     `python -m dpsynth.deploy.install_engines spark` installed, if any
 #                     (else Beam downloads it)
 #   JOB_ENDPOINT      host:port of a Spark job server already running
 # --output and --input must be paths every executor can reach unless the
@@ -33,14 +33,14 @@ runner_flags=(spark --spark-master-url "${SPARK_MASTER_URL:-local[4]}")
 if [[ -n "${JOB_ENDPOINT:-}" ]]; then
   runner_flags+=(--job-endpoint "$JOB_ENDPOINT")
 else
-  jar="${SPARK_JOB_SERVER_JAR:-$("$python" -m deploy.install_engines --print spark 2>/dev/null || true)}"
+  jar="${SPARK_JOB_SERVER_JAR:-$("$python" -m dpsynth.deploy.install_engines --print spark 2>/dev/null || true)}"
   [[ -n "$jar" ]] && runner_flags+=(--spark-job-server-jar "$jar")
 fi
-beam_line="$("$python" -m deploy.runners "${runner_flags[@]}")"
+beam_line="$("$python" -m dpsynth.deploy.runners "${runner_flags[@]}")"
 eval "beam_args=($beam_line)"
 
 if [[ "${DRY_RUN:-0}" == 1 ]]; then
-  printf '%q ' "$python" -m pipelines.generate "${beam_args[@]}" "$@"; echo
+  printf '%q ' "$python" -m dpsynth.pipelines.generate "${beam_args[@]}" "$@"; echo
 else
-  exec "$python" -m pipelines.generate "${beam_args[@]}" "$@"
+  exec "$python" -m dpsynth.pipelines.generate "${beam_args[@]}" "$@"
 fi

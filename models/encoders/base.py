@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from models.encoders import preprocess
+from dpsynth.models.encoders import preprocess
 
 # A loaded encoder: uint8 images [b, h, w, 3] → float32 embeddings [b, d].
 EncodeFn = Callable[[np.ndarray], np.ndarray]

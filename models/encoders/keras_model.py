@@ -14,8 +14,8 @@ import zipfile
 
 import numpy as np
 
-from models.encoders import preprocess
-from models.encoders.base import (Encoder, EncodeFn, EncoderError, EncoderUnavailableError, localized, path_exists,
+from dpsynth.models.encoders import preprocess
+from dpsynth.models.encoders.base import (Encoder, EncodeFn, EncoderError, EncoderUnavailableError, localized, path_exists,
                                   read_bytes)
 
 
@@ -103,7 +103,7 @@ class KerasEncoder(Encoder):
 
     def _build(self) -> EncodeFn:
         if self.num_threads:
-            from models.encoders.clip import _set_tf_threads
+            from dpsynth.models.encoders.clip import _set_tf_threads
             _set_tf_threads(self.num_threads)
         model = self._load_model()
         if self.input_size is None:

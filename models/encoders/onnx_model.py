@@ -11,8 +11,8 @@ import os
 
 import numpy as np
 
-from models.encoders import preprocess
-from models.encoders.base import Encoder, EncodeFn, EncoderError, EncoderUnavailableError, path_exists, read_bytes
+from dpsynth.models.encoders import preprocess
+from dpsynth.models.encoders.base import Encoder, EncodeFn, EncoderError, EncoderUnavailableError, path_exists, read_bytes
 
 
 def import_onnxruntime():

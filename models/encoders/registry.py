@@ -13,11 +13,11 @@ Names:
 
 from __future__ import annotations
 
-from models.encoders.base import Encoder, EncoderError
-from models.encoders.clip import CLIP_PRESETS, ClipImageEncoder
-from models.encoders.effnet import EfficientNetLite0, EfficientNetLite0Keras, EfficientNetLite0Torch
-from models.encoders.keras_model import KerasEncoder
-from models.encoders.onnx_model import OnnxEncoder
+from dpsynth.models.encoders.base import Encoder, EncoderError
+from dpsynth.models.encoders.clip import CLIP_PRESETS, ClipImageEncoder
+from dpsynth.models.encoders.effnet import EfficientNetLite0, EfficientNetLite0Keras, EfficientNetLite0Torch
+from dpsynth.models.encoders.keras_model import KerasEncoder
+from dpsynth.models.encoders.onnx_model import OnnxEncoder
 
 _EFFNET = {cls.name: cls for cls in (EfficientNetLite0, EfficientNetLite0Keras, EfficientNetLite0Torch)}
 

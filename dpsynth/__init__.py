@@ -1,0 +1,20 @@
+"""dpsynth: differentially private synthetic embedding datasets.
+
+Installed, the design's folders (``pipelines``, ``transforms``, ``dp_ops``,
+``models``, ``deploy``) are this package's subpackages, so dpsynth takes one
+top-level name beside a user's own packages. In a source checkout they sit
+beside this folder; ``__path__`` then also covers the checkout's root so
+``dpsynth.pipelines`` resolves without an install (a second worktree, a
+plain ``PYTHONPATH``).
+"""
+
+from __future__ import annotations
+
+import os
+
+__version__ = "0.2.0"
+
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if (not os.path.isdir(os.path.join(os.path.dirname(__file__), "pipelines"))
+        and os.path.isfile(os.path.join(_CHECKOUT, "pipelines", "cli.py"))):
+    __path__.append(_CHECKOUT)  # noqa: F821 (a package's own __path__)
