@@ -17,7 +17,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from dpsynth.models.encoders import get_encoder
-from dpsynth.pipelines.beam_temp import pipeline_run
+from dpsynth.pipelines.runners.beam_temp import pipeline_run
 from dpsynth.pipelines.options import beam_options, local_blas_threads
 from dpsynth.pipelines.spec import EncodeSpec, ImageOptions
 from dpsynth.transforms.formats import ImageInputError

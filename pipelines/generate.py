@@ -310,7 +310,7 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
         # Worker processes (--direct_num_workers > 1) are forked from a
         # server started now, so that its imports run beside the ones below
         # (it writes where Beam's workers do: the run's log).
-        from dpsynth.pipelines import direct_runner
+        from dpsynth.pipelines.runners import direct_runner
         direct_runner.start_worker_server_for(beam_argv)
         # Beam and the pipeline load here, after the flags parsed (--help
         # and flag errors answer without them).

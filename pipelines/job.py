@@ -31,7 +31,7 @@ from dpsynth.dp_ops.config import GeneratorConfig, check_delta, labels_from
 from dpsynth.dp_ops.ledger import PrivacyLedger
 from dpsynth.dp_ops.noise import NoiseSource, make_noise_source
 from dpsynth.pipelines import collector, console, consistency, demo, release
-from dpsynth.pipelines.beam_temp import pipeline_run
+from dpsynth.pipelines.runners.beam_temp import pipeline_run
 from dpsynth.pipelines.options import UsageError, beam_options, local_blas_threads
 from dpsynth.pipelines.spec import GenerateSpec, ImageOptions
 from dpsynth.transforms import allocator, io
@@ -674,8 +674,8 @@ def _run_pipelines(job: Job, spec: GenerateSpec, options,
 def _close_dask_cluster() -> None:
     """Closes the local Dask cluster this run's pipelines started, if any
     (one cluster serves both phases of the adaptive plan); one the caller
-    started stays up for its next job (see pipelines/dask_runner.py)."""
-    dask_runner = sys.modules.get("dpsynth.pipelines.dask_runner")  # never imports
+    started stays up for its next job (see pipelines/runners/dask_runner.py)."""
+    dask_runner = sys.modules.get("dpsynth.pipelines.runners.dask_runner")  # never imports
     if dask_runner is not None:
         dask_runner.close_run_cluster()
 

@@ -15,8 +15,9 @@ from typing import Iterable, Optional, Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from dpsynth.pipelines import (bundle_sampler, dofn_specs, ipython_check, option_views,
-                       runner_names)
+from dpsynth.pipelines import runner_names
+from dpsynth.pipelines.runners import (bundle_sampler, dofn_specs,
+                                       ipython_check, option_views)
 from dpsynth.pipelines.machine import usable_cores
 
 
@@ -41,7 +42,7 @@ def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
     network here: it fails, and leaves temporary folders behind), then falls
     back to Beam's FnApiRunner; dpsynth asks for the FnApiRunner directly.
     ``--runner dask`` (or Beam's DaskRunner class path) selects dpsynth's
-    ``dpsynth.pipelines.dask_runner`` (deploy/README.md "Dask").
+    ``dpsynth.pipelines.runners.dask_runner`` (deploy/README.md "Dask").
     """
     dofn_specs.install()  # ~1 s less of building each job's graph
     option_views.install()  # ~0.5 s less of it
@@ -62,7 +63,7 @@ def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
         i = argv.index("--runner")
         del argv[i:i + 2]
     argv.append("--runner=FnApiRunner")
-    from dpsynth.pipelines import direct_runner
+    from dpsynth.pipelines.runners import direct_runner
     direct_runner.install()  # cuts costs that grow with the worker count
     mode = all_opts.get("direct_running_mode")
     if "direct_running_mode" not in joined:

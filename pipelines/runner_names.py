@@ -10,9 +10,9 @@ import importlib
 import importlib.util
 from typing import Optional, Sequence
 
-# dpsynth's subclass of Beam's DaskRunner (pipelines/dask_runner.py): it adds
+# dpsynth's subclass of Beam's DaskRunner (pipelines/runners/dask_runner.py): it adds
 # the workaround for the upstream bug and the local cluster for trying it.
-DASK_RUNNER = "dpsynth.pipelines.dask_runner.DaskRunner"
+DASK_RUNNER = "dpsynth.pipelines.runners.dask_runner.DaskRunner"
 BEAM_DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 DASK_NAMES = frozenset({"dask", "daskrunner", BEAM_DASK_RUNNER.lower(),
                         DASK_RUNNER.lower()})
@@ -83,7 +83,7 @@ def resolve_dask(argv: Sequence[str]) -> list[str]:
     if importlib.util.find_spec("distributed") is None:
         raise ValueError("--runner dask needs Dask: pip install "
                          "'dpsynth[dask]' (apache-beam[dask])")
-    importlib.import_module("dpsynth.pipelines.dask_runner")
+    importlib.import_module("dpsynth.pipelines.runners.dask_runner")
     out, skip = [], False
     for i, arg in enumerate(argv):
         if skip:

@@ -1,4 +1,4 @@
-"""dpsynth.pipelines.bundle_sampler: Beam's per-bundle state sampler wakes every
+"""dpsynth.pipelines.runners.bundle_sampler: Beam's per-bundle state sampler wakes every
 10 ms where dpsynth runs Beam's workers (the submitting process and
 DirectRunner's forked worker processes), so a long bundle no longer ends
 with its worker waiting up to 200 ms for the sampler's sleep; a sampler
@@ -13,7 +13,7 @@ import pytest
 from apache_beam.runners.worker import statesampler
 from apache_beam.utils import counters
 
-from dpsynth.pipelines import bundle_sampler, direct_runner, worker_fork
+from dpsynth.pipelines.runners import bundle_sampler, direct_runner, worker_fork
 from dpsynth.pipelines.options import beam_options
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -1,7 +1,7 @@
 """dpsynth on a real Dask cluster: a scheduler and two worker processes on
 loopback (``distributed.LocalCluster``), driven by ``--runner dask``.
 
-* The Beam 2.77 bug that ``dpsynth.pipelines.dask_runner`` works around is still
+* The Beam 2.77 bug that ``dpsynth.pipelines.runners.dask_runner`` works around is still
   there (when this test fails, Beam fixed it: drop the workaround, see
   deploy/README.md "Dask").
 * With ``--noise-seed`` a Dask release is byte-identical to DirectRunner's
@@ -78,7 +78,7 @@ def test_dask_flags_pass_the_strict_check(runner):
             "--dask_npartitions=4", "--dask_dashboard=127.0.0.1:8787"]
     check_beam_args(argv, generate.parser(), "generate")
     assert beam_options(argv).get_all_options()["runner"] == \
-        "dpsynth.pipelines.dask_runner.DaskRunner"
+        "dpsynth.pipelines.runners.dask_runner.DaskRunner"
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -116,10 +116,10 @@ def _singleton_of_total(p):
 def test_beam_dask_bug_is_still_there_and_worked_around(scheduler):
     """Beam's own DaskRunner fails on CombineGlobally + AsSingleton of it;
     dpsynth's runner does not. If the first half fails, Beam fixed the bug:
-    drop dpsynth.pipelines.dask_runner.install_workaround (deploy/README.md)."""
+    drop dpsynth.pipelines.runners.dask_runner.install_workaround (deploy/README.md)."""
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.runners.dask import transform_evaluator
-    from dpsynth.pipelines import dask_runner
+    from dpsynth.pipelines.runners import dask_runner
     patched = transform_evaluator.apply_dofn_to_bundle
     original = getattr(patched, "beam_original", patched)
     transform_evaluator.apply_dofn_to_bundle = original
@@ -234,7 +234,7 @@ def test_a_run_leaves_no_stored_collection_on_the_cluster(scheduler):
 def test_stored_collections_go_one_by_one_where_a_list_is_refused():
     """An older distributed unpublishes one name a call: the list is
     refused and every name still goes."""
-    from dpsynth.pipelines import dask_runner
+    from dpsynth.pipelines.runners import dask_runner
     gone = []
 
     class _OldClient:
@@ -272,7 +272,7 @@ def test_step_arguments_are_pickled_once_and_shared_in_a_process(
         monkeypatch):
     import pickle
 
-    from dpsynth.pipelines import dask_runner
+    from dpsynth.pipelines.runners import dask_runner
     monkeypatch.setattr(dask_runner, "_STEP_ARGS", {})
     step = dask_runner._StepArgs(([1, 2], {"k": 3}), "dpsynth-Client-a/s")
     blob = pickle.dumps(step)
@@ -318,7 +318,7 @@ def test_another_librarys_function_is_named_per_step():
     import operator
 
     from apache_beam.runners.common import DoFnSignature
-    from dpsynth.pipelines import dask_runner
+    from dpsynth.pipelines.runners import dask_runner
     from dpsynth.transforms.write import shard_tasks
 
     def name(fn, label: str) -> str:
@@ -336,7 +336,7 @@ def test_bundles_at_the_same_time_get_their_own_step_arguments():
     """A worker with several threads runs a step's bundles side by side:
     each running bundle holds its own copy of the arguments (one output
     list each), and a finished bundle's copy serves the next."""
-    from dpsynth.pipelines import dask_runner
+    from dpsynth.pipelines.runners import dask_runner
     step = dask_runner._StepArgs(([1], {}), "dpsynth-Client-a/s")
     first = step.take()
     second = step.take()  # while the first runs
@@ -348,7 +348,7 @@ def test_bundles_at_the_same_time_get_their_own_step_arguments():
 
 
 def test_side_values_keep_only_the_newest_runs(monkeypatch):
-    from dpsynth.pipelines import dask_runner
+    from dpsynth.pipelines.runners import dask_runner
     fetched = []
 
     class _Future:
@@ -431,7 +431,7 @@ def test_blocks_read_by_two_branches_are_not_stored(scheduler, tmp_path,
     Built before the side input, the main branch is computed with it, so
     the blocks themselves are not kept on the cluster (at 1M x 384 that
     held every block); built after it, the blocks are stored (fallback)."""
-    from dpsynth.pipelines import dask_runner
+    from dpsynth.pipelines.runners import dask_runner
     stored_labels: list[str] = []
     original = dask_runner._Pending.store_with
 
@@ -568,7 +568,7 @@ def _profile_enabled() -> bool:
 
 
 def test_the_profiler_stays_on_when_a_dashboard_is_asked_for():
-    from dpsynth.pipelines import dask_runner
+    from dpsynth.pipelines.runners import dask_runner
     assert not dask_runner._cluster_config(None)[
         "distributed.worker.profile.enabled"]
     assert "distributed.worker.profile.enabled" not in \
@@ -578,7 +578,7 @@ def test_the_profiler_stays_on_when_a_dashboard_is_asked_for():
 def test_local_cluster_is_started_once_and_cleaned_up():
     """One LocalCluster per process, its scratch space in a temporary
     folder removed at close, its HTTP routes off port 8787."""
-    from dpsynth.pipelines import dask_runner
+    from dpsynth.pipelines.runners import dask_runner
     started = dask_runner.local_clusters_started
     try:
         cluster = dask_runner.local_cluster(workers=1)
@@ -606,7 +606,7 @@ def test_local_cluster_is_started_once_and_cleaned_up():
 HALF_STARTED = """
 import os, signal
 import distributed.nanny as nanny
-from dpsynth.pipelines import dask_runner
+from dpsynth.pipelines.runners import dask_runner
 
 real = nanny.Nanny.start_unsafe
 

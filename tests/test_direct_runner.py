@@ -1,4 +1,4 @@
-"""dpsynth.pipelines.direct_runner: Beam's FnApiRunner with several workers closes
+"""dpsynth.pipelines.runners.direct_runner: Beam's FnApiRunner with several workers closes
 its workers at once, runs no empty bundles and forks its workers from a
 server that has imported what they need; what stages compute does not
 change (the release's byte identity across worker counts is
@@ -14,7 +14,8 @@ import time
 import apache_beam as beam
 import pytest
 
-from dpsynth.pipelines import direct_runner, worker_fork
+from dpsynth.pipelines.runners import (direct_runner, parallel_shutdown,
+                                       skip_empty_bundles, worker_fork)
 from dpsynth.pipelines.options import beam_options
 
 
@@ -37,7 +38,7 @@ class _Server:
 
 
 class _Manager:
-    close_all = direct_runner.close_all
+    close_all = parallel_shutdown.close_all
 
     def __init__(self, handlers) -> None:
         self._cached_handlers = {"env": list(handlers)}
@@ -60,9 +61,9 @@ def test_workers_are_closed_at_once_and_errors_are_logged(caplog):
 
 
 def test_has_input():
-    assert not direct_runner.has_input({})
-    assert not direct_runner.has_input({"a": [], "b": [b""]})
-    assert direct_runner.has_input({"a": [b""], "b": [b"x"]})
+    assert not skip_empty_bundles.has_input({})
+    assert not skip_empty_bundles.has_input({"a": [], "b": [b""]})
+    assert skip_empty_bundles.has_input({"a": [b""], "b": [b"x"]})
 
 
 class _Bundles(beam.DoFn):
@@ -103,12 +104,12 @@ def test_install_is_idempotent():
     direct_runner.install()
     direct_runner.install()
     assert (worker_handlers.WorkerHandlerManager.close_all
-            is direct_runner.close_all)
+            is parallel_shutdown.close_all)
     assert (fn_runner.ParallelBundleManager.process_bundle
-            is direct_runner.process_bundle)
+            is skip_empty_bundles.process_bundle)
 
 
-# -- the worker fork server (pipelines/worker_fork.py) ------------------------
+# -- the worker fork server (pipelines/runners/worker_fork.py) ------------------------
 
 class _Where(beam.DoFn):
     """Where a worker runs: its parent, an environment variable set after
@@ -238,7 +239,7 @@ def test_a_server_whose_runner_leaves_during_its_imports_ends_at_once():
 def test_the_fork_server_ends_with_its_runner_process():
     """No server left running when the runner's process exits (a scheduler
     that waits for a task's processes sees none)."""
-    code = ("from dpsynth.pipelines import direct_runner\n"
+    code = ("from dpsynth.pipelines.runners import direct_runner\n"
             "direct_runner.start_worker_server_for(['--direct_num_workers', "
             "'2'])\n"
             "print(direct_runner._server._proc.pid)\n")

@@ -1,4 +1,4 @@
-"""dpsynth.pipelines.dofn_specs: Beam's state-and-timer check memoised per DoFn
+"""dpsynth.pipelines.runners.dofn_specs: Beam's state-and-timer check memoised per DoFn
 class (or per instance where the answer may depend on it) gives Beam's
 answers, and asks Beam once per class or instance."""
 
@@ -11,7 +11,7 @@ from apache_beam.transforms.userstate import (BagStateSpec, TimerSpec,
                                               on_timer)
 from apache_beam.transforms.timeutil import TimeDomain
 
-from dpsynth.pipelines import dofn_specs
+from dpsynth.pipelines.runners import dofn_specs
 
 BAG = BagStateSpec("bag", VarIntCoder())
 TIMER = TimerSpec("timer", TimeDomain.WATERMARK)

@@ -154,7 +154,7 @@ def _session_processes(sid: int) -> list[str]:
 
 def test_ctrl_c_with_worker_processes_is_one_line_and_leaves_no_process(
         tmp_path):
-    """Two DirectRunner workers (forked by dpsynth.pipelines.worker_fork): Ctrl-C
+    """Two DirectRunner workers (forked by dpsynth.pipelines.runners.worker_fork): Ctrl-C
     prints one line, not every worker's interrupted harness, and the job's
     processes all end."""
     x, y = gmm_data(3000, d=4, classes=2)

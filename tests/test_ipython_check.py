@@ -1,4 +1,4 @@
-"""Beam's IPython check without importing IPython (pipelines/ipython_check).
+"""Beam's IPython check without importing IPython (pipelines/runners/ipython_check).
 
 Building a dpsynth pipeline must not import IPython (~0.5 s in the launcher
 where it is installed), and the check must still give Beam's answer.
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from dpsynth.pipelines import ipython_check
+from dpsynth.pipelines.runners import ipython_check
 
 BUILD = """
 import sys

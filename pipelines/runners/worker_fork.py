@@ -105,7 +105,7 @@ class WorkerServer:
         self._rep_r, rep_w = os.pipe()
         # stdout and stderr are this process's: the workers print there
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "dpsynth.pipelines.worker_fork", str(req_r),
+            [sys.executable, "-m", "dpsynth.pipelines.runners.worker_fork", str(req_r),
              str(rep_w)], pass_fds=(req_r, rep_w))
         os.close(req_r)
         os.close(rep_w)
@@ -220,7 +220,7 @@ def _prepare_server(req_fd: int) -> None:
             __import__(name)
         except ImportError:
             pass
-    from dpsynth.pipelines import bundle_sampler
+    from dpsynth.pipelines.runners import bundle_sampler
     bundle_sampler.install()  # its workers' bundles end without a 0.2 s wait
     done.set()
     watch.join()  # no thread of ours when workers are forked

@@ -16,16 +16,21 @@ report of a step stuck for minutes); waking every 10 ms keeps both (finer,
 at a cost of microseconds a wake). Installed where dpsynth runs Beam's
 workers: the submitting process (the in-process runner of one worker,
 LOOPBACK environments of Flink, Spark and Prism) and the fork server of
-DirectRunner's worker processes (``dpsynth.pipelines.worker_fork``). Workers that
+DirectRunner's worker processes (``dpsynth.pipelines.runners.worker_fork``). Workers that
 Beam starts itself elsewhere (Dataflow, DOCKER or PROCESS environments)
 keep Beam's period.
+
+Measured on Beam 2.77 (commit 1c81018). Where ``StateSampler.__init__``
+has other parameters than ``(self, prefix, counter_factory,
+sampling_period_ms)`` the patch is not installed: Beam's period, and one
+debug line (``beam_patch.kept``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from dpsynth.pipelines.beam_patch import replace_once
+from dpsynth.pipelines.runners.beam_patch import replace_once, takes
 
 SAMPLING_PERIOD_MS = 10
 
@@ -34,7 +39,9 @@ def install() -> None:
     """New samplers made without a period get ``SAMPLING_PERIOD_MS``
     (idempotent; samplers made with an explicit period keep it)."""
     from apache_beam.runners.worker import statesampler
-    replace_once(statesampler.StateSampler, "__init__", shorter_period)
+    replace_once(statesampler.StateSampler, "__init__", shorter_period,
+                 fits=takes("self", "prefix", "counter_factory",
+                            "sampling_period_ms"))
 
 
 def shorter_period(original: Callable[..., None]) -> Callable[..., None]:

