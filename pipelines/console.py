@@ -446,9 +446,14 @@ class ProgressPrinter:
               "ClassSubspace": "class subspace moments"}
 
     def __init__(self, path: Optional[str], passes: Sequence[str],
-                 every: float = 10.0, show_rows: bool = False) -> None:
+                 every: float = 10.0, show_rows: bool = False,
+                 done: int = 0, more_to_come: bool = False) -> None:
+        """``done``: passes an earlier pipeline of the job ran, and
+        ``more_to_come``: a later pipeline's passes (not known yet) follow
+        (no total shown): the adaptive plan's two phases count as one."""
         self.path, self.passes, self.every = path, list(passes), every
         self.show_rows = show_rows
+        self._done, self._open_ended = done, more_to_come
         self._rows: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -511,8 +516,11 @@ class ProgressPrinter:
         if latest is None:
             operator_log.info("[%s] running", _clock(now - self._start))
             return
-        index = (f" {self.passes.index(latest) + 1}/{len(self.passes)}"
-                 if latest in self.passes else "")
+        index = ""
+        if latest in self.passes:
+            total = "" if self._open_ended else \
+                f"/{self._done + len(self.passes)}"
+            index = f" {self._done + self.passes.index(latest) + 1}{total}"
         if not self.show_rows:
             operator_log.info("[%s] pass%s: %s", _clock(now - self._start),
                               index, self.label(latest))

@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "default: ./dpsynth-releases/<run id>")
     out.add_argument("--output-format", choices=OUTPUT_FORMATS,
                      default="tfrecord", help="data shards: TFRecord of "
-                     "tf.train.Example (default) or Parquet; schema.json "
+                     "tf.train.Example (default) or Parquet; _schema.json "
                      "describes either")
     out.add_argument("--run-id", help="names this run in the manifest and "
                      "the budget store; re-running a run id re-publishes "
@@ -148,8 +148,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="'auto' (default): a small budget on noisy class "
                      "counts, then a public rule picks shared, shared + "
                      "class subspace or per-class matrices and the mean / "
-                     "covariance split (README: covariance defaults; needs "
-                     "--clusters 1, --center, no --vote-filter or "
+                     "covariance split (docs/method.md: Covariance defaults; "
+                     "needs --clusters 1, --center, no --vote-filter or "
                      "--budget-weights, embedding input, else it is "
                      "'shared'); 'shared': one matrix of all records; "
                      "'per-class': one matrix per class")

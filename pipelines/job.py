@@ -686,7 +686,8 @@ def _run_adaptive(job: Job, spec: GenerateSpec, options,
     """Phase 1 run -> the rule -> phase 2 run (adaptive composition)."""
     t0 = time.time()
     with console.ProgressPrinter(progress.path, ["Counts"],
-                                 show_rows=spec.run.show_row_counts):
+                                 show_rows=spec.run.show_row_counts,
+                                 more_to_come=True):
         centre, counts = run_phase1(job, reader, options, progress)
     timings["phase1"] = round(time.time() - t0, 3)
     structure = choose_phase2(job, reader.dim, counts)
@@ -694,7 +695,8 @@ def _run_adaptive(job: Job, spec: GenerateSpec, options,
     reader = make_reader(job, spec)  # a transform belongs to one pipeline
     with console.ProgressPrinter(progress.path,
                                  adaptive_pass_names(structure, spec),
-                                 show_rows=spec.run.show_row_counts):
+                                 show_rows=spec.run.show_row_counts,
+                                 done=1):  # phase 1's pass
         with pipeline_run(options) as p:
             build_adaptive(p, job, reader, spec, centre, counts, progress)
 

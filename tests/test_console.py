@@ -167,6 +167,28 @@ def test_exact_row_counts_only_when_the_operator_asks(tmp_path, caplog):
     assert lines[-2].endswith("pass 2/2, moments: 300 rows read")
 
 
+def test_the_adaptive_plans_two_phases_count_their_passes_as_one(
+        tmp_path, caplog):
+    """Phase 1 (its pass count not final: phase 2's is chosen from its
+    noisy counts), then phase 2 going on from it: never "pass 1/1" twice."""
+    import logging
+
+    from dpsynth.pipelines import console
+    path = tmp_path / "progress"
+    with caplog.at_level(logging.INFO, logger="dpsynth.operator"):
+        path.write_text("Counts\t300\n")
+        with console.ProgressPrinter(str(path), ["Counts"],
+                                     more_to_come=True):
+            pass
+        path.write_text("Moments\t300\n")
+        with console.ProgressPrinter(str(path), ["Moments"], done=1):
+            pass
+    lines = [r.getMessage() for r in caplog.records
+             if r.name == "dpsynth.operator" and "pass" in r.getMessage()]
+    assert [line.split("] ", 1)[1] for line in lines] == [
+        "pass 1: DP centre + class counts", "pass 2/2: moments"]
+
+
 def _worker_gone_record() -> None:
     """What Beam's runner logs when a worker's data stream breaks (its
     worker ended: Ctrl-C reached it before the runner saw it)."""

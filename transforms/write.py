@@ -2,7 +2,7 @@
 
 Data shards are TFRecord (``tf.train.Example``: float32 list + int64 label,
 the default) or Parquet (``--output-format parquet``: a fixed-size list of
-float32 + an int64 column); ``schema.json`` describes them for readers
+float32 + an int64 column); ``_schema.json`` describes them for readers
 that do not know our manifest (feature names, dtypes, shape, the
 normalisation real inputs need). All bytes go through Beam's FileSystems,
 so local paths and gs:// work the same.
@@ -360,9 +360,9 @@ def normalisation(cfg: GeneratorConfig) -> dict:
 def release_schema(cfg: GeneratorConfig, dim: int, fmt: str = "tfrecord",
                    embedding_feature: str = "embedding",
                    label_feature: str = "label") -> dict:
-    """schema.json: enough to read the data shards without our manifest
+    """_schema.json: enough to read the data shards without our manifest
     (public configuration only). tf.data: ``tf.io.FixedLenFeature(shape,
-    dtype)`` per feature (see README, "Release layout")."""
+    dtype)`` per feature (see README, "The release")."""
     if fmt not in OUTPUT_FORMATS:
         raise ValueError(f"--output-format must be one of {OUTPUT_FORMATS}, "
                          f"got {fmt!r}")
@@ -472,7 +472,7 @@ class WriteRelease(beam.PTransform):
     Each shard is its own element (spread over the workers); ``DrawRows``
     shards are sampled by the worker that writes them (needs ``cfg``). With
     ``cfg`` (and ``dim``, else read from the mixtures' means) it also
-    writes schema.json.
+    writes _schema.json.
     """
 
     def __init__(self, staging: str, mixtures, rows_per_shard: int = 50_000,
