@@ -23,6 +23,10 @@ order, and ``{"exited": pid, "code": c}`` when a worker ends (c as
 end of the request pipe closes (the runner called ``close``, which it does
 at exit, or died), at once even in the middle of its imports; its workers
 end with their control channel, as Beam's do.
+
+Measured on Beam 2.77 (commit 9985d3a; the gain and the fallback are in
+``dpsynth.pipelines.runners.direct_runner``, which hands it Beam's
+worker starts).
 """
 
 from __future__ import annotations
