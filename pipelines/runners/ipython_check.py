@@ -15,7 +15,7 @@ Measured on Beam 2.77 (commit df1215d): the demo 6.33 -> 5.91 s median
 on the demo (``dpsynth generate``, 8 alternating pairs, a loaded 2-core
 machine): CPU 3.95 vs 4.03 s median (ratio 0.99, 0.97-1.05: within the
 noise), peak memory 303 vs 328 MiB (no overlap: IPython is not loaded).
-Kept for the memory and the cold-cache start. Where
+Kept for the memory. Where
 ``is_in_ipython`` takes parameters the patch is not installed: Beam's own
 check, and one debug line (``beam_patch.kept``).
 """
