@@ -401,23 +401,34 @@ def release_canary_scores(mixtures: dict, centre: np.ndarray,
     coordinate if present. Count likewise. Scores weigh each residual by
     shift / sigma^2 (sigmas from ``ledger``: the release's own, see
     ``ledger_from_manifest``)."""
+    def weight(name: str) -> float:
+        sigma = ledger.get(name).sigma
+        return 1.0 / sigma ** 2 if sigma > 0 else 1.0
+
+    residuals, shift_sum = release_residuals(mixtures, centre, x, y, cfg)
+    return {label: (res["sum"] * shift_sum
+                    * weight(plan.name(label, "moments", "sum"))
+                    + res["count"]
+                    * weight(plan.class_count_name(ledger, label)))
+            for label, res in residuals.items()}
+
+
+def release_residuals(mixtures: dict, centre: np.ndarray, x: np.ndarray,
+                      y: np.ndarray, cfg: GeneratorConfig
+                      ) -> tuple[dict[int, dict[str, float]], float]:
+    """Per class, the released count and axis-0 sum minus what the known
+    records x, y give (noise, plus the canary's 1 and shift if present),
+    and the canary's shift of the sum (its clipped, centred coordinate)."""
     xc, _ = clipping.preprocess(x, cfg.normalize, cfg.clip_norm, centre)
     canary = np.zeros((1, x.shape[1]))
     canary[0, 0] = 1.0
     shift_sum = float(clipping.preprocess(canary, cfg.normalize,
                                           cfg.clip_norm, centre)[0][0, 0])
-    def weight(name: str) -> float:
-        sigma = ledger.get(name).sigma
-        return 1.0 / sigma ** 2 if sigma > 0 else 1.0
-
-    scores = {}
+    out = {}
     for label, mix in mixtures.items():
         known = y == label
         n = max(mix.noisy_count, 1.0)  # the divisor of the released mean
         noisy_sum = n * float(mix.means[0, 0] - centre[0])
-        residual_sum = noisy_sum - float(xc[known, 0].sum())
-        residual_count = mix.noisy_count - float(known.sum())
-        scores[label] = (
-            residual_sum * shift_sum * weight(plan.name(label, "moments", "sum"))
-            + residual_count * weight(plan.class_count_name(ledger, label)))
-    return scores
+        out[label] = {"count": mix.noisy_count - float(known.sum()),
+                      "sum": noisy_sum - float(xc[known, 0].sum())}
+    return out, shift_sum
