@@ -29,6 +29,28 @@ def test_only_the_reference_is_pickled_and_draws_are_the_keys(tmp_path):
                                   expected)
 
 
+def test_the_launcher_gives_the_job_a_reference_not_the_key(tmp_path):
+    """What the job's steps pickle after ``store_noise_key`` is the key
+    object's URI, never the run's key (the fast check; the run below
+    checks every payload a real multi_processing job pickles)."""
+    from dpsynth.pipelines import generate
+    x, y = gmm_data(40, d=4, classes=2)
+    np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
+    (tmp_path / "keys").mkdir()
+    args, _ = cli.build_parser().parse_known_args(
+        ["generate", "--input", str(tmp_path / "in.npz"), "--num-classes",
+         "2", "--output", str(tmp_path / "out"), "--noise-key-location",
+         str(tmp_path / "keys")])
+    spec = generate.spec_from_args(args)
+    j = job.prepare(spec)
+    key = j.noise.export_key()
+    uri = job.store_noise_key(j, spec)
+    blob = pickle.dumps(j.noise)
+    assert uri.encode() in blob
+    assert key not in blob and key.hex().encode() not in blob
+    assert Path(uri).read_bytes() == key
+
+
 def pickled_payloads(monkeypatch) -> list[bytes]:
     """Records the raw pickle of everything Beam pickles into the job
     (its pickler compresses and base64-encodes each payload)."""
