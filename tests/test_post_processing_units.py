@@ -65,7 +65,7 @@ class ForcingNoise:
         target = np.asarray(self.targets[key], np.float64)
         assert target.shape == value.shape, (key, target.shape, value.shape)
         self.used.add(key)
-        return value + (target - value)
+        return target.copy()  # exact + (target - exact), without rounding
 
     def gaussian(self, sigma, shape, key, grid=None):
         draw = np.asarray(self.draws[key], np.float64)
