@@ -93,11 +93,13 @@ def run(configs, epsilons, trials, calibration, records, dim, alpha, seed):
             b = result.bound
             spent = ledger.spent_epsilon() if math.isfinite(eps) else math.inf
             rows.append(dict(config=name, claimed=eps, spent=spent, bound=b,
+                             noise=result.noise,
                              best_tpr=_optimal_tpr(ledger, b.fpr),
                              seconds=time.time() - t0))
             print(f"{name:8s} eps={_fmt(eps):>4s}: lower bound "
                   f"{_fmt(b.lower)} (estimate {_fmt(b.estimate)}, "
-                  f"TPR {b.tpr:.4f}, FPR {b.fpr:.4f}) in "
+                  f"TPR {b.tpr:.4f}, FPR {b.fpr:.4f}; noise-scale bound "
+                  f"{_fmt(result.noise.lower)}) in "
                   f"{time.time() - t0:.0f} s", flush=True)
     return rows
 
