@@ -36,7 +36,7 @@ import math
 from typing import Optional, Sequence
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 from dpsynth.dp_ops import clipping, plan, reference
 from dpsynth.dp_ops.config import GeneratorConfig
@@ -134,6 +134,71 @@ def choose_threshold(scores_in: np.ndarray, scores_out: np.ndarray,
     return best_t
 
 
+# ------------------------------------------- the noise-scale bound
+
+def gaussian_epsilon(mu: float, delta: float) -> float:
+    """The epsilon at ``delta`` of a mu-GDP mechanism (one Gaussian of
+    sensitivity / sigma = mu): the root of
+    Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) = delta (the auditor's
+    own, independent of dpsynth's calibration)."""
+    if mu <= 0:
+        return 0.0
+    if math.isinf(mu):
+        return math.inf
+
+    def excess(eps: float) -> float:
+        return (stats.norm.cdf(-eps / mu + mu / 2)
+                - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2) - delta)
+    if excess(0.0) <= 0:
+        return 0.0
+    hi = 1.0
+    while excess(hi) > 0:
+        hi *= 2
+    return float(optimize.brentq(excess, 0.0, hi, xtol=1e-10))
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseBound:
+    """What the measured noise of the released statistics implies."""
+
+    lower: float  # epsilon of mu_lower-GDP at the audit's delta
+    mu_lower: float  # (1 - alpha) lower confidence bound on mu
+    sigma_upper: dict  # per statistic, (1 - alpha) upper bound on its sigma
+    samples: int
+
+
+def noise_bound(noise: dict[str, np.ndarray], shifts: dict[str, float],
+                delta: float, alpha: float = 0.05,
+                means_fitted: int = 1) -> NoiseBound:
+    """Lower confidence bound on epsilon from the noise that released
+    statistics carry, for errors too small for the threshold attack.
+
+    ``noise[f]``: samples of statistic f's noise (released minus the exact
+    value the auditor knows, over independent runs); ``shifts[f]``: how
+    much the canary moves f (its sensitivity, met exactly by the canary);
+    ``means_fitted``: how many group means were subtracted from the samples.
+    Releasing the statistics with independent Gaussian noise of these
+    sigmas is exactly mu-GDP against adding the canary, mu^2 = sum of
+    (shift / sigma)^2, so the true epsilon is at least that of mu-GDP.
+    Each sigma gets a chi-square upper bound (level 1 - alpha / k, k
+    statistics), so the bound holds with probability >= 1 - alpha when the
+    noise is Gaussian (the mechanisms' distribution; its scale is what is
+    tested). A run with half the claimed sigma shows at 2x the mu.
+    """
+    uppers, mu2, n = {}, 0.0, None
+    for field, values in noise.items():
+        values = np.asarray(values, np.float64)
+        n = len(values)
+        dof = n - means_fitted
+        spread = float(np.sum((values - values.mean()) ** 2))
+        chi = stats.chi2.ppf(alpha / len(noise), dof)
+        uppers[field] = math.sqrt(spread / chi)
+        mu2 += (math.inf if uppers[field] == 0
+                else (shifts[field] / uppers[field]) ** 2)
+    mu = math.sqrt(mu2)
+    return NoiseBound(gaussian_epsilon(mu, delta), mu, uppers, n or 0)
+
+
 # --------------------------------------------------- the canary experiment
 
 LABEL = 0
@@ -181,6 +246,16 @@ def default_config(epsilon: float, delta: float = 1e-5,
                            center=False, accountant="pld")
 
 
+def released_totals(mix: ClassMixture) -> dict[str, float]:
+    """The noisy count, sum and sum of squares along the canary's axis,
+    read back from a released mixture (see ``canary_score``)."""
+    n = np.maximum(mix.weights, 1.0)
+    return {"count": float(n.sum()),
+            "sum": float((n * mix.means[:, 0]).sum()),
+            "sumsq": float((n * (mix.variances[:, 0]
+                                 + mix.means[:, 0] ** 2)).sum())}
+
+
 def canary_score(mix: ClassMixture, cfg: GeneratorConfig,
                  ledger: PrivacyLedger) -> float:
     """Evidence for the canary R e_0 from the released mixture alone.
@@ -193,11 +268,7 @@ def canary_score(mix: ClassMixture, cfg: GeneratorConfig,
     the other records) plus Gaussian noise; the canary adds 1, R and R^2.
     """
     r = cfg.clip_norm
-    n = np.maximum(mix.weights, 1.0)
-    total = {"count": float(n.sum()),
-             "sum": float((n * mix.means[:, 0]).sum()),
-             "sumsq": float((n * (mix.variances[:, 0]
-                                  + mix.means[:, 0] ** 2)).sum())}
+    total = released_totals(mix)
     shift = {"count": 1.0, "sum": r, "sumsq": r * r}
     score = 0.0
     for field, value in total.items():
@@ -206,16 +277,27 @@ def canary_score(mix: ClassMixture, cfg: GeneratorConfig,
     return score
 
 
+# What the noise-scale bound reads of each run: the count and the sum are
+# read back exactly from the mixture; the sum of squares is not (the
+# variances are floored), so it is left out (a lower bound either way).
+NOISE_FIELDS = ("count", "sum")
+
+
 def run_trials(x: np.ndarray, cfg: GeneratorConfig, ledger: PrivacyLedger,
-               seeds: Sequence[int]) -> np.ndarray:
-    """Canary scores of len(seeds) independent runs on the records x."""
+               seeds: Sequence[int]) -> tuple[np.ndarray, dict]:
+    """Canary scores of len(seeds) independent runs on the records x, and
+    each run's released totals (``NOISE_FIELDS``)."""
     xc, _ = clipping.preprocess(x, cfg.normalize, cfg.clip_norm)
     scores = np.empty(len(seeds))
+    totals = {f: np.empty(len(seeds)) for f in NOISE_FIELDS}
     for i, seed in enumerate(seeds):
         mix, _ = reference.generate_class(xc, LABEL, cfg, ledger,
                                           SeededNoise(seed))
         scores[i] = canary_score(mix, cfg, ledger)
-    return scores
+        released = released_totals(mix)
+        for f in NOISE_FIELDS:
+            totals[f][i] = released[f]
+    return scores, totals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,6 +308,7 @@ class CanaryAuditResult:
     threshold: float
     calibration_trials: int  # per arm
     records: int
+    noise: NoiseBound  # from the spread of the released count and sum
 
 
 def canary_audit(cfg: GeneratorConfig, trials: int, calibration_trials: int,
@@ -244,13 +327,19 @@ def canary_audit(cfg: GeneratorConfig, trials: int, calibration_trials: int,
     per_arm = calibration_trials + trials
     seeds_out = range(base, base + per_arm)
     seeds_in = range(base + per_arm, base + 2 * per_arm)
-    s_out = run_trials(x, cfg, ledger, seeds_out)
-    s_in = run_trials(with_canary, cfg, ledger, seeds_in)
+    s_out, t_out = run_trials(x, cfg, ledger, seeds_out)
+    s_in, t_in = run_trials(with_canary, cfg, ledger, seeds_in)
     c = calibration_trials
     threshold = choose_threshold(s_in[:c], s_out[:c], cfg.delta, alpha)
     bound = bound_at(s_in[c:], s_out[c:], threshold, cfg.delta, alpha)
+    # each arm's runs share their exact totals: the spread is the noise
+    noise = {f: np.concatenate([t_out[f] - t_out[f].mean(),
+                                t_in[f] - t_in[f].mean()])
+             for f in NOISE_FIELDS}
     return CanaryAuditResult(cfg.epsilon, cfg.delta, bound, threshold, c,
-                             records)
+                             records, noise_bound(
+                                 noise, {"count": 1.0, "sum": cfg.clip_norm},
+                                 cfg.delta, alpha, means_fitted=2))
 
 
 # ------------------------------------- the Beam arm: classes as trials
@@ -312,23 +401,34 @@ def release_canary_scores(mixtures: dict, centre: np.ndarray,
     coordinate if present. Count likewise. Scores weigh each residual by
     shift / sigma^2 (sigmas from ``ledger``: the release's own, see
     ``ledger_from_manifest``)."""
+    def weight(name: str) -> float:
+        sigma = ledger.get(name).sigma
+        return 1.0 / sigma ** 2 if sigma > 0 else 1.0
+
+    residuals, shift_sum = release_residuals(mixtures, centre, x, y, cfg)
+    return {label: (res["sum"] * shift_sum
+                    * weight(plan.name(label, "moments", "sum"))
+                    + res["count"]
+                    * weight(plan.class_count_name(ledger, label)))
+            for label, res in residuals.items()}
+
+
+def release_residuals(mixtures: dict, centre: np.ndarray, x: np.ndarray,
+                      y: np.ndarray, cfg: GeneratorConfig
+                      ) -> tuple[dict[int, dict[str, float]], float]:
+    """Per class, the released count and axis-0 sum minus what the known
+    records x, y give (noise, plus the canary's 1 and shift if present),
+    and the canary's shift of the sum (its clipped, centred coordinate)."""
     xc, _ = clipping.preprocess(x, cfg.normalize, cfg.clip_norm, centre)
     canary = np.zeros((1, x.shape[1]))
     canary[0, 0] = 1.0
     shift_sum = float(clipping.preprocess(canary, cfg.normalize,
                                           cfg.clip_norm, centre)[0][0, 0])
-    def weight(name: str) -> float:
-        sigma = ledger.get(name).sigma
-        return 1.0 / sigma ** 2 if sigma > 0 else 1.0
-
-    scores = {}
+    out = {}
     for label, mix in mixtures.items():
         known = y == label
         n = max(mix.noisy_count, 1.0)  # the divisor of the released mean
         noisy_sum = n * float(mix.means[0, 0] - centre[0])
-        residual_sum = noisy_sum - float(xc[known, 0].sum())
-        residual_count = mix.noisy_count - float(known.sum())
-        scores[label] = (
-            residual_sum * shift_sum * weight(plan.name(label, "moments", "sum"))
-            + residual_count * weight(plan.class_count_name(ledger, label)))
-    return scores
+        out[label] = {"count": mix.noisy_count - float(known.sum()),
+                      "sum": noisy_sum - float(xc[known, 0].sum())}
+    return out, shift_sum

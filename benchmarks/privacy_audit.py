@@ -93,11 +93,13 @@ def run(configs, epsilons, trials, calibration, records, dim, alpha, seed):
             b = result.bound
             spent = ledger.spent_epsilon() if math.isfinite(eps) else math.inf
             rows.append(dict(config=name, claimed=eps, spent=spent, bound=b,
+                             noise=result.noise,
                              best_tpr=_optimal_tpr(ledger, b.fpr),
                              seconds=time.time() - t0))
             print(f"{name:8s} eps={_fmt(eps):>4s}: lower bound "
                   f"{_fmt(b.lower)} (estimate {_fmt(b.estimate)}, "
-                  f"TPR {b.tpr:.4f}, FPR {b.fpr:.4f}) in "
+                  f"TPR {b.tpr:.4f}, FPR {b.fpr:.4f}; noise-scale bound "
+                  f"{_fmt(result.noise.lower)}) in "
                   f"{time.time() - t0:.0f} s", flush=True)
     return rows
 
@@ -175,9 +177,12 @@ def beam_release(x, y, eps: float, classes: int, dim: int, folder: str):
 def beam_run_scores(run: int, eps: float, classes: int, per_class: int,
                     dim: int, seed: int):
     """One default job on D + canaries in a random half of the classes ->
-    ({class: score}, canary classes, manifest, ledger). The ledger is the
-    release's own (``audit.ledger_from_manifest``): the adaptive plan
-    chooses its phase-2 mechanisms from its noisy counts."""
+    ({class: score}, canary classes, manifest, ledger, noise). The ledger
+    is the release's own (``audit.ledger_from_manifest``): the adaptive
+    plan chooses its phase-2 mechanisms from its noisy counts. ``noise``:
+    per statistic, each class's released count and sum minus the exact
+    ones (in canary steps: the canary's own contribution taken out too),
+    for ``audit.noise_bound``."""
     import shutil
     import tempfile
 
@@ -201,7 +206,14 @@ def beam_run_scores(run: int, eps: float, classes: int, per_class: int,
     centre = next(iter(gmm.mixtures.values())).centre
     scores = audit.release_canary_scores(gmm.mixtures, centre, x[:known],
                                          y[:known], cfg, ledger)
-    return scores, set(canaries), manifest, ledger
+    residuals, shift = audit.release_residuals(gmm.mixtures, centre,
+                                               x[:known], y[:known], cfg)
+    noise = {"count": [], "sum": []}
+    for label, res in residuals.items():
+        inside = float(label in canaries)
+        noise["count"].append(res["count"] - inside)
+        noise["sum"].append(res["sum"] / shift - inside)  # canary steps
+    return scores, set(canaries), manifest, ledger, noise
 
 
 def beam_arm(epsilons, runs, calibration_runs, classes, per_class, dim,
@@ -216,10 +228,13 @@ def beam_arm(epsilons, runs, calibration_runs, classes, per_class, dim,
         t0 = time.time()
         scores = {"in": [[], []], "out": [[], []]}  # [calibration, final]
         mus, plans, spent, manifest = [], collections.Counter(), None, None
+        noise = {"count": [], "sum": []}
         loads = []
         for r in range(runs):
-            got, canaries, manifest, ledger = beam_run_scores(
+            got, canaries, manifest, ledger, run_noise = beam_run_scores(
                 r, eps, classes, per_class, dim, seed)
+            for field, values in run_noise.items():
+                noise[field] += values
             spent = manifest["privacy"]["spent"]["epsilon"]
             loads.append(os.getloadavg()[0])
             plan_doc = manifest.get("adaptive_plan")
@@ -240,6 +255,8 @@ def beam_arm(epsilons, runs, calibration_runs, classes, per_class, dim,
                          records=per_class,
                          spent=spent if math.isfinite(eps) else math.inf,
                          bound=b,
+                         noise=audit.noise_bound(
+                             noise, {"count": 1.0, "sum": 1.0}, 1e-5, alpha),
                          best_tpr=float(np.mean([_tpr_at(m, b.fpr)
                                                  for m in mus])),
                          calibration=len(cal_in), plans=dict(plans),
@@ -247,7 +264,8 @@ def beam_arm(epsilons, runs, calibration_runs, classes, per_class, dim,
                          seconds=time.time() - t0))
         print(f"beam {per_class:3d} records eps={_fmt(eps):>4s}: lower bound {_fmt(b.lower)} "
               f"(estimate {_fmt(b.estimate)}, TPR {b.tpr:.4f}, FPR "
-              f"{b.fpr:.4f}; plans {dict(plans)}) in "
+              f"{b.fpr:.4f}; noise-scale bound {_fmt(rows[-1]['noise'].lower)}; "
+              f"plans {dict(plans)}) in "
               f"{time.time() - t0:.0f} s", flush=True)
     return rows
 

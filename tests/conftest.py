@@ -147,3 +147,7 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "engines: runs dpsynth on Flink / Spark / Prism "
         "(tests/test_engines.py); deselect with -m 'not engines'")
+    config.addinivalue_line(
+        "markers", "mutations: applies the privacy mutations of "
+        "tests/mutations.py to a copy of the repo and runs their catching "
+        "tests (minutes); deselect with -m 'not mutations'")

@@ -95,15 +95,21 @@ def _two_launches(tmp_path: Path, output: str, store: str,
     procs = [subprocess.Popen([sys.executable, "-c", code, str(i)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for i in range(2)]
-    go.touch()  # both launch at once
-    # The loser is refused at its reservation, while the winner holds the
-    # attempt (it waits inside its pass until `finish`).
-    deadline = time.time() + 240
-    while all(p.poll() is None for p in procs):
-        assert time.time() < deadline, "neither launch stopped"
-        time.sleep(0.1)
-    finish.touch()
-    results = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+    try:
+        go.touch()  # both launch at once
+        # The loser is refused at its reservation, while the winner holds
+        # the attempt (it waits inside its pass until `finish`).
+        deadline = time.time() + 240
+        while all(p.poll() is None for p in procs):
+            assert time.time() < deadline, "neither launch stopped"
+            time.sleep(0.1)
+        finish.touch()
+        results = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+    finally:  # a timed-out test leaves no launch running
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
     codes = sorted(r[0] for r in results)
     assert codes[0] == 0 and codes[1] != 0, results
     loser = next(r for r in results if r[0] != 0)

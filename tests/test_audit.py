@@ -4,6 +4,16 @@ The statistics are checked against scipy and for coverage on a mechanism
 whose true epsilon is known; the canary audit of the generator must never
 beat the claimed epsilon, must find the canary when there is no noise, and
 must catch an under-noised (mis-calibrated) run.
+
+What each bound can see. The threshold attack's Clopper-Pearson bound
+cannot exceed ~4.9 at 600 trials an arm (5.43 at 1,000) whatever the
+noise, and at a claimed epsilon of 1 it stays at 0 for a run with half the
+sigma (true epsilon 2.15): it catches only gross errors (sigma for
+epsilon 30 claimed as 1, below). The noise-scale bound (``audit.noise_bound``:
+the measured spread of the released count and sum) sees sigma x 0.5 at
+claimed epsilon 1, 4 and 8 with 100 trials an arm (measured bounds 1.5,
+6.3, 12.8; 0.7, 2.7, 5.4 for the right sigma), so a 2x noise error fails
+``test_noise_bound_stays_below_the_claimed_epsilon``.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from scipy import stats
 from benchmarks import audit
 from dpsynth.dp_ops import plan
 from dpsynth.dp_ops.calibration import gdp_delta
+from dpsynth.dp_ops.ledger import PrivacyLedger
 
 
 def test_clopper_pearson_matches_scipy():
@@ -89,14 +100,18 @@ def test_audit_never_beats_the_claimed_epsilon(epsilon):
     result = audit.canary_audit(cfg, trials=600, calibration_trials=300,
                                 seed=int(epsilon))
     assert result.bound.lower <= epsilon
+    assert result.noise.lower <= epsilon
     assert result.bound.trials_in == result.bound.trials_out == 600
 
 
 def test_audit_has_power_at_epsilon_8():
+    """The threshold attack finds the canary at epsilon 8 (its bound cannot
+    pass 5.43 at 1,000 trials, so "<= 8" is the noise bound's to check)."""
     cfg = audit.tight_config(8.0)
     result = audit.canary_audit(cfg, trials=1000, calibration_trials=500,
                                 seed=8)
-    assert 0.5 < result.bound.lower <= 8.0
+    assert result.bound.lower > 0.5
+    assert 4.0 < result.noise.lower <= 8.0
 
 
 def test_audit_detects_the_canary_without_noise():
@@ -104,6 +119,54 @@ def test_audit_detects_the_canary_without_noise():
     result = audit.canary_audit(cfg, trials=200, calibration_trials=50)
     assert result.bound.tpr == 1.0 and result.bound.fpr == 0.0
     assert result.bound.lower >= 2.0
+    assert result.noise.lower == math.inf
+
+
+def scaled_ledger(cfg, factor: float):
+    """The plan's ledger with every sigma times ``factor`` (a calibration
+    bug: the run adds that noise while claiming cfg.epsilon)."""
+    ledger = plan.make_ledger(cfg)
+    out = PrivacyLedger(ledger.target_epsilon, ledger.target_delta,
+                        ledger.accountant)
+    for m in ledger.mechanisms:
+        out.register(dataclasses.replace(m, sigma=m.sigma * factor))
+    return out
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 4.0])
+def test_noise_bound_stays_below_the_claimed_epsilon(epsilon):
+    """100 trials an arm (seconds): the catcher of sigma-calibration
+    mutations (tests/mutations.py)."""
+    cfg = audit.tight_config(epsilon)
+    result = audit.canary_audit(cfg, trials=100, calibration_trials=50,
+                                seed=int(epsilon))
+    assert result.noise.lower <= epsilon
+    assert result.noise.lower > 0.5 * epsilon  # not vacuous
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 4.0, 8.0])
+def test_noise_bound_sees_half_the_noise(epsilon):
+    """sigma x 0.5 (true epsilon 2.15 at a claimed 1, 9.08 at 4)."""
+    cfg = audit.tight_config(epsilon)
+    result = audit.canary_audit(cfg, trials=100, calibration_trials=50,
+                                seed=int(epsilon),
+                                ledger=scaled_ledger(cfg, 0.5))
+    assert result.claimed_epsilon == epsilon
+    assert result.noise.lower > epsilon
+
+
+def test_noise_bound_is_a_gaussians_epsilon():
+    """On exactly Gaussian noise of known sigma the bound's mu is just
+    below the true one, and its epsilon is the GDP epsilon."""
+    rng = np.random.default_rng(0)
+    sigma = {"count": 2.0, "sum": 3.0}
+    noise = {f: rng.normal(0, s, 20000) for f, s in sigma.items()}
+    got = audit.noise_bound(noise, {"count": 1.0, "sum": 1.5}, 1e-5)
+    mu = math.hypot(1 / 2.0, 1.5 / 3.0)
+    assert 0.97 * mu < got.mu_lower < mu
+    assert gdp_delta(got.mu_lower, got.lower) == pytest.approx(1e-5, rel=1e-4)
+    assert audit.gaussian_epsilon(0.0, 1e-5) == 0.0
+    assert audit.gaussian_epsilon(math.inf, 1e-5) == math.inf
 
 
 def test_audit_catches_an_under_noised_run():

@@ -190,7 +190,9 @@ def test_manifest_is_committed_last_on_gcs(gcs, monkeypatch):
     release.publish(staging, final)
 
     assert seen and len(before_manifest) == 1
-    assert "rel/final/manifest.json" not in before_manifest[0]
+    # neither the manifest nor its pre-format-3 name exists before the data
+    assert not {f"rel/final/{release.MANIFEST}",
+                f"rel/final/{release.LEGACY_MANIFEST}"} & set(before_manifest[0])
     assert {f"rel/final/v-run-a/data/synthetic-{i:05d}-of-00003.tfrecord"
             for i in range(3)} <= set(before_manifest[0])
     assert release.read_manifest(final)["run_id"] == "run-a"

@@ -114,11 +114,21 @@ def test_duplicate_registration_rejected():
 def test_manifest_lists_every_mechanism():
     ledger = PrivacyLedger(2, 1e-5, "rdp")
     ledger.register(Mechanism("a", "s", "class=0", 2.0, 4.0))
+    ledger.register(Mechanism("b", "t", "class=1", 1.0, 3.0))
+    ledger.register(Mechanism("c", "t", "global", 1.0, 5.0))
     doc = ledger.to_manifest()
     assert doc["accountant"] == "rdp"
+    assert [m["name"] for m in doc["mechanisms"]] == ["a", "b", "c"]
     assert doc["mechanisms"][0]["noise_multiplier"] == 2.0
-    assert doc["mechanisms"][0]["neighbouring"] == "add/remove one record"
-    assert doc["spent"]["epsilon"] <= 2.0 or doc["spent"]["epsilon"] > 0
+    assert doc["mechanisms"][1]["noise_multiplier"] == 3.0
+    assert all(m["neighbouring"] == "add/remove one record"
+               for m in doc["mechanisms"])
+    # the spend the manifest states is the ledger's composition, not less
+    assert doc["spent"]["epsilon"] == ledger.spent_epsilon() > 0
+    # classes compose in parallel, the global mechanism with each class
+    worst = max(compose_epsilon([ledger.get(n), ledger.get("c")], 1e-5, "rdp")
+                for n in "ab")
+    assert doc["spent"]["epsilon"] == pytest.approx(worst)
 
 
 @pytest.mark.parametrize("z", [0.3, 1.0, 4.0, 20.0])

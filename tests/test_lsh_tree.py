@@ -48,6 +48,15 @@ def test_branching_uses_only_noisy_counts():
     full = lsh_tree.build_tree(exact, 3, threshold=10, noise=noise)
     assert calls == [(1, 2), (2, 4), (3, 8)]
     assert len(full.leaves) == 8
+    # Exact level-1 counts far over the threshold, released ones 0: the
+    # tree must not branch (branching on the exact counts would).
+    assert min(exact[0].values()) >= 10 * 50
+    def cancel(level, size):
+        return -np.array([exact[level - 1].get(k, 0) for k in range(size)],
+                         float)
+    flat = lsh_tree.build_tree(exact, depth, threshold=50, noise=cancel)
+    assert flat.leaves == [(1, 0), (1, 1)]
+    assert flat.noisy_counts[0] == {0: 0.0, 1: 0.0}
 
 
 def test_merge_level_counts():

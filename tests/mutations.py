@@ -1,0 +1,270 @@
+"""Privacy mutations: break one privacy behaviour in a copy of the repo and
+check that the tests meant to catch it fail (issue 54).
+
+Each mutation is a small exact text patch of one function; the patch fails
+loudly (``MutationTargetGone``) when its target text is no longer in the
+file: the code moved or changed, so update the patch and its catchers
+rather than dropping it. The copy runs only the named catching tests
+(``-x -q``, PYTHONPATH at the copy), one mutation after the other.
+
+ADD TO THIS LIST WHENEVER A PRIVACY PATH IS ADDED: a new mechanism, a new
+step after a mechanism, a new check of the budget store, the attempt
+protocol or the release. Pick catchers that take seconds.
+
+    python -m tests.mutations            # all, prints the table
+    python -m tests.mutations --only vote-exact-votes
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class MutationTargetGone(RuntimeError):
+    """A mutation's target text is not (exactly once) in its file."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    name: str
+    where: str  # "file.py:function", the one function the patch changes
+    old: str
+    new: str
+    catchers: tuple[str, ...]  # pytest node ids that must fail
+
+    @property
+    def path(self) -> str:
+        return self.where.split(":")[0]
+
+
+UNITS = "tests/test_post_processing_units.py::"
+STORE = "tests/test_budget_store.py::"
+OWNERSHIP = "tests/test_attempt_ownership.py::"
+
+MUTATIONS: tuple[Mutation, ...] = (
+    # --- noise and calibration
+    # (calibration itself certifies its sigmas with dp_accounting and
+    # shrinks mu until they meet the target: a wrong sigma there is
+    # re-calibrated away; the noise drawn is what must match the ledger)
+    Mutation("sigma-x0.1", "dp_ops/generator.py:add_noise",
+             "    return noise.add(exact, mech.sigma, name,",
+             "    return noise.add(exact, mech.sigma * 0.1, name,",
+             ("tests/test_audit.py::"
+              "test_noise_bound_stays_below_the_claimed_epsilon[1.0]",)),
+    Mutation("sigma-x0.5", "dp_ops/generator.py:add_noise",
+             "    return noise.add(exact, mech.sigma, name,",
+             "    return noise.add(exact, mech.sigma * 0.5, name,",
+             ("tests/test_audit.py::"
+              "test_noise_bound_stays_below_the_claimed_epsilon[1.0]",)),
+    Mutation("noise-dropped", "dp_ops/noise.py:KeyedNoise.add",
+             "total = steps + k.astype(np.float64)", "total = steps",
+             ("tests/test_noise.py::"
+              "test_add_is_exact_on_the_grid_and_refuses_off_grid_values",)),
+    Mutation("pipelinedp-sums-exact",
+             "transforms/pipelinedp.py:_ClassSumCombiner.compute_metrics",
+             "        return self._release(self._ledger, self._noise,\n"
+             "                             plan.name(label, self._family), total)",
+             "        return total",
+             ("tests/test_pipelinedp.py::test_class_counts_byte_identical",)),
+    Mutation("no-clipping", "dp_ops/clipping.py:_clip_scale",
+             "over = norms > clip_norm", "over = norms > np.inf",
+             ("tests/test_clipping.py::"
+              "test_clip_bounds_every_row_and_counts_clipped",)),
+    Mutation("phase-1-counts-exact", "dp_ops/adaptive.py:noisy_counts",
+             "    return np.array([generator.add_noise(ledger, noise, "
+             "count_name(c),",
+             "    return np.asarray(exact, np.float64)\n"
+             "    return np.array([generator.add_noise(ledger, noise, "
+             "count_name(c),",
+             ("tests/test_adaptive.py::"
+              "test_ledger_lists_exactly_the_mechanisms_that_ran[shared]",)),
+    Mutation("mechanism-missing-from-manifest",
+             "dp_ops/ledger.py:PrivacyLedger.to_manifest",
+             '"mechanisms": [m.to_dict() for m in self.mechanisms],',
+             '"mechanisms": [m.to_dict() for m in self.mechanisms][1:],',
+             ("tests/test_ledger.py::test_manifest_lists_every_mechanism",)),
+    # --- steps after the mechanisms use only released values
+    Mutation("tree-branches-on-exact-counts", "dp_ops/lsh_tree.py:build_tree",
+             "branching = [k for k, v in zip(keys, released) if v >= threshold]",
+             "branching = [k for k, v in zip(keys, values) if v >= threshold]",
+             (UNITS + "test_tree_shape_is_a_function_of_the_released_level_counts",
+              "tests/test_lsh_tree.py::test_branching_uses_only_noisy_counts")),
+    Mutation("coreset-exact-leaf-sums", "dp_ops/generator.py:coreset_centres",
+             "    points = sums[keep] / counts[keep, None]",
+             "    points = exact_leaf_sums[keep] / counts[keep, None]",
+             (UNITS + "test_coreset_centres_use_only_the_released_leaf_sums",)),
+    Mutation("lloyd-exact-counts-sums", "dp_ops/generator.py:lloyd_update",
+             "    return kmeans.update_centres(counts, sums, centres, min_count)",
+             "    return kmeans.update_centres(exact_counts, exact_sums, "
+             "centres, min_count)",
+             (UNITS + "test_lloyd_moves_centres_with_the_released_counts_and_sums",)),
+    Mutation("moments-exact", "dp_ops/generator.py:add_moment_noise",
+             "        return add_noise(ledger, noise, name, getattr(exact, field))",
+             "        add_noise(ledger, noise, name, getattr(exact, field))\n"
+             "        return getattr(exact, field)",
+             (UNITS + "test_mixture_uses_only_the_released_moments",)),
+    Mutation("second-moment-exact-diagonal",
+             "dp_ops/generator.py:noisy_second_moment",
+             "    out[np.diag_indices(d)] = noise.add(np.diag(exact), sigma,",
+             "    out[np.diag_indices(d)] = np.diag(exact) + 0 * noise.add("
+             "np.diag(exact), sigma,",
+             (UNITS + "test_covariance_factors_use_only_the_released_second_moment",)),
+    Mutation("vote-exact-votes", "dp_ops/generator.py:vote_keep_mask",
+             "    return vote.keep_mask(noisy, cfg.vote_threshold)",
+             "    return vote.keep_mask(exact_votes, cfg.vote_threshold)",
+             (UNITS + "test_vote_filter_keeps_candidates_by_the_released_votes",)),
+    # --- the noise key stays out of the job graph
+    Mutation("key-pickled-with-the-reference",
+             "transforms/noise.py:StoredKeyNoise.__getstate__",
+             'return {"uri": self._uri}  # never the key',
+             'return {"uri": self._uri, "key": self._key}',
+             ("tests/test_noise_key_location.py::"
+              "test_only_the_reference_is_pickled_and_draws_are_the_keys",)),
+    Mutation("key-left-in-the-graph", "pipelines/job.py:store_noise_key",
+             "    job.noise = StoredKeyNoise(uri, key)\n",
+             "",
+             ("tests/test_noise_key_location.py::"
+              "test_the_launcher_gives_the_job_a_reference_not_the_key",)),
+    # --- the lifetime budget store and the attempt protocol
+    Mutation("no-charge-recorded", "pipelines/budget_store.py:reserve",
+             '        doc["releases"].append(entry)\n', "",
+             (STORE + "test_refuses_over_the_cap_and_writes_nothing[local]",)),
+    Mutation("cap-ignores-prior-spend", "pipelines/budget_store.py:reserve",
+             'spent = _compose(doc["releases"] + [entry], cap_delta, accountant)',
+             'spent = _compose([entry], cap_delta, accountant)',
+             (STORE + "test_refuses_over_the_cap_and_writes_nothing[local]",)),
+    Mutation("no-owner-check", "pipelines/budget_store.py:_check_owner",
+             '    if entry.get("owner") not in (None, reservation.owner) or (',
+             '    if False and (',
+             (STORE + "test_retry_before_any_data_was_read_spends_nothing"
+              "[local]",)),
+    Mutation("no-live-lease-check", "pipelines/budget_store.py:_check_retry",
+             "            and lease_left > 0):",
+             "            and lease_left > 0 and False):",
+             (OWNERSHIP + "test_a_launch_whose_lease_ran_out_can_change_nothing",)),
+    # --- one run id, one release
+    Mutation("publish-over-same-run-id", "pipelines/release.py:publish",
+             '        if current.get("run_id") == manifest.get("run_id"):',
+             "        if False:",
+             (OWNERSHIP + "test_one_run_id_never_replaces_its_own_release",)),
+    # --- engines
+    Mutation("dask-reshuffle-noop", "pipelines/dask_runner.py:to_dask_bag_visitor",
+             "                if isinstance(node.transform, _Reshuffle):",
+             "                if False:",
+             ("tests/test_dask.py::test_one_file_is_read_by_both_workers",)),
+)
+
+# Waiting for their catchers to merge (issue 54 item 3, helper h3): move
+# each into MUTATIONS with the catching test's node id.
+PENDING: tuple[Mutation, ...] = (
+    Mutation("check-staged-noop", "pipelines/consistency.py:check_staged",
+             "    labels = [c[\"label\"] for c in summary]\n",
+             "    return\n    labels = [c[\"label\"] for c in summary]\n",
+             ()),
+)
+
+
+def apply(root: Path, m: Mutation) -> str:
+    """Patches the copy at ``root``; returns the file's original text."""
+    path = root / m.path
+    text = path.read_text()
+    found = text.count(m.old)
+    if found != 1:
+        raise MutationTargetGone(
+            f"mutation {m.name}: its target text is in {m.path} {found} times "
+            f"(expected once) in {m.where}; the code changed: update the "
+            f"patch in tests/mutations.py")
+    path.write_text(text.replace(m.old, m.new))
+    return text
+
+
+def copy_repo(dst: Path) -> Path:
+    """The working tree's tracked and untracked (not ignored) files."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+        check=True, capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        src = ROOT / rel
+        if src.is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / rel)
+    return dst
+
+
+def run_tests(root: Path, node_ids: Sequence[str],
+              first_failure: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+           *(["-x"] if first_failure else []), *node_ids]
+    return subprocess.run(cmd, cwd=root, env=env, capture_output=True,
+                          text=True)
+
+
+@dataclasses.dataclass
+class Outcome:
+    mutation: Mutation
+    caught: bool
+    seconds: float
+    tail: str
+
+
+def check(root: Path, m: Mutation) -> Outcome:
+    """Applies ``m`` to the copy, runs its catchers, restores the file.
+    Caught: pytest reports failed tests (exit 1), not a collection error."""
+    original = apply(root, m)
+    start = time.monotonic()
+    try:
+        done = run_tests(root, m.catchers)
+    finally:
+        (root / m.path).write_text(original)
+    tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+    return Outcome(m, done.returncode == 1, time.monotonic() - start,
+                   "\n".join(tail))
+
+
+def run_all(mutations: Sequence[Mutation], workdir: Optional[Path] = None,
+            baseline: bool = True) -> list[Outcome]:
+    """Every mutation on one copy of the repo, sequentially. With
+    ``baseline`` the catchers must first pass on the unmutated copy (else
+    nothing is proved; in the suite, the suite itself runs them)."""
+    with tempfile.TemporaryDirectory(prefix="dpsynth-mutations-",
+                                     dir=workdir) as tmp:
+        root = copy_repo(Path(tmp))
+        for m in mutations:  # every target present, before any slow run
+            apply(root, m)
+            (root / m.path).write_text((ROOT / m.path).read_text())
+        if baseline:
+            nodes = sorted({n for m in mutations for n in m.catchers})
+            base = run_tests(root, nodes, first_failure=False)
+            if base.returncode != 0:
+                raise RuntimeError(
+                    "the catching tests fail without a mutation:\n"
+                    + (base.stdout + base.stderr)[-3000:])
+        return [check(root, m) for m in mutations]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="mutation names")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
+    outcomes = run_all(chosen)
+    for o in outcomes:
+        print(f"{'caught ' if o.caught else 'MISSED '} {o.seconds:6.1f}s  "
+              f"{o.mutation.name:34s} {o.mutation.where}")
+    return 0 if all(o.caught for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

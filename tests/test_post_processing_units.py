@@ -1,0 +1,239 @@
+"""Each dp_ops step is a function of its released values alone (issue 54).
+
+For every step that turns exact aggregates into released ones (tree,
+coreset centres, Lloyd, moments, covariance, centre, vote), the test runs
+it once on dataset D with real keyed noise and records every released
+value, then on a different dataset D' (other rows, another size, an
+outlier) with a noise source that forces the same released values (its
+draw is target - exact). The step's output must not change: if it read
+an exact aggregate anywhere after the mechanism, D' would show it.
+Each test here is the catcher of one privacy mutation in
+tests/mutations.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from dpsynth.dp_ops import (covariance, generator, kmeans, lsh_tree, moments,
+                            plan, vote)
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.noise import SeededNoise
+
+LABEL = 0
+CFG = GeneratorConfig(labels=(LABEL,), epsilon=2.0, clusters=3, clip_norm=1.0,
+                      cluster_dim=4, tree_depth=5, lloyd_rounds=1,
+                      covariance_rank=2, covariance="per-class",
+                      vote_filter=True, center=True)
+
+
+@pytest.fixture(scope="module")
+def ledger():
+    return plan.make_ledger(CFG)
+
+
+class RecordingNoise:
+    """Real keyed noise that remembers every released value by draw name."""
+
+    def __init__(self, seed: int = 5) -> None:
+        self.inner = SeededNoise(seed)
+        self.released: dict[str, np.ndarray] = {}
+
+    def add(self, value, sigma, key, grid):
+        out = self.inner.add(value, sigma, key, grid)
+        self.released[key] = out.copy()
+        return out
+
+    def gaussian(self, sigma, shape, key, grid=None):
+        return self.inner.gaussian(sigma, shape, key, grid)
+
+
+class ForcingNoise:
+    """Forces each named mechanism's release to a fixed target: the draw
+    is target - exact, whatever the exact value. ``draws`` serves
+    ``gaussian`` (callers that add the draw themselves: the tree levels)."""
+
+    def __init__(self, targets: dict[str, np.ndarray],
+                 draws: dict[str, np.ndarray] | None = None) -> None:
+        self.targets, self.draws, self.used = targets, draws or {}, set()
+
+    def add(self, value, sigma, key, grid):
+        value = np.asarray(value, np.float64)
+        target = np.asarray(self.targets[key], np.float64)
+        assert target.shape == value.shape, (key, target.shape, value.shape)
+        self.used.add(key)
+        return target.copy()  # exact + (target - exact), without rounding
+
+    def gaussian(self, sigma, shape, key, grid=None):
+        draw = np.asarray(self.draws[key], np.float64)
+        size = (shape,) if isinstance(shape, int) else tuple(shape)
+        # another shape means the step asked for other released values
+        # than on D: its structure followed the exact input
+        assert draw.shape == size, f"{key}: asked for {size}, D had {draw.shape}"
+        self.used.add(key)
+        return draw.copy()
+
+
+def rows(n: int, seed: int, outlier: bool = False) -> np.ndarray:
+    """n rows in the clip ball (radius CFG.clip_norm), a few clusters."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(3, 6))
+    x = centres[rng.integers(0, 3, n)] + 0.4 * rng.normal(size=(n, 6))
+    if outlier:
+        x[0] = 50.0 * np.eye(6)[1]
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x * np.minimum(1.0, CFG.clip_norm / norms)
+
+
+D = rows(600, 1)
+D_PRIME = rows(250, 2, outlier=True)
+
+
+def z_of(x: np.ndarray) -> np.ndarray:
+    return x @ generator.projection(x.shape[1], CFG).T
+
+
+def codes_of(x: np.ndarray) -> np.ndarray:
+    return lsh_tree.leaf_codes(z_of(x), generator.planes(CFG, x.shape[1]))
+
+
+def exact_levels(x: np.ndarray):
+    return lsh_tree.level_counts(codes_of(x), CFG.tree_depth)
+
+
+def same(a, b) -> None:
+    if dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            same(getattr(a, f.name), getattr(b, f.name))
+    elif isinstance(a, np.ndarray):
+        np.testing.assert_array_equal(a, b)
+    else:
+        assert a == b
+
+
+def forced_tree(x: np.ndarray, tree: lsh_tree.Tree, ledger) -> lsh_tree.Tree:
+    """``grow_tree`` on x with each level's release forced to ``tree``'s."""
+    exact = exact_levels(x)
+    draws = {}
+    for level, released in enumerate(tree.noisy_counts, start=1):
+        keys = sorted(released)
+        draws[plan.name(LABEL, "tree", f"level-{level}", "count")] = np.array(
+            [released[k] - exact[level - 1].get(k, 0) for k in keys])
+    return generator.grow_tree(exact, LABEL, CFG, ledger, ForcingNoise({}, draws))
+
+
+def test_tree_shape_is_a_function_of_the_released_level_counts(ledger):
+    """Mutation: ``build_tree`` branching on the exact level counts."""
+    tree = generator.grow_tree(exact_levels(D), LABEL, CFG, ledger,
+                               SeededNoise(3))
+    assert len(tree.leaves) > 2  # it branched: there is a shape to leak
+    again = forced_tree(D_PRIME, tree, ledger)
+    assert again.leaves == tree.leaves
+    assert again.noisy_counts == tree.noisy_counts
+
+
+def leaf_sums(x: np.ndarray, tree: lsh_tree.Tree) -> np.ndarray:
+    z = z_of(x)
+    leaf = tree.leaf_index(codes_of(x))
+    return moments.block_sums(z, leaf, len(tree.leaves), CFG.clip_norm)[1]
+
+
+def test_coreset_centres_use_only_the_released_leaf_sums(ledger):
+    """Mutation: ``coreset_centres`` starting from the exact leaf sums."""
+    tree = generator.grow_tree(exact_levels(D), LABEL, CFG, ledger,
+                               SeededNoise(3))
+    rec = RecordingNoise()
+    centres = generator.coreset_centres(tree, leaf_sums(D, tree), LABEL, CFG,
+                                        ledger, rec)
+    forcing = ForcingNoise(rec.released)
+    again = generator.coreset_centres(tree, leaf_sums(D_PRIME, tree), LABEL,
+                                      CFG, ledger, forcing)
+    assert forcing.used == {plan.name(LABEL, "tree", "leaf-sum")}
+    np.testing.assert_array_equal(again, centres)
+
+
+def lloyd_input(x: np.ndarray, centres: np.ndarray):
+    z = z_of(x)
+    return moments.block_sums(z, kmeans.nearest(z, centres), CFG.clusters,
+                              CFG.clip_norm)
+
+
+def test_lloyd_moves_centres_with_the_released_counts_and_sums(ledger):
+    """Mutation: ``lloyd_update`` with the exact counts and sums."""
+    start = np.random.default_rng(0).normal(size=(CFG.clusters, 4)) * 0.3
+    rec = RecordingNoise()
+    centres = generator.lloyd_update(*lloyd_input(D, start), start, 1, LABEL,
+                                     CFG, ledger, rec)
+    forcing = ForcingNoise(rec.released)
+    again = generator.lloyd_update(*lloyd_input(D_PRIME, start), start, 1,
+                                   LABEL, CFG, ledger, forcing)
+    assert len(forcing.used) == 2
+    assert not np.array_equal(centres, start)  # the step moved them
+    np.testing.assert_array_equal(again, centres)
+
+
+def class_moments(x: np.ndarray) -> moments.Moments:
+    assign = np.arange(len(x)) % CFG.clusters
+    return moments.block_moments(x, assign, CFG.clusters, CFG.clip_norm,
+                                 sumsq=not CFG.covariance_rank)
+
+
+def test_mixture_uses_only_the_released_moments(ledger):
+    rec = RecordingNoise()
+    mix = generator.mixture(generator.add_moment_noise(
+        class_moments(D), LABEL, ledger, rec), LABEL, CFG)
+    forcing = ForcingNoise(rec.released)
+    again = generator.mixture(generator.add_moment_noise(
+        class_moments(D_PRIME), LABEL, ledger, forcing), LABEL, CFG)
+    assert forcing.used == set(rec.released)
+    same(again, mix)
+
+
+def test_covariance_factors_use_only_the_released_second_moment(ledger):
+    name = plan.covariance_name(LABEL, CFG)
+    mix = generator.mixture(generator.add_moment_noise(
+        class_moments(D), LABEL, ledger, SeededNoise(1)), LABEL, CFG)
+
+    def factors(x, noise):
+        m = generator.noisy_second_moment(
+            covariance.block_second_moment(x, CFG.clip_norm), ledger, noise,
+            name)
+        return generator.add_factors([mix], m, CFG)[0]
+    rec = RecordingNoise()
+    first = factors(D, rec)
+    forcing = ForcingNoise(rec.released)
+    again = factors(D_PRIME, forcing)
+    assert forcing.used == {name + "#diagonal", name + "#off-diagonal"}
+    same(again, first)
+
+
+def test_centre_uses_only_the_released_sum_and_count(ledger):
+    def centre(x, noise):
+        return generator.noisy_centre(moments.quantize(
+            x, CFG.centre_bound).sum(axis=0), float(len(x)), CFG, ledger,
+            noise)
+    rec = RecordingNoise()
+    first = centre(D, rec)
+    forcing = ForcingNoise(rec.released)
+    np.testing.assert_array_equal(centre(D_PRIME, forcing), first)
+    assert forcing.used == {plan.CENTRE_SUM, plan.CENTRE_COUNT}
+
+
+def test_vote_filter_keeps_candidates_by_the_released_votes(ledger):
+    """Mutation: the vote filter thresholding the exact votes."""
+    rng = np.random.default_rng(4)
+    cands = rng.normal(size=(40, 6)) * 0.3
+    # D's votes spread wide around the threshold: the exact and the noisy
+    # histograms keep different candidates
+    votes = rng.integers(0, 3 * int(CFG.vote_threshold), size=40).astype(float)
+    rec = RecordingNoise()
+    kept = generator.filter_by_votes(cands, votes, LABEL, CFG, ledger, rec)
+    other = vote.block_votes(D_PRIME, cands).astype(float)
+    forcing = ForcingNoise(rec.released)
+    again = generator.filter_by_votes(cands, other, LABEL, CFG, ledger,
+                                      forcing)
+    assert 0 < len(kept) < len(cands)
+    np.testing.assert_array_equal(again, kept)
