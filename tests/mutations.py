@@ -159,7 +159,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        if False:",
              (OWNERSHIP + "test_one_run_id_never_replaces_its_own_release",)),
     # --- engines
-    Mutation("dask-reshuffle-noop", "pipelines/dask_runner.py:to_dask_bag_visitor",
+    Mutation("dask-reshuffle-noop", "pipelines/runners/dask_runner.py:to_dask_bag_visitor",
              "                if isinstance(node.transform, _Reshuffle):",
              "                if False:",
              ("tests/test_dask.py::test_one_file_is_read_by_both_workers",)),
