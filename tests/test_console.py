@@ -288,3 +288,42 @@ def test_ctrl_c_caught_inside_the_capture_leaves_no_log_and_no_line(
     assert capsys.readouterr().err.splitlines() == [
         "dpsynth: interrupted; nothing was published"]
     assert not list(tmp_path.glob("dpsynth-*.log"))
+
+
+def _operator_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "dpsynth.operator"]
+
+
+def test_a_non_interactive_log_has_no_clocks_and_every_pass_once(
+        tmp_path, caplog):
+    """An Airflow task log (not a terminal): no [m:ss] elapsed clocks (they
+    grow with n) and no periodic lines; every pass of the plan is named
+    once, in order, however fast each ran (which lines appear must not
+    depend on timing)."""
+    import logging
+
+    from dpsynth.pipelines import console
+    path = tmp_path / "progress"
+    path.write_text("Centre\t300\nMoments\t300\n")
+    assert not console.console_is_terminal()  # pytest captures the console
+    with caplog.at_level(logging.INFO, logger="dpsynth.operator"):
+        with console.ProgressPrinter(str(path), ["Centre", "Moments"],
+                                     every=0.0):
+            pass
+    assert _operator_lines(caplog) == ["pass 1/2: DP centre",
+                                       "pass 2/2: moments",
+                                       "pipeline finished"]
+
+
+def test_a_terminal_keeps_its_elapsed_clock(tmp_path, caplog):
+    import logging
+
+    from dpsynth.pipelines import console
+    path = tmp_path / "progress"
+    path.write_text("Centre\t300\n")
+    with caplog.at_level(logging.INFO, logger="dpsynth.operator"):
+        with console.ProgressPrinter(str(path), ["Centre", "Moments"],
+                                     interactive=True):
+            pass
+    assert _operator_lines(caplog)[-1] == "[0:00] pipeline finished"
