@@ -43,7 +43,11 @@ of the same run id while the lease is alive is refused before it reads
 anything (``AttemptInProgress``: nothing charged), so one run id has one
 running attempt. A launch that stops on an exception gives its lease back at
 once; a killed one holds it until it expires (``DPSYNTH_LEASE_SECONDS``,
-default 120 s: keep it below the orchestrator's retry delay).
+default 120 s: keep it below the orchestrator's retry delay). Lease times
+are the store's clock (a file's mtime, a GCS object's ``updated``), never a
+launcher's, so a launcher whose clock is fast cannot take over a live
+owner. An owner checks its lease at each pass boundary (``Lease.verify``)
+and stops once it was taken over.
 
 Life of one attempt of a run (statuses, in order):
 
@@ -816,8 +820,11 @@ class _GcsDocument:
     def clock(self) -> float:
         """Now, as GCS stamps a write: the ``updated`` time of
         ``<document>.clock``, rewritten for the purpose."""
+        from google.cloud.storage.retry import DEFAULT_RETRY
         blob = self._blob().bucket.blob(self.name + ".clock")
-        blob.upload_from_string(b"t")
+        # Unconditional, so retried explicitly (GCS throttles rapid
+        # rewrites of one object with 429).
+        blob.upload_from_string(b"t", retry=DEFAULT_RETRY)
         return blob.updated.timestamp()
 
     def read(self) -> Optional[dict]:
