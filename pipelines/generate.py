@@ -86,7 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="the embedding dimension (public). Every row must "
                       "have it, and an input with no rows is still released "
                       "(default: the .npz header or a fixed-size Parquet "
-                      "list, else the first row). --images with a "
+                      "list; REQUIRED for TFRecord and variable-length "
+                      "Parquet lists, whose schema does not say it). "
+                      "--images with a "
                       "keras:/onnx: encoder: its output dimension")
     data.add_argument("--non-finite", choices=NON_FINITE_POLICIES,
                       default="reject", help="rows with NaN/inf: fail the run "

@@ -25,13 +25,13 @@ import time
 import types
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from dpsynth.dp_ops.ledger import Mechanism
 from dpsynth.pipelines import budget_store as bs
-from dpsynth.pipelines import cli, job, release
-from tests.conftest import gmm_data
+from dpsynth.pipelines import job, release
+from tests.test_attempt_ownership import _data
+from tests.test_attempt_ownership import _generate as generate_nightly
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
@@ -101,17 +101,8 @@ def test_an_owner_taken_over_stops_at_the_next_pass_boundary(tmp_path):
     assert lease.lost is not None
 
 
-def _data(tmp_path: Path) -> Path:
-    x, y = gmm_data(240, d=4, classes=2)
-    path = tmp_path / "in.npz"
-    np.savez(path, embeddings=x, labels=y)
-    return path
-
-
 def _generate(data: Path, output: str, *extra: str) -> int:
-    return cli.main(["generate", "--input", str(data), "--output", output,
-                     "--num-classes", "2", "--run-id", "nightly-1",
-                     "--epsilon", "1", *extra])
+    return generate_nightly(data, output, "--epsilon", "1", *extra)
 
 
 def test_a_launch_taken_over_mid_pipeline_publishes_nothing_in_one_line(
