@@ -305,3 +305,24 @@ def test_a_non_interactive_log_has_no_clocks_and_every_pass_once(
 def test_a_terminal_keeps_its_elapsed_clock(tmp_path, caplog):
     lines = _progress(tmp_path, caplog, "Centre\t300\n", interactive=True)
     assert lines[-1] == "[0:00] pipeline finished"
+
+
+def test_a_failed_pass_boundary_check_stops_the_main_thread(tmp_path):
+    """on_pass (the lease check) raising at a new pass interrupts the run
+    in the main thread, where the pipeline waits; the reason is kept."""
+    import time
+
+    from dpsynth.pipelines import console
+    path = tmp_path / "progress"
+    path.write_text("Centre\t3\n")
+
+    def taken_over():
+        raise RuntimeError("taken over")
+
+    printer = console.ProgressPrinter(str(path), ["Centre"],
+                                      on_pass=taken_over)
+    with pytest.raises(KeyboardInterrupt):
+        with printer:
+            for _ in range(300):  # the printer polls every second
+                time.sleep(0.1)
+    assert str(printer.stopped_by) == "taken over"
