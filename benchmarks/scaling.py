@@ -261,6 +261,19 @@ def _config(flags: Sequence[str]):
         labels_from(args.num_classes, args.labels)))
 
 
+def _input_flags(data: str) -> list[str]:
+    """``--input`` of a data folder, with ``--embedding-dim`` where its
+    format does not record d (TFRecord): generate takes d from public
+    configuration only, never from a row (read here: synthetic data)."""
+    from dpsynth.transforms import io
+    pattern = os.path.join(data, "part-*")
+    first = io.match_files(pattern)[0]
+    if io.detect_format(first) != "tfrecord":
+        return ["--input", pattern]
+    dim = io.peek_dim(first, io.InputSpec(first))
+    return ["--input", pattern, "--embedding-dim", str(dim)]
+
+
 def _parse_generate(flags: Sequence[str]):
     from dpsynth.pipelines import generate
     parser = generate.parser()
@@ -322,7 +335,7 @@ def child_beam(data: str, flags: Sequence[str], result: str,
         layout += ["--runner", "dask"]
     try:
         args, beam_argv = _parse_generate(
-            ["--input", os.path.join(data, "part-*"),
+            [*_input_flags(data),
              "--output", os.path.join(out, "rel"), *flags, *layout])
         console.setup_logging()
         passes: list[str] = []
@@ -388,12 +401,12 @@ def job_reader(data: str, flags: Sequence[str]):
     (TFRecord: --split-bytes byte ranges) and peeks at the schema (decoder
     imports) here, before any timing; no pipeline."""
     from dpsynth.transforms import io
-    args, _ = _parse_generate(["--input", os.path.join(data, "part-*"),
+    args, _ = _parse_generate([*_input_flags(data),
                                "--output", "unused", *flags])
     spec = io.InputSpec(args.input, args.input_format, args.embedding_feature,
                         args.label_feature, None, args.non_finite,
                         args.block_size, args.split_bytes)
-    return spec, io.ReadEmbeddingBlocks(spec)
+    return spec, io.ReadEmbeddingBlocks(spec, args.embedding_dim)
 
 
 def range_blocks(spec, reader, ranges) -> Iterator:
@@ -1253,7 +1266,7 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
     os.environ[progress.TRACE_ENV] = trace  # before any worker starts
     try:
         args, beam_argv = _parse_generate(
-            ["--input", os.path.join(data, "part-*"),
+            [*_input_flags(data),
              "--output", os.path.join(out, "rel"), *flags,
              *eng.flags(workers)])
         console.setup_logging()

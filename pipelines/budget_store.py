@@ -43,7 +43,11 @@ of the same run id while the lease is alive is refused before it reads
 anything (``AttemptInProgress``: nothing charged), so one run id has one
 running attempt. A launch that stops on an exception gives its lease back at
 once; a killed one holds it until it expires (``DPSYNTH_LEASE_SECONDS``,
-default 120 s: keep it below the orchestrator's retry delay).
+default 120 s: keep it below the orchestrator's retry delay). Lease times
+are the store's clock (a file's mtime, a GCS object's ``updated``), never a
+launcher's, so a launcher whose clock is fast cannot take over a live
+owner. An owner checks its lease at each pass boundary (``Lease.verify``)
+and stops once it was taken over.
 
 Life of one attempt of a run (statuses, in order):
 
@@ -202,14 +206,14 @@ def reserve(store_uri: str, dataset_id: str, run_id: str,
     new = [_mechanism_to_dict(m) for m in mechanisms]
     result: dict = {}
 
-    def update(doc: Optional[dict]) -> Optional[dict]:
+    def update(doc: Optional[dict], now: float) -> Optional[dict]:
         doc = _new_document(dataset_id) if doc is None else doc
         cap_eps, cap_delta = _cap_for_run(doc, store_uri, lifetime_epsilon,
                                           lifetime_delta, delta)
-        now = time.time()
         entry = _find(doc, run_id)
         if entry is not None:
             _check_retry(entry, new, store_uri, dataset_id, owner, now)
+            _check_staged_entry(entry, store_uri, dataset_id)
             if entry["status"] in (RESERVED, STAGED):
                 if entry.get("owner"):  # names a staging folder: keep it
                     entry.setdefault("past_owners", []).append(entry["owner"])
@@ -314,11 +318,11 @@ def set_cap(store_uri: str, dataset_id: str, epsilon: float, delta: float,
     _check_ids(dataset_id)
     _check_cap(epsilon, delta)
     if not reason.strip():
-        raise ValueError("set-cap needs --reason: the change is kept in the "
-                         "store for audits")
+        raise ValueError("set-cap needs a non-blank --reason: the change is "
+                         "kept in the store for audits")
     change: dict = {}
 
-    def update(doc: Optional[dict]) -> dict:
+    def update(doc: Optional[dict], now: float) -> dict:
         doc = _new_document(dataset_id) if doc is None else doc
         before = doc.get("lifetime_cap") or _legacy_cap(doc)
         doc["lifetime_cap"] = {"epsilon": float(epsilon),
@@ -358,9 +362,28 @@ def _check_retry(entry: dict, new: list[dict], store_uri: str,
             "expires.")
 
 
+def _check_staged_entry(entry: dict, store_uri: str,
+                        dataset_id: str) -> None:
+    """A staged attempt is re-published only from the folder and manifest
+    digest it recorded; an entry without them (written by an older dpsynth,
+    or edited) cannot be, and is refused in one line, not a KeyError."""
+    if entry["status"] != STAGED:
+        return
+    staged = entry.get("staged")
+    if not (isinstance(staged, dict)
+            and isinstance(staged.get("folder"), str)
+            and isinstance(staged.get("manifest_sha256"), str)):
+        raise RunConflict(
+            f"budget store {_document_uri(store_uri, dataset_id)}: run id "
+            f"{entry['run_id']!r} attempt {entry.get('attempt', 1)} is "
+            "recorded as staged without its staged folder and manifest "
+            "digest (an older ledger format, or an edited one), so it cannot "
+            "be re-published safely; it stays charged. Use a new --run-id")
+
+
 def _set_status(reservation: Reservation, status: str,
                 allowed_from: tuple[str, ...], **fields) -> None:
-    def update(doc: Optional[dict]) -> Optional[dict]:
+    def update(doc: Optional[dict], now: float) -> Optional[dict]:
         entry = _require(doc, reservation)
         _check_owner(entry, reservation)
         if entry["status"] == status and all(
@@ -371,7 +394,7 @@ def _set_status(reservation: Reservation, status: str,
                 f"run {reservation.run_id!r} (attempt {reservation.attempt}) "
                 f"is {entry['status']}; it cannot become {status}")
         entry.update(status=status, updated_at=_now(),
-                     lease_until=time.time() + reservation.lease_seconds,
+                     lease_until=now + reservation.lease_seconds,
                      **fields)
         if status == PUBLISHED:
             entry["committed_at"] = entry["updated_at"]
@@ -420,12 +443,12 @@ def commit(reservation: Reservation, release_uri: str) -> None:
 
 def renew(reservation: Reservation) -> None:
     """Extends the owner's lease (``Lease`` calls it in the background)."""
-    def update(doc: Optional[dict]) -> Optional[dict]:
+    def update(doc: Optional[dict], now: float) -> Optional[dict]:
         entry = _require(doc, reservation)
         _check_owner(entry, reservation)
         if entry["status"] not in _LIVE:
             return None
-        entry["lease_until"] = time.time() + reservation.lease_seconds
+        entry["lease_until"] = now + reservation.lease_seconds
         return doc
 
     _transact(reservation.store_uri, reservation.dataset_id, update)
@@ -437,7 +460,7 @@ def mark_published(store_uri: str, dataset_id: str, run_id: str,
     ``release_uri`` (a retry found its manifest there: the crash came
     between that write and ``commit``). The published manifest must be the
     one the store recorded as staged."""
-    def update(doc: Optional[dict]) -> Optional[dict]:
+    def update(doc: Optional[dict], now: float) -> Optional[dict]:
         entry = None if doc is None else _find(doc, run_id)
         if entry is None:
             raise ValueError(f"budget store {_document_uri(store_uri, dataset_id)}"
@@ -466,7 +489,7 @@ def release_failed(reservation: Reservation) -> None:
     failed (its spend stays: it read data and may have drawn noise) and gives
     the lease back, so a retry need not wait for it. Reserved and staged
     attempts keep their status: a retry takes them over at no new cost."""
-    def update(doc: Optional[dict]) -> Optional[dict]:
+    def update(doc: Optional[dict], now: float) -> Optional[dict]:
         entry = _require(doc, reservation)
         if entry.get("owner") not in (None, reservation.owner):
             return None  # not ours any more
@@ -527,6 +550,28 @@ class Lease:
     def check(self) -> None:
         if self._lost is not None:
             raise AttemptLost(str(self._lost))
+
+    def verify(self) -> None:
+        """At a pass boundary: asks the store now (renewing the lease) and
+        raises ``AttemptLost`` if another launch took the attempt over, so
+        that an owner resumed after its lease ran out (SIGSTOP, a long GC
+        pause) stops instead of running the rest of the pipeline. A
+        transient store error is left to the background renewals."""
+        if self.reservation is None:
+            return
+        self.check()
+        try:
+            renew(self.reservation)
+        except AttemptLost as err:
+            self._lost = err
+            raise
+        except Exception:  # the store is unreachable for a moment
+            return
+
+    @property
+    def lost(self) -> Optional[AttemptLost]:
+        """The takeover this launch noticed, if any."""
+        return None if self._lost is None else AttemptLost(str(self._lost))
 
 
 def history(store_uri: str, dataset_id: str) -> list[dict]:
@@ -638,9 +683,11 @@ def _check_ids(dataset_id: str, run_id: Optional[str] = None) -> None:
 
 
 def _check_cap(lifetime_epsilon: float, lifetime_delta: float) -> None:
-    if not lifetime_epsilon > 0 or math.isnan(lifetime_epsilon):
+    if not (math.isfinite(lifetime_epsilon) and lifetime_epsilon > 0):
+        # inf would be no cap at all (and is not valid JSON).
         raise ValueError(
-            f"--lifetime-epsilon must be > 0, got {lifetime_epsilon}")
+            f"--lifetime-epsilon must be a finite number > 0, got "
+            f"{lifetime_epsilon}")
     if not 0 < lifetime_delta < 1:
         raise ValueError(
             f"--lifetime-delta must be in (0, 1), got {lifetime_delta}")
@@ -653,6 +700,12 @@ def _validate(doc: dict, where: str) -> dict:
 
 
 # ---------------------------------------------------------------- backends
+
+
+def _dumps(doc: dict) -> str:
+    """The document as strict JSON: a NaN or inf is refused (ValueError),
+    never written as ``NaN`` / ``Infinity``, which other readers reject."""
+    return json.dumps(doc, indent=1, sort_keys=True, allow_nan=False)
 
 
 def _document_uri(store_uri: str, dataset_id: str) -> str:
@@ -672,11 +725,15 @@ def _backend(store_uri: str, dataset_id: str):
 
 
 def _transact(store_uri: str, dataset_id: str,
-              update: Callable[[Optional[dict]], Optional[dict]]) -> None:
-    """Atomically applies ``update`` (None = no write) to the document.
+              update: Callable[[Optional[dict], float], Optional[dict]]
+              ) -> None:
+    """Atomically applies ``update(doc, now)`` (None = no write) to the
+    document; ``now`` is the store's clock (see ``_LocalDocument.clock``,
+    ``_GcsDocument.clock``), never this launcher's: a launcher whose clock is
+    fast must not see a live owner's lease as expired.
 
     ``update`` may run several times (gs:// retries after a lost race), so it
-    must only depend on the document it is given.
+    must only depend on the document and time it is given.
     """
     _backend(store_uri, dataset_id).transact(update)
 
@@ -706,16 +763,26 @@ class _LocalDocument:
 
     def transact(self, update) -> None:
         with self._locked():
-            new = update(self.read())
+            new = update(self.read(), self.clock())
             if new is not None:
                 self._write(new)
+
+    def clock(self) -> float:
+        """Now, as the store's file system stamps a write (under the lock):
+        the mtime of ``<document>.clock`` just rewritten. On a shared mount
+        that is the file server's time, the same for every launcher."""
+        path = self.path + ".clock"
+        with open(path, "w") as f:
+            f.write("t")
+            f.flush()
+            return os.fstat(f.fileno()).st_mtime
 
     def _write(self, doc: dict) -> None:
         folder = os.path.dirname(os.path.abspath(self.path))
         fd, tmp = tempfile.mkstemp(prefix=".budget-", dir=folder)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(doc, f, indent=1, sort_keys=True)
+                f.write(_dumps(doc))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
@@ -750,6 +817,16 @@ class _GcsDocument:
         data = blob.download_as_bytes(if_generation_match=blob.generation)
         return _validate(json.loads(data), self.uri), int(blob.generation)
 
+    def clock(self) -> float:
+        """Now, as GCS stamps a write: the ``updated`` time of
+        ``<document>.clock``, rewritten for the purpose."""
+        from google.cloud.storage.retry import DEFAULT_RETRY
+        blob = self._blob().bucket.blob(self.name + ".clock")
+        # Unconditional, so retried explicitly (GCS throttles rapid
+        # rewrites of one object with 429).
+        blob.upload_from_string(b"t", retry=DEFAULT_RETRY)
+        return blob.updated.timestamp()
+
     def read(self) -> Optional[dict]:
         from google.api_core import exceptions
         for _ in range(_GCS_CAS_ATTEMPTS):
@@ -764,11 +841,11 @@ class _GcsDocument:
         for attempt in range(_GCS_CAS_ATTEMPTS):
             try:
                 doc, generation = self._get()
-                new = update(doc)
+                new = update(doc, self.clock())
                 if new is None:
                     return
                 self._blob().upload_from_string(
-                    json.dumps(new, indent=1, sort_keys=True),
+                    _dumps(new),
                     content_type="application/json",
                     if_generation_match=generation)
                 return
@@ -861,6 +938,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     the administrator's logged change of the pinned cap.
     """
     args = _parser().parse_args(argv)
+    try:
+        return _main(args)
+    except (ValueError, RuntimeError) as err:  # one line, no traceback
+        print(f"budget store: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.command == "set-cap":
         by = os.environ.get("USER") or os.environ.get("LOGNAME") or ""
         change = set_cap(args.budget_store, args.dataset_id,

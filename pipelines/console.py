@@ -436,7 +436,14 @@ class ProgressPrinter:
     (they are n); they are printed only with ``show_rows`` (the operator's
     ``--show-row-counts``), never by default: schedulers forward the console
     to logs that more people read. Without a file (remote runners) it
-    prints the elapsed time only."""
+    prints the elapsed time only.
+
+    Not interactive (the console is not a terminal: an Airflow task log, a
+    CI log, a file) it prints no clock and nothing periodic: one line per
+    pass, every pass of the plan in order, and the end. Elapsed times grow
+    with n, so they stay on an operator's terminal. ``on_pass`` is called
+    (in the printer's thread) when a new pass starts; if it raises, the
+    main thread is interrupted (the run stops: see ``stopped_by``)."""
 
     LABELS = {"Centre": "DP centre", "Read": "reading the input",
               "TreeCounts": "tree counts", "LeafSums": "tree leaf sums",
@@ -447,13 +454,20 @@ class ProgressPrinter:
 
     def __init__(self, path: Optional[str], passes: Sequence[str],
                  every: float = 10.0, show_rows: bool = False,
-                 done: int = 0, more_to_come: bool = False) -> None:
+                 done: int = 0, more_to_come: bool = False,
+                 interactive: Optional[bool] = None,
+                 on_pass: Optional[Callable[[], None]] = None) -> None:
         """``done``: passes an earlier pipeline of the job ran, and
         ``more_to_come``: a later pipeline's passes (not known yet) follow
-        (no total shown): the adaptive plan's two phases count as one."""
+        (no total shown): the adaptive plan's two phases count as one.
+        ``on_pass`` runs at each pass boundary and may stop the run."""
         self.path, self.passes, self.every = path, list(passes), every
         self.show_rows = show_rows
         self._done, self._open_ended = done, more_to_come
+        self.interactive = (console_is_terminal() if interactive is None
+                            else interactive)
+        self.on_pass = on_pass
+        self.stopped_by: Optional[BaseException] = None
         self._rows: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -503,18 +517,46 @@ class ProgressPrinter:
             # A short job can run every pass between two polls: its last
             # pass is still shown once, before the end.
             if latest is not None and latest != self._shown:
-                self._show(latest, now)
-            operator_log.info("[%s] pipeline finished",
-                              _clock(now - self._start))
+                self._show_up_to(latest, now)
+            operator_log.info("%spipeline finished", self._stamp(now))
             return
-        if latest == self._shown and now - self._last < self.every:
+        if latest != self._shown and latest is not None:
+            self._boundary()
+        if latest == self._shown and (not self.interactive
+                                      or now - self._last < self.every):
             return
+        self._show_up_to(latest, now)
+
+    def _boundary(self) -> None:
+        """A new pass began: ``on_pass`` may stop the run."""
+        if self.on_pass is None or self.stopped_by is not None:
+            return
+        try:
+            self.on_pass()
+        except Exception as err:
+            self.stopped_by = err
+            import _thread
+            _thread.interrupt_main()
+
+    def _show_up_to(self, latest: Optional[str], now: float) -> None:
+        """Not interactive: also the passes that ran between two polls, so
+        which lines appear does not depend on how long a pass took."""
+        if not self.interactive and latest in self.passes and (
+                self._shown is None or self._shown in self.passes):
+            first = (0 if self._shown is None
+                     else self.passes.index(self._shown) + 1)
+            for name in self.passes[first:self.passes.index(latest)]:
+                self._show(name, now)
         self._show(latest, now)
+
+    def _stamp(self, now: float) -> str:
+        return f"[{_clock(now - self._start)}] " if self.interactive else ""
 
     def _show(self, latest: Optional[str], now: float) -> None:
         self._shown, self._last = latest, now
+        stamp = self._stamp(now)
         if latest is None:
-            operator_log.info("[%s] running", _clock(now - self._start))
+            operator_log.info("%srunning", stamp)
             return
         index = ""
         if latest in self.passes:
@@ -522,12 +564,21 @@ class ProgressPrinter:
                 f"/{self._done + len(self.passes)}"
             index = f" {self._done + self.passes.index(latest) + 1}{total}"
         if not self.show_rows:
-            operator_log.info("[%s] pass%s: %s", _clock(now - self._start),
-                              index, self.label(latest))
+            operator_log.info("%spass%s: %s", stamp, index,
+                              self.label(latest))
             return
-        operator_log.info("[%s] pass%s, %s: %s rows read",
-                          _clock(now - self._start), index,
+        operator_log.info("%spass%s, %s: %s rows read", stamp, index,
                           self.label(latest), f"{self._rows.get(latest, 0):,}")
+
+
+def console_is_terminal() -> bool:
+    """Whether dpsynth's console lines reach a terminal (not a task log)."""
+    handler = next(iter(_our_streams()), None)
+    stream = getattr(handler, "stream", None) or sys.stderr
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def _clock(seconds: float) -> str:

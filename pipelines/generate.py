@@ -39,6 +39,14 @@ def _epsilon(text: str) -> float:
     return value
 
 
+def _lifetime_epsilon(text: str) -> float:
+    value = _epsilon(text)
+    if math.isinf(value):  # a cap of inf is no cap
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number > 0, got {text}")
+    return value
+
+
 def _labels(text: str) -> list[int]:
     try:
         return [int(v) for v in text.split(",") if v.strip()]
@@ -78,7 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="the embedding dimension (public). Every row must "
                       "have it, and an input with no rows is still released "
                       "(default: the .npz header or a fixed-size Parquet "
-                      "list, else the first row). --images with a "
+                      "list; REQUIRED for TFRecord and variable-length "
+                      "Parquet lists, whose schema does not say it). "
+                      "--images with a "
                       "keras:/onnx: encoder: its output dimension")
     data.add_argument("--non-finite", choices=NON_FINITE_POLICIES,
                       default="reject", help="rows with NaN/inf: fail the run "
@@ -134,7 +144,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       "lifetime budget ledger; enables the lifetime cap")
     life.add_argument("--dataset-id", help="names the private dataset in the "
                       "budget store")
-    life.add_argument("--lifetime-epsilon", type=_epsilon,
+    life.add_argument("--lifetime-epsilon", type=_lifetime_epsilon,
                       help="lifetime epsilon cap of --dataset-id: needed the "
                       "first time, then pinned in the store (a larger value "
                       "is refused; `python -m dpsynth.pipelines.budget_store set-cap` "

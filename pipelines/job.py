@@ -223,6 +223,19 @@ def store_noise_key(job: Job, spec: GenerateSpec) -> Optional[str]:
     return uri
 
 
+def _remove_abandoned_keys(job: Job, spec: GenerateSpec, owners) -> None:
+    """Deletes the noise keys that earlier attempts of this run id left in
+    --noise-key-location (a SIGKILLed launch cannot delete its own): their
+    attempts are over, and a key left there lets its readers remove that
+    attempt's noise. A failed delete is reported by ``delete_key``."""
+    location = spec.run.noise_key_location
+    if location is None:
+        return
+    from dpsynth.transforms.noise import delete_key, key_uri
+    for owner in sorted(set(owners) - {job.owner}):
+        delete_key(key_uri(location, job.run_id, owner))
+
+
 def _published_by(output: str, run_id: Optional[str]) -> bool:
     """True when --output already holds the release of this --run-id.
 
@@ -605,8 +618,10 @@ def _progress_file(options, job: Job) -> ProgressFile:
     return ProgressFile(path)
 
 
-def _stage(job: Job, spec: GenerateSpec, reservation, timings: dict) -> dict:
-    """Runs the pipeline into staging and writes the staged manifest."""
+def _stage(job: Job, spec: GenerateSpec, lease, timings: dict) -> dict:
+    """Runs the pipeline into staging and writes the staged manifest;
+    stops (``AttemptLost``) at a pass boundary once another launch took the
+    attempt over (``lease``: ``budget_store.Lease``)."""
     options = beam_options(spec.run.beam_args)
     try:
         reader = make_reader(job, spec)
@@ -622,32 +637,40 @@ def _stage(job: Job, spec: GenerateSpec, reservation, timings: dict) -> dict:
     log.debug("input files: %s", ", ".join(reader.paths))
     key_object = store_noise_key(job, spec)  # before any data is read
     try:
-        t1 = _run_pipelines(job, spec, options, reader, reservation, timings)
+        t1 = _run_pipelines(job, spec, options, reader, lease, timings)
     finally:
         if key_object is not None:
             from dpsynth.transforms.noise import delete_key
             delete_key(key_object)
     timings["pipeline"] = round(time.time() - t1, 3)
+    lease.verify()  # a zombie resumed after a takeover stages nothing
     _checkpoint("pipeline-done")
-    summary = _read_summary(job.staging)
-    consistency.check_staged(job.staging, job.cfg, summary, reader.dim,
-                             spec.input.embedding_feature, spec.input.label_feature,
-                             spec.output.format)
+    try:
+        summary = _read_summary(job.staging)
+        consistency.check_staged(job.staging, job.cfg, summary, reader.dim,
+                                 spec.input.embedding_feature,
+                                 spec.input.label_feature, spec.output.format)
+    except FileNotFoundError as err:  # another launch cleaned it up
+        raise release.ReleaseError(
+            f"run {job.run_id!r}: this launch's staging folder {job.staging} "
+            f"lost its files while it ran ({err.filename or err}); another "
+            "launch of this run id has finished and cleaned up. Nothing is "
+            "published by this one") from None
     doc = manifest(job, spec, reader.dim, summary)
     release.write_manifest(job.staging, doc)
     return doc
 
 
 def _run_pipelines(job: Job, spec: GenerateSpec, options,
-                   reader: beam.PTransform, reservation,
+                   reader: beam.PTransform, lease,
                    timings: dict) -> float:
     """Marks the attempt running and runs the job's pipeline(s) into
     staging; returns when the reading began."""
     console.stop_if_ctrl_c()  # pressed while Beam was imported: read nothing
     release.discard(job.staging)  # a crashed attempt's partial files
-    if reservation is not None:
+    if lease.reservation is not None:
         from dpsynth.pipelines import budget_store
-        budget_store.mark_running(reservation)
+        budget_store.mark_running(lease.reservation)
     _checkpoint("running")
     t1 = time.time()
     progress = _progress_file(options, job)
@@ -657,12 +680,13 @@ def _run_pipelines(job: Job, spec: GenerateSpec, options,
                 if job.adaptive_mu is None:
                     with console.ProgressPrinter(
                             progress.path, pass_names(job.cfg, spec),
-                            show_rows=spec.run.show_row_counts):
+                            show_rows=spec.run.show_row_counts,
+                            on_pass=lease.verify):
                         with pipeline_run(options) as p:
                             build(p, job, reader, spec, progress)
                 else:
                     _run_adaptive(job, spec, options, reader, progress,
-                                  timings)
+                                  timings, lease)
             finally:  # its shutdown output stays in the captured log
                 _close_dask_cluster()
     finally:
@@ -682,21 +706,23 @@ def _close_dask_cluster() -> None:
 
 def _run_adaptive(job: Job, spec: GenerateSpec, options,
                   reader: beam.PTransform, progress: ProgressFile,
-                  timings: dict) -> None:
+                  timings: dict, lease) -> None:
     """Phase 1 run -> the rule -> phase 2 run (adaptive composition)."""
     t0 = time.time()
     with console.ProgressPrinter(progress.path, ["Counts"],
                                  show_rows=spec.run.show_row_counts,
-                                 more_to_come=True):
+                                 more_to_come=True, on_pass=lease.verify):
         centre, counts = run_phase1(job, reader, options, progress)
     timings["phase1"] = round(time.time() - t0, 3)
+    lease.verify()
     structure = choose_phase2(job, reader.dim, counts)
     progress.reset()
     reader = make_reader(job, spec)  # a transform belongs to one pipeline
     with console.ProgressPrinter(progress.path,
                                  adaptive_pass_names(structure, spec),
                                  show_rows=spec.run.show_row_counts,
-                                 done=1):  # phase 1's pass
+                                 done=1,  # phase 1's pass
+                                 on_pass=lease.verify):
         with pipeline_run(options) as p:
             build_adaptive(p, job, reader, spec, centre, counts, progress)
 
@@ -737,6 +763,9 @@ def _run(spec: GenerateSpec) -> str:
     from dpsynth.pipelines import budget_store
     staged = _staged_to_reuse(job, spec)
     reservation = _reserve(job, spec)
+    if reservation is not None:  # earlier attempts are settled and charged
+        _remove_abandoned_keys(job, spec, budget_store.run_owners(
+            spec.budget.store, spec.budget.dataset_id, job.run_id))
     timings = {"plan": round(time.time() - t0, 3)}
     recorded = False  # this launch's staged folder is recorded in the store
     published = False
@@ -746,7 +775,7 @@ def _run(spec: GenerateSpec) -> str:
                 staged = _recorded_staged(job, reservation)
             _checkpoint("reserved")
             if staged is None:
-                _stage(job, spec, reservation, timings)
+                _stage(job, spec, lease, timings)
             else:
                 log.info("run %s: re-publishing its staged release (no new "
                          "noise, no new spend)", job.run_id)
@@ -769,9 +798,15 @@ def _run(spec: GenerateSpec) -> str:
             _stop_attempt(job, spec, reservation, recorded)
             if published and isinstance(err, KeyboardInterrupt):
                 raise console.InterruptedAfterPublishing(job.output) from err
+            if lease.lost is not None and not published:
+                # A pass boundary found the attempt taken over (and may
+                # have interrupted the pipeline to stop it): one line.
+                raise lease.lost from None
             raise
     release.remove_unreferenced(job.output)
-    for folder in release.staging_folders(job.output, job.run_id).values():
+    leftovers = release.staging_folders(job.output, job.run_id)
+    _remove_abandoned_keys(job, spec, leftovers)  # named by their tokens
+    for folder in leftovers.values():
         release.discard(folder)  # this one and crashed attempts' leftovers
     timings["total"] = round(time.time() - t0, 3)
     if spec.run.record_timings:

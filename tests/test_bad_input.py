@@ -262,18 +262,19 @@ def test_glob_matching_only_a_directory(tmp_path, capsys):
 
 
 def test_empty_tfrecord_file_without_a_dimension(tmp_path, capsys):
-    """TFRecord records no dimension: an empty one needs --embedding-dim
-    (an empty .npz has it in its header and is released, like n = 1)."""
+    """TFRecord records no dimension: it needs --embedding-dim, with rows
+    or without (an empty .npz has it in its header and is released, like
+    n = 1)."""
     path = _tfrecord(tmp_path / "empty.tfrecord", [])
     _fails(capsys, tmp_path / "out", "--input", path, "--num-classes", 2,
-           expect=("no rows", "--embedding-dim"))
+           expect=("TFRecord input does not record", "--embedding-dim"))
 
 
 def test_all_matched_files_empty(tmp_path, capsys):
     for i in range(2):
         _tfrecord(tmp_path / f"part-{i}.tfrecord", [])
     _fails(capsys, tmp_path / "out", "--input", tmp_path / "part-*.tfrecord",
-           "--num-classes", 2, expect=("all 2 matched files hold no rows",))
+           "--num-classes", 2, expect=("part-*.tfrecord", "--embedding-dim"))
 
 
 @pytest.mark.parametrize("rows", [0, 1])
@@ -328,7 +329,7 @@ def test_tfrecord_missing_feature_name(tmp_path, capsys):
     path = _tfrecord(tmp_path / "a.tfrecord",
                      [_example([0.1, 0.2, 0.3], 0) for _ in range(4)])
     _fails(capsys, tmp_path / "out", "--input", path, "--num-classes", 2,
-           "--embedding-feature", "emb",
+           "--embedding-feature", "emb", "--embedding-dim", 3,
            expect=("a.tfrecord", "row 0 has no feature 'emb'",
                    "--embedding-feature"))
 
@@ -353,7 +354,7 @@ def test_corrupt_tfrecord_first_record(tmp_path, capsys):
     path = tmp_path / "bad.tfrecord"
     path.write_bytes(b"this is not a tfrecord file at all")
     _fails(capsys, tmp_path / "out", "--input", path, "--num-classes", 2,
-           expect=("bad.tfrecord", "record 0 at byte 0 is corrupt"))
+           "--embedding-dim", 3, expect=("bad.tfrecord", "record 0 at byte 0 is corrupt"))
 
 
 # --------------------------------------- found by the workers, inside Beam
@@ -378,7 +379,7 @@ def test_inf_row_in_parquet_is_refused(tmp_path, capsys):
     x[41, 0] = np.inf
     path = _parquet(tmp_path / "in.parquet", x.tolist(), y.tolist())
     _fails(capsys, tmp_path / "out", "--input", path, "--num-classes", 2,
-           expect=("in.parquet: row 41 has NaN or infinite values",))
+           "--embedding-dim", 6, expect=("in.parquet: row 41 has NaN or infinite values",))
 
 
 def test_dimension_differs_across_files(tmp_path, capsys):
@@ -398,7 +399,7 @@ def test_dimension_differs_inside_a_tfrecord(tmp_path, capsys):
     records[23] = _example([0.1, 0.2, 0.3], 1)  # 3 values instead of 5
     path = _tfrecord(tmp_path / "in.tfrecord", records)
     _fails(capsys, tmp_path / "out", "--input", path, "--num-classes", 2,
-           expect=("in.tfrecord: row 23 has 3 embedding values, expected 5",))
+           "--embedding-dim", 5, expect=("in.tfrecord: row 23 has 3 embedding values, expected 5",))
 
 
 def test_dimension_differs_inside_a_parquet_file(tmp_path, capsys):
@@ -407,7 +408,7 @@ def test_dimension_differs_inside_a_parquet_file(tmp_path, capsys):
     rows[17] = rows[17][:2]
     path = _parquet(tmp_path / "in.parquet", rows, y.tolist())
     _fails(capsys, tmp_path / "out", "--input", path, "--num-classes", 2,
-           expect=("in.parquet: row 17 has 2 embedding values, expected 4",))
+           "--embedding-dim", 4, expect=("in.parquet: row 17 has 2 embedding values, expected 4",))
 
 
 def test_label_outside_the_declared_set(tmp_path, capsys):
@@ -442,7 +443,7 @@ def test_corrupt_tfrecord_in_the_middle(tmp_path, capsys):
     data[per_record * 11 + 30] ^= 0xFF  # a payload byte of record 11
     open(path, "wb").write(bytes(data))
     err = _fails(capsys, tmp_path / "out", "--input", path,
-                 "--num-classes", 2,
+                 "--num-classes", 2, "--embedding-dim", 5,
                  expect=("in.tfrecord: TFRecord record 11 at byte",
                          "corrupt (data checksum mismatch)"))
     assert "\\x" not in err and len(err) < 600  # no hex dump of private bytes
@@ -453,7 +454,7 @@ def test_truncated_tfrecord(tmp_path, capsys):
     data = open(path, "rb").read()
     open(path, "wb").write(data[:-7])
     _fails(capsys, tmp_path / "out", "--input", path, "--num-classes", 2,
-           expect=("in.tfrecord: TFRecord record 19", "truncated"))
+           "--embedding-dim", 5, expect=("in.tfrecord: TFRecord record 19", "truncated"))
 
 
 def test_tfrecord_row_without_label(tmp_path, capsys):
@@ -461,7 +462,7 @@ def test_tfrecord_row_without_label(tmp_path, capsys):
     records[12] = _example([0.1] * 5, None)
     path = _tfrecord(tmp_path / "in.tfrecord", records)
     _fails(capsys, tmp_path / "out", "--input", path, "--num-classes", 2,
-           expect=("in.tfrecord: row 12 has no feature 'label'",))
+           "--embedding-dim", 5, expect=("in.tfrecord: row 12 has no feature 'label'",))
 
 
 def test_worker_error_prints_one_clear_line_and_no_traceback(tmp_path,

@@ -234,7 +234,7 @@ def test_gcs_compare_and_swap_rechecks_after_a_lost_race(gcs):
     doc._get = racing_get
     entry = {"mechanisms": [bs._mechanism_to_dict(m) for m in release()]}
 
-    def update(current):
+    def update(current, now):
         current = current or bs._new_document("digits")
         spent = bs._compose(current["releases"] + [entry], DELTA, "pld")
         if spent > cap:

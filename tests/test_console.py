@@ -134,36 +134,34 @@ def test_default_output_is_the_few_lines_that_matter(tmp_path):
     assert not list(tmp_path.glob("dpsynth-*.log"))
 
 
-def test_a_job_faster_than_the_poll_still_shows_its_last_pass(tmp_path,
-                                                              caplog):
-    """Every pass ran between two polls: the end still names the last one."""
+def _progress(tmp_path, caplog, text: str, **printer) -> list[str]:
+    """The operator's lines of a ProgressPrinter over a progress file that
+    already holds ``text`` (every pass ran before the first poll)."""
     import logging
 
     from dpsynth.pipelines import console
     path = tmp_path / "progress"
-    path.write_text("Centre\t300\nMoments\t300\n")
+    path.write_text(text)
     with caplog.at_level(logging.INFO, logger="dpsynth.operator"):
-        with console.ProgressPrinter(str(path), ["Centre", "Moments"]):
+        with console.ProgressPrinter(str(path), ["Centre", "Moments"],
+                                     **printer):
             pass
-    lines = [r.getMessage() for r in caplog.records
-             if r.name == "dpsynth.operator"]
+    return [r.getMessage() for r in caplog.records
+            if r.name == "dpsynth.operator"]
+
+
+def test_a_job_faster_than_the_poll_still_shows_its_last_pass(tmp_path,
+                                                              caplog):
+    """Every pass ran between two polls: the end still names the last one."""
+    lines = _progress(tmp_path, caplog, "Centre\t300\nMoments\t300\n")
     assert lines[-2].endswith("pass 2/2: moments")
     assert lines[-1].endswith("pipeline finished")
     assert not any("300" in line for line in lines)  # exact n: opt-in only
 
 
 def test_exact_row_counts_only_when_the_operator_asks(tmp_path, caplog):
-    import logging
-
-    from dpsynth.pipelines import console
-    path = tmp_path / "progress"
-    path.write_text("Centre\t300\nMoments\t300\n")
-    with caplog.at_level(logging.INFO, logger="dpsynth.operator"):
-        with console.ProgressPrinter(str(path), ["Centre", "Moments"],
-                                     show_rows=True):
-            pass
-    lines = [r.getMessage() for r in caplog.records
-             if r.name == "dpsynth.operator"]
+    lines = _progress(tmp_path, caplog, "Centre\t300\nMoments\t300\n",
+                      show_rows=True)
     assert lines[-2].endswith("pass 2/2, moments: 300 rows read")
 
 
@@ -310,3 +308,43 @@ def test_ctrl_c_caught_inside_the_capture_leaves_no_log_and_no_line(
     assert capsys.readouterr().err.splitlines() == [
         "dpsynth: interrupted; nothing was published"]
     assert not list(tmp_path.glob("dpsynth-*.log"))
+
+
+def test_a_non_interactive_log_has_no_clocks_and_every_pass_once(
+        tmp_path, caplog):
+    """An Airflow task log (not a terminal): no [m:ss] elapsed clocks (they
+    grow with n) and no periodic lines; every pass of the plan is named
+    once, in order, however fast each ran (which lines appear must not
+    depend on timing)."""
+    from dpsynth.pipelines import console
+    assert not console.console_is_terminal()  # pytest captures the console
+    lines = _progress(tmp_path, caplog, "Centre\t300\nMoments\t300\n",
+                      every=0.0)
+    assert lines == ["pass 1/2: DP centre", "pass 2/2: moments",
+                     "pipeline finished"]
+
+
+def test_a_terminal_keeps_its_elapsed_clock(tmp_path, caplog):
+    lines = _progress(tmp_path, caplog, "Centre\t300\n", interactive=True)
+    assert lines[-1] == "[0:00] pipeline finished"
+
+
+def test_a_failed_pass_boundary_check_stops_the_main_thread(tmp_path):
+    """on_pass (the lease check) raising at a new pass interrupts the run
+    in the main thread, where the pipeline waits; the reason is kept."""
+    import time
+
+    from dpsynth.pipelines import console
+    path = tmp_path / "progress"
+    path.write_text("Centre\t3\n")
+
+    def taken_over():
+        raise RuntimeError("taken over")
+
+    printer = console.ProgressPrinter(str(path), ["Centre"],
+                                      on_pass=taken_over)
+    with pytest.raises(KeyboardInterrupt):
+        with printer:
+            for _ in range(300):  # the printer polls every second
+                time.sleep(0.1)
+    assert str(printer.stopped_by) == "taken over"

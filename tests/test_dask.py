@@ -519,7 +519,7 @@ def test_one_file_is_read_by_both_workers(scheduler, tmp_path):
     path = tmp_path / "one.tfrecord"
     _write_tfrecord(path, x, y)
     spec = io.InputSpec(str(path), split_bytes=os.path.getsize(path) // 8)
-    reader = io.ReadEmbeddingBlocks(spec)
+    reader = io.ReadEmbeddingBlocks(spec, dim=8)  # TFRecord: public d
     assert len(reader.ranges) >= 8
     notes = tmp_path / "notes"
     notes.mkdir()

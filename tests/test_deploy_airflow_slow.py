@@ -178,3 +178,18 @@ def test_exhausted_budget_stops_before_generate(airflow_venv, airflow_home,
     assert tasks["generate"] == "upstream_failed"
     assert "over the cap" in report["log"] or "refusing" in report["log"]
     assert not (tmp_path / "releases").exists()
+
+
+def test_an_unlisted_extra_arg_fails_before_generate(airflow_venv,
+                                                     airflow_home, tmp_path):
+    """extra_args is an allowlist: --record-timings would put wall times in
+    the task log, so the run stops in budget_check, naming the flag."""
+    config = {"output_root": str(tmp_path / "releases"),
+              "budget_store": str(tmp_path / "budgets"),
+              "extra_args": {"record_timings": True}}
+    report = dag_check(airflow_venv, airflow_home, config, "--run", DATE)
+    tasks = report["run"]["tasks"]
+    assert tasks["budget_check"] == "failed", report["log"]
+    assert tasks["generate"] == "upstream_failed"
+    assert "'record_timings' is not allowed" in report["log"]
+    assert not (tmp_path / "releases").exists()

@@ -98,7 +98,8 @@ def test_the_release_is_the_same_at_every_split(tmp_path):
     for split in (1024, 4096, 1 << 40):
         out = tmp_path / f"out-{split}"
         assert _generate("--input", path, "--num-classes", 2, "--output", out,
-                         "--noise-seed", 1, "--split-bytes", split) == 0
+                         "--noise-seed", 1, "--split-bytes", split,
+                         "--embedding-dim", DIM) == 0
         files = _release_files(out)
         data = {k: v for k, v in files.items() if k.startswith("data")}
         assert data
@@ -268,16 +269,40 @@ def _empty_list_parquet(path) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("write, ext", [(_empty_tfrecord, "tfrecord"),
-                                        (_empty_list_parquet, "parquet")])
-def test_without_a_recorded_dimension_an_empty_input_asks_for_it(
-        tmp_path, capsys, write, ext):
-    path = write(tmp_path / f"e.{ext}")
-    out = tmp_path / "out"
-    assert _generate("--input", path, "--num-classes", 2,
-                     "--output", out) == 2
-    err = capsys.readouterr().err
-    assert "no rows" in err and "pass --embedding-dim" in err
-    assert not out.exists()
-    assert _generate("--input", path, "--num-classes", 2, "--output", out,
-                     "--embedding-dim", 6, "--noise-seed", 1) == 0
+def _one_row_tfrecord(path) -> str:
+    path.write_bytes(tfrecord_bytes(np.full((1, 6), 0.5, np.float32), 0))
+    return str(path)
+
+
+def _one_row_list_parquet(path) -> str:
+    pq.write_table(pa.table({
+        "embedding": pa.array([[0.5] * 6], pa.list_(pa.float32())),
+        "label": pa.array([0], pa.int64())}), str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("writers, ext", [
+    ((_empty_tfrecord, _one_row_tfrecord), "tfrecord"),
+    ((_empty_list_parquet, _one_row_list_parquet), "parquet")])
+def test_without_a_recorded_dimension_n0_and_n1_fail_alike(
+        tmp_path, capsys, writers, ext):
+    """TFRecord and variable-length Parquet lists do not record d: without
+    --embedding-dim an empty input and a one-row input (neighbouring
+    datasets) are refused with the same line, before any row is read; with
+    it both are released alike."""
+    errors, manifests = [], []
+    for n, write in enumerate(writers):
+        path = write(tmp_path / f"n{n}.{ext}")
+        out = tmp_path / f"out{n}"
+        assert _generate("--input", path, "--num-classes", 2,
+                         "--output", out) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--embedding-dim" in err
+        errors.append(err.replace(path, "<input>"))
+        assert not out.exists()
+        assert _generate("--input", path, "--num-classes", 2, "--output", out,
+                         "--embedding-dim", 6, "--noise-seed", 1) == 0
+        capsys.readouterr()
+        manifests.append(json.loads((out / "_manifest.json").read_text()))
+    assert errors[0] == errors[1]
+    assert _structure(manifests[0]) == _structure(manifests[1])

@@ -1003,6 +1003,49 @@ def input_schema(paths: Sequence[str], spec: InputSpec) -> tuple[int, str]:
                      f"noisy outputs like any other)")
 
 
+def release_schema(paths: Sequence[str], spec: InputSpec
+                   ) -> tuple[int, str]:
+    """(embedding dimension, file that records it) for a release without
+    ``--embedding-dim``: only what a file's schema records (.npz header,
+    fixed-size Parquet list, with or without rows), never a row. A format
+    that records no dimension (TFRecord, a Parquet column of variable-length
+    lists) is refused whatever the files hold: taking d from the first row
+    would release a one-row input and refuse an empty one, and that
+    difference tells n = 0 from n = 1 (neighbouring datasets)."""
+    for path in paths:
+        dim = _schema_dim(path, spec)
+        if dim is not None:
+            return dim, path
+    fmt = detect_format(paths[0], spec.fmt)
+    if fmt == "npz" or (fmt == "parquet"
+                        and not _variable_list_column(paths[0], spec)):
+        # Malformed (no such column, not a list...): reading names it.
+        return input_schema(paths, spec)
+    what = ("TFRecord input does" if fmt == "tfrecord" else
+            f"a Parquet column {spec.embedding_feature!r} of "
+            "variable-length lists does")
+    raise InputError(f"--input {spec.pattern!r}: {what} not record the "
+                     "embedding dimension; pass --embedding-dim (public "
+                     "configuration: taken from the data, an empty input "
+                     "would fail where a one-row input is released)")
+
+
+def _variable_list_column(path: str, spec: InputSpec) -> bool:
+    """Whether the file's embedding column is a variable-length list of
+    numbers (its schema, not its rows, says so)."""
+    import pyarrow as pa
+    try:
+        with _open(path) as f:
+            schema = _parquet_schema(f)
+    except Exception:  # noqa: BLE001  (the rows' reader names the problem)
+        return False
+    _check_parquet_schema(schema, path, spec)  # a missing column, named
+    kind = schema.field(spec.embedding_feature).type
+    return ((pa.types.is_list(kind) or pa.types.is_large_list(kind))
+            and (pa.types.is_floating(kind.value_type)
+                 or pa.types.is_integer(kind.value_type)))
+
+
 def load_arrays(pattern: str, fmt: Optional[str] = None,
                 embedding_feature: str = "embedding",
                 label_feature: str = "label") -> tuple[np.ndarray, np.ndarray]:
@@ -1056,8 +1099,9 @@ class ReadEmbeddingBlocks(beam.PTransform):
     ``dim`` (public configuration, ``--embedding-dim``) skips reading the
     dimension from the input: every row is checked against it, and an
     input with no rows is still a valid (empty) dataset. Without it the
-    dimension is the one the first file records (.npz header, fixed-size
-    Parquet list, even with no rows: ``input_schema``) or its first row's.
+    dimension is the one the first file's schema records (.npz header,
+    fixed-size Parquet list, even with no rows: ``release_schema``); other
+    formats need ``dim``, never a row's width.
     """
 
     def __init__(self, spec: InputSpec, dim: Optional[int] = None) -> None:
@@ -1066,7 +1110,7 @@ class ReadEmbeddingBlocks(beam.PTransform):
         sizes = _match(spec.pattern)
         self.paths = [path for path, _ in sizes]
         if dim is None:
-            self.dim, first = input_schema(self.paths, spec)
+            self.dim, first = release_schema(self.paths, spec)
             # Named by the pattern: the DoFns (the job graph) carry no
             # private file name.
             self.dim_source = (f"the first file matching --input "

@@ -14,6 +14,7 @@ step would redraw the noise.)
 
 from __future__ import annotations
 
+import logging
 from typing import Callable, Hashable
 
 import apache_beam as beam
@@ -98,10 +99,20 @@ def read_key(uri: str) -> bytes:
     return key
 
 
-def delete_key(uri: str) -> None:
-    """Best effort: the run is over (a lost key only stops retries)."""
+def delete_key(uri: str) -> bool:
+    """Deletes an attempt's key object; True when it is gone (or was never
+    written). A key that stays lets whoever reads it remove that run's
+    noise, so a failed delete is reported (one line), never silent; it does
+    not fail the run, whose release is not at stake."""
     from apache_beam.io.filesystems import FileSystems
     try:
+        if not FileSystems.exists(uri):
+            return True
         FileSystems.delete([uri])
-    except Exception:  # already gone, or the location is unreachable
-        pass
+        return True
+    except Exception as err:  # e.g. no delete permission on the location
+        reason = " ".join(str(err).split())[:200]
+        logging.getLogger("dpsynth").warning(
+            "could not delete the noise key %s (%s): delete it by hand, "
+            "whoever can read it can remove that run's noise", uri, reason)
+        return False
