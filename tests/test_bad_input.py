@@ -318,10 +318,10 @@ def test_npz_labels_length_mismatch(tmp_path, capsys):
 
 
 def test_unknown_file_extension(tmp_path, capsys):
-    path = tmp_path / "table.csv"
+    path = tmp_path / "table.txt"
     path.write_text("1,2,3\n")
     _fails(capsys, tmp_path / "out", "--input", path, "--num-classes", 2,
-           expect=("table.csv", "--input-format"))
+           expect=("table.txt", "--input-format"))
 
 
 def test_tfrecord_missing_feature_name(tmp_path, capsys):
