@@ -22,10 +22,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import site
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import tempfile
 from pathlib import Path
@@ -116,9 +114,12 @@ def _prune(keep: Path, newest: int = 4) -> None:
 
 
 def dependency_paths() -> list[str]:
-    """The site-packages folders the running interpreter imports from."""
-    paths = site.getsitepackages() + [sysconfig.get_paths()["purelib"]]
-    return list(dict.fromkeys(p for p in paths if os.path.isdir(p)))
+    """The site-packages folders the running interpreter imports from (a
+    venv's and, with ``--system-site-packages``, its base's; never a
+    checkout that a path-style editable install put on ``sys.path``)."""
+    return list(dict.fromkeys(
+        p for p in sys.path if os.path.isdir(p)
+        and os.path.basename(p) in ("site-packages", "dist-packages")))
 
 
 def make_venv(venv: Path, wheel: Path) -> Path:
