@@ -37,6 +37,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
+from dpsynth.pipelines import prism
+
 ENGINES = ("flink", "spark", "prism")
 DEFAULT_FLINK_VERSION = "1.20"
 # Beam 2.77's FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS.
@@ -57,12 +59,8 @@ def beam_version() -> str:
 
 
 def cache_root(env: Optional[dict] = None) -> Path:
-    env = os.environ if env is None else env
-    if env.get("DPSYNTH_ENGINES_DIR"):
-        return Path(env["DPSYNTH_ENGINES_DIR"])
-    base = env.get("XDG_CACHE_HOME") or os.path.join(
-        env.get("HOME", str(Path.home())), ".cache")
-    return Path(base) / "dpsynth" / "engines"
+    """The engines cache (also where ``--runner prism`` looks)."""
+    return prism.engines_dir(env)
 
 
 def flink_version(env: Optional[dict] = None) -> str:
@@ -86,7 +84,7 @@ def maven_artifact(engine: str, beam: str, flink: str) -> tuple[str, str]:
 def engine_path(engine: str, root: Path, beam: str, flink: str) -> Path:
     """Where the installed artefact lies (it may not exist yet)."""
     if engine == "prism":
-        return root / f"beam-{beam}" / "prism"
+        return prism.binary_path(root, beam)
     artifact, version = maven_artifact(engine, beam, flink)
     return (root / "m2" / "org" / "apache" / "beam" / artifact / version
             / f"{artifact}-{version}.jar")

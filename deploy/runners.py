@@ -238,12 +238,13 @@ def prism_args(prism_location: Optional[str] = None,
                environment_config: Optional[str] = None) -> list[str]:
     """PrismRunner: Beam's Go runner on this machine.
 
-    ``prism_location``: the binary (``python -m dpsynth.deploy.install_engines
-    prism`` builds it; without it Beam downloads a release), which Beam
-    starts; or ``job_endpoint``: a Prism already running (``prism
-    --job_port N``). ``environment_type``: LOOPBACK (default: the Python
-    code runs in this process), EXTERNAL (``environment_config`` = host:port
-    of a Beam worker pool, ``python -m
+    ``prism_location``: the binary, which Beam starts (default: the one
+    ``python -m dpsynth.deploy.install_engines prism`` built into the
+    engines cache; without it the run stops naming that command); or
+    ``job_endpoint``: a Prism already running (``prism --job_port N``).
+    ``environment_type``: LOOPBACK (default: the Python code runs in this
+    process), EXTERNAL (``environment_config`` = host:port of a Beam worker
+    pool, ``python -m
     apache_beam.runners.worker.worker_pool_main --service_port N``: SDK
     workers in their own processes) or DOCKER.
     """

@@ -18,3 +18,25 @@ _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if (not os.path.isdir(os.path.join(os.path.dirname(__file__), "pipelines"))
         and os.path.isfile(os.path.join(_CHECKOUT, "pipelines", "cli.py"))):
     __path__.append(_CHECKOUT)  # noqa: F821 (a package's own __path__)
+
+# The API's names at the top (``from dpsynth import generate, GenerateSpec``),
+# imported on first use: ``import dpsynth`` (and ``dpsynth --help``) stays
+# free of Beam.
+_API = ("BudgetOptions", "EncodeSpec", "EvaluateSpec", "GenerateSpec",
+        "GeneratorOptions", "ImageOptions", "InputOptions", "MLPOptions",
+        "OutputOptions", "Release", "RunOptions", "encode", "evaluate",
+        "generate")
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from dpsynth.pipelines import api
+        return getattr(api, name)
+    if name == "load_release":
+        from dpsynth.pipelines.release import load_release
+        return load_release
+    raise AttributeError(f"module 'dpsynth' has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted([*globals(), *_API, "load_release"])

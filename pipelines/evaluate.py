@@ -98,7 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     data.add_argument("--real-holdout",
                       help="real rows for the memorisation check "
                       "(default: --real-test)")
-    data.add_argument("--input-format", choices=("npz", "tfrecord", "parquet"),
+    data.add_argument("--input-format", choices=("npz", "tfrecord", "parquet", "csv"),
                       help="format of the real files (default: from the name)")
     data.add_argument("--embedding-feature", default="embedding",
                       help="TFRecord/Parquet embedding feature of the real files")

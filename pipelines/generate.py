@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     the generator, images (instead of --input) and operator diagnostics."""
     from dpsynth.pipelines.image_flags import add_image_arguments
     data = parser.add_argument_group("input (private labelled embeddings)")
-    data.add_argument("--input", help="glob of .npz / TFRecord / Parquet files "
+    data.add_argument("--input", help="glob of .npz / TFRecord / Parquet / CSV files "
                       "(local or gs://); default: the embedded digits demo")
     data.add_argument("--num-classes", type=int, help="labels are 0..N-1 "
                       "(public); REQUIRED with --input unless --labels")
@@ -78,9 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--input-format", choices=FORMATS,
                       help="default: from the file extension")
     data.add_argument("--embedding-feature", default="embedding",
-                      help="TFRecord feature / Parquet column of the vector")
+                      help="TFRecord feature / Parquet column of the vector "
+                      "(CSV: a list column, or columns <name>_0, <name>_1, ...)")
     data.add_argument("--label-feature", default="label",
-                      help="TFRecord feature / Parquet column of the label "
+                      help="TFRecord feature / Parquet or CSV column of the label "
                       "(with --images: the image TFRecords' label feature)")
     data.add_argument("--embedding-dim", type=int,
                       help="the embedding dimension (public). Every row must "

@@ -15,7 +15,7 @@ from typing import Iterable, Optional, Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from dpsynth.pipelines import runner_names
+from dpsynth.pipelines import prism, runner_names
 from dpsynth.pipelines.runners import (bundle_sampler, dofn_specs,
                                        ipython_check, option_views)
 from dpsynth.pipelines.machine import usable_cores
@@ -77,10 +77,11 @@ def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
 
 def _resolve_runner(argv: Sequence[str]) -> list[str]:
     """``argv`` with a Dask runner name replaced by dpsynth's runner (which
-    also registers Beam's ``--dask_*`` options); a missing Dask install is
-    a usage error."""
+    also registers Beam's ``--dask_*`` options), and Prism's cached binary
+    when ``--runner prism`` names none; a missing Dask install or Prism
+    binary is a usage error."""
     try:
-        return runner_names.resolve_dask(argv)
+        return prism.with_prism_location(runner_names.resolve_dask(argv))
     except ValueError as err:
         raise UsageError(str(err)) from None
 

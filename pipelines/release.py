@@ -362,14 +362,20 @@ def load_release(path: str, as_: str = "tuple", shuffle: bool = True,
     if as_ == "numpy":
         return x, y
     if as_ == "pandas":
-        try:
-            import pandas as pd
-        except ImportError:
-            raise ImportError("load_release(as_='pandas') needs pandas: "
-                              "pip install pandas") from None
+        import pandas as pd  # a base dependency; imported late (~0.5 s)
         return pd.DataFrame({"embedding": list(x), "label": y})
-    import tensorflow as tf  # the tf extra
-    return tf.data.Dataset.from_tensor_slices((x, y))
+    return _tensorflow().data.Dataset.from_tensor_slices((x, y))
+
+
+def _tensorflow():
+    """TensorFlow (the ``tf`` extra, ~2 GB), or one line saying how to get
+    it."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        raise ImportError("load_release(as_='tf') needs TensorFlow: "
+                          "pip install 'dpsynth[tf]'") from None
+    return tf
 
 
 def _in_order(xs: list, ys: list, dim: int, shuffle: bool, seed: int

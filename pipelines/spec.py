@@ -51,7 +51,7 @@ class ImageOptions:
 class InputOptions:
     """The private input and its public schema."""
 
-    path: Optional[str] = None  # glob of .npz / TFRecord / Parquet; None: demo
+    path: Optional[str] = None  # glob of .npz / TFRecord / Parquet / CSV; None: demo
     format: Optional[str] = None  # default: from the file extension
     embedding_feature: str = "embedding"
     label_feature: str = "label"

@@ -148,8 +148,8 @@ FLAG_CASES = {
     "variance-floor-zero": (["--variance-floor", "0"], ["--variance-floor"]),
     "vote-oversample-below-one": (["--vote-filter", "--vote-oversample", "0.5"],
                                   ["--vote-oversample"]),
-    "unknown-input-format": (["--input-format", "csv"], ["--input-format",
-                                                         "invalid choice"]),
+    "unknown-input-format": (["--input-format", "xlsx"], ["--input-format",
+                                                          "invalid choice"]),
     "unknown-accountant": (["--accountant", "moments"], ["--accountant",
                                                          "invalid choice"]),
     "run-id-path": (["--run-id", "../../elsewhere"], ["--run-id must match"]),
@@ -319,10 +319,10 @@ def test_npz_labels_length_mismatch(tmp_path, capsys):
 
 
 def test_unknown_file_extension(tmp_path, capsys):
-    path = tmp_path / "table.csv"
+    path = tmp_path / "table.txt"
     path.write_text("1,2,3\n")
     _fails(capsys, tmp_path / "out", "--input", path, "--num-classes", 2,
-           expect=("table.csv", "--input-format"))
+           expect=("table.txt", "--input-format"))
 
 
 def test_tfrecord_missing_feature_name(tmp_path, capsys):

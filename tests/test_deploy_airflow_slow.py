@@ -7,19 +7,25 @@ else ``~/.cache/dpsynth/venv-airflow``: outside the repository) and reused by
 later runs (~2-3 min and ~2 GB the first time, announced with one line). If
 pip cannot install Airflow, every test here is skipped with pip's message.
 
-The DAG's tasks run dpsynth itself with *this* interpreter (DPSYNTH_PYTHON).
+The DAG's tasks run dpsynth as a user installs it: from its wheel, in a
+fresh venv (tests/wheel_env.py; DPSYNTH_PYTHON), with no checkout on any
+path, from a DAGs folder that also holds packages named ``models`` and
+``pipelines`` (the DAG's subprocesses start there, so ``python -m`` puts
+them first on ``sys.path``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests import wheel_env
 from tests.conftest import release_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,7 +67,7 @@ def airflow_venv(request) -> Path:
 
 
 @pytest.fixture(scope="module")
-def airflow_home(airflow_venv, tmp_path_factory) -> Path:
+def airflow_home(airflow_venv, installed, tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("airflow-home")
     proc = subprocess.run([str(airflow_venv / "bin" / "airflow"), "db",
                            "migrate"], env=_env(home, {}), capture_output=True,
@@ -70,24 +76,52 @@ def airflow_home(airflow_venv, tmp_path_factory) -> Path:
     return home
 
 
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> dict:
+    """dpsynth from its wheel in a fresh venv, and a DAGs folder holding
+    the DAG file that wheel installed beside a user's own packages."""
+    root = tmp_path_factory.mktemp("installed")
+    python = wheel_env.make_venv(root / "venv",
+                                 wheel_env.built_distributions()[1])
+    dag = subprocess.run(
+        [str(python), "-c", "import dpsynth.deploy, os; print(os.path.join("
+         "os.path.dirname(dpsynth.deploy.__file__), 'airflow', "
+         "'dpsynth_nightly.py'))"], env=wheel_env.clean_env(), cwd=root,
+        capture_output=True, text=True, check=True).stdout.strip()
+    assert dag.startswith(str(root / "venv")), dag
+    dags = root / "dags"
+    dags.mkdir()
+    shutil.copy(dag, dags)
+    for name in ("models", "pipelines"):
+        (dags / name).mkdir()
+        (dags / name / "__init__.py").write_text(
+            "raise ImportError('a user package was imported')\n")
+    INSTALLED.update(python=str(python), dags=str(dags))
+    return INSTALLED
+
+
+INSTALLED: dict = {}
+
+
 def _env(home: Path, config: dict) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AIRFLOW", "PYTHONPATH", "VIRTUAL_ENV"))}
+    env = {k: v for k, v in wheel_env.clean_env().items()
+           if not k.startswith(("AIRFLOW", "VIRTUAL_ENV"))}
     env.update({
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "deploy" / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": INSTALLED["dags"],
         "AIRFLOW_VAR_DPSYNTH_CONFIG": json.dumps(config),
-        "DPSYNTH_PYTHON": sys.executable,
-        "DPSYNTH_HOME": str(REPO),
+        "DPSYNTH_PYTHON": INSTALLED["python"],
     })
     return env
 
 
 def dag_check(venv: Path, home: Path, config: dict, *args: str) -> dict:
     proc = subprocess.run(
-        [str(venv / "bin" / "python"), str(DAG_CHECK), "--no-retries", *args],
-        env=_env(home, config), capture_output=True, text=True, timeout=900)
+        [str(venv / "bin" / "python"), str(DAG_CHECK), "--no-retries",
+         "--dag-folder", INSTALLED["dags"], *args],
+        env=_env(home, config), capture_output=True, text=True, timeout=900,
+        cwd=INSTALLED["dags"])
     lines = [l for l in proc.stdout.splitlines() if l.startswith("DAG_CHECK ")]
     assert lines, f"no report (rc {proc.returncode}): {proc.stderr[-4000:]}"
     report = json.loads(lines[-1][len("DAG_CHECK "):])

@@ -218,8 +218,11 @@ DEMO = ["--noise-seed", 1]
 def test_demo_on_prism(releases, tmp_path):
     """The `dpsynth` command on Prism: the same release, and no temporary
     folder left (Beam's portable runner made four empty ones a job, and
-    an empty beam-requirements-cache)."""
-    args = runners.prism_args(prism_location=_engine("prism"))
+    an empty beam-requirements-cache). No --prism_location: dpsynth starts
+    the binary install_engines put in the engines cache (issue 51)."""
+    _engine("prism")
+    args = runners.runner_args("prism")
+    assert not any(a.startswith("--prism_location") for a in args)
     temp = tmp_path / "tmp"
     temp.mkdir()
     run = subprocess.run(

@@ -42,6 +42,26 @@ def test_numpy_pandas_and_tf_hold_the_same_shuffled_rows(demo):
         release.load_release(demo, as_="arrow")
 
 
+def test_tf_without_tensorflow_is_one_line_naming_the_extra(
+        demo, monkeypatch):
+    """The base install has no TensorFlow: one line naming the extra, not
+    an import traceback (issue 51)."""
+    monkeypatch.setitem(sys.modules, "tensorflow", None)  # import fails
+    with pytest.raises(ImportError) as err:
+        release.load_release(demo, as_="tf")
+    assert str(err.value) == ("load_release(as_='tf') needs TensorFlow: "
+                              "pip install 'dpsynth[tf]'")
+    assert err.value.__cause__ is None and err.value.__suppress_context__
+
+
+def test_pandas_is_a_base_dependency():
+    """A release opens as a DataFrame after the base install."""
+    import tomllib
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    base = project["dependencies"]
+    assert any(r.startswith("pandas") for r in base), base
+
+
 def test_shuffled_rows_are_the_files_rows_in_the_seeded_order(
         demo, monkeypatch):
     monkeypatch.setattr(release, "_READ_BLOCK_ROWS", 7)  # many blocks

@@ -7,7 +7,7 @@ fraction of a second).
 """
 
 # Input embeddings (dpsynth.transforms.io).
-FORMATS = ("npz", "tfrecord", "parquet")
+FORMATS = ("npz", "tfrecord", "parquet", "csv")
 SPLIT_BYTES = 64 << 20  # input files are read in ranges of this
 NON_FINITE_POLICIES = ("reject", "drop")
 # Release data shards (dpsynth.transforms.write).

@@ -6,8 +6,8 @@
   fits under the lifetime cap (``python -m dpsynth.pipelines.budget_store check``);
   if not it fails the run *without retries* and nothing is launched. It also
   builds the runner's Beam options (``dpsynth.deploy.runners``) for the next task.
-* ``generate`` runs ``deploy/launch.py`` (= ``dpsynth generate``) with the
-  chosen runner. The authoritative spend is recorded by the job itself
+* ``generate`` runs ``python -m dpsynth.deploy.launch`` (= ``dpsynth
+  generate``) with the chosen runner. The authoritative spend is recorded by the job itself
   (``budget_store.reserve`` before any data is read): the check above is only a
   cheap pre-flight that avoids launching a cluster for nothing.
 * ``publish_notify`` verifies the published release (its ``_manifest.json``
@@ -59,10 +59,14 @@ the params cannot touch the lifetime cap or the budget store):
     notify_url        optional webhook receiving the release summary
 
 Environment of the Airflow workers (read when the DAG is parsed):
-  DPSYNTH_PYTHON  interpreter with dpsynth's dependencies (Beam, TensorFlow,
-                  dp-accounting...). Airflow lives in its own virtualenv
-                  because its pins clash with ours; default ``python3``.
-  DPSYNTH_HOME    dpsynth checkout (default: two levels above this file).
+  DPSYNTH_PYTHON  interpreter of the environment where dpsynth is installed
+                  (``pip install dpsynth``: its wheel, no checkout needed).
+                  Airflow lives in its own virtualenv because its pins clash
+                  with dpsynth's; default ``python3``. Every dpsynth step runs
+                  there as ``python -m dpsynth...``: the DAG itself imports
+                  nothing of dpsynth, and a DAGs folder holding packages of
+                  its own (``models/``...) does not collide with dpsynth's,
+                  which all live under ``dpsynth``.
 """
 
 from __future__ import annotations
@@ -77,16 +81,18 @@ from airflow.providers.apache.beam.operators.beam import (
     BeamRunPythonPipelineOperator)
 from airflow.sdk import DAG, Param, Variable, task
 
-DPSYNTH_HOME = os.environ.get("DPSYNTH_HOME") or os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DPSYNTH_PYTHON = os.environ.get("DPSYNTH_PYTHON", "python3")
-LAUNCH = os.path.join(DPSYNTH_HOME, "deploy", "launch.py")
+# `dpsynth generate` for the Beam operator, run as a module of the installed
+# package (py_options ["-m"]).
+LAUNCH_MODULE = "dpsynth.deploy.launch"
+# Where the default releases and budgets go (the config normally sets both).
+_DATA = os.path.join(os.path.expanduser("~"), "dpsynth")
 
 DEFAULTS = {
     "runner": "DirectRunner",
     "runner_params": {},
-    "output_root": os.path.join(DPSYNTH_HOME, "out", "nightly"),
-    "budget_store": os.path.join(DPSYNTH_HOME, "out", "budgets"),
+    "output_root": os.path.join(_DATA, "nightly"),
+    "budget_store": os.path.join(_DATA, "budgets"),
     "dataset_id": "digits-demo",
     "input": "",
     "num_classes": 10,
@@ -160,14 +166,29 @@ def _cap_flags(cfg: dict) -> list[str]:
 
 
 def _dpsynth(args: list[str]) -> subprocess.CompletedProcess:
-    """Runs `DPSYNTH_PYTHON -m <args>` in the dpsynth checkout."""
-    env = {**os.environ, "PYTHONPATH": DPSYNTH_HOME + os.pathsep +
-           os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([DPSYNTH_PYTHON, "-m", *args], cwd=DPSYNTH_HOME,
-                          env=env, capture_output=True, text=True)
+    """Runs `DPSYNTH_PYTHON -m <args>` (dpsynth as installed there)."""
+    proc = subprocess.run([DPSYNTH_PYTHON, "-m", *args],
+                          capture_output=True, text=True)
     print(proc.stdout)
     print(proc.stderr, file=sys.stderr)
     return proc
+
+
+# The runner's Beam options, built by dpsynth.deploy.runners where dpsynth
+# is installed (pure option builders; Airflow's venv has no dpsynth).
+_RUNNER_ARGS = ("import json, sys; from dpsynth.deploy import runners; "
+                "print(json.dumps(runners.runner_args(sys.argv[1], "
+                "**json.loads(sys.argv[2]))))")
+
+
+def runner_options(runner: str, params: dict) -> list[str]:
+    proc = subprocess.run([DPSYNTH_PYTHON, "-c", _RUNNER_ARGS, runner,
+                           json.dumps(params)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        from airflow.exceptions import AirflowFailException
+        lines = proc.stderr.strip().splitlines() or ["no output"]
+        raise AirflowFailException(f"runner_params of {runner}: {lines[-1]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def beam_option_dict(args: list[str]) -> dict:
@@ -223,10 +244,8 @@ with DAG(
         if check.returncode != 0:
             raise RuntimeError(f"budget check failed: {check.stderr[-2000:]}")
 
-        sys.path.insert(0, DPSYNTH_HOME)
-        from dpsynth.deploy import runners  # pure: no Beam/GCP import needed here
-        options = beam_option_dict(runners.runner_args(
-            cfg["runner"], **cfg["runner_params"]))
+        options = beam_option_dict(runner_options(cfg["runner"],
+                                                  cfg["runner_params"]))
         options.pop("runner")  # the operator passes --runner itself
         options.update({
             "output": output, "run_id": run_id,
@@ -249,7 +268,8 @@ with DAG(
 
     generate = BeamRunPythonPipelineOperator(
         task_id="generate",
-        py_file=LAUNCH,
+        py_file=LAUNCH_MODULE,
+        py_options=["-m"],
         py_interpreter=DPSYNTH_PYTHON,
         runner=plan["runner"],
         pipeline_options=plan["options"],

@@ -105,6 +105,32 @@ def _constraints(path: Path, dropped: set[str]) -> None:
     path.write_text("\n".join(keep) + "\n")
 
 
+def install_keeping_pins(python: str, constraints: Path,
+                         requirements: Sequence[str],
+                         unpinned: Sequence[str] = ()) -> set[str]:
+    """pip-installs ``requirements`` into the venv of ``python`` (one made
+    with ``--system-site-packages`` over this environment) under a
+    constraints file of this environment's pins but ``unpinned``, dropping
+    each pin the requirements refuse; returns the dropped pins."""
+    dropped: set[str] = {name.lower() for name in unpinned}
+    for _ in range(10):  # each round drops the pins the extra refuses
+        _constraints(constraints, dropped)
+        proc = subprocess.run(
+            [python, "-m", "pip", "install", "--disable-pip-version-check",
+             "-c", str(constraints), *requirements],
+            capture_output=True, text=True)
+        if proc.returncode == 0:
+            return dropped
+        refused = {m.lower() for m in
+                   _REFUSED_PIN.findall(proc.stdout + proc.stderr)}
+        if not refused - dropped:
+            raise RuntimeError(f"pip install {' '.join(requirements)} into "
+                               f"{python} failed:\n"
+                               f"{(proc.stdout + proc.stderr)[-3000:]}")
+        dropped |= refused
+    raise RuntimeError(f"pip install {' '.join(requirements)}: gave up")
+
+
 def ensure_venv(venv: Optional[Path] = None, quiet: bool = False) -> Path:
     """Creates (or reuses) the gcp venv; returns its python."""
     venv = venv or venv_dir()
@@ -122,27 +148,12 @@ def ensure_venv(venv: Optional[Path] = None, quiet: bool = False) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages",
                     str(venv)], check=True)
     py = str(venv_python(venv))
-    constraints = venv / "constraints.txt"
-    dropped: set[str] = set()
-    for _ in range(10):  # each round drops the pins the extra refuses
-        _constraints(constraints, dropped)
-        proc = subprocess.run(
-            [py, "-m", "pip", "install", "--disable-pip-version-check",
-             "-c", str(constraints), f"apache-beam[gcp]=={beam}",
-             # the venv's own bundled setuptools would shadow the project's
-             # (it builds the workers' sdist from setup.py)
-             "setuptools"],
-            capture_output=True, text=True)
-        if proc.returncode == 0:
-            break
-        refused = {m.lower() for m in
-                   _REFUSED_PIN.findall(proc.stdout + proc.stderr)}
-        if not refused - dropped:
-            raise RuntimeError(f"pip install apache-beam[gcp]=={beam} into "
-                               f"{venv} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-        dropped |= refused
-    else:
-        raise RuntimeError(f"pip install apache-beam[gcp]=={beam}: gave up")
+    dropped = install_keeping_pins(
+        py, venv / "constraints.txt", [f"apache-beam[gcp]=={beam}",
+                                       # the venv's own bundled setuptools
+                                       # would shadow the project's (it
+                                       # builds the workers' sdist)
+                                       "setuptools"])
     if dropped:
         say("pins of this environment the gcp extra replaces inside the "
             "venv:", ", ".join(sorted(dropped)))
