@@ -53,7 +53,8 @@ Life of one attempt of a run (statuses, in order):
              folder and the sha256 of its manifest are recorded (the spend is
              committed before any byte reaches --output)
   published  the manifest at --output names the release
-  failed     the pipeline failed after reading data (never published)
+  failed     the pipeline failed after reading data, or its staged release
+             failed the checks before publication (never published)
   abandoned  its owner's lease ran out while running; a newer attempt took
              the run id over (the spend stays; the old owner can change
              nothing any more)
@@ -411,6 +412,14 @@ def commit_staged(reservation: Reservation, folder: str,
         _set_status(reservation, STAGED, (STAGED,))
         return
     _set_status(reservation, STAGED, (RUNNING,), staged=staged)
+
+
+def reject_staged(reservation: Reservation, reason: str) -> None:
+    """The attempt's staged release failed its checks before publication
+    (files changed or missing, parts inconsistent, manifest not the one
+    recorded): it is never published. The attempt becomes failed (its
+    spend stays), so a retry of the run id is a new, charged attempt."""
+    _set_status(reservation, FAILED, (RUNNING, STAGED), rejected=reason[:300])
 
 
 def commit(reservation: Reservation, release_uri: str) -> None:
