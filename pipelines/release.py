@@ -33,7 +33,7 @@ swapped, truncated, added or deleted file is never published
 
 The switch. Deciding (is a release of this run, or of another run, there?),
 placing and writing the manifest happen as one conditional step: locally
-under an exclusive ``fcntl`` lock on ``<output>/_manifest.lock``; on gs://
+under an exclusive ``fcntl`` lock on the output folder; on gs://
 by writing the manifest with a generation precondition (the generation
 read when deciding; 0: none yet), deciding again when another writer won.
 So the manifest always names one complete version folder, and two
@@ -88,7 +88,6 @@ from dpsynth.transforms import io  # noqa: E402  (after the quiet Beam import)
 MANIFEST = "_manifest.json"
 LEGACY_MANIFEST = "manifest.json"  # format 2 and older
 VERSION_PREFIX = "v-"  # version folders: v-<random hex>
-LOCK = "_manifest.lock"  # local outputs: held while publishing
 _TEMP_PREFIX = ".manifest-"  # write_manifest's temporary file
 _CAS_ATTEMPTS = 20  # gs:// manifest switches lost to other writers
 _HASH_CHUNK = 1 << 22
@@ -300,8 +299,8 @@ def check_output(output: str, overwrite: bool) -> None:
         # Version folders without a manifest: a crashed publish (no release).
         leftovers = os.path.isdir(output) and all(
             (e.startswith(VERSION_PREFIX) and os.path.isdir(
-                os.path.join(output, e))) or e == LOCK
-            or e.startswith(_TEMP_PREFIX) for e in os.listdir(output))
+                os.path.join(output, e))) or e.startswith(_TEMP_PREFIX)
+            for e in os.listdir(output))
         if not leftovers:
             raise ReleaseError(f"--output {output} exists and is not a release; "
                                f"choose an empty or new path")
@@ -351,19 +350,20 @@ def publish(staging: str, output: str, overwrite: bool = False,
 
 @contextlib.contextmanager
 def _publish_lock(output: str) -> Iterator[None]:
-    """Locally: an exclusive lock on ``<output>/_manifest.lock`` from the
-    decision to the manifest's write. Object stores: nothing (the
-    manifest's write is conditional instead)."""
+    """Locally: an exclusive ``fcntl`` lock on the output folder itself
+    from the decision to the manifest's write (no lock file: the release
+    folder holds only the release). Object stores: nothing (the manifest's
+    write is conditional instead)."""
     if not is_local(output):
         yield
         return
     os.makedirs(output, exist_ok=True)
-    with open(os.path.join(output, LOCK), "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    fd = os.open(output, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _switch(staging: str, output: str, manifest: dict,
@@ -577,7 +577,7 @@ def verify_files(folder: str, manifest: dict,
 
 def _file_sizes(folder: str) -> dict[str, int]:
     """Relative name -> size of every file under ``folder`` but the
-    manifest, its temporary file and the publish lock."""
+    manifest and its temporary file."""
     prefix = folder.rstrip("/") + "/"
     if is_local(folder):
         sizes = {p[len(prefix):]: os.path.getsize(p) for p in _list(folder)}
@@ -585,16 +585,19 @@ def _file_sizes(folder: str) -> dict[str, int]:
         found = FileSystems.match([prefix + "**"])[0].metadata_list
         sizes = {m.path[len(prefix):]: int(m.size_in_bytes) for m in found}
     return {n: size for n, size in sizes.items()
-            if n not in (MANIFEST, LOCK) and not n.startswith(_TEMP_PREFIX)}
+            if n != MANIFEST and not n.startswith(_TEMP_PREFIX)}
 
 
 def _sha256_all(folder: str, names: list[str]) -> dict[str, str]:
     def digest(name: str) -> str:
         h = hashlib.sha256()
-        with FileSystems.open(io.join(folder, name),
-                              compression_type="uncompressed") as f:
-            for chunk in iter(lambda: f.read(_HASH_CHUNK), b""):
-                h.update(chunk)
+        try:
+            with FileSystems.open(io.join(folder, name),
+                                  compression_type="uncompressed") as f:
+                for chunk in iter(lambda: f.read(_HASH_CHUNK), b""):
+                    h.update(chunk)
+        except OSError:  # removed meanwhile: it cannot match
+            return ""
         return h.hexdigest()
     with ThreadPoolExecutor(max(1, min(8, usable_cores()))) as pool:
         return dict(zip(names, pool.map(digest, names)))
