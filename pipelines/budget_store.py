@@ -65,7 +65,9 @@ recorded forever, whatever happened to it. A retry of a run id (the nightly
 DAG retries with the same --run-id) reuses an attempt only when that costs
 nothing new: an attempt still ``reserved`` read no data; a ``staged`` attempt
 is re-published from exactly the folder it recorded, after checking the
-manifest's digest (no new noise, and never another draw under that run id).
+manifest's digest and every file's sha256 against the manifest (no new
+noise, and never another draw under that run id; a changed folder is never
+published and its attempt becomes ``failed``: ``reject_staged``).
 Any other retry (the crashed attempt read data and may have drawn noise, and
 nothing of it is staged) is a new attempt, charged again and refused when it
 no longer fits under the cap. A ``published`` run id is refused

@@ -709,10 +709,12 @@ def run(spec: GenerateSpec) -> str:
 
     Protocol (see pipelines/budget_store.py for the lifetime ledger's side):
     reserve the spend (or take over the run id's attempt) -> run into this
-    launch's own staging folder -> staged manifest -> record the staged
-    folder and its manifest's digest -> place the files under
-    --output/<version> -> write --output/_manifest.json (the commit point for
-    readers) -> record the release as published. A retry of a run id whose
+    launch's own staging folder -> staged manifest (with every file's size
+    and sha256) -> record the staged folder and its manifest's digest ->
+    check the staged files and their consistency -> place the files under
+    --output/<version> -> write --output/_manifest.json if it is still the
+    one the decision read (the commit point for readers) -> record the
+    release as published. A retry of a run id whose
     staged release is recorded re-publishes exactly that folder (same noise,
     no new spend); one run id never publishes a second draw.
     """

@@ -385,7 +385,7 @@ def _switch(staging: str, output: str, manifest: dict,
                 write_manifest(output, manifest, generation)  # the commit point
             except ManifestMoved:
                 continue
-            _remove_replaced(output, current, where)
+            _remove_replaced(output, current, where, manifest["root"])
             return manifest
         raise ReleaseError(f"--output {output}: its manifest kept changing "
                            "while this launch published; nothing published")
@@ -484,11 +484,12 @@ def _remove_unpublished(output: str, manifest: dict, root: str) -> None:
         pass
 
 
-def _remove_replaced(output: str, old: Optional[dict], where: str) -> None:
+def _remove_replaced(output: str, old: Optional[dict], where: str,
+                     new_root: str) -> None:
     """Removes the files the replaced manifest lists (and an older
     release's legacy manifest): only what dpsynth wrote and recorded."""
-    if old is None:
-        return
+    if old is None or old.get("root") == new_root:
+        return  # nothing replaced, or the same folder (now the new files)
     root = old.get("root")
     if root is None:  # releases before version folders: files at --output
         folder = output

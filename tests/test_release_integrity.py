@@ -117,12 +117,12 @@ def test_a_budget_store_under_output_is_refused_before_reading(tmp_path,
 
 
 def test_a_noise_key_location_under_output_is_a_typed_api_error(tmp_path):
-    out = f"gs://bucket/releases/out"
+    out = tmp_path / "releases" / "out"
     spec = GenerateSpec(
         input=InputOptions(path=str(tmp_path / "not-read.npz"), num_classes=2),
-        output=OutputOptions(path=out, run_id="r"),
+        output=OutputOptions(path=str(out), run_id="r"),
         budget=BudgetOptions(),
-        run=RunOptions(noise_key_location="gs://bucket/releases/out/../out/k"))
+        run=RunOptions(noise_key_location=f"{out}/../out/keys"))
     with pytest.raises(release.PathOverlap, match="--noise-key-location"):
         job.run(spec)
 
