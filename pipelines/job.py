@@ -777,10 +777,13 @@ def _run(spec: GenerateSpec) -> str:
             if published and isinstance(err, KeyboardInterrupt):
                 raise console.InterruptedAfterPublishing(job.output) from err
             if rejected:
+                retry = ("the attempt stays charged: a retry of run "
+                         f"{job.run_id!r} is a new, charged attempt"
+                         if reservation is not None else
+                         f"a retry of run {job.run_id!r} draws again")
                 raise release.ReleaseChanged(
-                    f"{err}; not published, the staged files are removed and "
-                    "the attempt stays charged: a retry of run "
-                    f"{job.run_id!r} is a new attempt") from None
+                    f"{err}; not published, the staged files are removed; "
+                    f"{retry}") from None
             raise
     for folder in release.staging_folders(job.output, job.run_id).values():
         release.discard(folder)  # this one and crashed attempts' leftovers

@@ -218,7 +218,7 @@ def _swap_after_crash_then_retry(monkeypatch, tmp_path, capsys, out: str,
 
     assert _generate(data, out, *budget) == 2
     err = _one_line_error(capsys)
-    assert "not the ones its manifest lists" in err and "new attempt" in err
+    assert "not the ones its manifest lists" in err and "new, charged" in err
     assert not release.release_exists(out)
     assert release.staging_folders(out, "nightly") == {}  # removed
     (entry,) = bs.history(store, "d")
@@ -311,6 +311,18 @@ def test_readers_verify_the_files(tmp_path):
         release.load_release(out)
 
 
+def test_latest_json_never_points_at_a_changed_release(tmp_path, capsys):
+    from dpsynth.deploy import publish
+    root = tmp_path / "releases"
+    out = str(root / "2026-01-01")
+    release.publish(_staged(str(tmp_path / "s"), "nightly", "v-1"), out)
+    _delete_shard(release.release_root(out))
+    assert publish.main(["--output", out, "--run-id", "nightly",
+                         "--output-root", str(root)]) == 1
+    assert "s-1.tfrecord is missing" in capsys.readouterr().err
+    assert not (root / "LATEST.json").exists()
+
+
 # --------------------------------------- 3. the conditional manifest switch
 
 def _slow_place(monkeypatch, seconds: float = 0.3) -> None:
@@ -343,6 +355,7 @@ def _race(stagings: list[str], output: str, overwrite: bool) -> list:
 
     def watch():
         while not done.is_set():
+            time.sleep(0.005)  # a reader polling, not a busy loop
             before = root()
             if before is None:
                 continue
