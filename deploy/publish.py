@@ -4,7 +4,8 @@
 --output-root ROOT`` checks that the
 published release (its ``_manifest.json`` is the commit point, see
 ``pipelines/release.py``) was produced by run ``ID`` — a different run id
-means another configuration wrote there, which must not pass silently —
+means another configuration wrote there, which must not pass silently — and
+that its files are the ones its manifest lists (sizes and sha256), then
 writes ``ROOT/LATEST.json`` (one object write: atomic on GCS and, through a
 rename, locally) and prints a JSON summary (nothing private: manifest fields
 that are already DP outputs or public configuration). ``LATEST.json`` and the
@@ -27,7 +28,8 @@ LATEST = "LATEST.json"
 
 def summary(output: str, run_id: str) -> dict:
     from dpsynth.pipelines import release
-    manifest = release.read_manifest(output)  # refuses incomplete releases
+    # Refuses incomplete releases and files that differ from the manifest.
+    manifest = release.verify_release(output)
     if manifest.get("run_id") != run_id:
         raise ValueError(f"{output}: the release there was produced by run "
                          f"{manifest.get('run_id')!r}, not {run_id!r}")

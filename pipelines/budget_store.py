@@ -57,7 +57,8 @@ Life of one attempt of a run (statuses, in order):
              folder and the sha256 of its manifest are recorded (the spend is
              committed before any byte reaches --output)
   published  the manifest at --output names the release
-  failed     the pipeline failed after reading data (never published)
+  failed     the pipeline failed after reading data, or its staged release
+             failed the checks before publication (never published)
   abandoned  its owner's lease ran out while running; a newer attempt took
              the run id over (the spend stays; the old owner can change
              nothing any more)
@@ -68,7 +69,9 @@ recorded forever, whatever happened to it. A retry of a run id (the nightly
 DAG retries with the same --run-id) reuses an attempt only when that costs
 nothing new: an attempt still ``reserved`` read no data; a ``staged`` attempt
 is re-published from exactly the folder it recorded, after checking the
-manifest's digest (no new noise, and never another draw under that run id).
+manifest's digest and every file's sha256 against the manifest (no new
+noise, and never another draw under that run id; a changed folder is never
+published and its attempt becomes ``failed``: ``reject_staged``).
 Any other retry (the crashed attempt read data and may have drawn noise, and
 nothing of it is staged) is a new attempt, charged again and refused when it
 no longer fits under the cap. A ``published`` run id is refused
@@ -434,6 +437,14 @@ def commit_staged(reservation: Reservation, folder: str,
         _set_status(reservation, STAGED, (STAGED,))
         return
     _set_status(reservation, STAGED, (RUNNING,), staged=staged)
+
+
+def reject_staged(reservation: Reservation, reason: str) -> None:
+    """The attempt's staged release failed its checks before publication
+    (files changed or missing, parts inconsistent, manifest not the one
+    recorded): it is never published. The attempt becomes failed (its
+    spend stays), so a retry of the run id is a new, charged attempt."""
+    _set_status(reservation, FAILED, (RUNNING, STAGED), rejected=reason[:300])
 
 
 def commit(reservation: Reservation, release_uri: str) -> None:

@@ -90,3 +90,29 @@ def _shard_sizes(staging: str) -> dict[str, int]:
     found = FileSystems.match([pattern])[0].metadata_list
     return {m.path.rsplit("/", 1)[-1]: int(m.size_in_bytes) for m in found}
 
+
+
+def check_manifest(folder: str, manifest: dict) -> None:
+    """``check_staged`` of the release in ``folder`` with everything it
+    compares taken from the release's own manifest (its configuration,
+    classes, dimension, features and format): run again before every
+    publication, also of a release staged by an earlier launch."""
+    try:
+        conf = dict(manifest["config"], labels=tuple(
+            manifest["config"]["labels"]))
+        cfg = GeneratorConfig(**conf)
+        outputs = manifest.get("outputs") or {}
+        role = {f.get("role"): name for name, f in
+                (outputs.get("features") or {}).items()}
+        summary, dim = manifest["classes"], int(manifest["embedding_dim"])
+    except (KeyError, TypeError, ValueError) as err:
+        _fail(folder, f"its manifest cannot be read back ({err})")
+    try:
+        check_staged(folder, cfg, summary, dim,
+                     role.get("embedding", "embedding"),
+                     role.get("label", "label"),
+                     outputs.get("format", "tfrecord"))
+    except InconsistentRelease:
+        raise
+    except Exception as err:  # unreadable files: not a release either
+        _fail(folder, f"{type(err).__name__}: {err}")

@@ -360,6 +360,12 @@ def _lifetime(spec: GenerateSpec):
         return None
     from dpsynth.pipelines import budget_store
     cap = budget_store.pinned_cap(budget.store, budget.dataset_id)
+    if cap is None:  # the ledger vanished while the run published
+        from dpsynth.pipelines.release import ReleaseError
+        raise ReleaseError(
+            f"the release is published, but budget store {budget.store} no "
+            f"longer holds the ledger of dataset {budget.dataset_id!r}: "
+            "restore it before any other run of this dataset")
     spent = budget_store.lifetime_spent(budget.store, budget.dataset_id,
                                         cap["delta"], spec.generator.accountant)
     return spent, cap["epsilon"], budget.dataset_id

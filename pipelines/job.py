@@ -93,6 +93,9 @@ def prepare(spec: GenerateSpec) -> Job:
                          f"the staging directory), got {out.run_id!r}")
     run_id = out.run_id or uuid.uuid4().hex[:12]
     output = out.path or f"dpsynth-releases/{run_id}"
+    release.check_apart(output, {
+        "--budget-store": spec.budget.store,
+        "--noise-key-location": spec.run.noise_key_location})
     _check_budget_flags(spec)
     _check_noise_key_location(spec)
     owner = os.urandom(8).hex()
@@ -657,6 +660,8 @@ def _stage(job: Job, spec: GenerateSpec, lease, timings: dict) -> dict:
             "launch of this run id has finished and cleaned up. Nothing is "
             "published by this one") from None
     doc = manifest(job, spec, reader.dim, summary)
+    # Every file's size and sha256: each publication checks them.
+    doc["files"] = release.file_digests(job.staging)
     release.write_manifest(job.staging, doc)
     return doc
 
@@ -732,10 +737,12 @@ def run(spec: GenerateSpec) -> str:
 
     Protocol (see pipelines/budget_store.py for the lifetime ledger's side):
     reserve the spend (or take over the run id's attempt) -> run into this
-    launch's own staging folder -> staged manifest -> record the staged
-    folder and its manifest's digest -> place the files under
-    --output/<version> -> write --output/_manifest.json (the commit point for
-    readers) -> record the release as published. A retry of a run id whose
+    launch's own staging folder -> staged manifest (with every file's size
+    and sha256) -> record the staged folder and its manifest's digest ->
+    check the staged files and their consistency -> place the files under
+    --output/<version> -> write --output/_manifest.json if it is still the
+    one the decision read (the commit point for readers) -> record the
+    release as published. A retry of a run id whose
     staged release is recorded re-publishes exactly that folder (same noise,
     no new spend); one run id never publishes a second draw.
     """
@@ -788,22 +795,31 @@ def _run(spec: GenerateSpec) -> str:
                 recorded = True
             _checkpoint("committed")
             console.stop_if_ctrl_c()  # one a library swallowed: no release
-            release.publish(job.staging, job.output, spec.output.overwrite)
+            _publish(job, spec)
             published = True
             _checkpoint("published")
             if reservation is not None:
                 budget_store.commit(reservation, job.output)
             _checkpoint("recorded")
         except BaseException as err:
-            _stop_attempt(job, spec, reservation, recorded)
+            rejected = isinstance(err, release.ReleaseChanged)
+            _stop_attempt(job, spec, reservation, recorded,
+                          str(err) if rejected else None)
             if published and isinstance(err, KeyboardInterrupt):
                 raise console.InterruptedAfterPublishing(job.output) from err
             if lease.lost is not None and not published:
                 # A pass boundary found the attempt taken over (and may
                 # have interrupted the pipeline to stop it): one line.
                 raise lease.lost from None
+            if rejected:
+                retry = ("the attempt stays charged: a retry of run "
+                         f"{job.run_id!r} is a new, charged attempt"
+                         if reservation is not None else
+                         f"a retry of run {job.run_id!r} draws again")
+                raise release.ReleaseChanged(
+                    f"{err}; not published, the staged files are removed; "
+                    f"{retry}") from None
             raise
-    release.remove_unreferenced(job.output)
     leftovers = release.staging_folders(job.output, job.run_id)
     _remove_abandoned_keys(job, spec, leftovers)  # named by their tokens
     for folder in leftovers.values():
@@ -814,22 +830,38 @@ def _run(spec: GenerateSpec) -> str:
     return job.output
 
 
+def _publish(job: Job, spec: GenerateSpec) -> None:
+    """Publishes the staged release after checking every file against its
+    manifest and the parts against each other (``consistency``), on every
+    publication: also when a retry re-publishes an earlier launch's staged
+    files, which may have changed since."""
+    try:
+        release.publish(job.staging, job.output, spec.output.overwrite,
+                        check=consistency.check_manifest)
+    except consistency.InconsistentRelease as err:
+        raise release.ReleaseChanged(str(err)) from None
+
+
 def _stop_attempt(job: Job, spec: GenerateSpec, reservation,
-                  recorded: bool) -> None:
+                  recorded: bool, rejected: Optional[str] = None) -> None:
     """After a failure: give the attempt back and keep the staged release
     only where a retry may publish it (recorded in the store, or no store
-    and no release of this run id published by another launch)."""
+    and no release of this run id published by another launch). A staged
+    release that failed its checks (``rejected``: why) is removed and its
+    attempt marked failed: a retry draws again and is charged again."""
     if reservation is not None:
         from dpsynth.pipelines import budget_store
         try:
+            if rejected:
+                budget_store.reject_staged(reservation, rejected)
             budget_store.release_failed(reservation)
         except Exception as err:  # must not hide the original error
             log.warning("could not record the failed attempt of run %s in "
                         "the budget store (%s); its lease expires by itself",
                         job.run_id, err)
-    keep = release.staged_manifest(job.staging) is not None and (
-        recorded if reservation is not None
-        else not _published_by(job.output, job.run_id))
+    keep = (not rejected and release.staged_manifest(job.staging) is not None
+            and (recorded if reservation is not None
+                 else not _published_by(job.output, job.run_id)))
     if not keep:
         release.discard(job.staging)
         return
@@ -905,10 +937,11 @@ def _recorded_staged(job: Job, reservation) -> dict:
     staged = release.staged_manifest(folder)
     if staged is None or release.manifest_digest(folder) != \
             reservation.staged["manifest_sha256"]:
-        raise release.ReleaseError(
-            f"run {job.run_id!r}: the budget store recorded a staged release "
-            f"at {folder}, which is missing or changed; nothing is published "
-            "(the attempt stays charged). Start a new --run-id")
+        job.staging = folder  # removed with the attempt's rejection
+        raise release.ReleaseChanged(
+            f"run {job.run_id!r}: the staged release the budget store "
+            f"recorded at {folder} is missing or changed (its manifest is not "
+            "the one recorded)")
     job.staging = folder
     return staged
 
@@ -921,7 +954,6 @@ def _finish_published(job: Job, spec: GenerateSpec) -> None:
         budget_store.mark_published(spec.budget.store, spec.budget.dataset_id,
                                     job.run_id, job.output,
                                     release.manifest_digest(job.output))
-    release.remove_unreferenced(job.output)
     for folder in release.staging_folders(job.output, job.run_id).values():
         release.discard(folder)
 

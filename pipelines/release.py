@@ -24,17 +24,40 @@ under ``--output`` is a release: ``read_manifest`` / ``load_release`` read
 only what the manifest names, and a version folder without a manifest
 naming it belongs to no release. Publishing the same staged release again
 (a retry after a crash) writes identical bytes into the same version folder.
+
+Integrity. The staged manifest lists every file of the release with its
+size and sha256 (``files``). Publishing checks the staged files against it
+before placing anything and the placed copies before the switch, so a
+swapped, truncated, added or deleted file is never published
+(``ReleaseChanged``); ``load_release`` checks the files it reads too.
+
+The switch. Deciding (is a release of this run, or of another run, there?),
+placing and writing the manifest happen as one conditional step: locally
+under an exclusive ``fcntl`` lock on the output folder; on gs://
+by writing the manifest with a generation precondition (the generation
+read when deciding; 0: none yet), deciding again when another writer won.
+So the manifest always names one complete version folder, and two
+launches of one run id never both publish.
+
+What publishing removes. Only what dpsynth wrote and recorded: after the
+switch, the files the replaced manifest lists (its version folder), and a
+launch's own placed files when it did not publish them. Nothing else under
+``--output`` is touched (an operator's notes, another tool's objects); a
+version folder left by a killed launch stays until removed by hand.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import posixpath
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import Callable, Iterator, Mapping, Optional
 
 import numpy as np
 
@@ -65,10 +88,28 @@ from dpsynth.transforms import io  # noqa: E402  (after the quiet Beam import)
 MANIFEST = "_manifest.json"
 LEGACY_MANIFEST = "manifest.json"  # format 2 and older
 VERSION_PREFIX = "v-"  # version folders: v-<random hex>
+_TEMP_PREFIX = ".manifest-"  # write_manifest's temporary file
+_CAS_ATTEMPTS = 20  # gs:// manifest switches lost to other writers
+_HASH_CHUNK = 1 << 22
 
 
 class ReleaseError(RuntimeError):
     pass
+
+
+class ReleaseChanged(ReleaseError):
+    """A release's files differ from what its manifest lists (swapped,
+    truncated, missing or added), or its staged manifest is not the one
+    recorded: it is not published (or read)."""
+
+
+class PathOverlap(ReleaseError):
+    """A location dpsynth must keep (the budget store, the noise key) lies
+    under --output, which publishing owns."""
+
+
+class ManifestMoved(ReleaseError):
+    """The output's manifest changed since it was read (gs:// switch)."""
 
 
 def is_local(path: str) -> bool:
@@ -103,6 +144,46 @@ def staging_folders(output: str, run_id: str) -> dict[str, str]:
         token = m.path[len(prefix):].split("/", 1)[0]
         out[token] = prefix + token
     return out
+
+
+def _path_forms(path: str) -> set[str]:
+    """The spellings of ``path`` to compare: locally its absolute path and
+    its path with links resolved; on object stores the name as written
+    (objects may literally hold "..") and with "." / ".." / "//" resolved;
+    never with a trailing "/"."""
+    if is_local(path) or path.startswith("file://"):
+        path = path.removeprefix("file://")
+        return {os.path.abspath(path), os.path.realpath(path)}
+    scheme, _, rest = path.partition("://")
+    bucket, _, name = rest.partition("/")
+    forms = set()
+    for form in (name.rstrip("/"), posixpath.normpath("/" + name).strip("/")):
+        forms.add(f"{scheme}://{bucket}" + (f"/{form}" if form else ""))
+    return forms
+
+
+def lies_under(path: str, output: str) -> bool:
+    """True when ``path`` is ``output``, lies under it or under one of its
+    staging folders (``<output>.staging-...``), in any spelling."""
+    for inner in _path_forms(path):
+        for outer in _path_forms(output):
+            if (inner == outer or inner.startswith(outer.rstrip("/") + "/")
+                    or inner.startswith(outer + ".staging-")):
+                return True
+    return False
+
+
+def check_apart(output: str, locations: Mapping[str, Optional[str]]) -> None:
+    """Refuses (before any data is read) a location that lies under
+    --output: publishing owns --output and its staging folders, so a
+    ledger or key kept there could be replaced, published or removed with
+    a release. ``locations``: flag -> path (None: not given)."""
+    for flag, path in locations.items():
+        if path and lies_under(path, output):
+            raise PathOverlap(
+                f"{flag} {path} lies under --output {output} (with '..', "
+                "'/' and links resolved); --output and its staging folders "
+                f"belong to the release: keep {flag} outside them")
 
 
 def manifest_digest(folder: str) -> str:
@@ -143,16 +224,24 @@ def release_root(release: str, manifest: Optional[dict] = None) -> str:
     return io.join(release, root) if root else release
 
 
-def write_manifest(folder: str, manifest: dict) -> None:
-    """Writes ``folder/_manifest.json`` in one atomic step."""
+def write_manifest(folder: str, manifest: dict,
+                   generation: Optional[int] = None) -> None:
+    """Writes ``folder/_manifest.json`` in one atomic step.
+
+    ``generation`` (gs:// only): write only if the object's generation is
+    still this one (0: it must not exist yet); ``ManifestMoved`` if not.
+    """
     data = json.dumps(manifest, indent=1, sort_keys=True).encode()
     path = manifest_path(folder)
+    if generation is not None and path.startswith("gs://"):
+        _gcs_write_if(path, data, generation)
+        return
     if not is_local(path):  # one object write: atomic on GCS
         with FileSystems.create(path) as f:
             f.write(data)
         return
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -165,6 +254,42 @@ def write_manifest(folder: str, manifest: dict) -> None:
         raise
 
 
+def _gcs_bucket(uri: str):
+    """(bucket handle, object name) of a gs:// URI."""
+    from google.cloud import storage  # only gs:// outputs need it
+    bucket, _, name = uri[len("gs://"):].partition("/")
+    # No project is needed for object calls; None where credentials lack it.
+    project = os.environ.get("GOOGLE_CLOUD_PROJECT") or None
+    return storage.Client(project=project).bucket(bucket), name
+
+
+def _gcs_write_if(uri: str, data: bytes, generation: int) -> None:
+    from google.api_core import exceptions
+    bucket, name = _gcs_bucket(uri)
+    try:
+        bucket.blob(name).upload_from_string(
+            data, content_type="application/json",
+            if_generation_match=generation)
+    except exceptions.PreconditionFailed:
+        raise ManifestMoved(f"{uri} changed meanwhile") from None
+
+
+def _gcs_read(uri: str) -> tuple[Optional[dict], int]:
+    """(the JSON object at ``uri`` or None, its generation or 0)."""
+    from google.api_core import exceptions
+    bucket, name = _gcs_bucket(uri)
+    for _ in range(_CAS_ATTEMPTS):
+        blob = bucket.get_blob(name)
+        if blob is None:
+            return None, 0
+        try:  # the body of exactly that generation
+            data = blob.download_as_bytes(if_generation_match=blob.generation)
+        except (exceptions.PreconditionFailed, exceptions.NotFound):
+            continue  # replaced between the two calls: read again
+        return json.loads(data.decode()), int(blob.generation)
+    raise ReleaseError(f"{uri} kept changing while being read")
+
+
 def check_output(output: str, overwrite: bool) -> None:
     """Refuse (before any data is read) to clobber an existing release."""
     if release_exists(output) and not overwrite:
@@ -173,8 +298,9 @@ def check_output(output: str, overwrite: bool) -> None:
     if is_local(output) and os.path.exists(output) and not release_exists(output):
         # Version folders without a manifest: a crashed publish (no release).
         leftovers = os.path.isdir(output) and all(
-            e.startswith(VERSION_PREFIX) and os.path.isdir(
-                os.path.join(output, e)) for e in os.listdir(output))
+            (e.startswith(VERSION_PREFIX) and os.path.isdir(
+                os.path.join(output, e))) or e.startswith(_TEMP_PREFIX)
+            for e in os.listdir(output))
         if not leftovers:
             raise ReleaseError(f"--output {output} exists and is not a release; "
                                f"choose an empty or new path")
@@ -199,30 +325,133 @@ def _list(prefix: str) -> list[str]:
     return sorted(m.path for m in result.metadata_list)
 
 
-def publish(staging: str, output: str, overwrite: bool = False) -> dict:
+def publish(staging: str, output: str, overwrite: bool = False,
+            check: Optional[Callable[[str, dict], None]] = None) -> dict:
     """Publishes a complete staged release at ``output``; returns its
-    manifest. Safe to repeat after a crash (same bytes, same folder)."""
+    manifest. Safe to repeat after a crash (same bytes, same folder).
+
+    Checks every staged file against the manifest first, places the files
+    in the version folder, checks the placed copies and then switches the
+    manifest conditionally (see the module docstring); afterwards removes
+    the files of the release it replaced. ``ReleaseChanged``: the files
+    differ from the manifest; ``ReleaseError``: another release is there
+    (of this run id: another launch published it; of another run: without
+    ``overwrite``). ``check(staging, manifest)``: run on the checked
+    staged files before anything is placed (the job's consistency check)."""
     manifest = staged_manifest(staging)
     if manifest is None:
         raise ReleaseError(f"{staging}: staging has no manifest; not publishing")
-    if release_exists(output):
-        current = read_manifest(output)
-        if current.get("root") == manifest["root"]:
-            return manifest  # this staged release is already the published one
-        if current.get("run_id") == manifest.get("run_id"):
-            raise ReleaseError(
-                f"--output {output} already holds a release of run "
-                f"{manifest.get('run_id')!r} (another launch published it); "
-                "one run id has one release: not replacing it with a second "
-                "draw, even with --overwrite")
-        if not overwrite:
-            raise ReleaseError(f"--output {output} already holds a release")
-    root = io.join(output, manifest["root"])
-    prefix = staging.rstrip("/") + "/"
-    files = [p for p in _list(staging) if p != manifest_path(staging)]
-    _place(files, [io.join(root, p[len(prefix):]) for p in files])
-    write_manifest(output, manifest)  # the commit point
-    return manifest
+    verify_files(staging, manifest)  # before anything reaches --output
+    if check is not None:
+        check(staging, manifest)
+    with _publish_lock(output):
+        return _switch(staging, output, manifest, overwrite)
+
+
+@contextlib.contextmanager
+def _publish_lock(output: str) -> Iterator[None]:
+    """Locally: an exclusive ``fcntl`` lock on the output folder itself
+    from the decision to the manifest's write (no lock file: the release
+    folder holds only the release). Object stores: nothing (the manifest's
+    write is conditional instead)."""
+    if not is_local(output):
+        yield
+        return
+    os.makedirs(output, exist_ok=True)
+    fd = os.open(output, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _switch(staging: str, output: str, manifest: dict,
+            overwrite: bool) -> dict:
+    """Decide -> place -> check -> conditional manifest write, again from
+    the decision when another writer changed the manifest meanwhile."""
+    root = io.join(output, _root_name(manifest))
+    placed = False
+    try:
+        for _ in range(_CAS_ATTEMPTS):
+            current, generation, where = _current(output)
+            if _is_published(current, manifest, output, overwrite):
+                return manifest
+            if not placed:
+                placed = True
+                _place_all(staging, root, manifest)
+                verify_files(root, manifest)
+            try:
+                write_manifest(output, manifest, generation)  # the commit point
+            except ManifestMoved:
+                continue
+            _remove_replaced(output, current, where, manifest["root"])
+            return manifest
+        raise ReleaseError(f"--output {output}: its manifest kept changing "
+                           "while this launch published; nothing published")
+    except BaseException:
+        if placed:
+            _remove_unpublished(output, manifest, root)
+        raise
+
+
+def _current(output: str) -> tuple[Optional[dict], Optional[int], str]:
+    """The output's manifest (None: no release), the generation a
+    conditional write must match (gs://; None elsewhere: unconditional,
+    under the local lock) and the path it was read from."""
+    path = manifest_path(output)
+    generation = None
+    if path.startswith("gs://"):
+        doc, generation = _gcs_read(path)
+        if doc is not None:
+            return doc, generation, path
+    found = _manifest_file(output)  # an older release's manifest.json
+    if found is None:
+        return None, generation, path
+    return read_manifest(output), generation, found
+
+
+def _is_published(current: Optional[dict], manifest: dict, output: str,
+                  overwrite: bool) -> bool:
+    """True when ``manifest`` is already the published one; raises when
+    ``current`` must not be replaced; False: switch to ``manifest``."""
+    if current is None:
+        return False
+    if current == manifest:
+        return True  # this staged release is already the published one
+    run_id = manifest.get("run_id")
+    if current.get("run_id") == run_id:
+        raise ReleaseError(
+            f"--output {output} already holds a release of run {run_id!r} "
+            "(another launch published it); one run id has one release: "
+            "not replacing it with a second draw, even with --overwrite")
+    if not overwrite:
+        raise ReleaseError(f"--output {output} already holds a release (of "
+                           f"run {current.get('run_id')!r}, published "
+                           "meanwhile); pass --overwrite to replace it")
+    return False
+
+
+def _root_name(manifest: dict) -> str:
+    root = manifest.get("root")
+    if not _own_name(root) or "/" in root or not root.startswith(
+            VERSION_PREFIX):
+        raise ReleaseError(f"manifest root {root!r} is not a version folder "
+                           f"name ({VERSION_PREFIX}...); not publishing")
+    return root
+
+
+def _own_name(name) -> bool:
+    """A relative path that stays inside its folder."""
+    return (isinstance(name, str) and bool(name) and not name.startswith("/")
+            and "://" not in name
+            and all(p not in ("", ".", "..") for p in name.split("/")))
+
+
+def _place_all(staging: str, root: str, manifest: dict) -> None:
+    names = sorted(manifest["files"])
+    _place([io.join(staging, n) for n in names],
+           [io.join(root, n) for n in names])
 
 
 def _place(sources: list[str], targets: list[str]) -> None:
@@ -243,23 +472,146 @@ def _place(sources: list[str], targets: list[str]) -> None:
             shutil.copyfile(src, dst)
 
 
-def remove_unreferenced(output: str) -> None:
-    """Deletes version folders the published manifest does not name (an
-    overwritten release, a crashed attempt's partial copy)."""
-    manifest = read_manifest(output)
-    keep = io.join(output, manifest["root"]).rstrip("/") + "/"
-    stale = [p for p in _list(output)
-             if p != manifest_path(output) and not p.startswith(keep)]
-    legacy = io.join(output, LEGACY_MANIFEST)
-    if is_local(output) and os.path.exists(legacy):
-        os.unlink(legacy)  # an older release this one replaced
-    if is_local(output):
-        for entry in os.listdir(output):
-            path = os.path.join(output, entry)
-            if os.path.isdir(path) and path + "/" != keep:
-                shutil.rmtree(path, ignore_errors=True)
-    elif stale:
-        FileSystems.delete(stale)
+def _remove_unpublished(output: str, manifest: dict, root: str) -> None:
+    """A launch that placed files and did not publish them removes them,
+    unless the published manifest names that same folder (another launch
+    of the same staged release won). Best effort: never hides the error."""
+    try:
+        current = _current(output)[0]
+        if current is None or current.get("root") != manifest.get("root"):
+            _delete_own(root, list(manifest["files"]))
+    except Exception:
+        pass
+
+
+def _remove_replaced(output: str, old: Optional[dict], where: str,
+                     new_root: str) -> None:
+    """Removes the files the replaced manifest lists (and an older
+    release's legacy manifest): only what dpsynth wrote and recorded."""
+    if old is None or old.get("root") == new_root:
+        return  # nothing replaced, or the same folder (now the new files)
+    root = old.get("root")
+    if root is None:  # releases before version folders: files at --output
+        folder = output
+    elif _own_name(root) and "/" not in root:
+        folder = io.join(output, root)
+    else:
+        return  # not a name dpsynth writes: touch nothing
+    _delete_own(folder, _recorded_names(old))
+    if where.endswith("/" + LEGACY_MANIFEST):
+        _delete_own(output, [LEGACY_MANIFEST])
+
+
+def _recorded_names(manifest: dict) -> list[str]:
+    """The files a manifest names, relative to its folder (older manifests
+    without ``files``: the data shards, the mixture, summary and schema)."""
+    if isinstance(manifest.get("files"), dict):
+        return list(manifest["files"])
+    outputs = manifest.get("outputs") or {}
+    data = str(outputs.get("data", "data/")).strip("/") or "data"
+    names = [f"{data}/{n}" for c in manifest.get("classes", [])
+             for n in c.get("shards", [])]
+    return names + [outputs.get("gmm", "gmm.npz"),
+                    outputs.get("summary", "summary.json"),
+                    outputs.get("schema", "schema.json")]
+
+
+def _delete_own(folder: str, names: list[str]) -> None:
+    """Deletes ``folder/name`` for the names that exist and stay inside
+    ``folder``; locally also the folders this leaves empty."""
+    paths = [io.join(folder, n) for n in names if _own_name(n)]
+    present = set(_list(folder))
+    doomed = [p for p in paths if p in present]
+    if not is_local(folder):
+        if doomed:
+            FileSystems.delete(doomed)
+        return
+    for path in doomed:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    for name in sorted({os.path.dirname(p) for p in doomed}, reverse=True):
+        while name != folder.rstrip("/") and name.startswith(folder):
+            with contextlib.suppress(OSError):  # not empty: keep it
+                os.rmdir(name)
+            name = os.path.dirname(name)
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
+
+
+def file_digests(folder: str) -> dict:
+    """Every file under ``folder`` but its manifest: relative name ->
+    {"bytes": size, "sha256": hex digest} (the staged manifest's
+    ``files``)."""
+    sizes = _file_sizes(folder)
+    digests = _sha256_all(folder, sorted(sizes))
+    return {n: {"bytes": sizes[n], "sha256": digests[n]} for n in sorted(sizes)}
+
+
+def verify_files(folder: str, manifest: dict,
+                 names: Optional[list[str]] = None) -> None:
+    """Raises ``ReleaseChanged`` unless the files under ``folder`` are
+    exactly those the manifest lists (``names``: only these, extra files
+    allowed), each of the listed size and sha256."""
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise ReleaseChanged(
+            f"{folder}: its manifest lists no file digests (staged by an "
+            "older dpsynth); it cannot be checked, so it is not published")
+    wanted = sorted(files) if names is None else sorted(names)
+    sizes = _file_sizes(folder)
+    problems = [f"{n} is missing" for n in wanted if n not in sizes]
+    if names is None:
+        problems += [f"{n} is not in the manifest"
+                     for n in sorted(set(sizes) - set(files))]
+    problems += [f"{n} has {sizes[n]} bytes, not {files[n]['bytes']}"
+                 for n in wanted if n in sizes and n in files
+                 and sizes[n] != files[n].get("bytes")]
+    if not problems:
+        digests = _sha256_all(folder, wanted)
+        problems = [f"{n} differs (sha256)" for n in wanted
+                    if digests[n] != files.get(n, {}).get("sha256")]
+    if problems:
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ReleaseChanged(f"{folder}: {problems[0]}{more}: its files are "
+                             "not the ones its manifest lists")
+
+
+def _file_sizes(folder: str) -> dict[str, int]:
+    """Relative name -> size of every file under ``folder`` but the
+    manifest and its temporary file."""
+    prefix = folder.rstrip("/") + "/"
+    if is_local(folder):
+        sizes = {p[len(prefix):]: os.path.getsize(p) for p in _list(folder)}
+    else:
+        found = FileSystems.match([prefix + "**"])[0].metadata_list
+        sizes = {m.path[len(prefix):]: int(m.size_in_bytes) for m in found}
+    return {n: size for n, size in sizes.items()
+            if n != MANIFEST and not n.startswith(_TEMP_PREFIX)}
+
+
+def _sha256_all(folder: str, names: list[str]) -> dict[str, str]:
+    def digest(name: str) -> str:
+        h = hashlib.sha256()
+        try:
+            with FileSystems.open(io.join(folder, name),
+                                  compression_type="uncompressed") as f:
+                for chunk in iter(lambda: f.read(_HASH_CHUNK), b""):
+                    h.update(chunk)
+        except OSError:  # removed meanwhile: it cannot match
+            return ""
+        return h.hexdigest()
+    with ThreadPoolExecutor(max(1, min(8, usable_cores()))) as pool:
+        return dict(zip(names, pool.map(digest, names)))
+
+
+def verify_release(path: str, manifest: Optional[dict] = None) -> dict:
+    """Checks a published release's files against its manifest (sizes and
+    sha256; nothing missing or added); returns the manifest. Releases made
+    before manifests listed their files are returned unchecked."""
+    manifest = read_manifest(path) if manifest is None else manifest
+    if "files" in manifest:
+        verify_files(release_root(path, manifest), manifest)
+    return manifest
 
 
 def discard(staging: str) -> None:
@@ -336,7 +688,7 @@ LOAD_AS = ("tuple", "numpy", "pandas", "tf")
 
 
 def load_release(path: str, as_: str = "tuple", shuffle: bool = True,
-                 seed: int = 0):
+                 seed: int = 0, verify: bool = True):
     """A published release (refuses incomplete ones), read through its
     manifest.
 
@@ -347,10 +699,16 @@ def load_release(path: str, as_: str = "tuple", shuffle: bool = True,
     ``tf.data.Dataset`` of (embedding, label). Shuffling matters: training
     on the files in order gives single-class batches. ``seed`` makes the
     order reproducible (the order is public: it is not data).
+    ``verify`` (default): first check every file against the sizes and
+    sha256 digests the manifest lists (``verify_release``), so a swapped,
+    truncated or missing file raises ``ReleaseChanged`` instead of being
+    read as the release.
     """
     if as_ not in LOAD_AS:
         raise ValueError(f"as_ must be one of {LOAD_AS}, got {as_!r}")
     manifest = read_manifest(path)
+    if verify:
+        verify_release(path, manifest)
     dim = manifest.get("embedding_dim", 0)
     if as_ == "tuple":
         xs, ys = _all_blocks(path, manifest, np.float64)
@@ -409,7 +767,12 @@ def load_gmm(path: str):
     root = release_root(path, manifest)
     name = manifest.get("outputs", {}).get("gmm", "gmm.npz")
     with FileSystems.open(io.join(root, name)) as f:
-        return MixtureRelease.from_npz(f.read())
+        data = f.read()
+    listed = manifest.get("files", {}).get(name)
+    if listed and hashlib.sha256(data).hexdigest() != listed.get("sha256"):
+        raise ReleaseChanged(f"{io.join(root, name)} differs (sha256) from "
+                             "the file its manifest lists")
+    return MixtureRelease.from_npz(data)
 
 
 def versions() -> dict:

@@ -256,8 +256,12 @@ def test_one_run_id_never_replaces_its_own_release(tmp_path):
     refused (the store-less guard of 'one run id, one release')."""
     staging = [str(tmp_path / f"s{i}") for i in range(2)]
     for i, folder in enumerate(staging):
-        release.write_manifest(folder, {"run_id": "r", "root": f"v-{i}",
-                                        "classes": []})
+        os.makedirs(folder)
+        with open(os.path.join(folder, "_gmm.npz"), "w") as f:
+            f.write(f"draw {i}")
+        release.write_manifest(folder, {
+            "run_id": "r", "root": f"v-{i}", "classes": [],
+            "files": release.file_digests(folder)})
     out = str(tmp_path / "out")
     release.publish(staging[0], out)
     with pytest.raises(release.ReleaseError, match="one run id has one"):

@@ -148,7 +148,8 @@ def _stage(release, gcs, run: str, shards: int) -> str:
         f.write(buf.getvalue())
     release.write_manifest(staging, {
         "run_id": run, "root": f"v-{run}", "embedding_dim": 2,
-        "classes": [{"label": 0, "shards": names}]})
+        "classes": [{"label": 0, "shards": names}],
+        "files": release.file_digests(staging)})
     return staging
 
 
@@ -183,9 +184,9 @@ def test_manifest_is_committed_last_on_gcs(gcs, monkeypatch):
     before_manifest = []
     real_write = release.write_manifest
 
-    def spy_write(folder, doc):
+    def spy_write(folder, doc, *generation):
         before_manifest.append(gcs.names("rel/final/"))
-        return real_write(folder, doc)
+        return real_write(folder, doc, *generation)
     monkeypatch.setattr(release, "write_manifest", spy_write)
     release.publish(staging, final)
 
@@ -239,7 +240,6 @@ def test_republish_after_crash_leaves_no_orphan_objects(gcs, monkeypatch):
         release.publish(_stage(release, gcs, "run-crashed", shards=4), final)
     spy.crash_on = None  # the retry runs to completion
     release.publish(_stage(release, gcs, "run-retry", shards=2), final)
-    release.remove_unreferenced(final)
     manifest = release.read_manifest(final)
     listed = {f"rel/final/v-run-retry/data/{n}" for c in manifest["classes"]
               for n in c["shards"]}

@@ -103,6 +103,8 @@ FIELDS = {
     r"classes\[\]\.shards\[\]":
         ("dp", "shard names: label and index; their number follows samples"),
     r"samples_total": ("dp", "sum of the DP sample counts"),
+    r"files\..+\.(bytes|sha256)": ("dp", "size and sha256 of each release "
+                                   "file: functions of the DP outputs in it"),
     # --covariance auto: the rule's choice is post-processing of the noisy
     # class counts (phase 1 mechanisms); null for the fixed plans.
     r"adaptive_plan": ("public", "null: a fixed plan ran"),
@@ -417,6 +419,16 @@ def assert_draws_registered(ledger, draws) -> None:
 
 # ------------------------------------------------- exact values: nowhere
 
+def _without_file_digests(manifest_text: str) -> str:
+    """The manifest without its ``files`` block: each release file's size
+    and sha256 (tagged "dp" in FIELDS) are numbers and hex digits of any
+    value, which a scan for exact counts would match by chance (a 900-byte
+    summary file beside a class of 900 rows)."""
+    doc = json.loads(manifest_text)
+    doc.pop("files", None)
+    return json.dumps(doc, indent=1, sort_keys=True)
+
+
 def _texts(run) -> dict[str, str]:
     """Every output file (text or decoded arrays) plus logs and stdout."""
     out = run["out"]
@@ -424,7 +436,9 @@ def _texts(run) -> dict[str, str]:
     for base, _, names in os.walk(out):
         for name in names:
             path = Path(base) / name
-            if name.endswith(".json"):
+            if name == "_manifest.json":  # its "files" block: see below
+                texts[name] = _without_file_digests(path.read_text())
+            elif name.endswith(".json"):
                 texts[name] = path.read_text()
             elif name.endswith(".npz"):
                 with np.load(path) as z:

@@ -122,6 +122,7 @@ def test_a_release_in_the_older_layout_still_reads(demo, tmp_path):
         (root / f"_{name}").rename(root / name)
         manifest["outputs"][name.split(".")[0]] = name
     manifest["format"] = "dpsynth-release/2"
+    del manifest["files"]  # listed since format 3's file digests
     (old / "manifest.json").write_text(json.dumps(manifest))
     (old / "_manifest.json").unlink()
     x, y, read = release.load_release(str(old))
