@@ -34,10 +34,11 @@ Draws = dict[str, tuple[np.ndarray, np.ndarray]]  # key -> (exact, released)
 
 
 class RecordingNoise(KeyedNoise):
-    """A run's real keyed noise (a fresh random key); records each draw."""
+    """A run's real keyed noise (``key``: a fresh random one by default);
+    records each draw."""
 
-    def __init__(self, folder: str) -> None:
-        super().__init__(os.urandom(32))
+    def __init__(self, folder: str, key: bytes | None = None) -> None:
+        super().__init__(os.urandom(32) if key is None else key)
         self._folder = folder
 
     def add(self, value: np.ndarray, sigma: float, key: str,
