@@ -54,13 +54,6 @@ def aggregate_grid(sensitivity: float) -> float:
     return moments.grid(sensitivity)
 
 
-def _noise(ledger: PrivacyLedger, noise: NoiseSource, name: str,
-           shape) -> np.ndarray:
-    mech = ledger.get(name)
-    return noise.gaussian(mech.sigma, shape, name,
-                          aggregate_grid(mech.sensitivity))
-
-
 def add_noise(ledger: PrivacyLedger, noise: NoiseSource, name: str,
            exact: np.ndarray) -> np.ndarray:
     """exact + the draw of mechanism ``name``, exactly."""
@@ -72,12 +65,12 @@ def add_noise(ledger: PrivacyLedger, noise: NoiseSource, name: str,
 def grow_tree(exact_levels: list[dict[int, int]], label: int,
               cfg: GeneratorConfig, ledger: PrivacyLedger,
               noise: NoiseSource) -> lsh_tree.Tree:
-    def level_noise(level: int, size: int) -> np.ndarray:
-        return _noise(ledger, noise,
-                      plan.name(label, "tree", f"level-{level}", "count"), size)
+    def release(level: int, values: np.ndarray) -> np.ndarray:
+        name = plan.name(label, "tree", f"level-{level}", "count")
+        return add_noise(ledger, noise, name, values)
     return lsh_tree.build_tree(exact_levels, cfg.tree_depth,
                                branch_threshold(cfg, ledger, label),
-                               level_noise)
+                               release=release)
 
 
 def coreset_centres(tree: lsh_tree.Tree, exact_leaf_sums: np.ndarray,

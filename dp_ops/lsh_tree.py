@@ -109,20 +109,29 @@ class Tree:
                          for lvl, code in self.leaves])
 
 
+Release = Callable[[int, np.ndarray], np.ndarray]
+
+
 def build_tree(exact: list[Mapping[int, int]], depth: int, threshold: float,
-               noise: Callable[[int, int], np.ndarray]) -> Tree:
+               noise: Optional[Callable[[int, int], np.ndarray]] = None, *,
+               release: Optional[Release] = None) -> Tree:
     """Grows the tree from exact level counts, releasing only noisy ones.
 
-    ``noise(level, size)`` returns the Gaussian noise for one level's
-    released count vector (the level mechanism of the ledger).
+    ``release(level, values)`` is the level mechanism of the ledger: one
+    level's released count vector from its exact one (the product adds its
+    noise exactly, and a test may force the released values). ``noise(level,
+    size)``, the short form, gives just the Gaussian noise to add.
     """
+    if release is None:
+        def release(level: int, values: np.ndarray) -> np.ndarray:
+            return values + noise(level, values.size)
     branching = [0]
     noisy: list[dict[int, float]] = []
     leaves: list[tuple[int, int]] = []
     for level in range(1, depth + 1):
         keys = sorted(2 * c + b for c in branching for b in (0, 1))
         values = np.array([exact[level - 1].get(k, 0) for k in keys], float)
-        released = values + noise(level, len(keys))
+        released = release(level, values)
         noisy.append(dict(zip(keys, released.tolist())))
         if level == depth:
             leaves += [(level, k) for k in keys]

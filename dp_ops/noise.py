@@ -53,6 +53,12 @@ class NoiseSource(Protocol):
         """N(0, sigma^2)-distributed noise of ``shape`` on a lattice no
         coarser than ``grid``; ``key`` names the draw."""
 
+    def add(self, value: np.ndarray, sigma: float, key: str,
+            grid: float) -> np.ndarray:
+        """``value`` (an exact aggregate on the public lattice ``grid``)
+        plus the draw ``key``: what the mechanism releases. Every mechanism
+        of a run releases through this call (tests force it)."""
+
 
 class WordStream:
     """Uniform uint64 words: the AES-256-CTR keystream of a per-draw

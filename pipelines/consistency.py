@@ -6,7 +6,8 @@ summary from another: the same statistic released twice, accounted once.
 This check refuses to publish a staged release whose parts disagree:
 
 * summary.json has exactly one entry per configured label;
-* its noisy counts are those stored in gmm.npz;
+* its noisy counts are those stored in gmm.npz, whose class means have the
+  run's embedding dimension;
 * without the vote filter, each class wrote exactly the number of rows its
   noisy count implies (``generator.num_samples``);
 * each class's shard files exist, are the only shards of that class, and
@@ -55,6 +56,9 @@ def check_staged(staging: str, cfg: GeneratorConfig, summary: Sequence[dict],
         if mix is None or mix.noisy_count != entry["noisy_count"]:
             _fail(staging, f"class {label}: gmm.npz and summary.json hold "
                            f"different noisy counts")
+        if mix.means.shape[-1] != dim:
+            _fail(staging, f"class {label}: gmm.npz means have dimension "
+                           f"{mix.means.shape[-1]}, the embeddings {dim}")
         if not cfg.vote_filter and entry["samples"] != generator.num_samples(
                 mix, cfg):
             _fail(staging, f"class {label}: {entry['samples']} rows written, "
