@@ -154,10 +154,17 @@ MUTATIONS: tuple[Mutation, ...] = (
              "            and lease_left > 0 and False):",
              (OWNERSHIP + "test_a_launch_whose_lease_ran_out_can_change_nothing",)),
     # --- one run id, one release
-    Mutation("publish-over-same-run-id", "pipelines/release.py:publish",
-             '        if current.get("run_id") == manifest.get("run_id"):',
-             "        if False:",
+    Mutation("publish-over-same-run-id", "pipelines/release.py:_is_published",
+             '    if current.get("run_id") == run_id:',
+             "    if False:",
              (OWNERSHIP + "test_one_run_id_never_replaces_its_own_release",)),
+    # --- the staged release's consistency check
+    Mutation("check-staged-noop", "pipelines/consistency.py:check_staged",
+             "    labels = [c[\"label\"] for c in summary]\n",
+             "    return\n    labels = [c[\"label\"] for c in summary]\n",
+             ("tests/test_consistency.py::"
+              "test_a_shard_with_a_row_fewer_is_refused",
+              "tests/test_consistency.py::test_a_missing_shard_is_refused")),
     # --- engines
     Mutation("dask-reshuffle-noop", "pipelines/runners/dask_runner.py:to_dask_bag_visitor",
              "                if isinstance(node.transform, _Reshuffle):",
@@ -165,14 +172,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              ("tests/test_dask.py::test_one_file_is_read_by_both_workers",)),
 )
 
-# Waiting for their catchers to merge (issue 54 item 3, helper h3): move
-# each into MUTATIONS with the catching test's node id.
-PENDING: tuple[Mutation, ...] = (
-    Mutation("check-staged-noop", "pipelines/consistency.py:check_staged",
-             "    labels = [c[\"label\"] for c in summary]\n",
-             "    return\n    labels = [c[\"label\"] for c in summary]\n",
-             ()),
-)
+# Mutations whose catching tests are not written yet (none today).
+PENDING: tuple[Mutation, ...] = ()
 
 
 def apply(root: Path, m: Mutation) -> str:
