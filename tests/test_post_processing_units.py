@@ -54,7 +54,7 @@ class RecordingNoise:
 class ForcingNoise:
     """Forces each named mechanism's release to a fixed target: the draw
     is target - exact, whatever the exact value. ``draws`` serves
-    ``gaussian`` (callers that add the draw themselves: the tree levels)."""
+    ``gaussian`` (a caller that adds a draw itself)."""
 
     def __init__(self, targets: dict[str, np.ndarray],
                  draws: dict[str, np.ndarray] | None = None) -> None:
@@ -116,13 +116,12 @@ def same(a, b) -> None:
 
 def forced_tree(x: np.ndarray, tree: lsh_tree.Tree, ledger) -> lsh_tree.Tree:
     """``grow_tree`` on x with each level's release forced to ``tree``'s."""
-    exact = exact_levels(x)
-    draws = {}
-    for level, released in enumerate(tree.noisy_counts, start=1):
-        keys = sorted(released)
-        draws[plan.name(LABEL, "tree", f"level-{level}", "count")] = np.array(
-            [released[k] - exact[level - 1].get(k, 0) for k in keys])
-    return generator.grow_tree(exact, LABEL, CFG, ledger, ForcingNoise({}, draws))
+    targets = {
+        plan.name(LABEL, "tree", f"level-{level}", "count"):
+            np.array([released[k] for k in sorted(released)])
+        for level, released in enumerate(tree.noisy_counts, start=1)}
+    return generator.grow_tree(exact_levels(x), LABEL, CFG, ledger,
+                               ForcingNoise(targets))
 
 
 def test_tree_shape_is_a_function_of_the_released_level_counts(ledger):
