@@ -26,12 +26,15 @@ from apache_beam.io.filesystems import FileSystems
 from dpsynth.dp_ops import generator
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.models.gmm import MixtureRelease
+from dpsynth.pipelines.release import ReleaseError
 from dpsynth.transforms import io
 from dpsynth.transforms.write import DATA_DIR, GMM_FILE, record_bytes
 
 
-class InconsistentRelease(RuntimeError):
-    """The staged files disagree with each other: nothing is published."""
+class InconsistentRelease(ReleaseError):
+    """The staged files disagree with each other: nothing is published.
+    A ReleaseError, so that every command reports it in one line (exit 2)
+    instead of a traceback."""
 
 
 def _fail(staging: str, what: str) -> None:

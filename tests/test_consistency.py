@@ -171,3 +171,34 @@ def test_a_broken_staged_release_is_not_published(published, tmp_path,
     with pytest.raises(consistency.InconsistentRelease, match="is missing"):
         generate(spec)
     assert not release.release_exists(str(out))
+
+
+def test_the_cli_refuses_a_broken_staged_release_in_one_line(tmp_path,
+                                                             monkeypatch,
+                                                             capsys):
+    """`dpsynth generate` reports the failed check as one error line, exit
+    2, no traceback (the check raised through the CLI before)."""
+    x, y = gmm_data(200, d=DIM, classes=2)
+    data = tmp_path / "in.npz"
+    np.savez(data, embeddings=x, labels=y)
+    out = tmp_path / "out"
+    real = job._checkpoint
+
+    def lose_a_shard(step: str) -> None:
+        if step == "pipeline-done":
+            staging = Path(release.staging_folders(str(out), "cli-broken")
+                           .popitem()[1])
+            sorted((staging / DATA_DIR).iterdir())[0].unlink()
+        real(step)
+    monkeypatch.setattr(job, "_checkpoint", lose_a_shard)
+    code = cli.main(["generate", "--input", str(data), "--output", str(out),
+                     "--num-classes", "2", "--covariance", "shared",
+                     "--epsilon", "4", "--rows-per-shard", "20",
+                     "--run-id", "cli-broken"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if "error" in line]
+    assert len(lines) == 1, err
+    assert "not self-consistent" in lines[0] and "is missing" in lines[0]
+    assert not release.release_exists(str(out))
