@@ -8,6 +8,7 @@ in the main suite. tests/test_deploy_airflow_slow.py runs it in real Airflow.
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from unittest import mock
@@ -78,3 +79,62 @@ def test_every_allowed_flag_is_a_quiet_generate_flag(nightly):
                           "bad_images_report", "input", "output", "run_id",
                           "budget_store", "dataset_id", "lifetime_epsilon",
                           "lifetime_delta", "epsilon", "delta"}
+
+
+class _Refused(Exception):
+    """Stands in for Airflow's AirflowFailException."""
+
+
+def _check_budget(nightly, monkeypatch, capsys, store: str, run_id: str,
+                  cap: float):
+    """``check_budget`` against a real store (dpsynth in this interpreter):
+    (its line or the refusal, everything the task log got)."""
+    monkeypatch.setattr(nightly, "DPSYNTH_PYTHON", sys.executable)
+    monkeypatch.setitem(sys.modules, "airflow.exceptions",
+                        mock.Mock(AirflowFailException=_Refused))
+    cfg = dict(nightly.DEFAULTS, budget_store=store, lifetime_epsilon=cap)
+    try:
+        result = nightly.check_budget(cfg, run_id)
+    except _Refused as err:
+        result = str(err)
+    logged = capsys.readouterr()
+    return result, logged.out + logged.err
+
+
+def test_budget_check_logs_one_fixed_line_not_the_report(nightly, tmp_path,
+                                                         monkeypatch, capsys):
+    """The store's report (this run id's attempts, the lifetime epsilon
+    spent) stays out of the task log: attempts can follow from private
+    data. A re-run of a run id with 3 attempts and an over-cap run each
+    log one line of fixed text and configuration."""
+    from dpsynth.dp_ops.ledger import Mechanism
+    from dpsynth.pipelines import budget_store
+    store = str(tmp_path / "budgets")
+    mech = [Mechanism("class=0/sum", "moments", "class=0", 1.0, 2.0)]
+    for attempt in range(3):
+        reservation = budget_store.reserve(
+            store, "digits-demo", "digits-demo-2026-01-02", mech, 2.0, 1e-5,
+            100.0, 1e-5, owner=f"launch-{attempt}")
+        if attempt < 2:  # crashed after reading data: charged, re-run
+            budget_store.mark_running(reservation)
+            budget_store.release_failed(reservation)
+    spent = budget_store.lifetime_spent(store, "digits-demo", 1e-5)
+    # control: the store's own report does hold the attempt count
+    report = subprocess.run(
+        [sys.executable, "-m", "dpsynth.pipelines.budget_store", "check",
+         "--budget-store", store, "--dataset-id", "digits-demo", "--run-id",
+         "digits-demo-2026-01-02", "--epsilon", "1", "--num-classes", "10"],
+        capture_output=True, text=True)
+    assert "attempt 3" in report.stdout, report.stdout + report.stderr
+    line, log = _check_budget(nightly, monkeypatch, capsys, store,
+                              "digits-demo-2026-01-02", 100.0)
+    assert line == ("budget check: run digits-demo-2026-01-02 fits under "
+                    "the lifetime cap of dataset 'digits-demo'")
+    assert log == ""  # budget_check prints only the returned line
+    refused, log = _check_budget(nightly, monkeypatch, capsys, store,
+                                 "digits-demo-2026-01-03", spent + 0.05)
+    assert "over the cap" in refused and "\n" not in refused
+    assert "budget_store show --budget-store " + store in refused
+    assert log == ""
+    for private in ("attempt", f"{spent:.4f}", f"{spent:.4g}", f"{spent:g}"):
+        assert private not in line + refused

@@ -4,7 +4,10 @@
 
 * ``budget_check`` asks the dataset's budget store whether one more release
   fits under the lifetime cap (``python -m dpsynth.pipelines.budget_store check``);
-  if not it fails the run *without retries* and nothing is launched. It also
+  if not it fails the run *without retries* and nothing is launched. The
+  task log gets one fixed line (fits / does not fit), never the check's
+  report (attempt counts, lifetime epsilon spent): read that with
+  ``python -m dpsynth.pipelines.budget_store show`` where the store is. It also
   builds the runner's Beam options (``dpsynth.deploy.runners``) for the next task.
 * ``generate`` runs ``python -m dpsynth.deploy.launch`` (= ``dpsynth
   generate``) with the chosen runner. The authoritative spend is recorded by the job itself
@@ -165,13 +168,47 @@ def _cap_flags(cfg: dict) -> list[str]:
             "--lifetime-delta", str(cfg["lifetime_delta"])]
 
 
-def _dpsynth(args: list[str]) -> subprocess.CompletedProcess:
-    """Runs `DPSYNTH_PYTHON -m <args>` (dpsynth as installed there)."""
+def _dpsynth(args: list[str], echo: bool = True) -> subprocess.CompletedProcess:
+    """Runs `DPSYNTH_PYTHON -m <args>` (dpsynth as installed there); with
+    ``echo``, its output goes to the task log."""
     proc = subprocess.run([DPSYNTH_PYTHON, "-m", *args],
                           capture_output=True, text=True)
-    print(proc.stdout)
-    print(proc.stderr, file=sys.stderr)
+    if echo:
+        print(proc.stdout)
+        print(proc.stderr, file=sys.stderr)
     return proc
+
+
+def check_budget(cfg: dict, run_id: str) -> str:
+    """The pre-flight ``budget_store check``: returns the one line for the
+    task log, or raises AirflowFailException (over the cap, or a cap that
+    conflicts with the pinned one: retrying cannot help) or RuntimeError.
+
+    The check's report (attempts of this run id, lifetime epsilon spent)
+    stays out of the task log: attempt counts can follow from private data
+    (a crash on a bad row) and task logs reach more people than the store.
+    Every line logged here is fixed text plus public configuration."""
+    from airflow.exceptions import AirflowFailException
+    store, dataset = cfg["budget_store"], cfg["dataset_id"]
+    check = _dpsynth([
+        "dpsynth.pipelines.budget_store", "check",
+        "--budget-store", store, "--dataset-id", dataset, "--run-id", run_id,
+        "--epsilon", str(cfg["epsilon"]), "--delta", str(cfg["delta"]),
+        "--num-classes", str(cfg["num_classes"]), *_cap_flags(cfg)],
+        echo=False)
+    where = (f"details where the store is: python -m "
+             f"dpsynth.pipelines.budget_store show --budget-store {store} "
+             f"--dataset-id {dataset}")
+    if check.returncode == 3:
+        raise AirflowFailException(
+            f"budget check: run {run_id} refused: one more release would go "
+            f"over the cap of dataset {dataset!r}, or the configured cap "
+            f"differs from its pinned one; nothing launched ({where})")
+    if check.returncode != 0:
+        raise RuntimeError(f"budget check failed (exit {check.returncode}) "
+                           f"for run {run_id}; {where}")
+    return (f"budget check: run {run_id} fits under the lifetime cap of "
+            f"dataset {dataset!r}")
 
 
 # The runner's Beam options, built by dpsynth.deploy.runners where dpsynth
@@ -232,17 +269,7 @@ with DAG(
                                        f"of {RUNNERS}")
         run_id = f"{cfg['dataset_id']}-{ds}"
         output = f"{cfg['output_root'].rstrip('/')}/{ds}"
-        check = _dpsynth([
-            "dpsynth.pipelines.budget_store", "check",
-            "--budget-store", cfg["budget_store"],
-            "--dataset-id", cfg["dataset_id"], "--run-id", run_id,
-            "--epsilon", str(cfg["epsilon"]), "--delta", str(cfg["delta"]),
-            "--num-classes", str(cfg["num_classes"]),
-            *_cap_flags(cfg)])
-        if check.returncode == 3:  # over the cap: retrying cannot help
-            raise AirflowFailException(check.stderr.strip())
-        if check.returncode != 0:
-            raise RuntimeError(f"budget check failed: {check.stderr[-2000:]}")
+        print(check_budget(cfg, run_id))
 
         options = beam_option_dict(runner_options(cfg["runner"],
                                                   cfg["runner_params"]))
