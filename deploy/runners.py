@@ -10,8 +10,10 @@ Runners:
     ``multi_processing`` with N worker processes. ``multi_threading`` is
     refused: it corrupted data in this project's tests.
   * DataflowRunner: project, region, gs:// temp/staging locations, worker
-    machine type, and this project packaged for the workers with
-    ``--setup_file`` (or a prebuilt container, ``--sdk_container_image``).
+    machine type, and dpsynth shipped to the workers: ``--setup_file`` of a
+    checkout, ``--extra_package`` of a dpsynth wheel (installed from one:
+    ``$DPSYNTH_WORKER_PACKAGE`` or the wheel pip installed) or a prebuilt
+    container, ``--sdk_container_image``; never a job without it.
   * FlinkRunner (portable): ``--flink_master`` plus the SDK harness
     environment (DOCKER, PROCESS, EXTERNAL worker pool, or LOOPBACK for a
     local cluster), the job server jar (``--flink_job_server_jar``, see
@@ -34,6 +36,7 @@ let a CLI expose the same parameters.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import sys
@@ -44,7 +47,20 @@ from dpsynth.pipelines.runner_names import (DASK_NAMES, default_running_mode,
                                     resolve_dask)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SETUP_FILE = str(REPO_ROOT / "setup.py")
+
+
+def checkout_setup_file() -> Optional[str]:
+    """setup.py of the checkout this module runs from; None when dpsynth is
+    installed (from its wheel: no setup.py beside the package)."""
+    setup = REPO_ROOT / "setup.py"
+    if setup.is_file() and (REPO_ROOT / "pyproject.toml").is_file():
+        return str(setup)
+    return None
+
+
+SETUP_FILE = checkout_setup_file()
+# A dpsynth wheel (or sdist) for the workers where there is no checkout.
+WORKER_PACKAGE_ENV = "DPSYNTH_WORKER_PACKAGE"
 
 DIRECT_MODES = ("in_memory", "multi_processing")
 PORTABLE_ENVIRONMENTS = ("DOCKER", "PROCESS", "EXTERNAL", "LOOPBACK")
@@ -89,24 +105,82 @@ def direct_args(num_workers: int = 1,
             f"--direct_running_mode={mode}"]
 
 
+def installed_wheel() -> Optional[str]:
+    """The wheel file pip installed dpsynth from, where it still exists
+    (pip records a local file's URL in the distribution's
+    ``direct_url.json``); None for an index, editable or checkout install."""
+    import json
+    from importlib import metadata
+    from urllib.parse import unquote, urlparse
+    try:
+        text = metadata.distribution("dpsynth").read_text("direct_url.json")
+        url = urlparse(json.loads(text or "{}").get("url", ""))
+    except (metadata.PackageNotFoundError, ValueError, AttributeError):
+        return None
+    path = unquote(url.path)
+    if url.scheme == "file" and path.endswith(".whl") and Path(path).is_file():
+        return path
+    return None
+
+
+def worker_package(extra_package: Optional[str] = None) -> Optional[str]:
+    """What ships dpsynth to workers that Beam does not start here:
+    ``extra_package`` or ``$DPSYNTH_WORKER_PACKAGE`` (a wheel or sdist;
+    local paths must exist), else None (then: the checkout's setup.py, the
+    installed wheel, or an image)."""
+    package = extra_package or os.environ.get(WORKER_PACKAGE_ENV) or None
+    if package and "://" not in package and not Path(package).is_file():
+        source = "--extra-package" if extra_package else WORKER_PACKAGE_ENV
+        raise ValueError(f"{source} {package}: no such file (a dpsynth wheel "
+                         "or sdist for the workers)")
+    return package
+
+
+def _dataflow_package(setup_file: Optional[str], extra_package: Optional[str],
+                      sdk_container_image: Optional[str]) -> list[str]:
+    """How Dataflow's workers get dpsynth: never a job without it."""
+    if setup_file and not Path(setup_file).is_file():
+        raise ValueError(f"--setup-file {setup_file}: no such file")
+    package = worker_package(extra_package)
+    args = [f"--setup_file={setup_file}"] if setup_file else []
+    args += [f"--extra_package={package}"] if package else []
+    if sdk_container_image:
+        return args + [f"--sdk_container_image={sdk_container_image}"]
+    if args:
+        return args
+    found = checkout_setup_file() or installed_wheel()
+    if found is None:
+        raise ValueError(
+            "Dataflow workers need dpsynth and this install has no checkout "
+            f"(setup.py) or wheel file to ship: set {WORKER_PACKAGE_ENV} or "
+            "pass --extra-package PATH/dpsynth-VERSION-py3-none-any.whl, or "
+            "--sdk-container-image IMAGE (deploy/dataflow/Dockerfile)")
+    flag = "--setup_file" if found.endswith("setup.py") else "--extra_package"
+    return [f"{flag}={found}"]
+
+
 def dataflow_args(project: str, temp_location: str,
                   region: str = DEFAULT_REGION,
                   staging_location: Optional[str] = None,
                   machine_type: str = DEFAULT_MACHINE_TYPE,
                   max_num_workers: Optional[int] = None,
                   job_name: Optional[str] = None,
-                  setup_file: Optional[str] = SETUP_FILE,
+                  setup_file: Optional[str] = None,
                   sdk_container_image: Optional[str] = None,
                   service_account_email: Optional[str] = None,
                   subnetwork: Optional[str] = None,
                   use_public_ips: Optional[bool] = None,
-                  experiments: Sequence[str] = ()) -> list[str]:
+                  experiments: Sequence[str] = (),
+                  extra_package: Optional[str] = None) -> list[str]:
     """DataflowRunner.
 
-    Workers get this project either from ``setup_file`` (Beam builds an sdist
-    of it and workers pip-install it with its dependencies at start-up) or,
-    faster, from ``sdk_container_image`` (deploy/dataflow/Dockerfile); with an
-    image, pass ``setup_file=None``.
+    Workers get dpsynth from what is given: ``setup_file`` (Beam builds an
+    sdist of that checkout), ``extra_package`` (or ``$DPSYNTH_WORKER_PACKAGE``:
+    a dpsynth wheel; workers pip-install either with its dependencies at
+    start-up) or, faster, ``sdk_container_image`` (deploy/dataflow/Dockerfile).
+    With none of them: the setup.py of the checkout this runs from, else the
+    wheel file pip installed dpsynth from; where neither exists (installed
+    from an index) the options are refused in one line naming what to pass.
     """
     if not project:
         raise ValueError("--project is required for Dataflow")
@@ -121,17 +195,12 @@ def dataflow_args(project: str, temp_location: str,
     if job_name is not None and not _JOB_NAME.match(job_name):
         raise ValueError(f"--job_name {job_name!r}: Dataflow job names are "
                          "lower-case letters, digits and '-'")
-    if setup_file is None and sdk_container_image is None:
-        raise ValueError("Dataflow workers need this project: pass a "
-                         "setup_file or an sdk_container_image")
     args = ["--runner=DataflowRunner", f"--project={project}",
             f"--region={region}", f"--temp_location={temp_location}",
             f"--staging_location={staging_location}",
-            f"--machine_type={machine_type}"]
-    if setup_file:
-        args.append(f"--setup_file={setup_file}")
-    if sdk_container_image:
-        args.append(f"--sdk_container_image={sdk_container_image}")
+            f"--machine_type={machine_type}",
+            *_dataflow_package(setup_file, extra_package,
+                               sdk_container_image)]
     if max_num_workers is not None:
         if max_num_workers < 1:
             raise ValueError("--max_num_workers must be >= 1")
@@ -227,9 +296,14 @@ def _job_server_args(engine: str, environment_type: str,
         args.append(f"--environment_config={environment_config}")
     args += _parallelism(parallelism)
     args += _job_server(engine, job_server_jar, job_endpoint)
-    if setup_file and env != "LOOPBACK":
-        args.append(f"--setup_file={setup_file}")
-    return args
+    if env == "LOOPBACK":
+        return args
+    if setup_file:
+        return args + [f"--setup_file={setup_file}"]
+    # installed from a wheel: ship one if there is one (a DOCKER or PROCESS
+    # environment's own image may hold dpsynth instead)
+    package = worker_package() or installed_wheel()
+    return args + ([f"--extra_package={package}"] if package else [])
 
 
 def prism_args(prism_location: Optional[str] = None,
@@ -386,8 +460,13 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
                    help="Dataflow: worker machine type")
     g.add_argument("--max-num-workers", type=int, default=None)
     g.add_argument("--job-name", default=None)
-    g.add_argument("--setup-file", default=SETUP_FILE,
-                   help="package shipped to Dataflow/Flink workers")
+    g.add_argument("--setup-file", default=None,
+                   help="setup.py shipped to Dataflow/Flink/Spark workers "
+                   "(default: the checkout's; Flink/Spark only then)")
+    g.add_argument("--extra-package", default=None,
+                   help=f"Dataflow: a dpsynth wheel for the workers (default "
+                   f"${WORKER_PACKAGE_ENV}, else the checkout's setup.py or "
+                   "the wheel dpsynth was installed from)")
     g.add_argument("--sdk-container-image", default=None)
     g.add_argument("--service-account-email", default=None)
     g.add_argument("--flink-master", default=DEFAULT_FLINK_MASTER)
@@ -426,25 +505,24 @@ def beam_args_from(ns: argparse.Namespace) -> list[str]:
         if not ns.temp_location:
             raise ValueError("--temp-location gs://... is required for "
                              "--runner dataflow")
-        setup = None if ns.sdk_container_image and \
-            ns.setup_file == SETUP_FILE else ns.setup_file
         return dataflow_args(
             project=ns.project, temp_location=ns.temp_location,
             region=ns.region, staging_location=ns.staging_location,
             machine_type=ns.machine_type, max_num_workers=ns.max_num_workers,
-            job_name=ns.job_name, setup_file=setup,
+            job_name=ns.job_name, setup_file=ns.setup_file,
             sdk_container_image=ns.sdk_container_image,
-            service_account_email=ns.service_account_email)
+            service_account_email=ns.service_account_email,
+            extra_package=ns.extra_package)
     if name == "FlinkRunner":
         return flink_args(ns.flink_master, ns.environment_type,
                           ns.environment_config, ns.parallelism,
-                          setup_file=ns.setup_file,
+                          setup_file=ns.setup_file or SETUP_FILE,
                           job_server_jar=ns.flink_job_server_jar,
                           job_endpoint=ns.job_endpoint)
     if name == "SparkRunner":
         return spark_args(ns.spark_master_url, ns.environment_type,
                           ns.environment_config, ns.parallelism,
-                          setup_file=ns.setup_file,
+                          setup_file=ns.setup_file or SETUP_FILE,
                           job_server_jar=ns.spark_job_server_jar,
                           job_endpoint=ns.job_endpoint)
     if name == "PrismRunner":

@@ -79,8 +79,51 @@ def test_dataflow_with_container_image_and_validation():
         runners.dataflow_args("", "gs://b/t")
     with pytest.raises(ValueError, match="job names"):
         runners.dataflow_args("p", "gs://b/t", job_name="Nightly_Run")
-    with pytest.raises(ValueError, match="setup_file or an sdk_container"):
-        runners.dataflow_args("p", "gs://b/t", setup_file=None)
+    with pytest.raises(ValueError, match="--setup-file /no/setup.py"):
+        runners.dataflow_args("p", "gs://b/t", setup_file="/no/setup.py")
+
+
+def _installed_from(monkeypatch, wheel):
+    """dpsynth as a wheel install sees it: no checkout beside the package,
+    ``wheel`` (or None) the file pip installed it from."""
+    monkeypatch.setattr(runners, "checkout_setup_file", lambda: None)
+    monkeypatch.setattr(runners, "installed_wheel", lambda: wheel)
+    monkeypatch.delenv(runners.WORKER_PACKAGE_ENV, raising=False)
+
+
+def test_dataflow_from_an_installed_wheel_ships_a_wheel_or_refuses(
+        monkeypatch, tmp_path):
+    """Issue 51: installed from its wheel, dpsynth has no setup.py to ship;
+    the workers get a wheel instead, and with none to find the options are
+    refused in one line naming what to pass: never a job whose workers lack
+    dpsynth."""
+    wheel = tmp_path / "dpsynth-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK")
+    _installed_from(monkeypatch, None)
+    with pytest.raises(ValueError) as err:
+        runners.dataflow_args("p", "gs://b/t")
+    assert "\n" not in str(err.value)
+    for name in ("DPSYNTH_WORKER_PACKAGE", "--extra-package",
+                 "--sdk-container-image"):
+        assert name in str(err.value)
+    monkeypatch.setenv(runners.WORKER_PACKAGE_ENV, str(wheel))
+    opts = runners.pipeline_options(runners.dataflow_args("p", "gs://b/t"))
+    setup = opts.view_as(SetupOptions)
+    assert (setup.extra_packages, setup.setup_file) == ([str(wheel)], None)
+    monkeypatch.setenv(runners.WORKER_PACKAGE_ENV, str(tmp_path / "gone.whl"))
+    with pytest.raises(ValueError, match="DPSYNTH_WORKER_PACKAGE .*gone.whl"):
+        runners.dataflow_args("p", "gs://b/t")
+    _installed_from(monkeypatch, str(wheel))  # the wheel pip installed
+    assert f"--extra_package={wheel}" in runners.dataflow_args("p", "gs://b/t")
+    _installed_from(monkeypatch, None)  # an image needs nothing else
+    args = runners.dataflow_args("p", "gs://b/t", sdk_container_image="i:1")
+    assert not [a for a in args if a.startswith(("--setup", "--extra"))]
+    parser = argparse.ArgumentParser()
+    runners.add_runner_arguments(parser)
+    ns = parser.parse_args(["--runner", "dataflow", "--project", "p",
+                            "--temp-location", "gs://b/t",
+                            "--extra-package", str(wheel)])
+    assert f"--extra_package={wheel}" in runners.beam_args_from(ns)
 
 
 def test_flink_options_reach_beam():

@@ -9,6 +9,7 @@ seconds."""
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -113,3 +114,23 @@ def test_the_cli_from_the_wheel_beside_user_packages(venv_python,
     assert (user_project / "cli-out" / "_manifest.json").is_file()
     help_run = _run([dpsynth, "generate", "--help"], user_project)
     assert help_run.returncode == 0 and "--input" in help_run.stdout
+
+
+def test_dataflow_options_from_the_wheel_ship_that_wheel(venv_python, dists,
+                                                         tmp_path):
+    """Issue 51: no checkout, so no setup.py; the Dataflow workers get the
+    wheel pip installed dpsynth from (or $DPSYNTH_WORKER_PACKAGE's)."""
+    cmd = [venv_python, "-m", "dpsynth.deploy.runners", "dataflow",
+           "--project", "p", "--temp-location", "gs://b/t"]
+    proc = _run(cmd, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    args = shlex.split(proc.stdout)
+    assert f"--extra_package={dists[1]}" in args
+    assert not [a for a in args if a.startswith("--setup_file")]
+    other = tmp_path / dists[1].name
+    other.write_bytes(dists[1].read_bytes())
+    proc = subprocess.run([str(c) for c in cmd], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=600,
+                          env=wheel_env.clean_env(
+                              DPSYNTH_WORKER_PACKAGE=str(other)))
+    assert shlex.split(proc.stdout)[-1] == f"--extra_package={other}"

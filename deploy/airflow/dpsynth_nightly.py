@@ -70,6 +70,11 @@ Environment of the Airflow workers (read when the DAG is parsed):
                   nothing of dpsynth, and a DAGs folder holding packages of
                   its own (``models/``...) does not collide with dpsynth's,
                   which all live under ``dpsynth``.
+  DPSYNTH_WORKER_PACKAGE  DataflowRunner: a dpsynth wheel for the workers
+                  (or ``runner_params`` {"extra_package": PATH}); without it
+                  the wheel pip installed dpsynth from, or
+                  ``sdk_container_image``; with none, budget_check fails in
+                  one line (deploy/README.md, Dataflow).
 """
 
 from __future__ import annotations
