@@ -115,6 +115,11 @@ def test_dataflow_from_an_installed_wheel_ships_a_wheel_or_refuses(
         runners.dataflow_args("p", "gs://b/t")
     _installed_from(monkeypatch, str(wheel))  # the wheel pip installed
     assert f"--extra_package={wheel}" in runners.dataflow_args("p", "gs://b/t")
+    # remote Flink/Spark workers get the wheel too; LOOPBACK needs nothing
+    assert runners.flink_args("jm:8081", setup_file=None)[-1] == \
+        f"--extra_package={wheel}"
+    assert not [a for a in runners.spark_args("local[2]", setup_file=None)
+                if a.startswith("--extra")]
     _installed_from(monkeypatch, None)  # an image needs nothing else
     args = runners.dataflow_args("p", "gs://b/t", sdk_container_image="i:1")
     assert not [a for a in args if a.startswith(("--setup", "--extra"))]
