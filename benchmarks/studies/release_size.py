@@ -4,7 +4,8 @@ mixture help the probe?
 Sampling from a release's mixture is post-processing (`dpsynth sample`),
 so a release could hold any number of rows at no privacy cost. For each
 shared set (validation split carved from the TRAIN file only:
-study_data.selection_split), epsilon and seed, this runs the default
+study_data.selection_split) or real set built by benchmarks/real_sets.py
+(``real:<name>``: train / validation splits), epsilon and seed, this runs the default
 generator once (dpsynth.dp_ops.reference.generate_adaptive, the Beam job's
 in-memory twin, default rule constants) and scores the shared README's
 linear probe (fast_probe) trained on 1x, 2x and 5x the noisy class counts
@@ -72,6 +73,15 @@ def run_one(split, eps: float, seed: int) -> dict:
             "seconds": round(time.time() - t, 1)}
 
 
+def load_split(name: str):
+    """A shared set's selection split, or ``real:<set>`` built by
+    benchmarks/real_sets.py (train -> release, validation -> probe)."""
+    if name.startswith("real:"):
+        from benchmarks import real_sets
+        return real_sets.fit_split(name[len("real:"):])
+    return selection_split(name)
+
+
 def load_log() -> list[dict]:
     if not os.path.exists(LOG):
         return []
@@ -87,7 +97,7 @@ def sweep(sets: list[str], epsilons: list[float], seeds: list[int]) -> None:
                 if (name, float(e), s) not in done]
         if not todo:
             continue
-        split = selection_split(name)
+        split = load_split(name)
         for eps, seed in todo:
             rec = {"set": name, "epsilon": eps, "seed": seed,
                    "fit_rows": int(len(split.y_fit)), "d": split.dim,
