@@ -110,6 +110,9 @@ def read_source(path: str) -> Source:
     from dpsynth.models.gmm import MixtureRelease
     from dpsynth.pipelines import release
     from dpsynth.transforms import io
+    if ".staging-" in path.rstrip("/").rsplit("/", 1)[-1]:
+        raise SampleError(f"{path} is a run's staging folder, not a "
+                          "published release")
     manifest = release.read_manifest(path)  # none: not a (complete) release
     digest = release.manifest_digest(path)
     if not str(manifest.get("format", "")).startswith("dpsynth-release/"):

@@ -95,6 +95,9 @@ def test_user_errors_are_one_line_and_write_nothing(source, tmp_path, capsys):
     half = tmp_path / "half"
     (half / "v-0").mkdir(parents=True)
     cases.append(([str(half), "--rows", "10"], "not a complete release"))
+    staged = tmp_path / "rel.staging-run@abc"  # a launch's staged files
+    staged.mkdir()
+    cases.append(([str(staged), "--rows", "10"], "staging folder"))
     for argv, needle in cases:
         try:
             code = cli.main(["sample"] + argv + ["--output", out])
