@@ -9,6 +9,8 @@
                              run_id="nightly-2026-11-27")))
     x, y = release.arrays()
 
+``sample(release_path, output, rows)`` is `dpsynth sample` (more rows from a
+published release's mixture: post-processing, no privacy cost).
 The other commands have their own specs: ``encode(EncodeSpec(...))`` is
 `dpsynth encode` (labelled images -> embeddings, inside the trust
 boundary) and ``evaluate(EvaluateSpec(...))`` is `dpsynth evaluate` (a
@@ -37,7 +39,7 @@ from dpsynth.pipelines.spec import (BudgetOptions, EncodeSpec, EvaluateSpec,
 __all__ = ["BudgetOptions", "EncodeSpec", "EvaluateSpec", "GenerateSpec",
            "GeneratorOptions", "ImageOptions", "InputOptions", "MLPOptions",
            "OutputOptions", "Release", "RunOptions", "encode", "evaluate",
-           "generate"]
+           "generate", "sample"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,3 +104,17 @@ def evaluate(spec: EvaluateSpec,
     ``dpsynth.pipelines.release.ReleaseError``, before any report is written."""
     from dpsynth.pipelines import evaluate as command
     return command.run(spec, progress)
+
+
+def sample(release_path: str, output: str, rows: int, seed: int = 1,
+           overwrite: bool = False) -> Release:
+    """Draws ``rows`` rows (shared by the classes in proportion to the
+    noisy class counts) from the published release at ``release_path``'s
+    mixture and publishes them at ``output`` (`dpsynth sample`). Post-
+    processing: no private data is read and nothing is charged; the new
+    manifest says ``"post_processing": true`` and names the source release.
+    Raises ``dpsynth.pipelines.sample.SampleError`` or ``ReleaseError``."""
+    from dpsynth.pipelines import sample as command
+    manifest = command.run(command.SampleSpec(release_path, output, rows,
+                                              seed, overwrite))
+    return Release(output, manifest)

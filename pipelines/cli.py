@@ -1,4 +1,4 @@
-"""The `dpsynth` command line: generate, encode, evaluate, report.
+"""The `dpsynth` command line: generate, encode, evaluate, report, sample.
 
 Each sub-command lives in its own module, which registers its flags and
 handler here; this module only dispatches (nothing imports it).
@@ -17,7 +17,8 @@ from dpsynth.pipelines import console
 
 # (module, takes Beam pipeline options)
 COMMANDS = (("dpsynth.pipelines.generate", True), ("dpsynth.pipelines.encode", True),
-            ("dpsynth.pipelines.evaluate", False), ("dpsynth.pipelines.report", False))
+            ("dpsynth.pipelines.evaluate", False), ("dpsynth.pipelines.report", False),
+            ("dpsynth.pipelines.sample", False))
 
 
 def build_parser(only: Optional[str] = None) -> console.Parser:

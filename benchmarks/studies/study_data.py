@@ -23,7 +23,10 @@ if ROOT not in sys.path:
 
 from dpsynth.dp_ops.clipping import normalize_rows  # noqa: E402
 
-SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
+# ../shared/data beside the checkout; DPSYNTH_SHARED_DATA for a worktree
+# elsewhere.
+SHARED = os.environ.get("DPSYNTH_SHARED_DATA") or os.path.join(
+    os.path.dirname(ROOT), "shared", "data")
 DATASETS = {"cifar10": ("cifar10-effnetlite0", 0.1),
             "20news": ("20news-minilm", 0.2)}
 RESULTS = os.path.join(ROOT, "benchmarks", "studies", "results")
