@@ -114,6 +114,7 @@ def read_source(path: str) -> Source:
         raise SampleError(f"{path} is a run's staging folder, not a "
                           "published release")
     manifest = release.read_manifest(path)  # none: not a (complete) release
+    release.verify_release(path, manifest)  # its files are the manifest's
     digest = release.manifest_digest(path)
     if not str(manifest.get("format", "")).startswith("dpsynth-release/"):
         raise SampleError(f"{path}: not a dpsynth release (format "
@@ -282,11 +283,10 @@ def run(spec: SampleSpec) -> dict:
         if source.schema_bytes is not None:
             _put(io.join(staging, write.SCHEMA_FILE), source.schema_bytes)
         doc = sample_manifest(source, spec, run_id, root, summary)
+        doc["files"] = release.file_digests(staging)  # publish checks them
         release.write_manifest(staging, doc)
         release.check_output(spec.output, spec.overwrite)  # still ours
-        published = release.publish(staging, spec.output, spec.overwrite)
-        release.remove_unreferenced(spec.output)
-        return published
+        return release.publish(staging, spec.output, spec.overwrite)
     finally:
         release.discard(staging)
 
