@@ -135,7 +135,7 @@ def test_a_release_whose_mixture_fails_verification_is_refused(
     (copy / release.MANIFEST).write_text(json.dumps(manifest))
     assert cli.main(["sample", str(copy), "--rows", "10", "--output",
                      str(tmp_path / "out2")]) == 2
-    assert "unreadable mixture" in capsys.readouterr().err
+    assert "not the ones its manifest lists" in capsys.readouterr().err
 
 
 def test_sample_help_loads_no_pipeline_library():
