@@ -950,13 +950,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     """
     args = _parser().parse_args(argv)
     try:
-        return _main(args)
+        return handle(args)
     except (ValueError, RuntimeError) as err:  # one line, no traceback
         print(f"budget store: error: {err}", file=sys.stderr)
         return 2
 
 
-def _main(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
+    """Runs one parsed budget-store command; returns its exit code."""
     if args.command == "set-cap":
         by = os.environ.get("USER") or os.environ.get("LOGNAME") or ""
         change = set_cap(args.budget_store, args.dataset_id,
