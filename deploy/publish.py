@@ -28,8 +28,9 @@ LATEST = "LATEST.json"
 
 def summary(output: str, run_id: str) -> dict:
     from dpsynth.pipelines import release
-    # Refuses incomplete releases and files that differ from the manifest.
-    manifest = release.verify_release(output)
+    # Refuses incomplete releases, files that differ from the manifest and
+    # a manifest without its files' digests (this dpsynth always writes them).
+    manifest = release.verify_release(output, require_files=True)
     if manifest.get("run_id") != run_id:
         raise ValueError(f"{output}: the release there was produced by run "
                          f"{manifest.get('run_id')!r}, not {run_id!r}")

@@ -56,6 +56,7 @@ import os
 import posixpath
 import shutil
 import tempfile
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Mapping, Optional
 
@@ -326,7 +327,8 @@ def _list(prefix: str) -> list[str]:
 
 
 def publish(staging: str, output: str, overwrite: bool = False,
-            check: Optional[Callable[[str, dict], None]] = None) -> dict:
+            check: Optional[Callable[[str, dict], None]] = None,
+            manifest_sha256: Optional[str] = None) -> dict:
     """Publishes a complete staged release at ``output``; returns its
     manifest. Safe to repeat after a crash (same bytes, same folder).
 
@@ -337,15 +339,38 @@ def publish(staging: str, output: str, overwrite: bool = False,
     differ from the manifest; ``ReleaseError``: another release is there
     (of this run id: another launch published it; of another run: without
     ``overwrite``). ``check(staging, manifest)``: run on the checked
-    staged files before anything is placed (the job's consistency check)."""
-    manifest = staged_manifest(staging)
-    if manifest is None:
-        raise ReleaseError(f"{staging}: staging has no manifest; not publishing")
+    staged files before anything is placed (the job's consistency check).
+    ``manifest_sha256``: the staged manifest's digest as recorded (the
+    budget store's); the manifest is read once and published only if its
+    bytes still have it, so a manifest rewritten after it was recorded is
+    never the one published (``ReleaseChanged``)."""
+    if _scheme(staging) != _scheme(output):  # links/copies need one store
+        raise ReleaseError(f"{staging} and --output {output} are on different "
+                           "file systems; a release is staged beside it")
+    manifest = _pinned_manifest(staging, manifest_sha256)
     verify_files(staging, manifest)  # before anything reaches --output
     if check is not None:
         check(staging, manifest)
     with _publish_lock(output):
         return _switch(staging, output, manifest, overwrite)
+
+
+def _scheme(path: str) -> str:
+    return "" if is_local(path) else path.partition("://")[0].lower()
+
+
+def _pinned_manifest(staging: str, sha256: Optional[str]) -> dict:
+    """The staged manifest, from one read of its bytes, checked against
+    ``sha256`` (None: unchecked)."""
+    path = _manifest_file(staging)
+    if path is None:
+        raise ReleaseError(f"{staging}: staging has no manifest; not publishing")
+    with FileSystems.open(path) as f:
+        data = f.read()
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise ReleaseChanged(f"{path} is not the manifest recorded for this "
+                             "attempt (changed after it was recorded)")
+    return json.loads(data.decode())
 
 
 @contextlib.contextmanager
@@ -557,6 +582,12 @@ def verify_files(folder: str, manifest: dict,
         raise ReleaseChanged(
             f"{folder}: its manifest lists no file digests (staged by an "
             "older dpsynth); it cannot be checked, so it is not published")
+    bad = [n for n, f in files.items() if not isinstance(f, dict)
+           or not isinstance(f.get("bytes"), int)
+           or not isinstance(f.get("sha256"), str)]
+    if bad:
+        raise ReleaseChanged(f"{folder}: its manifest's entry for {bad[0]!r} "
+                             "is not a size and sha256; it cannot be checked")
     wanted = sorted(files) if names is None else sorted(names)
     sizes = _file_sizes(folder)
     problems = [f"{n} is missing" for n in wanted if n not in sizes]
@@ -604,13 +635,21 @@ def _sha256_all(folder: str, names: list[str]) -> dict[str, str]:
         return dict(zip(names, pool.map(digest, names)))
 
 
-def verify_release(path: str, manifest: Optional[dict] = None) -> dict:
+def verify_release(path: str, manifest: Optional[dict] = None,
+                   require_files: bool = False) -> dict:
     """Checks a published release's files against its manifest (sizes and
     sha256; nothing missing or added); returns the manifest. Releases made
-    before manifests listed their files are returned unchecked."""
+    before manifests listed their files cannot be checked: refused with
+    ``require_files`` (a release this dpsynth just made always lists them,
+    so a missing list means a rewritten manifest), else returned with a
+    warning."""
     manifest = read_manifest(path) if manifest is None else manifest
-    if "files" in manifest:
+    if "files" in manifest or require_files:
         verify_files(release_root(path, manifest), manifest)
+    else:
+        warnings.warn(f"{path}: its manifest lists no file digests (made "
+                      "before dpsynth recorded them, or rewritten): its files "
+                      "are read unchecked", stacklevel=2)
     return manifest
 
 
