@@ -9,9 +9,12 @@ Layout of a published release at ``--output``::
     <output>/<version>/data/...
 
 Everything but the data shards starts with "_", which Parquet readers
-(pyarrow, pandas, Spark) skip: ``pd.read_parquet(<output>)`` opens a
-Parquet release's rows in one call. (Releases before format 3 named them
-without "_"; readers here accept both.)
+(pyarrow, pandas, Spark) skip: ``pd.read_parquet(<output>/<version>/data)``
+opens a Parquet release's rows in one call. Not ``<output>`` itself: a
+launch killed while placing its files (another run's, maybe an
+``--epsilon inf`` test's) leaves its version folder beside the published
+one, and a folder-wide read would mix its rows in. (Releases before format
+3 named the side files without "_"; readers here accept both.)
 
 A run writes everything under a staging directory beside the output
 (``<output>.staging-<run_id>``), then writes the staged manifest there: a

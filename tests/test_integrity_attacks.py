@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -250,3 +251,23 @@ def test_a_staging_on_another_file_system_is_refused(tmp_path, monkeypatch,
     with pytest.raises(release.ReleaseError, match="different file systems"):
         release.publish(staging, gcs.uri("rel", "out"))
     assert not (tmp_path / "gs:").exists()
+
+
+def test_the_printed_parquet_hint_reads_only_the_published_release(tmp_path,
+                                                                    capsys):
+    """A careless operator's `--epsilon inf --overwrite` test run, killed
+    after placing its files, leaves an exact version folder beside the
+    published release: the read hint the run printed must not mix it in
+    (``pandas.read_parquet(<output>)`` returned both releases' rows)."""
+    import pandas as pd
+    data, out = _data(tmp_path), str(tmp_path / "out")
+    assert _generate(data, out, "--output-format", "parquet") == 0
+    hint = [line for line in capsys.readouterr().out.splitlines()
+            if "pandas.read_parquet(" in line]
+    (path,) = [p.split("')")[0] for p in hint[0].split("read_parquet('")[1:]]
+    published = release.read_manifest(out)
+    # The killed launch's leftover: a copy of a version folder's files.
+    leftover = Path(out, "v-killedlaunch")
+    shutil.copytree(Path(release.release_root(out)), leftover)
+    assert len(pd.read_parquet(path)) == published["samples_total"]
+    assert len(release.load_release(out)[1]) == published["samples_total"]
