@@ -457,6 +457,12 @@ def _is_published(current: Optional[dict], manifest: dict, output: str,
         raise ReleaseError(f"--output {output} already holds a release (of "
                            f"run {current.get('run_id')!r}, published "
                            "meanwhile); pass --overwrite to replace it")
+    if current.get("root") == manifest.get("root"):  # placing would break it
+        raise ReleaseError(
+            f"--output {output}: the published release (run "
+            f"{current.get('run_id')!r}) lives in {manifest.get('root')}, the "
+            "version folder this staged release names (a copied staging "
+            "folder?); not placing other files into it")
     return False
 
 

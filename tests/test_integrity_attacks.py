@@ -271,3 +271,20 @@ def test_the_printed_parquet_hint_reads_only_the_published_release(tmp_path,
     shutil.copytree(Path(release.release_root(out)), leftover)
     assert len(pd.read_parquet(path)) == published["samples_total"]
     assert len(release.load_release(out)[1]) == published["samples_total"]
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_staged_release_naming_the_published_folder_is_refused(
+        tmp_path, request, where):
+    """A staged release of another run whose root is the published one's
+    (a copied staging folder, or a crafted manifest) used to be placed over
+    the live files before the switch: the switch then failed and the
+    published release was left broken."""
+    base = (str(tmp_path) if where == "local"
+            else request.getfixturevalue("gcs").uri("rel"))
+    out = f"{base}/out"
+    release.publish(_staged(f"{base}/a", "a", "v-1", body=b"A"), out)
+    other = _staged(f"{base}/b", "b", "v-1", body=b"B")
+    with pytest.raises(release.ReleaseError, match="version folder this"):
+        release.publish(other, out, overwrite=True)
+    assert release.verify_release(out)["run_id"] == "a"  # whole, untouched
