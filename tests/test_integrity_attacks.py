@@ -14,7 +14,14 @@ Fixed holes:
   ``load_release`` without a word: LATEST.json now refuses it,
   ``load_release`` warns;
 - a ``files`` entry that is not a size and sha256 ended in an
-  ``AttributeError`` traceback: now ``ReleaseChanged``.
+  ``AttributeError`` traceback: now ``ReleaseChanged``;
+- a local staging folder published to a gs:// output (API) created a local
+  folder named "gs:": refused;
+- the printed ``pandas.read_parquet(<output>)`` hint also read a killed
+  launch's version folder beside the release (an ``--epsilon inf`` test
+  run's exact rows): the hint names the version folder's data;
+- a staged release of another run naming the published version folder was
+  placed over the live files and broke the published release: refused.
 """
 
 from __future__ import annotations
