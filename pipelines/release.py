@@ -218,7 +218,20 @@ def read_manifest(release: str) -> dict:
     if path is None:
         raise ReleaseError(f"{release}: no {MANIFEST}; not a complete release")
     with FileSystems.open(path) as f:
-        return json.loads(f.read().decode())
+        return _manifest_doc(f.read(), path)
+
+
+def _manifest_doc(data: bytes, where: str) -> dict:
+    """A manifest's JSON object, or one line naming the file (a truncated
+    write, a hand edit)."""
+    try:
+        doc = json.loads(data.decode())
+    except ValueError:  # also UnicodeDecodeError
+        doc = None
+    if not isinstance(doc, dict):
+        raise ReleaseError(f"{where}: not a dpsynth manifest (not a JSON "
+                           "object); not a complete release")
+    return doc
 
 
 def release_root(release: str, manifest: Optional[dict] = None) -> str:
@@ -290,7 +303,7 @@ def _gcs_read(uri: str) -> tuple[Optional[dict], int]:
             data = blob.download_as_bytes(if_generation_match=blob.generation)
         except (exceptions.PreconditionFailed, exceptions.NotFound):
             continue  # replaced between the two calls: read again
-        return json.loads(data.decode()), int(blob.generation)
+        return _manifest_doc(data, uri), int(blob.generation)
     raise ReleaseError(f"{uri} kept changing while being read")
 
 
@@ -373,7 +386,7 @@ def _pinned_manifest(staging: str, sha256: Optional[str]) -> dict:
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise ReleaseChanged(f"{path} is not the manifest recorded for this "
                              "attempt (changed after it was recorded)")
-    return json.loads(data.decode())
+    return _manifest_doc(data, path)
 
 
 @contextlib.contextmanager

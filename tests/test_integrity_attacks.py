@@ -21,7 +21,9 @@ Fixed holes:
   launch's version folder beside the release (an ``--epsilon inf`` test
   run's exact rows): the hint names the version folder's data;
 - a staged release of another run naming the published version folder was
-  placed over the live files and broke the published release: refused.
+  placed over the live files and broke the published release: refused;
+- a broken manifest at --output (truncated, not a JSON object): an error
+  without the file's name, or a traceback: one line naming it.
 """
 
 from __future__ import annotations
@@ -295,3 +297,19 @@ def test_a_staged_release_naming_the_published_folder_is_refused(
     with pytest.raises(release.ReleaseError, match="version folder this"):
         release.publish(other, out, overwrite=True)
     assert release.verify_release(out)["run_id"] == "a"  # whole, untouched
+
+
+@pytest.mark.parametrize("body", ['{"run_id": "x", "ro', "[1, 2]", "\xff"])
+def test_a_broken_manifest_at_the_output_is_one_line_naming_it(
+        tmp_path, capsys, body):
+    """A truncated write (disk full) or a hand edit: before, a JSON error
+    without the file's name, or an AttributeError traceback."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "_manifest.json").write_bytes(body.encode("latin-1"))
+    capsys.readouterr()
+    rc = _generate(_data(tmp_path), str(out), "--overwrite")
+    err = _one_line_error(capsys)
+    assert rc == 2 and f"{out}/_manifest.json: not a dpsynth manifest" in err
+    with pytest.raises(release.ReleaseError, match="not a dpsynth manifest"):
+        release.load_release(str(out))
