@@ -335,8 +335,11 @@ def staged_manifest(staging: str) -> Optional[dict]:
 def _list(prefix: str) -> list[str]:
     if is_local(prefix):
         out = []
-        for folder, _, files in os.walk(prefix):
-            out += [os.path.join(folder, f) for f in files]
+        for folder, dirs, files in os.walk(prefix):
+            # A link to a folder is not walked into, but it is an entry
+            # (a reader of the folder may follow it): listed as one.
+            links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
+            out += [os.path.join(folder, f) for f in files + links]
         return sorted(out)
     result = FileSystems.match([prefix.rstrip("/") + "/**"])[0]
     return sorted(m.path for m in result.metadata_list)
@@ -634,12 +637,21 @@ def _file_sizes(folder: str) -> dict[str, int]:
     manifest and its temporary file."""
     prefix = folder.rstrip("/") + "/"
     if is_local(folder):
-        sizes = {p[len(prefix):]: os.path.getsize(p) for p in _list(folder)}
+        sizes = {p[len(prefix):]: _local_size(p) for p in _list(folder)}
     else:
         found = FileSystems.match([prefix + "**"])[0].metadata_list
         sizes = {m.path[len(prefix):]: int(m.size_in_bytes) for m in found}
     return {n: size for n, size in sizes.items()
             if n != MANIFEST and not n.startswith(_TEMP_PREFIX)}
+
+
+def _local_size(path: str) -> int:
+    """The size of a local file (links followed; -1: a broken link or a
+    file removed meanwhile, which matches no listed size)."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return -1
 
 
 def _sha256_all(folder: str, names: list[str]) -> dict[str, str]:

@@ -23,7 +23,9 @@ Fixed holes:
 - a staged release of another run naming the published version folder was
   placed over the live files and broke the published release: refused;
 - a broken manifest at --output (truncated, not a JSON object): an error
-  without the file's name, or a traceback: one line naming it.
+  without the file's name, or a traceback: one line naming it;
+- a link to a folder added to a published release was not seen by the
+  check (a broken link: a traceback): both are files it does not list.
 """
 
 from __future__ import annotations
@@ -313,3 +315,18 @@ def test_a_broken_manifest_at_the_output_is_one_line_naming_it(
     assert rc == 2 and f"{out}/_manifest.json: not a dpsynth manifest" in err
     with pytest.raises(release.ReleaseError, match="not a dpsynth manifest"):
         release.load_release(str(out))
+
+
+@pytest.mark.parametrize("target", ["folder", "nowhere"])
+def test_a_link_added_to_a_published_release_is_refused(tmp_path, target):
+    """A link to a folder of more shards was not listed (os.walk does not
+    enter it, a Parquet reader of the folder may); a broken link ended in
+    a FileNotFoundError traceback."""
+    out = str(tmp_path / "out")
+    release.publish(_staged(str(tmp_path / "s"), "r", "v-1"), out)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "s-9.tfrecord").write_bytes(b"rows")
+    Path(release.release_root(out), "data", "more").symlink_to(
+        tmp_path / target)
+    with pytest.raises(release.ReleaseChanged, match="data/more is not in"):
+        release.load_release(out)
