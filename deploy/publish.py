@@ -34,6 +34,10 @@ def summary(output: str, run_id: str) -> dict:
     if manifest.get("run_id") != run_id:
         raise ValueError(f"{output}: the release there was produced by run "
                          f"{manifest.get('run_id')!r}, not {run_id!r}")
+    if manifest.get("private") is not True:  # --epsilon inf, --noise-seed
+        raise ValueError(f"{output}: the release there is NOT PRIVATE (its "
+                         "manifest does not say private: made with --epsilon "
+                         "inf or --noise-seed); LATEST.json never points at it")
     privacy = manifest.get("privacy", {})
     return {"release": output, "run_id": run_id,
             "created_utc": manifest.get("created_utc"),

@@ -77,6 +77,7 @@ def _fake_release(path: Path, run_id: str) -> None:
     # LATEST.json needs the files' digests (this dpsynth always lists them).
     (path / "_manifest.json").write_text(json.dumps({
         "run_id": run_id, "created_utc": "20260101T000000Z", "root": "v-1",
+        "private": True,
         "samples_total": 5, "classes": [],
         "files": release.file_digests(str(path / "v-1")),
         "privacy": {"spent": {"epsilon": 1.0, "delta": 1e-5}}}))

@@ -25,7 +25,9 @@ Fixed holes:
 - a broken manifest at --output (truncated, not a JSON object): an error
   without the file's name, or a traceback: one line naming it;
 - a link to a folder added to a published release was not seen by the
-  check (a broken link: a traceback): both are files it does not list.
+  check (a broken link: a traceback): both are files it does not list;
+- LATEST.json pointed at a release of the nightly run id made with
+  ``--epsilon inf`` or ``--noise-seed`` (not private): refused.
 """
 
 from __future__ import annotations
@@ -330,3 +332,22 @@ def test_a_link_added_to_a_published_release_is_refused(tmp_path, target):
         tmp_path / target)
     with pytest.raises(release.ReleaseChanged, match="data/more is not in"):
         release.load_release(out)
+
+
+@pytest.mark.parametrize("flags", [("--epsilon", "inf"),
+                                   ("--noise-seed", "3")])
+def test_latest_json_never_points_at_a_release_that_is_not_private(
+        tmp_path, capsys, flags):
+    """A debugging run under the nightly run id (exact data, or noise that
+    anyone with the seed cancels): LATEST.json and the webhook pointed at
+    it (and wrote `Infinity` into LATEST.json for --epsilon inf)."""
+    from dpsynth.deploy import publish
+    root = tmp_path / "releases"
+    out = str(root / "2026-01-01")
+    assert _generate(_data(tmp_path), out, "--run-id", "nightly",
+                     *flags) == 0
+    capsys.readouterr()
+    assert publish.main(["--output", out, "--run-id", "nightly",
+                         "--output-root", str(root)]) == 1
+    assert "NOT PRIVATE" in capsys.readouterr().err
+    assert not (root / "LATEST.json").exists()
