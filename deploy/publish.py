@@ -28,11 +28,16 @@ LATEST = "LATEST.json"
 
 def summary(output: str, run_id: str) -> dict:
     from dpsynth.pipelines import release
-    # Refuses incomplete releases and files that differ from the manifest.
-    manifest = release.verify_release(output)
+    # Refuses incomplete releases, files that differ from the manifest and
+    # a manifest without its files' digests (this dpsynth always writes them).
+    manifest = release.verify_release(output, require_files=True)
     if manifest.get("run_id") != run_id:
         raise ValueError(f"{output}: the release there was produced by run "
                          f"{manifest.get('run_id')!r}, not {run_id!r}")
+    if manifest.get("private") is not True:  # --epsilon inf, --noise-seed
+        raise ValueError(f"{output}: the release there is NOT PRIVATE (its "
+                         "manifest does not say private: made with --epsilon "
+                         "inf or --noise-seed); LATEST.json never points at it")
     privacy = manifest.get("privacy", {})
     return {"release": output, "run_id": run_id,
             "created_utc": manifest.get("created_utc"),

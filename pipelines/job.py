@@ -787,15 +787,15 @@ def _run(spec: GenerateSpec) -> str:
                 log.info("run %s: re-publishing its staged release (no new "
                          "noise, no new spend)", job.run_id)
             _checkpoint("staged")
+            # One digest from here on: the one recorded is the one published.
+            digest = release.manifest_digest(job.staging)
             if reservation is not None:
                 lease.check()
-                budget_store.commit_staged(
-                    reservation, job.staging,
-                    release.manifest_digest(job.staging))
+                budget_store.commit_staged(reservation, job.staging, digest)
                 recorded = True
             _checkpoint("committed")
             console.stop_if_ctrl_c()  # one a library swallowed: no release
-            _publish(job, spec)
+            _publish(job, spec, digest)
             published = True
             _checkpoint("published")
             if reservation is not None:
@@ -830,14 +830,15 @@ def _run(spec: GenerateSpec) -> str:
     return job.output
 
 
-def _publish(job: Job, spec: GenerateSpec) -> None:
+def _publish(job: Job, spec: GenerateSpec, digest: str) -> None:
     """Publishes the staged release after checking every file against its
     manifest and the parts against each other (``consistency``), on every
     publication: also when a retry re-publishes an earlier launch's staged
     files, which may have changed since."""
     try:
         release.publish(job.staging, job.output, spec.output.overwrite,
-                        check=consistency.check_manifest)
+                        check=consistency.check_manifest,
+                        manifest_sha256=digest)
     except consistency.InconsistentRelease as err:
         raise release.ReleaseChanged(str(err)) from None
 

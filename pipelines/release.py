@@ -9,9 +9,12 @@ Layout of a published release at ``--output``::
     <output>/<version>/data/...
 
 Everything but the data shards starts with "_", which Parquet readers
-(pyarrow, pandas, Spark) skip: ``pd.read_parquet(<output>)`` opens a
-Parquet release's rows in one call. (Releases before format 3 named them
-without "_"; readers here accept both.)
+(pyarrow, pandas, Spark) skip: ``pd.read_parquet(<output>/<version>/data)``
+opens a Parquet release's rows in one call. Not ``<output>`` itself: a
+launch killed while placing its files (another run's, maybe an
+``--epsilon inf`` test's) leaves its version folder beside the published
+one, and a folder-wide read would mix its rows in. (Releases before format
+3 named the side files without "_"; readers here accept both.)
 
 A run writes everything under a staging directory beside the output
 (``<output>.staging-<run_id>``), then writes the staged manifest there: a
@@ -56,6 +59,7 @@ import os
 import posixpath
 import shutil
 import tempfile
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Mapping, Optional
 
@@ -214,7 +218,20 @@ def read_manifest(release: str) -> dict:
     if path is None:
         raise ReleaseError(f"{release}: no {MANIFEST}; not a complete release")
     with FileSystems.open(path) as f:
-        return json.loads(f.read().decode())
+        return _manifest_doc(f.read(), path)
+
+
+def _manifest_doc(data: bytes, where: str) -> dict:
+    """A manifest's JSON object, or one line naming the file (a truncated
+    write, a hand edit)."""
+    try:
+        doc = json.loads(data.decode())
+    except ValueError:  # also UnicodeDecodeError
+        doc = None
+    if not isinstance(doc, dict):
+        raise ReleaseError(f"{where}: not a dpsynth manifest (not a JSON "
+                           "object); not a complete release")
+    return doc
 
 
 def release_root(release: str, manifest: Optional[dict] = None) -> str:
@@ -286,7 +303,7 @@ def _gcs_read(uri: str) -> tuple[Optional[dict], int]:
             data = blob.download_as_bytes(if_generation_match=blob.generation)
         except (exceptions.PreconditionFailed, exceptions.NotFound):
             continue  # replaced between the two calls: read again
-        return json.loads(data.decode()), int(blob.generation)
+        return _manifest_doc(data, uri), int(blob.generation)
     raise ReleaseError(f"{uri} kept changing while being read")
 
 
@@ -318,15 +335,19 @@ def staged_manifest(staging: str) -> Optional[dict]:
 def _list(prefix: str) -> list[str]:
     if is_local(prefix):
         out = []
-        for folder, _, files in os.walk(prefix):
-            out += [os.path.join(folder, f) for f in files]
+        for folder, dirs, files in os.walk(prefix):
+            # A link to a folder is not walked into, but it is an entry
+            # (a reader of the folder may follow it): listed as one.
+            links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
+            out += [os.path.join(folder, f) for f in files + links]
         return sorted(out)
     result = FileSystems.match([prefix.rstrip("/") + "/**"])[0]
     return sorted(m.path for m in result.metadata_list)
 
 
 def publish(staging: str, output: str, overwrite: bool = False,
-            check: Optional[Callable[[str, dict], None]] = None) -> dict:
+            check: Optional[Callable[[str, dict], None]] = None,
+            manifest_sha256: Optional[str] = None) -> dict:
     """Publishes a complete staged release at ``output``; returns its
     manifest. Safe to repeat after a crash (same bytes, same folder).
 
@@ -337,15 +358,38 @@ def publish(staging: str, output: str, overwrite: bool = False,
     differ from the manifest; ``ReleaseError``: another release is there
     (of this run id: another launch published it; of another run: without
     ``overwrite``). ``check(staging, manifest)``: run on the checked
-    staged files before anything is placed (the job's consistency check)."""
-    manifest = staged_manifest(staging)
-    if manifest is None:
-        raise ReleaseError(f"{staging}: staging has no manifest; not publishing")
+    staged files before anything is placed (the job's consistency check).
+    ``manifest_sha256``: the staged manifest's digest as recorded (the
+    budget store's); the manifest is read once and published only if its
+    bytes still have it, so a manifest rewritten after it was recorded is
+    never the one published (``ReleaseChanged``)."""
+    if _scheme(staging) != _scheme(output):  # links/copies need one store
+        raise ReleaseError(f"{staging} and --output {output} are on different "
+                           "file systems; a release is staged beside it")
+    manifest = _pinned_manifest(staging, manifest_sha256)
     verify_files(staging, manifest)  # before anything reaches --output
     if check is not None:
         check(staging, manifest)
     with _publish_lock(output):
         return _switch(staging, output, manifest, overwrite)
+
+
+def _scheme(path: str) -> str:
+    return "" if is_local(path) else path.partition("://")[0].lower()
+
+
+def _pinned_manifest(staging: str, sha256: Optional[str]) -> dict:
+    """The staged manifest, from one read of its bytes, checked against
+    ``sha256`` (None: unchecked)."""
+    path = _manifest_file(staging)
+    if path is None:
+        raise ReleaseError(f"{staging}: staging has no manifest; not publishing")
+    with FileSystems.open(path) as f:
+        data = f.read()
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise ReleaseChanged(f"{path} is not the manifest recorded for this "
+                             "attempt (changed after it was recorded)")
+    return _manifest_doc(data, path)
 
 
 @contextlib.contextmanager
@@ -429,6 +473,12 @@ def _is_published(current: Optional[dict], manifest: dict, output: str,
         raise ReleaseError(f"--output {output} already holds a release (of "
                            f"run {current.get('run_id')!r}, published "
                            "meanwhile); pass --overwrite to replace it")
+    if current.get("root") == manifest.get("root"):  # placing would break it
+        raise ReleaseError(
+            f"--output {output}: the published release (run "
+            f"{current.get('run_id')!r}) lives in {manifest.get('root')}, the "
+            "version folder this staged release names (a copied staging "
+            "folder?); not placing other files into it")
     return False
 
 
@@ -557,6 +607,12 @@ def verify_files(folder: str, manifest: dict,
         raise ReleaseChanged(
             f"{folder}: its manifest lists no file digests (staged by an "
             "older dpsynth); it cannot be checked, so it is not published")
+    bad = [n for n, f in files.items() if not isinstance(f, dict)
+           or not isinstance(f.get("bytes"), int)
+           or not isinstance(f.get("sha256"), str)]
+    if bad:
+        raise ReleaseChanged(f"{folder}: its manifest's entry for {bad[0]!r} "
+                             "is not a size and sha256; it cannot be checked")
     wanted = sorted(files) if names is None else sorted(names)
     sizes = _file_sizes(folder)
     problems = [f"{n} is missing" for n in wanted if n not in sizes]
@@ -581,12 +637,21 @@ def _file_sizes(folder: str) -> dict[str, int]:
     manifest and its temporary file."""
     prefix = folder.rstrip("/") + "/"
     if is_local(folder):
-        sizes = {p[len(prefix):]: os.path.getsize(p) for p in _list(folder)}
+        sizes = {p[len(prefix):]: _local_size(p) for p in _list(folder)}
     else:
         found = FileSystems.match([prefix + "**"])[0].metadata_list
         sizes = {m.path[len(prefix):]: int(m.size_in_bytes) for m in found}
     return {n: size for n, size in sizes.items()
             if n != MANIFEST and not n.startswith(_TEMP_PREFIX)}
+
+
+def _local_size(path: str) -> int:
+    """The size of a local file (links followed; -1: a broken link or a
+    file removed meanwhile, which matches no listed size)."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return -1
 
 
 def _sha256_all(folder: str, names: list[str]) -> dict[str, str]:
@@ -604,13 +669,21 @@ def _sha256_all(folder: str, names: list[str]) -> dict[str, str]:
         return dict(zip(names, pool.map(digest, names)))
 
 
-def verify_release(path: str, manifest: Optional[dict] = None) -> dict:
+def verify_release(path: str, manifest: Optional[dict] = None,
+                   require_files: bool = False) -> dict:
     """Checks a published release's files against its manifest (sizes and
     sha256; nothing missing or added); returns the manifest. Releases made
-    before manifests listed their files are returned unchecked."""
+    before manifests listed their files cannot be checked: refused with
+    ``require_files`` (a release this dpsynth just made always lists them,
+    so a missing list means a rewritten manifest), else returned with a
+    warning."""
     manifest = read_manifest(path) if manifest is None else manifest
-    if "files" in manifest:
+    if "files" in manifest or require_files:
         verify_files(release_root(path, manifest), manifest)
+    else:
+        warnings.warn(f"{path}: its manifest lists no file digests (made "
+                      "before dpsynth recorded them, or rewritten): its files "
+                      "are read unchecked", stacklevel=2)
     return manifest
 
 

@@ -70,8 +70,10 @@ def render(output: str, manifest: dict,
         lines.append(f"warning: {warning}")
     read = (f"read it: dpsynth.pipelines.release.load_release({output!r}, "
             f"as_='numpy') -> shuffled (x, y)")
+    data = f"{output.rstrip('/')}/{manifest.get('root', '')}/data"
     if manifest.get("outputs", {}).get("format") == "parquet":
-        read += f", or pandas.read_parquet({output!r})"
-    lines.append(read + f"; the shards are under {output.rstrip('/')}/"
-                 f"{manifest.get('root', '')}/data/ (one class each)")
+        # The version folder, not --output: a killed launch's placed files
+        # (another run's version folder) may lie beside it.
+        read += f", or pandas.read_parquet({data!r})"
+    lines.append(read + f"; the shards are under {data}/ (one class each)")
     return "\n".join(lines)

@@ -158,6 +158,13 @@ MUTATIONS: tuple[Mutation, ...] = (
              '    if current.get("run_id") == run_id:',
              "    if False:",
              (OWNERSHIP + "test_one_run_id_never_replaces_its_own_release",)),
+    Mutation("publish-unrecorded-manifest",
+             "pipelines/release.py:_pinned_manifest",
+             "    if sha256 is not None and hashlib.sha256(data).hexdigest() "
+             "!= sha256:",
+             "    if False:",
+             ("tests/test_integrity_attacks.py::"
+              "test_a_manifest_rewritten_after_it_was_recorded_local",)),
     # --- the staged release's consistency check
     Mutation("check-staged-noop", "pipelines/consistency.py:check_staged",
              "    labels = [c[\"label\"] for c in summary]\n",

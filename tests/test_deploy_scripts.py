@@ -71,10 +71,15 @@ def test_launch_runs_as_a_file_outside_the_repo(tmp_path):
 
 
 def _fake_release(path: Path, run_id: str) -> None:
-    path.mkdir(parents=True)
-    (path / "manifest.json").write_text(json.dumps({
-        "run_id": run_id, "created_utc": "20260101T000000Z",
+    from dpsynth.pipelines import release
+    (path / "v-1").mkdir(parents=True)
+    (path / "v-1" / "_gmm.npz").write_bytes(b"mixture")
+    # LATEST.json needs the files' digests (this dpsynth always lists them).
+    (path / "_manifest.json").write_text(json.dumps({
+        "run_id": run_id, "created_utc": "20260101T000000Z", "root": "v-1",
+        "private": True,
         "samples_total": 5, "classes": [],
+        "files": release.file_digests(str(path / "v-1")),
         "privacy": {"spent": {"epsilon": 1.0, "delta": 1e-5}}}))
 
 
