@@ -105,7 +105,8 @@ def test_the_readme_pandas_snippet_reads_a_parquet_release(demo):
 def test_parquet_readers_open_the_release_in_one_call(demo):
     import pyarrow.dataset as ds
     _, y, manifest = release.load_release(demo)
-    table = ds.dataset(demo, format="parquet").to_table()
+    data = f"{demo}/{manifest['root']}/data"  # as the README reads it
+    table = ds.dataset(data, format="parquet").to_table()
     assert table.num_rows == manifest["samples_total"]
     assert sorted(table.column("label").to_pylist()) == sorted(y)
 
