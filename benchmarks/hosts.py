@@ -159,7 +159,7 @@ class Cluster:
         ip = f"{self.subnet}.{number}"
         outer, inner = f"{name}o", f"{name}i"
         folder = self.folder / f"{role}{number}"
-        (folder / "home").mkdir(parents=True)
+        (folder / "home").mkdir(parents=True, exist_ok=True)
         _run("ip", "netns", "add", name)
         _run("ip", "link", "add", outer, "type", "veth", "peer", "name",
              inner)
@@ -282,12 +282,28 @@ class Cluster:
     def slow_link(self, host: Host, rate: str = "10mbit") -> None:
         """A token-bucket filter on the host's link (this kernel has no
         netem): traffic to the host at ``rate``."""
-        for link in (host.link,):
-            _run("tc", "qdisc", "add", "dev", link, "root", "tbf", "rate",
-                 rate, "burst", "32kbit", "latency", "400ms")
+        _run("tc", "qdisc", "add", "dev", host.link, "root", "tbf", "rate",
+             rate, "burst", "32kbit", "latency", "400ms")
         _run("ip", "netns", "exec", host.name, "tc", "qdisc", "add", "dev",
              f"{host.name}i", "root", "tbf", "rate", rate, "burst", "32kbit",
              "latency", "400ms")
+
+    def fast_link(self, host: Host) -> None:
+        """Removes ``slow_link``'s filters."""
+        _run("tc", "qdisc", "del", "dev", host.link, "root", check=False)
+        _run("ip", "netns", "exec", host.name, "tc", "qdisc", "del", "dev",
+             f"{host.name}i", "root", check=False)
+
+    def restart(self, workers: int, *extra: str) -> None:
+        """A fresh scheduler and ``workers`` fresh workers (same addresses
+        for the scheduler), as an operator would after losing it."""
+        for host in [*self.hosts, *([self.scheduler] if self.scheduler
+                                    else [])]:
+            self.kill(host)
+        self.scheduler = None
+        self.start_scheduler()
+        for _ in range(workers):
+            self.add_worker(*extra)
 
     # ------------------------------------------------------------- cleanup
     def close(self) -> None:
@@ -303,6 +319,11 @@ class Cluster:
             _run("ip", "link", "del", self.bridge, check=False)
             self._made_bridge = False
         cleanup_leftovers(self.prefix)
+        keep = os.environ.get("DPSYNTH_HOSTS_LOGS")  # debugging a failure
+        if keep:
+            for log in self.folder.glob("*.log"):
+                Path(keep).mkdir(parents=True, exist_ok=True)
+                shutil.copy(log, Path(keep) / log.name)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -351,6 +372,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--subnet", default="10.231.7",
                         help="first three octets of the private /24")
     parser.add_argument("--folder", default="/tmp/dpsynth-hosts")
+    parser.add_argument("--worker-flags", default="",
+                        help="more `dask worker` flags (tests: --preload host_faults)")
     parser.add_argument("--cleanup", action="store_true",
                         help="only remove leftovers of killed runs")
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -367,7 +390,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         cluster.start_emulator(emulator_binary())
         cluster.start_scheduler()
         for _ in range(args.workers):
-            cluster.add_worker()
+            cluster.add_worker(*args.worker_flags.split())
         print(f"scheduler {cluster.address}  emulator {cluster.emulator_url}"
               f"  workers {' '.join(h.ip for h in cluster.hosts)}",
               flush=True)

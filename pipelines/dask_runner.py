@@ -992,9 +992,30 @@ def _side_values(name: str) -> list:
 
     def fetch() -> list:
         stored = distributed.get_client().get_dataset(name)
-        return [item for future in distributed.futures_of(stored)
-                for item in future.result()]
+        with _outside_thread_pool():
+            return [item for future in distributed.futures_of(stored)
+                    for item in future.result()]
     return _newest_run_entry(_SIDE_VALUES, _SIDE_LOCK, name, fetch)
+
+
+@contextlib.contextmanager
+def _outside_thread_pool():
+    """Waits outside the worker's thread pool (issue 52): when the worker
+    holding a stored side input dies, the scheduler recomputes it on a
+    live worker, whose every thread may be a task waiting for that side
+    input (one thread per worker: all of them). Waiting inside the pool
+    deadlocked the job; a seceded thread frees its slot. Costs one message
+    to the scheduler per side input and worker process."""
+    import distributed
+    try:
+        distributed.secede()
+    except (KeyError, ValueError, AttributeError):  # not in a Dask task
+        yield
+        return
+    try:
+        yield
+    finally:
+        distributed.rejoin()
 
 
 def _newest_run_entry(cache: dict, lock: threading.Lock, name: str,

@@ -147,3 +147,7 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "engines: runs dpsynth on Flink / Spark / Prism "
         "(tests/test_engines.py); deselect with -m 'not engines'")
+    config.addinivalue_line(
+        "markers", "hosts_faults: kills / cuts off / slows Dask hosts "
+        "(tests/test_hosts.py, ~4 min as root); deselect with "
+        "-m 'not hosts_faults'")
