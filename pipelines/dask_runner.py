@@ -992,10 +992,13 @@ def _side_values(name: str) -> list:
 
     def fetch() -> list:
         stored = distributed.get_client().get_dataset(name)
-        with _outside_thread_pool():
-            return [item for future in distributed.futures_of(stored)
-                    for item in future.result()]
-    return _newest_run_entry(_SIDE_VALUES, _SIDE_LOCK, name, fetch)
+        return [item for future in distributed.futures_of(stored)
+                for item in future.result()]
+    cached = _SIDE_VALUES.get(name)
+    if cached is not None:
+        return cached
+    with _outside_thread_pool():  # waiting for the lock or the values
+        return _newest_run_entry(_SIDE_VALUES, _SIDE_LOCK, name, fetch)
 
 
 @contextlib.contextmanager
@@ -1003,9 +1006,10 @@ def _outside_thread_pool():
     """Waits outside the worker's thread pool (issue 52): when the worker
     holding a stored side input dies, the scheduler recomputes it on a
     live worker, whose every thread may be a task waiting for that side
-    input (one thread per worker: all of them). Waiting inside the pool
-    deadlocked the job; a seceded thread frees its slot. Costs one message
-    to the scheduler per side input and worker process."""
+    input (for the values, or for the lock of the task fetching them; one
+    thread per worker: all of them). Waiting inside the pool deadlocked
+    the job (tests/test_hosts.py); a seceded thread frees its slot. Costs
+    one message to the scheduler per side input and worker process."""
     import distributed
     try:
         distributed.secede()
