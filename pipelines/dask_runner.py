@@ -89,6 +89,7 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import CancelledError
 from typing import Any, Callable, Optional
 
 import apache_beam as beam
@@ -103,6 +104,7 @@ from apache_beam.runners.runner import PipelineResult, PipelineState
 from apache_beam.transforms.combiners import LiftedCombinePerKey
 
 from dpsynth.pipelines.machine import usable_cores
+from dpsynth.pipelines.options import ClusterLost
 from dpsynth.transforms.progress import trace, trace_path
 
 log = logging.getLogger("dpsynth")
@@ -595,7 +597,8 @@ class DaskRunResult(PipelineResult):
 
     def wait_until_finish(self, duration=None):
         try:
-            self._state = self._inner.wait_until_finish(duration)
+            with _cluster_loss_as_one_line(self._inner.client):
+                self._state = self._inner.wait_until_finish(duration)
         except BaseException:
             self._state = PipelineState.FAILED
             raise
@@ -616,6 +619,27 @@ class DaskRunResult(PipelineResult):
     def close(self) -> None:
         self._stored.drop(self._inner.client)
         self._inner.client.close()
+
+
+@contextlib.contextmanager
+def _cluster_loss_as_one_line(where):
+    """The scheduler lost mid-run (its host gone, killed): ``ClusterLost``,
+    one line for the operator, instead of distributed's traceback."""
+    from distributed.comm.core import CommClosedError
+    try:
+        yield
+    except (CommClosedError, OSError, CancelledError) as err:
+        text = str(err)
+        if not isinstance(err, CommClosedError) and not (
+                "scheduler-connection-lost" in text or "connect to" in text):
+            raise
+        address = getattr(where, "scheduler", None)
+        address = getattr(address, "address", where)
+        raise ClusterLost(
+            f"the Dask cluster at {address} was lost mid-run (scheduler "
+            f"unreachable: {text.splitlines()[-1].strip()[:200]}); the "
+            "attempt stays charged: start the scheduler and workers again "
+            "and rerun with the same --run-id") from None
 
 
 class DaskRunner(beam_dask.DaskRunner):
@@ -647,7 +671,8 @@ class DaskRunner(beam_dask.DaskRunner):
         self._pipeline, self._stored = pipeline, _Stored()
         try:
             beam_dask.DaskBagWindowedIterator = self._stored.side_input
-            inner = super().run_pipeline(pipeline, options)
+            with _cluster_loss_as_one_line(dask_options.address):
+                inner = super().run_pipeline(pipeline, options)
         except BaseException:
             self._stored.drop()
             _close_default_client()
