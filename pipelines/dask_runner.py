@@ -1008,6 +1008,7 @@ class _StoredSideInput:
 # run holds one run's side inputs at most.
 _SIDE_VALUES: dict[str, list] = {}
 _SIDE_LOCK = threading.Lock()
+_SIDE_FETCH_LOCKS: dict = {}
 
 
 def _side_values(name: str) -> list:
@@ -1022,8 +1023,27 @@ def _side_values(name: str) -> list:
     cached = _SIDE_VALUES.get(name)
     if cached is not None:
         return cached
-    with _outside_thread_pool():  # waiting for the lock or the values
-        return _newest_run_entry(_SIDE_VALUES, _SIDE_LOCK, name, fetch)
+    # One lock per side input, not the cache's: a side input recomputed
+    # after a host was lost can need tasks that read another side input in
+    # this process (the mixture waits for the moments pass, whose tasks
+    # read the plan).
+    lock = _newest_run_entry(_SIDE_FETCH_LOCKS, _SIDE_LOCK, name,
+                             threading.Lock)
+    with _outside_thread_pool(), lock:
+        return _newest_run_entry(_SIDE_VALUES, _SIDE_LOCK, name,
+                                 _unlocked(fetch))
+
+
+def _unlocked(load: Callable[[], Any]) -> Callable[[], Any]:
+    """``load`` run with the cache's lock released (``_newest_run_entry``
+    holds it): fetching waits for the cluster."""
+    def run() -> Any:
+        _SIDE_LOCK.release()
+        try:
+            return load()
+        finally:
+            _SIDE_LOCK.acquire()
+    return run
 
 
 @contextlib.contextmanager
@@ -1031,10 +1051,11 @@ def _outside_thread_pool():
     """Waits outside the worker's thread pool (issue 52): when the worker
     holding a stored side input dies, the scheduler recomputes it on a
     live worker, whose every thread may be a task waiting for that side
-    input (for the values, or for the lock of the task fetching them; one
-    thread per worker: all of them). Waiting inside the pool deadlocked
-    the job (tests/test_hosts.py); a seceded thread frees its slot. Costs
-    one message to the scheduler per side input and worker process."""
+    input, or for the lock of the one fetching it (one thread per worker:
+    all of them). Waiting inside the pool deadlocked the job
+    (tests/test_hosts.py); a seceded thread frees its slot. Costs one
+    message to the scheduler per side input and reading task that finds
+    it not fetched yet."""
     import distributed
     try:
         distributed.secede()
