@@ -39,6 +39,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -371,7 +372,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--subnet", default="10.231.7",
                         help="first three octets of the private /24")
-    parser.add_argument("--folder", default="/tmp/dpsynth-hosts")
+    parser.add_argument("--folder", default=None,
+                        help="where the hosts' folders go (default: a new "
+                             "temporary folder, removed at the end)")
     parser.add_argument("--worker-flags", default="",
                         help="more `dask worker` flags (tests: --preload host_faults)")
     parser.add_argument("--cleanup", action="store_true",
@@ -386,7 +389,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("removed:", " ".join(cleanup_leftovers()) or "nothing")
         return 0
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    with Cluster(Path(args.folder), args.subnet) as cluster:
+    folder = args.folder or tempfile.mkdtemp(prefix="dpsynth-hosts-")
+    try:
+        return _run_cluster(args, Path(folder), command)
+    finally:
+        if not args.folder:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_cluster(args, folder: Path, command: list[str]) -> int:
+    with Cluster(folder, args.subnet) as cluster:
         cluster.start_emulator(emulator_binary())
         cluster.start_scheduler()
         for _ in range(args.workers):

@@ -6,13 +6,14 @@ its own network and mount namespace, a GCS emulator on the bridge).
   publish to gs:// and equal DirectRunner's releases byte for byte.
 * An unseeded job with the budget store and the noise key on gs:// is
   charged once and readable with ``load_release``.
-* Faults (marker ``hosts_faults``, ~3 min): a worker host killed in the
+* Faults (marker ``hosts_faults``, ~3 min here): a worker host killed in the
   middle of the moments pass and of the writers, a worker cut off for 20 s,
   a worker on a 10 mbit/s link: same bytes; the scheduler or the launcher
   killed: the run fails, the attempt is charged, a retry publishes once.
 
 Needs root (namespaces); skips with the reason elsewhere. Module-scoped
-cluster: ~30 s to start on 2 cores; the module ~2 min without the faults.
+cluster: 15-55 s to start on 2 cores (quiet / busy); the module ~4 min
+(~1 min without the faults: ``-m 'not hosts_faults'``) on a quiet machine.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def cluster(tmp_path_factory):
         pytest.skip(f"no namespaces here: {reason}")
     binary = _binary(_import_wrapper())
     hosts_harness.cleanup_leftovers()  # of a killed earlier run
-    folder = Path("/tmp") / f"dpsynth-hosts-{uuid.uuid4().hex[:6]}"
+    folder = tmp_path_factory.mktemp("hosts")  # removed with the suite's
     with hosts_harness.Cluster(folder) as made:
         made.start_emulator(binary)
         made.start_scheduler()
@@ -148,13 +149,12 @@ def same_bytes(bucket, a: str, b: str, tmp_path: Path) -> None:
 # ------------------------------------------------------ same as DirectRunner
 
 SEEDED = [*FLAGS, "--noise-seed", "7", "--split-bytes", "4000"]
-TIMES: dict = {}  # wall seconds of the Dask runs, printed at the end
+TIMES: dict = {}  # wall seconds of the Dask runs (printed: pytest -s)
 
 
 @pytest.fixture(scope="module")
 def reference(cluster, bucket):
-    """DirectRunner's seeded release of the .npz input at gs://.../ref,
-    and the undisturbed Dask run's wall time."""
+    """DirectRunner's seeded release of the .npz input at gs://.../ref."""
     _ok(generate(cluster, *SEEDED, *_input(bucket, "npz"),
                  "--output", bucket.uri("ref")))
     return "ref"
