@@ -326,7 +326,8 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
         # Beam and the pipeline load here, after the flags parsed (--help
         # and flag errors answer without them).
         from dpsynth.pipelines import budget_store, demo, release, summary
-        from dpsynth.pipelines.options import UsageError, check_beam_args
+        from dpsynth.pipelines.options import (ClusterLost, UsageError,
+                                               check_beam_args)
         from dpsynth.transforms import io
         from dpsynth.transforms.formats import ImageInputError
 
@@ -350,7 +351,8 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
             go, "generate", (UsageError, io.InputError, release.ReleaseError,
                              budget_store.BudgetExceeded,
                              budget_store.RunConflict,
-                             budget_store.CapConflict, ImageInputError))
+                             budget_store.CapConflict, ImageInputError,
+                             ClusterLost))
 
 
 def _lifetime(spec: GenerateSpec):

@@ -25,6 +25,11 @@ class UsageError(ValueError):
     """A bad flag or flag combination, found before any data is read."""
 
 
+class ClusterLost(RuntimeError):
+    """The runner lost its cluster mid-run (a Dask scheduler gone): one
+    line, not a traceback; the attempt stays charged (issue 52)."""
+
+
 LOCAL_RUNNERS = runner_names.LOCAL_RUNNERS
 # Portable runners whose Python code runs in the submitting process when the
 # environment is LOOPBACK (Beam's default for Prism, and for Flink's embedded

@@ -151,3 +151,7 @@ def pytest_configure(config):
         "markers", "mutations: applies the privacy mutations of "
         "tests/mutations.py to a copy of the repo and runs their catching "
         "tests (minutes); deselect with -m 'not mutations'")
+    config.addinivalue_line(
+        "markers", "hosts_faults: kills / cuts off / slows Dask hosts "
+        "(tests/test_hosts.py, ~4 min as root); deselect with "
+        "-m 'not hosts_faults'")

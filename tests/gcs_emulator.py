@@ -179,13 +179,22 @@ def gcs_server(tmp_path_factory):
 
 @pytest.fixture
 def gcs(gcs_server, monkeypatch) -> GcsEmulator:
+    use_emulator(gcs_server, monkeypatch)
+    emulator = GcsEmulator(url=gcs_server, bucket=f"dpsynth-{uuid.uuid4().hex[:12]}")
+    emulator.client().create_bucket(emulator.bucket)
+    return emulator
+
+
+def use_emulator(url: str, monkeypatch) -> None:
+    """Points google-cloud-storage and Beam's GCS filesystem in this process
+    at the emulator on ``url`` (undone with ``monkeypatch``)."""
     sys.path.insert(0, str(PLUGINS))
     try:
         import gcs_batch_shim
     finally:
         sys.path.remove(str(PLUGINS))
     gcs_batch_shim.apply()  # idempotent
-    for key, value in emulator_env(gcs_server).items():
+    for key, value in emulator_env(url).items():
         monkeypatch.setenv(key, value)
     try:  # skip Beam's slow credential retries: anonymous, like the emulator
         from apache_beam.internal.gcp import auth
@@ -193,6 +202,3 @@ def gcs(gcs_server, monkeypatch) -> GcsEmulator:
         monkeypatch.setattr(auth._Credentials, "_credentials", None)
     except (ImportError, AttributeError):
         pass
-    emulator = GcsEmulator(url=gcs_server, bucket=f"dpsynth-{uuid.uuid4().hex[:12]}")
-    emulator.client().create_bucket(emulator.bucket)
-    return emulator

@@ -97,6 +97,7 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import CancelledError
 from typing import Any, Callable, Optional
 
 import apache_beam as beam
@@ -111,6 +112,7 @@ from apache_beam.runners.runner import PipelineResult, PipelineState
 from apache_beam.transforms.combiners import LiftedCombinePerKey
 
 from dpsynth.pipelines.machine import usable_cores
+from dpsynth.pipelines.options import ClusterLost
 from dpsynth.pipelines.runners.beam_patch import kept, replace_once, takes
 from dpsynth.transforms.progress import trace, trace_path
 
@@ -603,7 +605,8 @@ class DaskRunResult(PipelineResult):
 
     def wait_until_finish(self, duration=None):
         try:
-            self._state = self._inner.wait_until_finish(duration)
+            with _cluster_loss_as_one_line(self._inner.client):
+                self._state = self._inner.wait_until_finish(duration)
         except BaseException:
             self._state = PipelineState.FAILED
             raise
@@ -624,6 +627,27 @@ class DaskRunResult(PipelineResult):
     def close(self) -> None:
         self._stored.drop(self._inner.client)
         self._inner.client.close()
+
+
+@contextlib.contextmanager
+def _cluster_loss_as_one_line(where):
+    """The scheduler lost mid-run (its host gone, killed): ``ClusterLost``,
+    one line for the operator, instead of distributed's traceback."""
+    from distributed.comm.core import CommClosedError
+    try:
+        yield
+    except (CommClosedError, OSError, CancelledError) as err:
+        text = str(err)
+        if not isinstance(err, CommClosedError) and not (
+                "scheduler-connection-lost" in text or "connect to" in text):
+            raise
+        address = getattr(where, "scheduler", None)
+        address = getattr(address, "address", where)
+        raise ClusterLost(
+            f"the Dask cluster at {address} was lost mid-run (scheduler "
+            f"unreachable: {text.splitlines()[-1].strip()[:200]}); the "
+            "attempt stays charged: start the scheduler and workers again "
+            "and rerun with the same --run-id") from None
 
 
 class DaskRunner(beam_dask.DaskRunner):
@@ -655,7 +679,8 @@ class DaskRunner(beam_dask.DaskRunner):
         self._pipeline, self._stored = pipeline, _Stored()
         try:
             beam_dask.DaskBagWindowedIterator = self._stored.side_input
-            inner = super().run_pipeline(pipeline, options)
+            with _cluster_loss_as_one_line(dask_options.address):
+                inner = super().run_pipeline(pipeline, options)
         except BaseException:
             self._stored.drop()
             _close_default_client()
@@ -991,6 +1016,7 @@ class _StoredSideInput:
 # run holds one run's side inputs at most.
 _SIDE_VALUES: dict[str, list] = {}
 _SIDE_LOCK = threading.Lock()
+_SIDE_FETCH_LOCKS: dict = {}
 
 
 def _side_values(name: str) -> list:
@@ -1002,7 +1028,52 @@ def _side_values(name: str) -> list:
         stored = distributed.get_client().get_dataset(name)
         return [item for future in distributed.futures_of(stored)
                 for item in future.result()]
-    return _newest_run_entry(_SIDE_VALUES, _SIDE_LOCK, name, fetch)
+    cached = _SIDE_VALUES.get(name)
+    if cached is not None:
+        return cached
+    # One lock per side input, not the cache's: a side input recomputed
+    # after a host was lost can need tasks that read another side input in
+    # this process (the mixture waits for the moments pass, whose tasks
+    # read the plan).
+    lock = _newest_run_entry(_SIDE_FETCH_LOCKS, _SIDE_LOCK, name,
+                             threading.Lock)
+    with _outside_thread_pool(), lock:
+        return _newest_run_entry(_SIDE_VALUES, _SIDE_LOCK, name,
+                                 _unlocked(fetch))
+
+
+def _unlocked(load: Callable[[], Any]) -> Callable[[], Any]:
+    """``load`` run with the cache's lock released (``_newest_run_entry``
+    holds it): fetching waits for the cluster."""
+    def run() -> Any:
+        _SIDE_LOCK.release()
+        try:
+            return load()
+        finally:
+            _SIDE_LOCK.acquire()
+    return run
+
+
+@contextlib.contextmanager
+def _outside_thread_pool():
+    """Waits outside the worker's thread pool (issue 52): when the worker
+    holding a stored side input dies, the scheduler recomputes it on a
+    live worker, whose every thread may be a task waiting for that side
+    input, or for the lock of the one fetching it (one thread per worker:
+    all of them). Waiting inside the pool deadlocked the job
+    (tests/test_hosts.py); a seceded thread frees its slot. Costs one
+    message to the scheduler per side input and reading task that finds
+    it not fetched yet."""
+    import distributed
+    try:
+        distributed.secede()
+    except (KeyError, ValueError, AttributeError):  # not in a Dask task
+        yield
+        return
+    try:
+        yield
+    finally:
+        distributed.rejoin()
 
 
 def _newest_run_entry(cache: dict, lock: threading.Lock, name: str,
