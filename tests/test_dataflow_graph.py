@@ -102,6 +102,7 @@ def built(gcs_server, tmp_path_factory):
              str(REPO / "deploy" / "dataflow"), "print", "--out", str(out),
              "--phase1-counts", "400,300,200",
              "--input", pattern, "--num-classes", str(CLASSES),
+             "--embedding-dim", str(DIM),  # TFRecord records none
              "--output", f"gs://{bucket.name}/releases/r1",
              "--run-id", "review-1", "--noise-key-location",
              f"gs://{bucket.name}/keys", *beam_args],
