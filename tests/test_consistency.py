@@ -145,10 +145,9 @@ def test_class_means_of_another_dimension_are_refused(staged):
     assert gmm.mixtures[0].means.shape[1] == DIM
 
 
-def test_a_broken_staged_release_is_not_published(published, tmp_path,
-                                                  monkeypatch):
-    """The job runs the check between staging and publishing: a shard lost
-    after the pipeline leaves --output without a release."""
+def _lose_a_shard_after_the_pipeline(tmp_path, monkeypatch, run_id: str):
+    """Input data and an --output whose staged release loses a shard at the
+    ``pipeline-done`` checkpoint (between staging and the check)."""
     x, y = gmm_data(200, d=DIM, classes=2)
     data = tmp_path / "in.npz"
     np.savez(data, embeddings=x, labels=y)
@@ -157,11 +156,20 @@ def test_a_broken_staged_release_is_not_published(published, tmp_path,
 
     def lose_a_shard(step: str) -> None:
         if step == "pipeline-done":
-            staging = Path(release.staging_folders(str(out), "broken")
+            staging = Path(release.staging_folders(str(out), run_id)
                            .popitem()[1])
             sorted((staging / DATA_DIR).iterdir())[0].unlink()
         real(step)
     monkeypatch.setattr(job, "_checkpoint", lose_a_shard)
+    return data, out
+
+
+def test_a_broken_staged_release_is_not_published(published, tmp_path,
+                                                  monkeypatch):
+    """The job runs the check between staging and publishing: a shard lost
+    after the pipeline leaves --output without a release."""
+    data, out = _lose_a_shard_after_the_pipeline(tmp_path, monkeypatch,
+                                                 "broken")
     spec = GenerateSpec(
         input=InputOptions(path=str(data), num_classes=2),
         generator=GeneratorOptions(epsilon=4.0, covariance="shared",
@@ -178,19 +186,8 @@ def test_the_cli_refuses_a_broken_staged_release_in_one_line(tmp_path,
                                                              capsys):
     """`dpsynth generate` reports the failed check as one error line, exit
     2, no traceback (the check raised through the CLI before)."""
-    x, y = gmm_data(200, d=DIM, classes=2)
-    data = tmp_path / "in.npz"
-    np.savez(data, embeddings=x, labels=y)
-    out = tmp_path / "out"
-    real = job._checkpoint
-
-    def lose_a_shard(step: str) -> None:
-        if step == "pipeline-done":
-            staging = Path(release.staging_folders(str(out), "cli-broken")
-                           .popitem()[1])
-            sorted((staging / DATA_DIR).iterdir())[0].unlink()
-        real(step)
-    monkeypatch.setattr(job, "_checkpoint", lose_a_shard)
+    data, out = _lose_a_shard_after_the_pipeline(tmp_path, monkeypatch,
+                                                 "cli-broken")
     code = cli.main(["generate", "--input", str(data), "--output", str(out),
                      "--num-classes", "2", "--covariance", "shared",
                      "--epsilon", "4", "--rows-per-shard", "20",
