@@ -24,8 +24,8 @@ if (not os.path.isdir(os.path.join(os.path.dirname(__file__), "pipelines"))
 # free of Beam.
 _API = ("BudgetOptions", "EncodeSpec", "EvaluateSpec", "GenerateSpec",
         "GeneratorOptions", "ImageOptions", "InputOptions", "MLPOptions",
-        "OutputOptions", "Release", "RunOptions", "encode", "evaluate",
-        "generate")
+        "OutputOptions", "Release", "RunOptions", "encode",
+        "evaluate", "generate", "sample")
 
 
 def __getattr__(name: str):
