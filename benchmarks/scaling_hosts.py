@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import os
 import platform
 import re
@@ -137,6 +138,9 @@ def run_hosts(args: argparse.Namespace) -> list[dict]:
                      timings=parse_timings(r["log_tail"]),
                      flags=" ".join(scaling._gen_flags(args)))
             results.append(r)
+            if args.save:  # one JSON line per run (--report-from)
+                with open(args.save, "a") as out:
+                    out.write(json.dumps(r) + "\n")
             print(f"  #{rep + 1} hosts={hosts} job {r['timings'].get('total', 0):.1f} s"
                   f"  wall {r['wall_s']:.1f} s  load {scaling._load(r)}"
                   f"  rc={r['rc']}", flush=True)
@@ -160,34 +164,53 @@ def hosts_report(results: list[dict], command: str) -> str:
              f"{os.cpu_count()}-core {platform.machine()} machine. Emulator "
              f"I/O by the launcher: upload {io['upload_s']:.1f} s, read back "
              f"{io['read_s']:.1f} s ({io['bytes'] / 1e6 / io['read_s']:.0f} "
-             f"MB/s). job s = generate's own total (`--record-timings`); "
+             f"MB/s). Times from generate's own `--record-timings`: job s = "
+             f"total; plan s = before the pipelines (listing and sizing "
+             f"the input on gs://); pipeline s = the Beam pipelines on the "
+             f"hosts (phase 1 of the adaptive plan included); launcher s = "
+             f"job - pipeline: plan, staging checks and publish with the "
+             f"manifest's sha256 of every data file, serial on the "
+             f"launcher through the emulator; "
              f"speed-up: against the same repeat's run on the fewest hosts "
              f"(repeats run the counts up, then down); Amdahl f = "
              f"(N/S - 1)/(N - 1) (N = 2: 2/S(2) - 1); load = 1-min load "
              f"average before / after the run.", "",
-             "| hosts | repeat | job s | phase 1 s | pipeline s | wall s | "
-             "speed-up | Amdahl f | load |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| hosts | repeat | job s | plan s | phase 1 s | pipeline s | "
+             "launcher s | job speed-up (f) | pipeline speed-up (f) | load |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     fewest = min(r["hosts"] for r in ok)
     for r in ok:
         t = r["timings"]
         base = next((b for b in ok if b["hosts"] == fewest
                      and b["repeat"] == r["repeat"]), None)
-        s = base["timings"]["total"] / t["total"] if base else None
-        f = (scaling.amdahl_serial(s, r["hosts"]) if s and fewest == 1
-             else None)
         lines.append(
             f"| {r['hosts']} | {r['repeat'] + 1} | {t['total']:.1f} | "
-            f"{t.get('phase1', 0):.1f} | {t.get('pipeline', 0):.1f} | "
-            f"{r['wall_s']:.1f} | {'-' if s is None else f'{s:.2f}x'} | "
-            f"{'-' if f is None else f'{f:.2f}'} | {scaling._load(r)} |")
+            f"{t.get('plan', 0):.1f} | {t.get('phase1', 0):.1f} | "
+            f"{t.get('pipeline', 0):.1f} | "
+            f"{t['total'] - t.get('pipeline', 0):.1f} | "
+            f"{_speedup(base, r, 'total', fewest)} | "
+            f"{_speedup(base, r, 'pipeline', fewest)} | "
+            f"{scaling._load(r)} |")
     return "\n".join(lines) + "\n"
+
+
+def _speedup(base: Optional[dict], r: dict, step: str, fewest: int) -> str:
+    """``S (f)`` of one step against the same repeat's fewest-hosts run."""
+    if base is None or not r["timings"].get(step):
+        return "-"
+    s = base["timings"][step] / r["timings"][step]
+    f = scaling.amdahl_serial(s, r["hosts"]) if fewest == 1 else None
+    return f"{s:.2f}x" + ("" if f is None else f" ({f:.2f})")
 
 
 def sweep_hosts(args: argparse.Namespace, argv: Optional[Sequence[str]]
                 ) -> int:
     """--hosts: run, print and write the table (section ``hosts``)."""
-    results = run_hosts(args)
+    if args.report_from:
+        with open(args.report_from) as f:
+            results = [json.loads(line) for line in f if line.strip()]
+    else:
+        results = run_hosts(args)
     command = "python benchmarks/scaling.py " + " ".join(
         sys.argv[1:] if argv is None else argv)
     text = hosts_report(results, command)

@@ -64,5 +64,6 @@ def test_timings_and_table():
             for h, t in ((1, 20.0), (2, 12.5))]
     text = scaling_hosts.hosts_report(runs, "cmd")
     row = next(line for line in text.splitlines() if line.startswith("| 2 "))
-    assert "1.60x" in row and "| 0.25 |" in row  # f = 2/1.6 - 1
+    assert "| 1.60x (0.25) |" in row  # job: f = 2/1.6 - 1
+    assert "| 10.5 | 2.0 |" in row  # pipeline s, launcher s = job - it
     assert "300 MB/s" in text
