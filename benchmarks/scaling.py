@@ -56,6 +56,10 @@ worker processes ran each stage, busy vs elapsed time) to
         --configs default,k16,vote --dims 384 --sizes 300000 \
         --gen-args "--output-format parquet" --section after
 
+``--hosts 1,2 [--repeat R]`` (issue 52): the same job on the multi-host
+harness (``benchmarks/hosts.py``, root), input and output on its GCS
+emulator; see ``benchmarks/scaling_hosts.py``.
+
 The report (Markdown) goes between markers in ``--out``, so hand-written
 notes around it survive a rerun; ``--section`` names the block (e.g.
 ``before`` / ``after``). ``--profile`` adds a cProfile of one in-process

@@ -5,14 +5,17 @@ and mount namespace), reading ``--input gs://...`` and publishing to
 ``--output gs://...`` on the emulator.
 
 One cluster serves the whole sweep: worker hosts are added as N grows, so
-every N sees the same emulator, scheduler and input. Where the time goes:
+every N sees the same emulator, scheduler and input (hosts are killed as
+N shrinks: `--repeat` runs the counts up, then down). Where the time goes:
 
 * ``upload s`` / ``read s``: the input's bytes put into / read back out of
   the emulator by the launcher (the emulator's own I/O rate, once);
-* ``job s``: generate's own ``total`` (``--record-timings``: planning, the
-  passes, staging and publishing, all through the emulator); ``phase 1 s``
-  and ``pipeline s`` are its parts; ``wall s`` adds the launcher's Python
-  start and imports.
+* from the job's own ``--record-timings``: ``job s`` (total), ``plan s``
+  (before the pipelines: listing and sizing the input on gs://),
+  ``pipeline s`` (the Beam pipelines on the hosts, phase 1 of the
+  adaptive plan included) and ``launcher s`` = job - pipeline (plan,
+  staging checks, publish with the manifest's sha256 of every data file:
+  serial on the launcher, through the emulator), each with its speed-up.
 
 Needs root (namespaces): ``hosts.unavailable()`` says why not.
 """
