@@ -56,6 +56,10 @@ worker processes ran each stage, busy vs elapsed time) to
         --configs default,k16,vote --dims 384 --sizes 300000 \
         --gen-args "--output-format parquet" --section after
 
+``--hosts 1,2 [--repeat R]`` (issue 52): the same job on the multi-host
+harness (``benchmarks/hosts.py``, root), input and output on its GCS
+emulator; see ``benchmarks/scaling_hosts.py``.
+
 The report (Markdown) goes between markers in ``--out``, so hand-written
 notes around it survive a rerun; ``--section`` names the block (e.g.
 ``before`` / ``after``). ``--profile`` adds a cProfile of one in-process
@@ -549,7 +553,8 @@ PSS_EVERY_S = 2.0
 
 
 def measure(cmd: list[str], timeout: float, max_rss: float = float("inf"),
-            poll: float = 0.2, pss_every: float = PSS_EVERY_S) -> dict:
+            poll: float = 0.2, pss_every: float = PSS_EVERY_S,
+            env: Optional[dict] = None) -> dict:
     """Runs cmd; wall time, peak resident memory (PSS, see ``_resident``)
     of any one process and of their sum.
 
@@ -563,7 +568,7 @@ def measure(cmd: list[str], timeout: float, max_rss: float = float("inf"),
     import psutil
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, env=env)
     root = psutil.Process(proc.pid)
     peak_one = peak_sum = 0
     procs = peak_procs = 0
@@ -1055,6 +1060,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--engines", default="direct,dask",
                    help=f"with --workers: comma-separated from "
                    f"{', '.join(ENGINES)}")
+    p.add_argument("--hosts", type=_ints, default=None,
+                   help="issue 52: run --configs' first (default: default) "
+                   "on the multi-host harness (benchmarks/hosts.py, root) "
+                   "with these worker-host counts, e.g. 1,2, input and "
+                   "output on its GCS emulator (--dims[0] x --sizes[0]); "
+                   "report the speed-up and the emulator's I/O (section "
+                   "`hosts` of --out)")
     p.add_argument("--vote-bench", action="store_true")
     p.add_argument("--vote-bench-rows", type=int, default=20_000)
     p.add_argument("--vote-bench-candidates", type=_ints,
@@ -1096,6 +1108,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise SystemExit(f"--configs: choose from {', '.join(CONFIGS)}")
     if configs and args.modes == ",".join(DEFAULT_MODES):
         modes = list(FLOOR_MODES)
+    if args.hosts:  # issue 52: speed-up over worker hosts
+        from benchmarks import scaling_hosts
+        return scaling_hosts.sweep_hosts(args, argv)
     if args.workers:  # issue 27: speed-up over worker counts
         return sweep_workers(args, configs)
     if args.report_from:  # re-report saved runs (e.g. a cut-short sweep)
