@@ -23,7 +23,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
@@ -31,21 +30,13 @@ from dpsynth.pipelines import budget_store as bs
 from dpsynth.pipelines import cli, job, release
 from dpsynth.pipelines.api import (BudgetOptions, GenerateSpec, InputOptions,
                                    OutputOptions, RunOptions)
-from tests.conftest import gmm_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
 
 
-class Crash(RuntimeError):
-    pass
-
-
-def _data(tmp_path: Path) -> Path:
-    x, y = gmm_data(240, d=4, classes=2)
-    path = tmp_path / "in.npz"
-    np.savez(path, embeddings=x, labels=y)
-    return path
+# The attempt protocol's tests' injected crash and small input.
+from tests.test_attempt_ownership import Crash, _data  # noqa: E402
 
 
 def _generate(data: Path, output: str, *extra: str) -> int:
