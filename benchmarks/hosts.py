@@ -180,8 +180,15 @@ class Cluster:
                "TMPDIR": "/tmp",
                "PYTHONPATH": os.pathsep.join([str(REPO), str(PLUGINS)])}
         env.update(self._emulator_env())
-        script = (f"mount --make-rprivate / && "
-                  f"mount --bind {host.folder} /tmp && exec \"$@\"")
+        # A checkout under /tmp (CI's clone) stays visible: it is bound into
+        # the host's folder first, then carried over /tmp by --rbind.
+        keep = ""
+        if REPO.is_relative_to("/tmp"):
+            inner = host.folder / REPO.relative_to("/tmp")
+            inner.mkdir(parents=True, exist_ok=True)
+            keep = f"mount --bind {REPO} {inner} && "
+        script = (f"mount --make-rprivate / && {keep}"
+                  f"mount --rbind {host.folder} /tmp && exec \"$@\"")
         with open(self.folder / f"{log}.log", "ab") as out:
             host.proc = subprocess.Popen(
                 ["ip", "netns", "exec", host.name, "unshare", "--mount",
