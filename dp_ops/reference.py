@@ -204,7 +204,7 @@ def generate_adaptive(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
         mixes = _adaptive_mixtures(rows, sums, exact_m, noisy_n, centre,
                                    structure, cfg, ledger, noise,
                                    constants.deviation,
-                                   constants.class_deviation)
+                                   structure.class_deviation)
     xs, ys = [], []
     with _timed(timings, "sample"):
         for c in labels:

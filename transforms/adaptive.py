@@ -32,7 +32,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.pvalue import AsDict, AsSingleton
 
-from dpsynth.dp_ops import adaptive
+from dpsynth.dp_ops import adaptive, plan
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.generator import ClassMixture
 from dpsynth.dp_ops.ledger import PrivacyLedger
@@ -125,10 +125,9 @@ class _Phase2:
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
                  structure: adaptive.Structure, noisy_counts: np.ndarray,
                  centre: np.ndarray, noise: NoiseSource,
-                 deviation: str, class_deviation: str = "raw") -> None:
+                 deviation: str) -> None:
         self.cfg, self.ledger, self.dim = cfg, ledger, dim
         self.structure, self.noise, self.deviation = structure, noise, deviation
-        self.class_deviation = class_deviation
         self.counts = np.asarray(noisy_counts, np.float64)
         self.centre = np.asarray(centre, np.float64)
 
@@ -145,7 +144,7 @@ class _Phase2:
         if s.mode == "per-class":
             return {"mixtures": adaptive.per_class_mixtures(
                 (released[c][1] for c in labels), self.counts, n, means,
-                self.centre, s, cfg, ledger, self.class_deviation)}
+                self.centre, s, cfg, ledger, s.class_deviation)}
         shared = adaptive.shared_stage(
             np.zeros((d, d)) if second is None else second, n, means, s, cfg,
             ledger, noise)
@@ -156,16 +155,18 @@ class _Phase2:
         return out
 
     def class_mixture(self, kv) -> tuple[int, ClassMixture]:
-        """Per-class mode, "raw" deviation: one class's mixture from its
-        released (sum, second moment), on the worker that released them."""
+        """Per-class mode, "raw" or "spiked" deviation: one class's mixture
+        from its released (sum, second moment), on the worker that released
+        them."""
         label, (total, second) = kv
         i = list(self.cfg.labels).index(label)
         n, means = adaptive.class_means(total[None, :],
                                         self.counts[i:i + 1],
                                         self.cfg.clip_norm)
+        sigma = self.ledger.get(plan.class_covariance(label)).sigma
         return label, adaptive.per_class_mixture(
             label, second, self.counts[i], (n[0], means[0]), self.centre,
-            self.structure, self.cfg)
+            self.structure, self.cfg, sigma)
 
     def subspace(self, _, projected: dict, st: dict) -> dict:
         """Noise on the pass-"ClassSubspace" moments; the mixtures."""
@@ -200,12 +201,12 @@ class AdaptiveMixture(beam.PTransform):
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
                  structure: adaptive.Structure, noisy_counts: np.ndarray,
                  centre: np.ndarray, noise: NoiseSource, blocks: Blocks,
-                 accountant: LedgerAccountant, deviation: str = "raw",
-                 class_deviation: str = "raw") -> None:
+                 accountant: LedgerAccountant, deviation: str = "raw"
+                 ) -> None:
         super().__init__()
         self._cfg, self._blocks = cfg, blocks
         self._steps = _Phase2(cfg, ledger, dim, structure, noisy_counts,
-                              centre, noise, deviation, class_deviation)
+                              centre, noise, deviation)
         # Per-class mode: the sums and the d x d second moments in one
         # aggregation (one read of the blocks feeds both families; two
         # readers would make Dask keep every block for the second).
@@ -229,7 +230,8 @@ class AdaptiveMixture(beam.PTransform):
                 "SecondMoment": GlobalSum(SecondMoment(cfg.clip_norm))})
             sums, second = both["ClassSums"], AsSingleton(
                 both["SecondMoment"])
-        if mode == "per-class" and steps.class_deviation == "raw":
+        if (mode == "per-class"
+                and steps.structure.class_deviation in ("raw", "spiked")):
             # One task a class, not one for all: K eigendecompositions of
             # d x d matrices (0.2 s at d = 384, K = 10) spread over the
             # workers instead of running while the others wait.
