@@ -305,13 +305,14 @@ def make_structure(mode: str, sum_fraction: float, d: int,
     cov = phase2 - s
     shared_rank = min(k.shared_rank, d)
     if mode == "shared":
-        return Structure(mode, s, cov, 0.0, 0, shared_rank, inputs)
+        return Structure(mode, s, cov, 0.0, 0, shared_rank, inputs,
+                         class_deviation)
     if mode == "per-class":
         return Structure(mode, s, 0.0, cov, 0, shared_rank, inputs,
                          class_deviation)
     cls = cov * k.subspace_share
     return Structure(mode, s, cov - cls, cls, k.class_rank(d), shared_rank,
-                     inputs)
+                     inputs, class_deviation)
 
 
 def choose_mode(signal: float, classes: int, k: RuleConstants,

@@ -168,3 +168,51 @@ def test_adaptive_release_is_useful(release):
     for mix in mixes.values():
         assert mix.factors.shape[0] == x.shape[1]
         assert math.isfinite(mix.noisy_count)
+
+
+# Issue 53: per-class matrices with spiked post-processing below the raw
+# per-class signal (``adaptive.spiked_band``).
+
+def test_cifar10_sized_inputs_pick_spiked_class_matrices_from_eps_4():
+    picks = [adaptive.choose_structure(eps, 1e-5, 1280, [5000.0] * 10)
+             for eps in (1.0, 2.0, 4.0, 8.0)]
+    assert [s.name for s in picks] == ["shared", "shared",
+                                       "per-class (spiked)",
+                                       "per-class (spiked)"]
+    assert picks[2].to_manifest()["class_matrices"] == "spiked"
+    assert picks[0].to_manifest()["class_matrices"] == "raw"
+
+
+@pytest.mark.parametrize("eps,d,counts,mode", [
+    (8.0, 1280, [3000.0] * 10, "shared"),  # n_typ < 3 d
+    (2.0, 8, [100.0] * 3, "subspace"),  # mu 0.50 < 0.6
+    (3.0, 8, [100.0] * 3, "per-class"),  # mu 0.72, s 3.2 < 5.5
+    (8.0, 1280, [20000.0], "shared"),  # one class
+    (8.0, 384, [2000.0] * 4, "per-class"),  # s 0.44 in the band
+])
+def test_the_spiked_band_gates(eps, d, counts, mode):
+    s = adaptive.choose_structure(eps, 1e-5, d, counts)
+    assert s.mode == mode
+    assert s.class_deviation == ("spiked" if mode == "per-class" else "raw")
+
+
+def test_the_band_is_public_and_study_constants_override_it():
+    # a class deviation is only post-processing: the mechanisms of the
+    # spiked and raw per-class structures are the same
+    cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=4.0)
+    mu = adaptive.calibrate_mu(cfg, 8)
+    spiked = adaptive.choose_structure(4.0, 1e-5, 8, [100.0] * 3, mu=mu)
+    raw = adaptive.choose_structure(
+        4.0, 1e-5, 8, [100.0] * 3,
+        adaptive.RuleConstants(class_deviation="raw"), mu=mu)
+    assert (spiked.class_deviation, raw.class_deviation) == ("spiked", "raw")
+    mechs = [sorted((m.name, m.sensitivity, m.sigma) for m in
+                    adaptive.mechanisms(cfg, s, mu)) for s in (spiked, raw)]
+    assert mechs[0] == mechs[1]
+    off = adaptive.choose_structure(
+        4.0, 1e-5, 8, [100.0] * 3,
+        adaptive.RuleConstants(spiked_min_signal=float("inf")), mu=mu)
+    assert off.mode == "subspace"
+    with pytest.raises(ValueError, match="per-class mode"):
+        adaptive.make_structure("shared", 0.5, 8, adaptive.RuleConstants(),
+                                class_deviation="spiked")

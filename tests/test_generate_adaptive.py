@@ -16,15 +16,20 @@ from dpsynth.pipelines.release import load_gmm
 from tests.conftest import gmm_data
 
 # Each mode forced through the rule's public constants (the test hook:
-# ``adaptive.constants_for``); per-class is what the rule picks here anyway.
+# ``adaptive.constants_for``); per-class (spiked class matrices) is what
+# the rule picks here anyway. "per-class:raw": the raw class matrices.
+NO_CLASS = {"per_class_min_signal": math.inf, "spiked_min_signal": math.inf}
 FORCE = {
     "per-class": {},
-    "subspace": {"per_class_min_signal": math.inf,
-                 "subspace_dim_fraction": 4},
-    "shared": {"subspace_min_signal": math.inf,
-               "per_class_min_signal": math.inf},
+    "per-class:raw": {"class_deviation": "raw"},
+    "subspace": {**NO_CLASS, "subspace_dim_fraction": 4},
+    "shared": {**NO_CLASS, "subspace_min_signal": math.inf},
 }
 EPS, SEED = 8.0, 5
+
+
+def _mode(key: str) -> str:
+    return key.split(":")[0]
 
 
 def _force(monkeypatch, mode):
@@ -55,13 +60,14 @@ def data(tmp_path_factory):
     return x, y, str(path)
 
 
-@pytest.mark.parametrize("mode,layout", [
-    ("per-class", []), ("subspace", []), ("shared", []),
-    ("subspace", ["--materialise-blocks"])])
-def test_beam_release_equals_reference(tmp_path, monkeypatch, data, mode,
+@pytest.mark.parametrize("key,layout", [
+    ("per-class", []), ("per-class:raw", []), ("subspace", []),
+    ("shared", []), ("subspace", ["--materialise-blocks"])])
+def test_beam_release_equals_reference(tmp_path, monkeypatch, data, key,
                                        layout):
     x, y, path = data
-    _force(monkeypatch, mode)
+    _force(monkeypatch, key)
+    mode = _mode(key)
     out = tmp_path / "rel"
     assert cli.main(["generate", "--input", path, "--output", str(out),
                      "--num-classes", "3", "--epsilon", str(EPS),
@@ -91,6 +97,8 @@ def test_beam_release_equals_reference(tmp_path, monkeypatch, data, mode,
     assert manifest["privacy"]["spent"]["epsilon"] <= EPS
     plan_doc = manifest["adaptive_plan"]
     assert plan_doc["mode"] == mode
+    assert plan_doc["class_matrices"] == structure.class_deviation == (
+        "spiked" if key == "per-class" else "raw")
     assert plan_doc["rule_inputs"]["noisy_counts"] == pytest.approx(
         [gmm.mixtures[c].noisy_count for c in cfg.labels])
     assert manifest["outputs"]["covariance"]["mode"] == mode
@@ -100,6 +108,7 @@ def test_beam_release_equals_reference(tmp_path, monkeypatch, data, mode,
 def test_mechanism_list_matches_the_plan(monkeypatch, data, mode):
     x, y, _ = data
     _force(monkeypatch, mode)
+    mode = _mode(mode)
     cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=EPS)
     *_, ledger, structure = reference.generate_adaptive(
         x, y, cfg, SeededNoise(1), adaptive.constants_for(cfg))
@@ -122,6 +131,7 @@ def test_neighbours_get_the_same_mechanisms(monkeypatch, data, mode):
     mechanism list (names, sensitivities, sigmas) is identical."""
     x, y, _ = data
     _force(monkeypatch, mode)
+    mode = _mode(mode)
     cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=EPS)
     lists = []
     for xs, ys in ((x, y), (x[1:], y[1:]),
@@ -188,6 +198,7 @@ def test_a_class_without_rows_gets_the_reference_mixture(tmp_path,
     mechanisms and mixture are the reference's, in every mode."""
     x, y, path = data
     _force(monkeypatch, mode)
+    mode = _mode(mode)
     out = tmp_path / "rel"
     assert cli.main(["generate", "--input", path, "--output", str(out),
                      "--num-classes", "4", "--epsilon", str(EPS),

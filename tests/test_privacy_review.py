@@ -110,7 +110,8 @@ FIELDS = {
     r"adaptive_plan": ("public", "null: a fixed plan ran"),
     r"adaptive_plan\.rule_inputs\.(epsilon|delta|d|mu)":
         ("public", "the target, the input's schema, the calibrated GDP mu"),
-    r"adaptive_plan\.(structure|mode|class_subspace_rank|shared_rank|"
+    r"adaptive_plan\.(structure|mode|class_subspace_rank|class_matrices|"
+    r"shared_rank|"
     r"shares_of_mu2\.[\w-]+)": ("dp", "the rule's output: a public "
                                 "function of the noisy class counts"),
     r"adaptive_plan\.rule_inputs\.(noisy_counts\[\]|typical_count|signal)":
