@@ -205,6 +205,22 @@ _ctrl_c = threading.Event()
 _stopped_by: Optional[int] = None  # the signal that stopped the command
 
 
+def interrupt_main_thread() -> None:
+    """KeyboardInterrupt in the main thread (where a pipeline waits), from
+    another thread. ``_thread.interrupt_main`` does nothing where SIGINT is
+    ignored, as in a background job of a non-interactive shell (``cmd &``
+    in a script): a lease taken over at a pass boundary did not stop such a
+    run. There the exception is set on the main thread directly."""
+    import _thread
+    if callable(signal.getsignal(signal.SIGINT)):
+        _thread.interrupt_main()
+        return
+    import ctypes
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(threading.main_thread().ident),
+        ctypes.py_object(KeyboardInterrupt))
+
+
 def _on_stop_signal(signum: int, frame: object) -> None:
     global _stopped_by
     _stopped_by = signum
@@ -535,8 +551,7 @@ class ProgressPrinter:
             self.on_pass()
         except Exception as err:
             self.stopped_by = err
-            import _thread
-            _thread.interrupt_main()
+            interrupt_main_thread()
 
     def _show_up_to(self, latest: Optional[str], now: float) -> None:
         """Not interactive: also the passes that ran between two polls, so

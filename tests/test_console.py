@@ -330,12 +330,26 @@ def test_a_terminal_keeps_its_elapsed_clock(tmp_path, caplog):
     assert lines[-1] == "[0:00] pipeline finished"
 
 
-def test_a_failed_pass_boundary_check_stops_the_main_thread(tmp_path):
+@pytest.mark.parametrize("sigint", ["handled", "ignored"])
+def test_a_failed_pass_boundary_check_stops_the_main_thread(tmp_path,
+                                                            sigint):
     """on_pass (the lease check) raising at a new pass interrupts the run
-    in the main thread, where the pipeline waits; the reason is kept."""
+    in the main thread, where the pipeline waits; the reason is kept. Also
+    where SIGINT is ignored (a background job of a non-interactive shell
+    inherits that; interrupt_main alone then did nothing)."""
+    import signal
     import time
 
     from dpsynth.pipelines import console
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler
+                             if sigint == "handled" else signal.SIG_IGN)
+    try:
+        _stops_the_main_thread(tmp_path, console, time)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stops_the_main_thread(tmp_path, console, time):
     path = tmp_path / "progress"
     path.write_text("Centre\t3\n")
 
