@@ -52,10 +52,11 @@ from tests.forcing_noise import ForcingNoise, RecordingNoise, load_draws
 DIM, CLASSES = 8, 3
 COMMON = ["--num-classes", CLASSES, "--delta", 1e-5, "--rows-per-shard", 40]
 # The adaptive rule picks its mode from the noisy counts (~100 rows per
-# class, d = 8): shared at eps 1, subspace at eps 4, per-class at eps 16.
+# class, d = 8): shared at eps 1, subspace at eps 2, per-class (spiked
+# class matrices) at eps 16.
 PLANS = {
     "adaptive-shared": ["--epsilon", 1],
-    "adaptive-subspace": ["--epsilon", 4],
+    "adaptive-subspace": ["--epsilon", 2],
     "adaptive-per-class": ["--epsilon", 16],
     "kmeans-vote": ["--epsilon", 4, "--covariance", "shared", "--clusters", 3,
                     "--vote-filter", "--vote-threshold", 1],

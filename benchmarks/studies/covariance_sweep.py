@@ -32,7 +32,12 @@ real ``choose_structure``); with ``--require s1,s2`` it lists only the
 constants that pick within 0.5 points of the best on every epsilon of
 those shapes, with the misses and drops each adds on the other shapes
 against the defaults. Modes "family:<name>" sample the rule's own
-release from a richer family (``FAMILIES``; study only).
+release from a richer family (``FAMILIES``; study only). The vectorised
+copy is of the issue-30 rule (shared / subspace / raw per-class);
+``--issue53`` writes results/covariance_rule_issue53.md with today's rule
+(its spiked per-class band) from ``choose_structure`` itself, on the
+simulated shapes, the real sets and three held-out real sets
+(``study_data.PROXIES``).
 
     nice -n 19 env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \\
         python -m benchmarks.studies.covariance_sweep --shapes all
@@ -46,6 +51,10 @@ release from a richer family (``FAMILIES``; study only).
         python -m benchmarks.studies.covariance_sweep --shapes all \\
         --modes per-class+spiked
     python -m benchmarks.studies.covariance_sweep --report
+    nice -n 5 python -m benchmarks.studies.covariance_sweep \
+        --shapes 20news-binary,20news-topics,cifar10-vehicles \
+        --modes shared,subspace,per-class,per-class+spiked
+    python -m benchmarks.studies.covariance_sweep --issue53
 """
 
 from __future__ import annotations
@@ -410,7 +419,8 @@ def check(rows: list) -> tuple[list, list]:
 # from 50, class modes from K = 3), for comparison.
 OLD_RULE = {"signal_dim_power": 0.5, "subspace_min_signal": 25.0,
             "per_class_min_signal": 50.0, "class_modes_min_classes": 3,
-            "per_class_min_rows": 0.0}
+            "per_class_min_rows": 0.0, "spiked_min_signal": math.inf,
+            "class_deviation": "raw"}
 
 
 SPIKED_NOTES = """\
@@ -663,7 +673,7 @@ def render_families(records: list[dict]) -> str:
             if r["mode"] == "shared"}
     by = {}
     for r in records:
-        if r["mode"] in MODES:
+        if r["mode"] in MODES + (SPIKED,):
             by.setdefault((r["shape"], r["epsilon"], r["seed"]), {})[
                 r["mode"]] = r["accuracy"]
     fam = {}
@@ -677,7 +687,9 @@ def render_families(records: list[dict]) -> str:
            "the probe's L2 penalty is ||W||^2 / (2 C n), so 4x the rows "
            "also means 4x weaker regularisation; on k20-n500 it beats the "
            "real-rows probe (32.4 vs 23.4), so part of its gain is the "
-           "probe's, not the family's.", "",
+           "probe's, not the family's. The family runs sampled the "
+           "issue-30 rule's release; the first column is today's rule's "
+           "pick.", "",
            "| shape | eps | rule (Gaussian) | " + " | ".join(FAMILIES)
            + " |", "|---|---|---|" + "---|" * len(FAMILIES)]
     for (shape, eps), fams in sorted(fam.items()):
@@ -685,8 +697,10 @@ def render_families(records: list[dict]) -> str:
                        & {s for (sh, e, s) in rule if (sh, e) == (shape, eps)})
         if not seeds or set(fams) != set(FAMILIES):
             continue
-        base = [by[(shape, eps, s)][rule_mode(rule[(shape, eps, s)])]
+        base = [by[(shape, eps, s)].get(rule_mode(rule[(shape, eps, s)]))
                 for s in seeds]
+        if None in base:  # the pick's release was not measured
+            continue
         cells = [f"{100 * np.mean([fams[f][s] for s in seeds]):.2f}"
                  for f in FAMILIES]
         out.append(f"| {shape} | {eps:g} | {100 * np.mean(base):.2f} | "
@@ -739,7 +753,7 @@ def render_spiked(records: list[dict]) -> str:
     out += ["", f"Spiked per-class more than 0.5 points above the best "
             f"menu mode: {above} cells; more than 0.5 below: {below}.",
             f"With it in the menu instead of the raw matrices: the "
-            f"current rule misses {score(pts, default_constants())[0]} "
+            f"issue-30 rule misses {score(pts, default_constants())[0]} "
             f"cells, the best refit {best_score[0]} (drops "
             f"{best_score[1]}; {best_c}). The smallest largest gap of any "
             f"grid rule is {minimax:.2f} points (raw menu: "
