@@ -118,9 +118,9 @@ class RuleConstants:
     # so where the classes share one covariance they lose far less than
     # raw ones, and where each class has its own they win. Measured on
     # the issue-30 sweep and the real sets (3 seeds, validation splits,
-    # benchmarks/studies/results/covariance_sweep.md, "Issue 53"): full
+    # benchmarks/studies/results/covariance_rule_issue53.md): full
     # CIFAR-10 at eps 4 / 8 gains 0.8 / 1.7 points over the shared mode
-    # (0.8 / 0.3 below raw per-class matrices); the sweep's largest gap
+    # (0.8 / 0.4 below raw per-class matrices); the sweep's largest gap
     # stays 7.29 (k6-n1500-d1280-own, outside the band). Without the mu
     # gate the band lost up to 11 points (k8-n2000-d256-t, heavy tails,
     # at eps 1).
