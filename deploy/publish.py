@@ -8,10 +8,15 @@ means another configuration wrote there, which must not pass silently — and
 that its files are the ones its manifest lists (sizes and sha256), then
 writes ``ROOT/LATEST.json`` (one object write: atomic on GCS and, through a
 rename, locally) and prints a JSON summary (nothing private: manifest fields
-that are already DP outputs or public configuration). ``LATEST.json`` and the
-summary (which the nightly DAG also sends to its webhook) carry nothing from
-the budget store: the lifetime spend counts the attempts a run needed, and
-its timestamps the job's wall time, both of which may depend on the data.
+that are already DP outputs or public configuration, and the sha256 of the
+verified manifest's bytes, a function of those). ``LATEST.json`` names the
+release by path *and* that digest (``manifest_sha256``): the path alone would
+follow a later ``--overwrite`` of the folder, which nobody verified;
+``load_latest`` refuses a folder whose manifest no longer has the digest.
+``LATEST.json`` and the summary (which the nightly DAG also sends to its
+webhook) carry nothing from the budget store: the lifetime spend counts the
+attempts a run needed, and its timestamps the job's wall time, both of which
+may depend on the data.
 """
 
 from __future__ import annotations
@@ -23,14 +28,22 @@ import sys
 import tempfile
 from typing import Optional
 
-LATEST = "LATEST.json"
+LATEST = "LATEST.json"  # = release.LATEST, which load_latest reads
 
 
 def summary(output: str, run_id: str) -> dict:
     from dpsynth.pipelines import release
+    if not release.release_exists(output):
+        raise release.ReleaseError(f"{output}: no {release.MANIFEST}; not a "
+                                   "complete release")
+    # The digest LATEST.json pins is of the bytes verified below: the
+    # manifest is parsed only from bytes with that digest (rewritten between
+    # the two reads: ReleaseChanged).
+    digest = release.manifest_digest(output)
     # Refuses incomplete releases, files that differ from the manifest and
     # a manifest without its files' digests (this dpsynth always writes them).
-    manifest = release.verify_release(output, require_files=True)
+    manifest = release.verify_release(
+        output, release.read_manifest(output, digest), require_files=True)
     if manifest.get("run_id") != run_id:
         raise ValueError(f"{output}: the release there was produced by run "
                          f"{manifest.get('run_id')!r}, not {run_id!r}")
@@ -43,7 +56,8 @@ def summary(output: str, run_id: str) -> dict:
             "created_utc": manifest.get("created_utc"),
             "samples_total": manifest.get("samples_total"),
             "epsilon_spent": privacy.get("spent", {}).get("epsilon"),
-            "delta": privacy.get("spent", {}).get("delta")}
+            "delta": privacy.get("spent", {}).get("delta"),
+            "manifest_sha256": digest}
 
 
 def write_latest(output_root: str, doc: dict) -> str:
@@ -71,7 +85,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     try:
         doc = summary(args.output, args.run_id)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, OSError) as e:  # OSError: unreadable
         print(f"dpsynth.deploy.publish: {e}", file=sys.stderr)
         return 1
     doc["latest"] = write_latest(args.output_root, doc)

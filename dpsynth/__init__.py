@@ -26,17 +26,18 @@ _API = ("BudgetOptions", "EncodeSpec", "EvaluateSpec", "GenerateSpec",
         "GeneratorOptions", "ImageOptions", "InputOptions", "MLPOptions",
         "OutputOptions", "Release", "RunOptions", "encode",
         "evaluate", "generate", "sample")
+_READERS = ("load_latest", "load_release")  # dpsynth.pipelines.release
 
 
 def __getattr__(name: str):
     if name in _API:
         from dpsynth.pipelines import api
         return getattr(api, name)
-    if name == "load_release":
-        from dpsynth.pipelines.release import load_release
-        return load_release
+    if name in _READERS:
+        from dpsynth.pipelines import release
+        return getattr(release, name)
     raise AttributeError(f"module 'dpsynth' has no attribute {name!r}")
 
 
 def __dir__() -> list:
-    return sorted([*globals(), *_API, "load_release"])
+    return sorted([*globals(), *_API, *_READERS])

@@ -32,7 +32,9 @@ Integrity. The staged manifest lists every file of the release with its
 size and sha256 (``files``). Publishing checks the staged files against it
 before placing anything and the placed copies before the switch, so a
 swapped, truncated, added or deleted file is never published
-(``ReleaseChanged``); ``load_release`` checks the files it reads too.
+(``ReleaseChanged``); ``load_release`` checks the files it reads too, and
+with ``manifest_sha256`` the manifest itself (``LATEST.json`` records the
+verified one's digest: ``load_latest``).
 
 The switch. Deciding (is a release of this run, or of another run, there?),
 placing and writing the manifest happen as one conditional step: locally
@@ -92,6 +94,7 @@ from dpsynth.transforms import io  # noqa: E402  (after the quiet Beam import)
 MANIFEST = "_manifest.json"
 LEGACY_MANIFEST = "manifest.json"  # format 2 and older
 VERSION_PREFIX = "v-"  # version folders: v-<random hex>
+LATEST = "LATEST.json"  # deploy/publish.py's pointer under an output root
 _TEMP_PREFIX = ".manifest-"  # write_manifest's temporary file
 _CAS_ATTEMPTS = 20  # gs:// manifest switches lost to other writers
 _HASH_CHUNK = 1 << 22
@@ -103,8 +106,9 @@ class ReleaseError(RuntimeError):
 
 class ReleaseChanged(ReleaseError):
     """A release's files differ from what its manifest lists (swapped,
-    truncated, missing or added), or its staged manifest is not the one
-    recorded: it is not published (or read)."""
+    truncated, missing or added), its staged manifest is not the one
+    recorded, or its manifest is not the one a reader pinned
+    (``manifest_sha256``): it is not published (or read)."""
 
 
 class PathOverlap(ReleaseError):
@@ -213,12 +217,24 @@ def release_exists(output: str) -> bool:
     return _manifest_file(output) is not None
 
 
-def read_manifest(release: str) -> dict:
+def read_manifest(release: str, manifest_sha256: Optional[str] = None
+                  ) -> dict:
+    """The release's manifest. ``manifest_sha256`` pins it: the bytes read
+    must have that digest (else ``ReleaseChanged``), checked on the very
+    bytes then parsed, since the folder can be re-published at any time
+    (``--overwrite``) and a pin checked on an earlier read proves nothing."""
     path = _manifest_file(release)
     if path is None:
         raise ReleaseError(f"{release}: no {MANIFEST}; not a complete release")
     with FileSystems.open(path) as f:
-        return _manifest_doc(f.read(), path)
+        data = f.read()
+    if (manifest_sha256 is not None
+            and hashlib.sha256(data).hexdigest() != manifest_sha256):
+        raise ReleaseChanged(
+            f"{release}: its manifest is not the one pinned (sha256 "
+            f"{manifest_sha256[:12]}...): the release there was replaced or "
+            "rewritten since that digest was taken; not reading it")
+    return _manifest_doc(data, path)
 
 
 def _manifest_doc(data: bytes, where: str) -> dict:
@@ -761,7 +777,8 @@ LOAD_AS = ("tuple", "numpy", "pandas", "tf")
 
 
 def load_release(path: str, as_: str = "tuple", shuffle: bool = True,
-                 seed: int = 0, verify: bool = True):
+                 seed: int = 0, verify: bool = True,
+                 manifest_sha256: Optional[str] = None):
     """A published release (refuses incomplete ones), read through its
     manifest.
 
@@ -776,10 +793,13 @@ def load_release(path: str, as_: str = "tuple", shuffle: bool = True,
     sha256 digests the manifest lists (``verify_release``), so a swapped,
     truncated or missing file raises ``ReleaseChanged`` instead of being
     read as the release.
+    ``manifest_sha256``: read only the release whose manifest has this
+    digest (``LATEST.json`` carries the verified one; ``load_latest``), else
+    ``ReleaseChanged``: a path alone names whatever was published there last.
     """
     if as_ not in LOAD_AS:
         raise ValueError(f"as_ must be one of {LOAD_AS}, got {as_!r}")
-    manifest = read_manifest(path)
+    manifest = read_manifest(path, manifest_sha256)
     if verify:
         verify_release(path, manifest)
     dim = manifest.get("embedding_dim", 0)
@@ -796,6 +816,30 @@ def load_release(path: str, as_: str = "tuple", shuffle: bool = True,
         import pandas as pd  # a base dependency; imported late (~0.5 s)
         return pd.DataFrame({"embedding": list(x), "label": y})
     return _tensorflow().data.Dataset.from_tensor_slices((x, y))
+
+
+def load_latest(output_root: str, **kwargs):
+    """The release ``output_root/LATEST.json`` points at (written by
+    ``deploy/publish.py`` after verifying it), read with ``load_release``
+    (``kwargs``: its options) pinned to the manifest digest recorded there,
+    so a folder re-published since (``--overwrite``) is refused, not read
+    as the verified release. A ``LATEST.json`` without the digest (older
+    dpsynth) is refused too: the next publish writes it."""
+    where = io.join(output_root, LATEST)
+    with FileSystems.open(where) as f:
+        data = f.read()
+    try:
+        latest = json.loads(data.decode())
+    except ValueError:  # also UnicodeDecodeError
+        latest = None
+    if not (isinstance(latest, dict)
+            and isinstance(latest.get("release"), str)
+            and isinstance(latest.get("manifest_sha256"), str)):
+        raise ReleaseError(f"{where} names no release with its manifest_sha256"
+                           " (written by an older dpsynth, or edited): re-run "
+                           "dpsynth.deploy.publish")
+    return load_release(latest["release"],
+                        manifest_sha256=latest["manifest_sha256"], **kwargs)
 
 
 def _tensorflow():

@@ -96,7 +96,8 @@ def test_publish_points_latest_at_the_run_release(tmp_path, capsys):
     # Public: DP outputs and configuration only; nothing from the budget
     # store (attempt counts, lifetime spend, timestamps of how a run went).
     assert set(latest) == {"release", "run_id", "created_utc",
-                           "samples_total", "epsilon_spent", "delta"}
+                           "samples_total", "epsilon_spent", "delta",
+                           "manifest_sha256"}
     assert set(summary) == set(latest) | {"latest"}
 
 

@@ -14,7 +14,8 @@
   (``budget_store.reserve`` before any data is read): the check above is only a
   cheap pre-flight that avoids launching a cluster for nothing.
 * ``publish_notify`` verifies the published release (its ``_manifest.json``
-  names this run), moves ``{output_root}/LATEST.json`` to it and logs/sends a
+  names this run), moves ``{output_root}/LATEST.json`` to it (path and the
+  verified manifest's sha256, which ``load_latest`` checks) and logs/sends a
   notification.
 
 Idempotency: the output prefix is ``{output_root}/{ds}`` and the run id is
