@@ -113,9 +113,13 @@ def read_source(path: str) -> Source:
     if ".staging-" in path.rstrip("/").rsplit("/", 1)[-1]:
         raise SampleError(f"{path} is a run's staging folder, not a "
                           "published release")
-    manifest = release.read_manifest(path)  # none: not a (complete) release
-    release.verify_release(path, manifest)  # its files are the manifest's
+    # The digest is of the very manifest bytes used (read once, pinned),
+    # and the mixture is checked on the bytes read below: a release
+    # replaced between the checks and the reads is refused, not sampled.
+    release.read_manifest(path)  # none: not a (complete) release
     digest = release.manifest_digest(path)
+    manifest = release.read_manifest(path, digest)
+    release.verify_release(path, manifest)  # its files are the manifest's
     if not str(manifest.get("format", "")).startswith("dpsynth-release/"):
         raise SampleError(f"{path}: not a dpsynth release (format "
                           f"{manifest.get('format')!r})")
@@ -125,11 +129,20 @@ def read_source(path: str) -> Source:
                           "would not match them: not sampling")
     root = release.release_root(path, manifest)
     outputs = manifest.get("outputs", {})
-    gmm_path = io.join(root, outputs.get("gmm", "gmm.npz"))
+    gmm_name = outputs.get("gmm", "gmm.npz")
+    gmm_path = io.join(root, gmm_name)
     try:
         gmm_bytes = _read(gmm_path)
+    except Exception as err:  # missing
+        raise SampleError(f"{gmm_path}: unreadable mixture "
+                          f"({type(err).__name__}: {err})") from None
+    listed = manifest.get("files", {}).get(gmm_name, {}).get("sha256")
+    if hashlib.sha256(gmm_bytes).hexdigest() != listed:
+        raise SampleError(f"{gmm_path}: not the mixture its manifest lists "
+                          "(sha256); the release changed: not sampling")
+    try:
         mixtures = MixtureRelease.from_npz(gmm_bytes)
-    except Exception as err:  # missing, truncated, not an npz
+    except Exception as err:  # truncated, not an npz
         raise SampleError(f"{gmm_path}: unreadable mixture "
                           f"({type(err).__name__}: {err})") from None
     _check_mixture(path, manifest, mixtures)

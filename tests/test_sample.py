@@ -164,3 +164,36 @@ def test_the_api_returns_the_new_release(source, tmp_path):
     out = api.sample(source, str(tmp_path / "api"), 40, seed=2)
     x, y = out.arrays()
     assert len(y) == 40 and out.manifest["post_processing"] is True
+
+
+def test_a_mixture_swapped_after_the_check_is_not_sampled(source, tmp_path,
+                                                          monkeypatch):
+    """The mixture is checked on the bytes sample reads: one replaced
+    between the release's check and that read (here: by a hook on the
+    check) is refused in one line, and nothing is written."""
+    import shutil
+    src = release.read_manifest(source)
+    root = release.release_root(source, src)
+    gmm = os.path.join(root, src["outputs"].get("gmm", "gmm.npz"))
+    saved = str(tmp_path / "saved.npz")
+    shutil.copy(gmm, saved)
+    check = release.verify_release
+
+    def check_then_swap(path, manifest=None, **kwargs):
+        got = check(path, manifest, **kwargs)
+        with open(gmm, "r+b") as f:  # same size, other bytes
+            data = bytearray(f.read())
+            data[-1] ^= 0xFF
+            f.seek(0)
+            f.write(data)
+        return got
+
+    monkeypatch.setattr(release, "verify_release", check_then_swap)
+    out = str(tmp_path / "swapped")
+    try:
+        with pytest.raises(sample.SampleError, match="not the mixture its "
+                           "manifest lists"):
+            sample.run(sample.SampleSpec(source, out, 50))
+    finally:
+        shutil.copy(saved, gmm)
+    assert not os.path.exists(out)
