@@ -479,8 +479,11 @@ def test_operator_progress_stays_on_the_console(run):
 
 
 def _scrub(text: str, run) -> str:
-    """Removes paths and the run id, whose digits are not data."""
+    """Removes paths, the run id and version folder names (random hex:
+    all digits now and then), whose digits are not data."""
+    from dpsynth.pipelines.release import VERSION_PREFIX
     text = text.replace(str(run["tmp"]), "<tmp>")
+    text = re.sub(rf"{re.escape(VERSION_PREFIX)}[0-9a-f]+", "<version>", text)
     return text.replace(run["manifest"]["run_id"], "<run-id>")
 
 
