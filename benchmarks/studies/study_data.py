@@ -81,23 +81,22 @@ TOPICS = {"comp": 0, "rec": 1, "sci": 2, "talk": 3, "alt": 3, "soc": 3}
 VEHICLES = (0, 1, 8, 9)  # airplane, automobile, ship, truck
 
 
-def _relabelled(name: str, parent: str, y_new: np.ndarray) -> Split:
-    """The parent's selection split with labels ``y_new`` (rows with a
-    negative label dropped)."""
-    x, y = load_npz(parent, "train")
-    order = np.random.default_rng(0).permutation(len(y))
-    nval = int(len(y) * DATASETS[parent][1])
-    val, fit = order[:nval], order[nval:]
-    fit, val = fit[y_new[fit] >= 0], val[y_new[val] >= 0]
-    return Split(name, x[fit], y_new[fit], x[val], y_new[val],
-                 int(y_new.max()) + 1)
+def _relabelled(name: str, parent: str, new_of_old: np.ndarray) -> Split:
+    """The parent's selection split with each label c relabelled
+    ``new_of_old[c]`` (rows mapped to -1 dropped)."""
+    s = selection_split(parent)
+    yf, yv = new_of_old[s.y_fit], new_of_old[s.y_val]
+    fit, val = yf >= 0, yv >= 0
+    return Split(name, s.x_fit[fit], yf[fit], s.x_val[val], yv[val],
+                 int(new_of_old.max()) + 1)
 
 
-def _topic_labels() -> np.ndarray:
+def _topic_of_group() -> np.ndarray:
+    """20 Newsgroups label -> topic (TOPICS by the group name's prefix;
+    -1: dropped)."""
     with np.load(os.path.join(data_dir("20news"), "train.npz")) as z:
-        names, y = [str(c) for c in z["classes"]], z["labels"]
-    topic = np.array([TOPICS.get(n.split(".")[0], -1) for n in names])
-    return topic[y]
+        names = [str(c) for c in z["classes"]]
+    return np.array([TOPICS.get(n.split(".")[0], -1) for n in names])
 
 
 def proxy_split(name: str) -> Split:
@@ -120,11 +119,10 @@ def proxy_split(name: str) -> Split:
         yb = np.where(y == 3, 0, 1)
         return Split(name, x[fit], yb[fit], x[val], yb[val], 2)
     if name == "cifar10-vehicles":
-        _, y = load_npz("cifar10", "train")
         return _relabelled(name, "cifar10",
-                           np.isin(y, VEHICLES).astype(np.int64))
+                           np.isin(np.arange(10), VEHICLES).astype(np.int64))
     if name == "20news-topics":
-        return _relabelled(name, "20news", _topic_labels())
+        return _relabelled(name, "20news", _topic_of_group())
     raise ValueError(name)
 
 
