@@ -835,25 +835,21 @@ def per_class_mixtures(noisy_m: Iterable[np.ndarray], noisy_n: np.ndarray,
         raise ValueError(f"unknown class deviation {class_deviation!r}")
     d = means.shape[1]
     floor = variance_floor(cfg, d)
+    labelled = list(zip(enumerate(cfg.labels), noisy_m))
 
-    def within(i: int, c: int, m: np.ndarray) -> tuple[np.ndarray, float]:
-        sigma = ledger.get(plan.class_covariance(c)).sigma
-        # n[i] >= 1 (class_means), so the within covariance always exists
-        return (covariance.within_covariance(
-            m, [np.array([n[i]])], [means[i][None, :]]),
-            noise_edge(sigma, n[i], d))
+    def sigma(c: int) -> float:
+        return ledger.get(plan.class_covariance(c)).sigma
 
-    # "raw" forms one class's d x d within matrix at a time; "spectral"
-    # needs them all (pooled).
-    withins = (within(i, c, m)
-               for (i, c), m in zip(enumerate(cfg.labels), noisy_m))
+    # "raw" and "spiked" form one class's d x d within matrix at a time;
+    # "spectral" needs them all (pooled).
     if class_deviation == "spectral":
-        mats, edges = zip(*withins)
-        withins = shrink_class_deviations(mats, n, edges)
-    elif class_deviation == "spiked":
-        withins = (spiked_within(w, e) for w, e in withins)
+        withins = shrink_class_deviations(
+            [_class_within(m, n[i], means[i], "raw", 0.0)
+             for (i, _), m in labelled], n,
+            [noise_edge(sigma(c), n[i], d) for (i, c), _ in labelled])
     else:
-        withins = (w for w, _ in withins)
+        withins = (_class_within(m, n[i], means[i], class_deviation,
+                                 sigma(c)) for (i, c), m in labelled)
     return {c: _within_mixture(c, w, noisy_n[i], means[i], centre,
                                structure, floor)
             for (i, c), w in zip(enumerate(cfg.labels), withins)}
@@ -872,15 +868,24 @@ def per_class_mixture(label: int, noisy_m: np.ndarray, noisy_count: float,
     ``class_means``; ``sigma``: the ledger's sigma of the class's
     second-moment mechanism (for the spiked deviation's noise edge)."""
     n_c, mean = n_and_mean
-    w = covariance.within_covariance(noisy_m, [np.array([n_c])],
-                                     [mean[None, :]])
-    if structure.class_deviation == "spiked":
-        w = spiked_within(w, noise_edge(sigma, n_c, mean.shape[0]))
-    elif structure.class_deviation != "raw":
+    if structure.class_deviation not in ("raw", "spiked"):
         raise ValueError(f"class deviation {structure.class_deviation!r} "
                          "needs every class (per_class_mixtures)")
+    w = _class_within(noisy_m, n_c, mean, structure.class_deviation, sigma)
     return _within_mixture(label, w, noisy_count, mean, centre, structure,
                            variance_floor(cfg, mean.shape[0]))
+
+
+def _class_within(noisy_m: np.ndarray, n_c: float, mean: np.ndarray,
+                  deviation: str, sigma: float) -> np.ndarray:
+    """One class's within covariance from its released second moment
+    (n_c >= 1, so it always exists), "spiked" at its mechanism's noise
+    edge (``sigma``: the ledger's) or "raw"."""
+    w = covariance.within_covariance(noisy_m, [np.array([n_c])],
+                                     [mean[None, :]])
+    if deviation == "spiked":
+        return spiked_within(w, noise_edge(sigma, n_c, mean.shape[0]))
+    return w
 
 
 def _within_mixture(label: int, within: np.ndarray, count: float,
