@@ -324,6 +324,7 @@ class Cluster:
         (self.folder / "mnt").mkdir(parents=True)
         self.tls = make_certificates(self.folder / "tls",
                                      [f"{self.subnet}.2"])
+        check_interpreter(host_python())
         if self.code is None:
             self.code = install_code(self.folder / "code")
 
@@ -367,7 +368,8 @@ class Cluster:
         stage = self.folder / "mnt" / name
         stage.mkdir(exist_ok=True)  # a restarted scheduler: same name
         script = host_script(stage, {"site": self.code, "plugins": PLUGINS,
-                                     "tls": self.tls / tls_role})
+                                     "tls": self.tls / tls_role},
+                             hide=self.folder)
         with open(self.folder / f"{log}.log", "ab") as out:
             host.proc = subprocess.Popen(
                 ["setpriv", "--pdeathsig", "KILL", "unshare", "--net",
@@ -572,12 +574,14 @@ class Cluster:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def host_script(stage: Path, binds: dict[str, Path]) -> str:
+def host_script(stage: Path, binds: dict[str, Path], hide: Path) -> str:
     """The shell lines a host runs in its new mount namespace before its
     command: the launcher's disk read-only, a tmpfs with the ``binds``
-    (read-only) moved onto /tmp, tmpfs on /var/tmp and /dev/shm, then it
-    waits for the launcher (``go`` on stdin: the network is wired). ``-n``:
-    the read-only /run cannot take util-linux's mount table."""
+    (read-only) moved onto /tmp, tmpfs on /var/tmp and /dev/shm, an empty
+    one over ``hide`` (the run's folder: the other roles' keys) wherever it
+    is, then it waits for the launcher (``go`` on stdin: the network is
+    wired). ``-n``: the read-only /run cannot take util-linux's mount
+    table."""
     stage_q = shlex.quote(str(stage))
     lines = ["set -e", "mount -n --make-rprivate /",
              # /proc stays: it is no storage, and a host's own processes
@@ -594,6 +598,8 @@ def host_script(stage: Path, binds: dict[str, Path]) -> str:
     lines += [f"mount -n --move {stage_q} /tmp",
               "mount -n -t tmpfs -o mode=1777 dpsynth-host /var/tmp",
               "mount -n -t tmpfs -o mode=1777 dpsynth-host /dev/shm",
+              f"[ ! -d {shlex.quote(str(hide))} ] || mount -n -t tmpfs "
+              f"-o ro,size=4k dpsynth-host {shlex.quote(str(hide))}",
               f"mkdir -m 700 {HOST_HOME} && cd {HOST_HOME}",
               "read go || exit 1",
               'exec "$@" </dev/null']
@@ -624,7 +630,24 @@ def _pip(python: str, *args: str) -> None:
     proc = subprocess.run([python, "-m", "pip", *args], capture_output=True,
                           text=True, timeout=600)
     if proc.returncode:
-        raise RuntimeError(f"pip {args[0]}: {proc.stderr.strip()[-2000:]}")
+        raise RuntimeError(
+            f"pip {args[0]} with {python} failed (the build runs without "
+            f"isolation: setuptools and wheel must be installed there): "
+            f"{proc.stderr.strip()[-2000:]}")
+
+
+def check_interpreter(python: str) -> None:
+    """The hosts' interpreter must have Dask (dpsynth's other dependencies
+    come with it when dpsynth[dask] is installed there): one line if not,
+    before anything starts."""
+    proc = subprocess.run([python, "-c", "import distributed"],
+                          capture_output=True, text=True, timeout=120,
+                          env={"PATH": os.environ.get("PATH", "")})
+    if proc.returncode:
+        raise RuntimeError(
+            f"the hosts' interpreter {python} cannot import distributed: run "
+            f"the harness with a python that has dpsynth's dependencies "
+            f"(pip install -e '.[test]'; a venv's bin/python is fine)")
 
 
 # ------------------------------------------------------------------- TLS
@@ -771,6 +794,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     folder = args.folder or tempfile.mkdtemp(prefix="dpsynth-hosts-")
     try:
         return _run_cluster(args, Path(folder), command)
+    except RuntimeError as err:
+        print(f"hosts: {err}", file=sys.stderr)
+        return 1
     finally:
         if not args.folder:
             shutil.rmtree(folder, ignore_errors=True)

@@ -324,6 +324,11 @@ def test_hosts_share_nothing_but_the_bucket(cluster, bucket):
         finally:
             for path, _ in mine.values():
                 os.unlink(path)
+        # the run's keys (the client's, the other roles') stay the launcher's
+        keys = [str(key) for key in cluster.tls.glob("*/key.pem")]
+        assert len(keys) == 3
+        for reader in everyone:
+            assert on(reader, _which_exist, keys) == []
         # gs:// is the one way across
         on(workers[0], _through_the_bucket, bucket.name, f"iso/{token}",
            token)
