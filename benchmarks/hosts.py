@@ -485,7 +485,7 @@ class Cluster:
         self.hosts.append(host)
         if wait:
             _wait(lambda: (self._workers() or 0) > before,
-                  f"worker {host.ip}", host.proc, timeout=120,
+                  f"worker {host.ip}", host.proc, timeout=300,
                   log=self.folder / f"{name}.log")
         return host
 

@@ -19,8 +19,9 @@ wheel, Dask over mutual TLS, a GCS emulator on the bridge).
   killed: the run fails, the attempt is charged, a retry publishes once.
 
 Needs root (namespaces); skips with the reason elsewhere. Module-scoped
-cluster: 15-55 s to start on 2 cores (quiet / busy); the module ~4 min
-(~1 min without the faults: ``-m 'not hosts_faults'``) on a quiet machine.
+cluster: 15-55 s to start on 2 cores (quiet / busy; the run's wheel is
+built first, ~3 s); the module 6.5-8.5 min (~3 min without the faults:
+``-m 'not hosts_faults'``) on 2 cores shared with other test runs.
 """
 
 from __future__ import annotations
