@@ -1,7 +1,14 @@
 """dpsynth on a Dask cluster of separate hosts that share nothing but the
 scheduler's address and object storage (benchmarks/hosts.py: each host in
-its own network and mount namespace, a GCS emulator on the bridge).
+its own network and mount namespace, the launcher's disk read-only in it,
+its own tmpfs /tmp, /var/tmp, /dev/shm and HOME, dpsynth from the run's
+wheel, Dask over mutual TLS, a GCS emulator on the bridge).
 
+* The harness: the hosts' interpreter is the one running (a venv's too);
+  two runs keep to their own names, subnets and clean-up; nothing a host
+  writes is seen by another host or the launcher except through gs://;
+  workers import the wheel in a minimal environment; a client without the
+  cluster's certificate is refused; a run leaves nothing behind.
 * Seeded jobs read gs:// inputs (several .npz, TFRecord and Parquet files),
   publish to gs:// and equal DirectRunner's releases byte for byte.
 * An unseeded job with the budget store and the noise key on gs:// is
@@ -12,13 +19,15 @@ its own network and mount namespace, a GCS emulator on the bridge).
   killed: the run fails, the attempt is charged, a retry publishes once.
 
 Needs root (namespaces); skips with the reason elsewhere. Module-scoped
-cluster: 15-55 s to start on 2 cores (quiet / busy); the module ~4 min
-(~1 min without the faults: ``-m 'not hosts_faults'``) on a quiet machine.
+cluster: 15-55 s to start on 2 cores (quiet / busy; the run's wheel is
+built first, ~3 s); the module 6.5-8.5 min (~3 min without the faults:
+``-m 'not hosts_faults'``) on 2 cores shared with other test runs.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -147,6 +156,289 @@ def same_bytes(bucket, a: str, b: str, tmp_path: Path) -> None:
     """The releases at gs://bucket/a and gs://bucket/b hold the same bytes."""
     assert_same_release(bucket.download(a, tmp_path / "a"),
                         bucket.download(b, tmp_path / "b"))
+
+
+# ------------------------------------------------------------- the harness
+
+def test_hosts_run_the_interpreter_that_runs_the_harness(tmp_path):
+    """A venv's python is a symlink to its base interpreter: the hosts get
+    the symlink (its pyvenv.cfg, its site-packages), not the realpath (the
+    base interpreter: no Dask there, "the scheduler exited with 127"); a
+    pyenv or system interpreter is its own path. Checked on a fake venv
+    over this interpreter's base, and on the interpreter running now."""
+    base = os.path.realpath(sys.executable)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(base)
+    (venv / "pyvenv.cfg").write_text(
+        f"home = {os.path.dirname(base)}\n"
+        "include-system-site-packages = false\n")
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); "
+             "from benchmarks.hosts import host_python; "
+             "print(host_python()); print(sys.prefix)")
+    for python, prefix in ((venv / "bin" / "python", venv), (base, None)):
+        out = subprocess.run([str(python), "-c", probe, str(REPO)],
+                             capture_output=True, text=True, check=True,
+                             env={"PATH": "/usr/bin:/bin"}).stdout.split()
+        assert out[0] == str(python)
+        chosen = subprocess.run(
+            [out[0], "-c", "import sys; print(sys.prefix)"],
+            capture_output=True, text=True, check=True).stdout.strip()
+        assert chosen == out[1] == str(prefix or out[1])
+    assert out[1] != str(venv)  # the base is another prefix
+    # and the interpreter running the suite (a venv here) has Dask
+    subprocess.run([hosts_harness.host_python(), "-c", "import distributed"],
+                   check=True, env={"PATH": "/usr/bin:/bin"})
+
+
+def test_each_run_picks_a_free_subnet():
+    addresses = [{"ifname": "eth0", "addr_info": [
+        {"family": "inet", "local": "10.231.5.1"},
+        {"family": "inet6", "local": "fe80::1"}]},
+        {"ifname": "x", "addr_info": [{"family": "inet",
+                                       "local": "10.231.6.9"}]}]
+    used = hosts_harness.used_subnets(addresses)
+    assert used == {"10.231.5", "10.231.6"}
+    picked = {hosts_harness.choose_subnet(used, random.Random(seed))
+              for seed in range(200)}
+    assert not picked & used and len(picked) > 100
+    everything = {f"10.231.{x}" for x in range(1, 255)}
+    with pytest.raises(RuntimeError, match="no free /24"):
+        hosts_harness.choose_subnet(everything, random.Random(0))
+
+
+def _names() -> set[str]:
+    return {name for name, _ in hosts_harness._links()}
+
+
+def test_two_runs_keep_to_their_own(tmp_path):
+    """Two runs at once: their own prefix, subnet and folder; closing one
+    or cleaning up leftovers leaves the other's bridge; ``cleanup`` removes
+    what a dead launcher left."""
+    reason = hosts_harness.unavailable()
+    if reason:
+        pytest.skip(f"no namespaces here: {reason}")
+    with hosts_harness.Cluster(tmp_path, code=tmp_path) as one:
+        with hosts_harness.Cluster(tmp_path, code=tmp_path) as two:
+            assert one.prefix != two.prefix and one.subnet != two.subnet
+            assert {one.bridge, two.bridge} <= _names()
+        assert one.bridge in _names() and two.bridge not in _names()
+        assert not two.folder.exists() and one.folder.is_dir()
+        # a run whose launcher is gone (pid and start time of a dead child)
+        child = subprocess.Popen(["sleep", "60"])
+        owner = hosts_harness.owner_of(child.pid)
+        child.kill()
+        child.wait()
+        dead = f"{hosts_harness.NAME_STEM}{uuid.uuid4().hex[:4]}"
+        hosts_harness._run("ip", "link", "add", f"{dead}br", "type", "bridge")
+        hosts_harness._run("ip", "link", "set", "dev", f"{dead}br", "alias",
+                           f"{hosts_harness.ALIAS} {dead} {owner}")
+        gone = hosts_harness.cleanup_leftovers()
+        assert f"{dead}br" in gone and one.bridge not in gone
+        assert one.bridge in _names() and f"{dead}br" not in _names()
+    assert one.bridge not in _names()
+
+
+def _worker(client, host) -> str:
+    return next(a for a in client.scheduler_info(n_workers=-1)["workers"]
+                if f"//{host.ip}:" in a)
+
+
+def _host_functions():
+    """Functions run on the hosts (nested: pickled by value, as the hosts
+    have no tests package)."""
+
+    def write_everywhere(token: str, places: list) -> dict:
+        """A file named for ``token`` in each place: where it went
+        (absolute path) and what happened."""
+        import os
+        done = {}
+        for place in places:
+            path = os.path.join(os.path.expanduser(place),
+                                f"dpsynth-isolation-{token}")
+            try:
+                with open(path, "w") as out:
+                    out.write(token)
+                done[place] = (path, "written")
+            except OSError as err:
+                done[place] = (path, err.strerror)
+        return done
+
+    def which_exist(paths: list) -> list:
+        import os
+        return [p for p in paths if os.path.exists(p)]
+
+    def through_the_bucket(bucket: str, name: str, data: str = ""):
+        """Writes (``data``) or reads gs://bucket/name."""
+        from google.cloud import storage
+        blob = storage.Client().bucket(bucket).blob(name)
+        if data:
+            blob.upload_from_string(data)
+            return data
+        return blob.download_as_text()
+
+    return write_everywhere, which_exist, through_the_bucket
+
+
+def test_hosts_share_nothing_but_the_bucket(cluster, bucket):
+    """Each host (two workers, the scheduler) writes a file in every
+    writable-looking place: its /tmp, /var/tmp, /dev/shm and HOME take it,
+    the launcher's disk (its HOME, the checkout, the interpreter's prefix,
+    the code) refuses it (read-only); no other host and not the launcher
+    sees any of them. The launcher's /tmp, /var/tmp and /dev/shm are not
+    seen by the hosts. What crosses is what goes through gs://."""
+    from distributed import Client
+    private = ["/tmp", "/var/tmp", "/dev/shm", "~"]
+    disk = [os.path.expanduser("~"), str(REPO), sys.prefix,
+            hosts_harness.SITE]
+    token = uuid.uuid4().hex[:8]
+    lines = []
+    _write_everywhere, _which_exist, _through_the_bucket = _host_functions()
+    with Client(cluster.address, security=cluster.security(),
+                timeout=30) as client:
+        workers = [_worker(client, h) for h in cluster.hosts[:2]]
+
+        def on(who: str, fn, *args):
+            if who == "scheduler":
+                return client.run_on_scheduler(fn, *args)
+            return client.run(fn, *args, workers=[who])[who]
+
+        everyone = [*workers, "scheduler"]
+        for writer in everyone:
+            mark = f"{token}-{everyone.index(writer)}"
+            wrote = on(writer, _write_everywhere, mark, private + disk)
+            lines.append(f"{writer}: " + ", ".join(
+                f"{place} {what}" for place, (_, what) in wrote.items()))
+            assert all(wrote[p][1] == "written" for p in private), wrote
+            assert all(wrote[p][1] == "Read-only file system"
+                       for p in disk), wrote
+            paths = [path for path, _ in wrote.values()]
+            for reader in everyone:
+                if reader != writer:
+                    assert on(reader, _which_exist, paths) == [], reader
+            assert _which_exist(paths) == [], "the launcher sees it"
+        mine = _write_everywhere(f"{token}-launcher", private[:3])
+        try:
+            for reader in everyone:
+                assert on(reader, _which_exist,
+                          [path for path, _ in mine.values()]) == []
+        finally:
+            for path, _ in mine.values():
+                os.unlink(path)
+        # the run's keys (the client's, the other roles') stay the launcher's
+        keys = [str(key) for key in cluster.tls.glob("*/key.pem")]
+        assert len(keys) == 3
+        for reader in everyone:
+            assert on(reader, _which_exist, keys) == []
+        # gs:// is the one way across
+        on(workers[0], _through_the_bucket, bucket.name, f"iso/{token}",
+           token)
+        assert on(workers[1], _through_the_bucket, bucket.name,
+                  f"iso/{token}") == token
+        assert on("scheduler", _through_the_bucket, bucket.name,
+                  f"iso/{token}") == token
+    print("\nisolation: " + "\n  ".join(lines), file=sys.stderr)
+
+
+def test_hosts_import_the_wheel_in_a_minimal_environment(cluster):
+    """Workers and the scheduler import dpsynth from the run's install of
+    its wheel (read-only), never the checkout or the launcher's editable
+    install, with the harness's environment and not the launcher's."""
+    from distributed import Client
+
+    def where():
+        import os as os_
+        import sys as sys_
+        from dpsynth.pipelines.runners import dask_runner
+        return {"file": dask_runner.__file__, "path": sys_.path,
+                "env": sorted(os_.environ), "python": sys_.executable,
+                "cwd": os_.getcwd()}
+
+    import dask
+    added = set(dask.config.get("distributed.nanny.pre-spawn-environ"))
+    added |= {"PWD", "OLDPWD",  # the host's shell (cd HOME)
+              "PYTHONHASHSEED", "__DASK_PARENT_PID"}  # the nanny's
+    with Client(cluster.address, security=cluster.security(),
+                timeout=30) as client:
+        seen = [(one, "worker") for one in client.run(where).values()]
+        seen.append((client.run_on_scheduler(where), "scheduler"))
+    for one, role in seen:
+        allowed = set(cluster.host_env(cluster.hosts[0], role)) | added
+        assert one["file"].startswith(hosts_harness.SITE + "/"), one["file"]
+        assert not any(str(REPO) in p for p in one["path"]), one["path"]
+        assert set(one["env"]) <= allowed, set(one["env"]) - allowed
+        assert "PYTEST_CURRENT_TEST" not in one["env"]
+        assert one["python"] == hosts_harness.host_python()
+        assert one["cwd"] == hosts_harness.HOST_HOME
+
+
+def test_a_client_without_the_certificate_is_refused(cluster, tmp_path):
+    """The scheduler speaks mutual TLS only: plain TCP and a certificate of
+    another CA are refused; the run's client certificate is accepted."""
+    from distributed import Client
+    address = cluster.address
+    plain = address.replace("tls://", "tcp://")
+    rogue = hosts_harness.make_certificates(
+        tmp_path / "rogue", [cluster.scheduler.ip], roles=("client",))
+    for target, security in (
+            (plain, None),
+            (address, hosts_harness.security_for(rogue, "client"))):
+        began = time.monotonic()
+        with pytest.raises((OSError, TimeoutError)) as refused:
+            Client(target, security=security, timeout="4s")
+        print(f"\nrefused ({target}, "
+              f"{'no certificate' if security is None else 'other CA'}) in "
+              f"{time.monotonic() - began:.1f} s: "
+              f"{str(refused.value).splitlines()[0][:200]}", file=sys.stderr)
+    with Client(address, security=cluster.security(), timeout=30) as client:
+        assert len(client.scheduler_info(n_workers=-1)["workers"]) >= 2
+
+
+def _mount_namespace(pid: int) -> int:
+    return os.stat(f"/proc/{pid}/ns/mnt").st_ino
+
+
+def _in_mount_namespaces(inodes: set) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and _mount_namespace(int(entry)) in inodes:
+                found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+def test_a_run_leaves_nothing_behind(cluster, tmp_path):
+    """A scheduler and a worker started and closed: no process, link,
+    mount namespace (so none of its tmpfs), mount or folder of the run
+    stays; /run/netns is never touched."""
+    netns_before = os.path.exists("/run/netns")
+    shm_before = set(os.listdir("/dev/shm"))
+    with hosts_harness.Cluster(tmp_path, code=cluster.code) as run:
+        run.start_scheduler()
+        run.add_worker()
+        hosts = [run.scheduler, *run.hosts]
+        pids = [h.proc.pid for h in hosts]
+        namespaces = {_mount_namespace(pid) for pid in pids}
+        assert len(namespaces) == 2
+        prefix, folder = run.prefix, run.folder
+        assert any(n.startswith(prefix) for n in _names())
+    assert not [n for n in _names() if n.startswith(prefix)]
+    assert not [p for p, (owner_prefix, _, _) in
+                hosts_harness._marked_processes().items()
+                if owner_prefix == prefix]
+    assert _in_mount_namespaces(namespaces) == []
+    assert all(hosts_harness._start_time(pid) is None for pid in pids)
+    with open("/proc/self/mountinfo") as f:
+        mounts = f.read()
+    assert str(tmp_path) not in mounts and "dpsynth-host" not in mounts
+    assert not folder.exists()
+    assert os.path.exists("/run/netns") == netns_before
+    print(f"\nleft behind: /run/netns {os.path.exists('/run/netns')} "
+          f"(before {netns_before}); /dev/shm new entries "
+          f"{sorted(set(os.listdir('/dev/shm')) - shm_before)}",
+          file=sys.stderr)
 
 
 # ------------------------------------------------------ same as DirectRunner
