@@ -218,16 +218,8 @@ def path_flags(spec) -> list[tuple[str, Optional[str]]]:
     ledger use; path None where the flag is unset and its default is on
     this machine (the demo's rows, ./dpsynth-releases)."""
     out: list[tuple[str, Optional[str]]] = []
-    images = spec.input.images
-    if images is not None:
-        out.append(("--images", images.path))
-        if images.bad_images_report:
-            out.append(("--bad-images-report", images.bad_images_report))
-        if images.encoder_weights:
-            out.append(("--encoder-weights", images.encoder_weights))
-        kind, sep, model = images.encoder.partition(":")
-        if sep and kind in ("keras", "onnx"):
-            out.append(("--encoder", model))
+    if spec.input.images is not None:
+        out += image_flags(spec.input.images)
     else:
         out.append(("--input", spec.input.path))
     out.append(("--output", spec.output.path))
@@ -235,6 +227,21 @@ def path_flags(spec) -> list[tuple[str, Optional[str]]]:
         out.append(("--budget-store", spec.budget.store))
     if spec.run.noise_key_location is not None:
         out.append(("--noise-key-location", spec.run.noise_key_location))
+    return out
+
+
+def image_flags(images) -> list[tuple[str, str]]:
+    """(flag, path) of the files an ``ImageOptions`` has workers read or
+    write: the images, the bad-images report, the encoder's weights or
+    model file."""
+    out = [("--images", images.path)]
+    if images.bad_images_report:
+        out.append(("--bad-images-report", images.bad_images_report))
+    if images.encoder_weights:
+        out.append(("--encoder-weights", images.encoder_weights))
+    kind, sep, model = images.encoder.partition(":")
+    if sep and kind in ("keras", "onnx"):
+        out.append(("--encoder", model))
     return out
 
 
@@ -256,11 +263,15 @@ def local_path_refusal(flag: str, path: Optional[str],
 
 
 def local_paths(spec, opts: dict) -> list[tuple[str, Optional[str]]]:
-    """(flag, path) of the run's local paths, Beam's --temp_location and
-    --staging_location included; path None: a local default."""
-    found = [*path_flags(spec)]
-    found += [(flag, opts[key]) for key, flag in BEAM_PATH_FLAGS
-              if opts.get(key)]
+    """(flag, path) of a `generate` run's local paths, Beam's
+    --temp_location and --staging_location included; path None: a local
+    default."""
+    return _local(path_flags(spec), opts)
+
+
+def _local(flags: list, opts: dict) -> list[tuple[str, Optional[str]]]:
+    found = [*flags, *((flag, opts[key]) for key, flag in BEAM_PATH_FLAGS
+                       if opts.get(key))]
     return [(flag, path) for flag, path in found
             if path is None or is_local_path(path)]
 
@@ -268,8 +279,17 @@ def local_paths(spec, opts: dict) -> list[tuple[str, Optional[str]]]:
 def check_paths(spec, opts: dict) -> None:
     """ValueError (one line naming the flag) for the first local path of a
     `generate` run whose workers are elsewhere; nothing is read."""
+    _refuse(path_flags(spec), opts)
+
+
+def check_encode_paths(spec, opts: dict) -> None:
+    """``check_paths`` for `dpsynth encode` (``EncodeSpec``)."""
+    _refuse([*image_flags(spec.images), ("--output", spec.output)], opts)
+
+
+def _refuse(flags: list, opts: dict) -> None:
     clause = elsewhere(opts)
-    found = local_paths(spec, opts) if clause is not None else []
+    found = _local(flags, opts) if clause is not None else []
     if found:
         raise ValueError(local_path_refusal(*found[0], clause))
 

@@ -454,3 +454,24 @@ def _wait_workers(address: str, n: int, timeout: float = 120) -> None:
         except OSError:
             time.sleep(0.5)
     raise AssertionError(f"no {n} workers at {address}")
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--images", "/data/images", "--output", "gs://b/e.npz"],
+     "--images /data/images"),
+    (["--images", "gs://b/images", "--output", "/data/e.npz"],
+     "--output /data/e.npz"),
+    (["--images", "gs://b/images", "--output", "gs://b/e.npz",
+      "--bad-images-report", "/data/bad.tsv"], "--bad-images-report /data/bad.tsv"),
+])
+def test_encode_refuses_local_paths_on_a_cluster_elsewhere(
+        flags, named, capsys, no_network):
+    from dpsynth.pipelines import cli
+    rc = cli.main(["encode", "--classes", "a,b", *flags, "--runner", "dask",
+                   f"--dask_client_address=tcp://{FAR}:8786"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err == (
+        f"dpsynth: error: {named} is a local path, but the Dask scheduler "
+        f"(--dask_client_address tcp://{FAR}:8786) is not on this machine: "
+        "the workers cannot use this machine's files; a shared location "
+        "(gs://BUCKET/PATH) is needed")

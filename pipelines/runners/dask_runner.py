@@ -17,6 +17,12 @@ rewrites all of them to ``dpsynth.pipelines.runners.dask_runner.DaskRunner``). N
   several jobs) is the caller's: jobs use it and leave it running until
   ``close_local_cluster()`` (also run at exit). That is for trying the
   runner; a real deployment runs ``dask scheduler`` / ``dask worker``.
+* Before a pipeline on a given cluster (``--dask_client_address`` /
+  ``--dask_scheduler_file``) is submitted, every worker reports its
+  dpsynth (version and source digest, ``pipelines/source_digest.py``):
+  one that differs from the launcher's stops the run in one line
+  (``check_cluster``; the launcher runs it too, before the run is
+  charged, with the run's local paths, which a worker elsewhere refuses).
 * The local cluster's workers import the modules dpsynth's tasks unpickle
   as they start (``pipelines/runners/dask_preload.py``, distributed's ``preload``),
   not inside the job's first task on every worker at once.
