@@ -254,9 +254,8 @@ def test_a_seeded_run_needs_no_key_location(tmp_path, capsys, no_network):
     """Seeded noise is marked not private (its seed is the secret): the
     path checks still apply."""
     flags, clause = _engine("dask remote scheduler", tmp_path)
-    argv = [*_without(["--num-classes", "3", "--input", "/data/in.npz",
-                       "--output", "gs://b/o"], "--noise-key-location"),
-            "--noise-seed", "1", *flags]
+    argv = ["--num-classes", "3", "--input", "/data/in.npz", "--output",
+            "gs://b/o", "--noise-seed", "1", *flags]
     rc, err = _refusal(argv, capsys)
     assert rc == 2 and err.startswith("dpsynth: error: --input /data/in.npz "
                                       "is a local path")
@@ -475,3 +474,22 @@ def test_encode_refuses_local_paths_on_a_cluster_elsewhere(
         f"(--dask_client_address tcp://{FAR}:8786) is not on this machine: "
         "the workers cannot use this machine's files; a shared location "
         "(gs://BUCKET/PATH) is needed")
+
+
+def test_an_unreachable_scheduler_stops_the_run_uncharged(tmp_path, capsys):
+    """Asked before the reservation: one line, nothing charged (Beam's
+    client used to fail after the attempt was reserved)."""
+    pytest.importorskip("distributed")
+    store = tmp_path / "budgets"
+    rc = generate.main([
+        "--output", str(tmp_path / "out"), "--budget-store", str(store),
+        "--dataset-id", "d", "--lifetime-epsilon", "10", "--runner", "dask",
+        f"--dask_client_address=tcp://127.0.0.1:{_free_port()}",
+        "--dask_connection_timeout=2"])
+    err = capsys.readouterr().err.strip()
+    assert rc != 0 and len(err.splitlines()) == 1, err
+    assert err.startswith("dpsynth: error: cannot reach the Dask scheduler "
+                          "at tcp://127.0.0.1:")
+    from dpsynth.pipelines import budget_store
+    assert budget_store.history(str(store), "d") == []
+    assert not (tmp_path / "out").exists()
