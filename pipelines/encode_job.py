@@ -18,7 +18,8 @@ from apache_beam.io.filesystems import FileSystems
 
 from dpsynth.models.encoders import get_encoder
 from dpsynth.pipelines.runners.beam_temp import pipeline_run
-from dpsynth.pipelines.options import beam_options, local_blas_threads
+from dpsynth.pipelines import locality
+from dpsynth.pipelines.options import UsageError, beam_options, local_blas_threads
 from dpsynth.pipelines.spec import EncodeSpec, ImageOptions
 from dpsynth.transforms.formats import ImageInputError
 from dpsynth.transforms.images import CheckBadImages, ReadImages, gate_on
@@ -212,6 +213,10 @@ def run(spec: EncodeSpec) -> dict:
     if fmt == "npz" and spec.num_shards != 1:
         raise ImageInputError("--num-shards only applies to TFRecord output")
     options = beam_options(list(spec.beam_args))
+    try:  # before any image is listed (issue 60)
+        locality.check_encode_paths(spec, options.get_all_options())
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     threads = images.encoder_threads or local_blas_threads(options)
     encoder = encoder_for(images, threads)
     report = images.bad_images_report or sidecar_path(spec.output, ".bad_images.tsv")

@@ -30,7 +30,8 @@ from dpsynth.dp_ops.calibration import validate_weights
 from dpsynth.dp_ops.config import GeneratorConfig, check_delta, labels_from
 from dpsynth.dp_ops.ledger import PrivacyLedger
 from dpsynth.dp_ops.noise import NoiseSource, make_noise_source
-from dpsynth.pipelines import collector, console, consistency, demo, release
+from dpsynth.pipelines import (collector, console, consistency, demo, locality,
+                               release)
 from dpsynth.pipelines.runners.beam_temp import pipeline_run
 from dpsynth.pipelines.options import UsageError, beam_options, local_blas_threads
 from dpsynth.pipelines.spec import GenerateSpec, ImageOptions
@@ -79,6 +80,7 @@ class Job:
 def prepare(spec: GenerateSpec) -> Job:
     """Validates the spec, calibrates the noise, checks the output: no data
     is read."""
+    _check_cluster_boundary(spec)  # before the demo's files or any input
     pattern, labels = _input_and_labels(spec)
     check_delta(spec.generator.delta, spec.generator.allow_large_delta)
     # Cheap checks first: calibration (below) takes seconds.
@@ -97,7 +99,6 @@ def prepare(spec: GenerateSpec) -> Job:
         "--budget-store": spec.budget.store,
         "--noise-key-location": spec.run.noise_key_location})
     _check_budget_flags(spec)
-    _check_noise_key_location(spec)
     owner = os.urandom(8).hex()
     staging = release.staging_dir(output, run_id, owner)
     if _published_by(output, run_id):
@@ -192,23 +193,46 @@ def _check_budget_flags(spec: GenerateSpec) -> None:
 GRAPH_KEEPING_RUNNERS = ("dataflow",)
 
 
-def _runner_keeps_job_graph(beam_args: tuple[str, ...]) -> bool:
-    runner = str(beam_options(beam_args).get_all_options().get("runner")
-                 or "")
+def _runner_keeps_job_graph(opts: dict) -> bool:
+    runner = str(opts.get("runner") or "")
     return any(name in runner.lower() for name in GRAPH_KEEPING_RUNNERS)
 
 
-def _check_noise_key_location(spec: GenerateSpec) -> None:
+def _check_cluster_boundary(spec: GenerateSpec) -> None:
+    """On a cluster elsewhere (``locality``): the noise key out of the job
+    graph, and no local path; from the flags alone, no engine contacted."""
+    opts = beam_options(spec.run.beam_args).get_all_options()
+    _check_noise_key_location(spec, opts)
+    locality.check_paths(spec, opts)
+
+
+def _check_noise_key_location(spec: GenerateSpec, opts: dict) -> None:
     secure = (spec.generator.noise_seed is None
               and not math.isinf(spec.generator.epsilon))
-    if (secure and spec.run.noise_key_location is None
-            and _runner_keeps_job_graph(spec.run.beam_args)):
+    if not secure or spec.run.noise_key_location is not None:
+        return
+    if _runner_keeps_job_graph(opts):
         raise ValueError(
             "DataflowRunner keeps the job graph in the staging location and "
             "the job's metadata, and a noise key pickled into it would let "
             "their readers remove the noise: pass --noise-key-location "
             "gs://BUCKET/PREFIX, readable only by the job's service account "
             "(the key is written there for the run and deleted after it)")
+    refusal = locality.noise_key_refusal(opts)  # any cluster elsewhere
+    if refusal is not None:
+        raise ValueError(refusal)
+
+
+def _check_workers(spec: GenerateSpec) -> None:
+    """A given Dask cluster's workers run this dpsynth, and are on this
+    machine where the run uses local paths (issue 60)."""
+    from dpsynth.pipelines import runner_names
+    if not runner_names.is_dask(runner_names.runner_flag(spec.run.beam_args)):
+        return
+    from dpsynth.pipelines.runners import dask_runner
+    options = beam_options(spec.run.beam_args)
+    dask_runner.check_cluster(options, locality.local_paths(
+        spec, options.get_all_options()))
 
 
 def store_noise_key(job: Job, spec: GenerateSpec) -> Optional[str]:
@@ -767,6 +791,7 @@ def _run(spec: GenerateSpec) -> str:
     if job.cfg.noiseless:
         log.warning("!!! --epsilon inf: running WITHOUT NOISE. The output is "
                     "NOT differentially private. Debugging only. !!!")
+    _check_workers(spec)  # before anything is charged
     from dpsynth.pipelines import budget_store
     staged = _staged_to_reuse(job, spec)
     reservation = _reserve(job, spec)

@@ -15,7 +15,7 @@ from typing import Iterable, Optional, Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from dpsynth.pipelines import prism, runner_names
+from dpsynth.pipelines import locality, prism, runner_names
 from dpsynth.pipelines.runners import (bundle_sampler, dofn_specs,
                                        ipython_check, option_views)
 from dpsynth.pipelines.machine import usable_cores
@@ -30,12 +30,13 @@ class ClusterLost(RuntimeError):
     line, not a traceback; the attempt stays charged (issue 52)."""
 
 
+class ClusterMismatch(UsageError):
+    """The cluster's workers cannot run this job as planned (another
+    dpsynth, or hosts elsewhere given local paths): found before any work
+    is submitted (issue 60)."""
+
+
 LOCAL_RUNNERS = runner_names.LOCAL_RUNNERS
-# Portable runners whose Python code runs in the submitting process when the
-# environment is LOOPBACK (Beam's default for Prism, and for Flink's embedded
-# cluster).
-PORTABLE_RUNNERS = ("prism", "prismrunner", "flink", "flinkrunner", "spark",
-                    "sparkrunner", "portablerunner")
 
 
 def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
@@ -117,40 +118,9 @@ def local_blas_threads(options: PipelineOptions) -> Optional[int]:
 
 
 def is_local(options: PipelineOptions) -> bool:
-    """The job runs on this machine (its workers can write local files):
-    DirectRunner, a portable runner (Prism, Flink, Spark) whose SDK harness
-    is this process (LOOPBACK), or Dask on a local cluster (the one dpsynth
-    starts when no scheduler is given, or a scheduler on loopback)."""
-    runner = str(options.get_all_options().get("runner") or "").lower()
-    if runner in LOCAL_RUNNERS:
-        return True
-    if runner in PORTABLE_RUNNERS:
-        return _loopback_environment(options, runner)
-    if not runner_names.is_dask(runner):
-        return False
-    from apache_beam.runners.dask.dask_runner import DaskOptions
-    dask = options.view_as(DaskOptions)
-    return not dask.scheduler_file and _loopback(dask.address)
-
-
-def _loopback_environment(options: PipelineOptions, runner: str) -> bool:
-    """The SDK harness of a portable runner is the submitting process."""
-    opts = options.get_all_options()
-    env = str(opts.get("environment_type") or "").upper()
-    if env:
-        return env == "LOOPBACK"
-    # Beam's defaults when no environment is given.
-    return runner.startswith("prism") or (
-        runner.startswith("flink")
-        and opts.get("flink_master") in ("[local]", "[auto]"))
-
-
-def _loopback(address: Optional[str]) -> bool:
-    """No address (a local cluster for the run) or one on this machine."""
-    if not address:
-        return True
-    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-    return host in ("127.0.0.1", "localhost", "::1")
+    """The job runs on this machine (its workers can use local files):
+    ``dpsynth.pipelines.locality`` holds the rule (issue 60)."""
+    return locality.elsewhere(options.get_all_options()) is None
 
 
 def _beam_parser() -> argparse.ArgumentParser:

@@ -17,6 +17,12 @@ rewrites all of them to ``dpsynth.pipelines.runners.dask_runner.DaskRunner``). N
   several jobs) is the caller's: jobs use it and leave it running until
   ``close_local_cluster()`` (also run at exit). That is for trying the
   runner; a real deployment runs ``dask scheduler`` / ``dask worker``.
+* Before a pipeline on a given cluster (``--dask_client_address`` /
+  ``--dask_scheduler_file``) is submitted, every worker reports its
+  dpsynth (version and source digest, ``pipelines/source_digest.py``):
+  one that differs from the launcher's stops the run in one line
+  (``check_cluster``; the launcher runs it too, before the run is
+  charged, with the run's local paths, which a worker elsewhere refuses).
 * The local cluster's workers import the modules dpsynth's tasks unpickle
   as they start (``pipelines/runners/dask_preload.py``, distributed's ``preload``),
   not inside the job's first task on every worker at once.
@@ -112,7 +118,8 @@ from apache_beam.runners.runner import PipelineResult, PipelineState
 from apache_beam.transforms.combiners import LiftedCombinePerKey
 
 from dpsynth.pipelines.machine import usable_cores
-from dpsynth.pipelines.options import ClusterLost
+from dpsynth.pipelines import locality, source_digest
+from dpsynth.pipelines.options import ClusterLost, ClusterMismatch
 from dpsynth.pipelines.runners.beam_patch import kept, replace_once, takes
 from dpsynth.transforms.progress import trace, trace_path
 
@@ -650,6 +657,64 @@ def _cluster_loss_as_one_line(where):
             "and rerun with the same --run-id") from None
 
 
+def check_workers(client, local_paths=()) -> None:
+    """Before any work is submitted: every worker runs this launcher's
+    dpsynth (version and source digest, ``source_digest``), and, when the
+    job uses local paths (``local_paths``: (flag, path or None) pairs), every
+    worker is on this machine (a scheduler here may have workers
+    elsewhere). ``ClusterMismatch`` (one line) otherwise."""
+    ours = source_digest.identity()
+    try:
+        theirs = client.run(source_digest.identity)
+    except Exception as err:  # e.g. a worker without this module
+        raise ClusterMismatch(
+            f"the Dask workers could not report their dpsynth version "
+            f"({type(err).__name__}: {str(err)[:200]}): install "
+            f"{source_digest.describe(ours)} (this launcher's) on every "
+            "worker") from None
+    for worker, ident in sorted(theirs.items()):
+        if ident != ours:
+            raise ClusterMismatch(
+                f"Dask worker {worker} runs {source_digest.describe(ident)}, "
+                f"this launcher {source_digest.describe(ours)}: install the "
+                "launcher's dpsynth on every worker (or launch from theirs)")
+    for worker in sorted(theirs):
+        if local_paths and not locality.on_this_machine(
+                locality.address_host(worker)):
+            flag, path = local_paths[0]
+            raise ClusterMismatch(locality.local_path_refusal(
+                flag, path, f"Dask worker {worker} is not on this machine"))
+
+
+def check_cluster(options: PipelineOptions, local_paths=()) -> None:
+    """``check_workers`` on the cluster ``--dask_client_address`` /
+    ``--dask_scheduler_file`` name (nothing for the local cluster dpsynth
+    starts: its workers run this interpreter's dpsynth). The launcher runs
+    it before the run is charged; ``DaskRunner`` before each pipeline."""
+    dask_options = options.view_as(beam_dask.DaskOptions)
+    if not dask_options.address and not dask_options.scheduler_file:
+        return
+    from distributed import Client
+    # --dask_connection_timeout, as Beam's Client takes it
+    timeout = dask_options.timeout if isinstance(dask_options.timeout,
+                                                 int) else {}
+    where = dask_options.address or dask_options.scheduler_file
+    try:
+        client = Client(address=dask_options.address,
+                        scheduler_file=dask_options.scheduler_file,
+                        set_as_default=False,
+                        **({"timeout": timeout} if timeout else {}))
+    except OSError as err:
+        raise ClusterLost(
+            f"cannot reach the Dask scheduler at {where} "
+            f"({str(err).splitlines()[-1].strip()[:200]}); nothing was "
+            "submitted") from None
+    try:
+        check_workers(client, local_paths)
+    finally:
+        client.close()
+
+
 class DaskRunner(beam_dask.DaskRunner):
     """Beam's DaskRunner with the bundle fixes, lifted combines, shared
     collections computed once, every output computed, Reshuffle as a real
@@ -672,7 +737,9 @@ class DaskRunner(beam_dask.DaskRunner):
             # the adaptive plan's phases) keep saying "local cluster".
             dask_options.address = local_cluster(
                 dashboard=dashboard, by_run=True).scheduler_address
-        elif dashboard:
+        else:
+            check_cluster(options)
+        if not local and dashboard:
             log.warning("--dask_dashboard is for the local cluster dpsynth "
                         "starts; the cluster at --dask_client_address / "
                         "--dask_scheduler_file serves its own")
