@@ -353,7 +353,8 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
             go, "generate", (UsageError, io.InputError, release.ReleaseError,
                              budget_store.BudgetExceeded,
                              budget_store.RunConflict,
-                             budget_store.CapConflict, ImageInputError,
+                             budget_store.CapConflict,
+                             budget_store.LabelRuleConflict, ImageInputError,
                              ClusterLost))
 
 

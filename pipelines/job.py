@@ -261,10 +261,24 @@ def _reserve(job: Job, spec: GenerateSpec):
         job.reserved or job.ledger.mechanisms,
         job.cfg.epsilon, job.cfg.delta, spec.budget.lifetime_epsilon,
         spec.budget.lifetime_delta, job.cfg.accountant, owner=job.owner,
-        created_utc=job.created_utc)
+        created_utc=job.created_utc, label_rule=label_rule(spec, job.cfg))
     job.created_utc = reservation.created_utc or job.created_utc
     job.lifetime_cap = reservation.lifetime_cap
     return reservation
+
+
+def label_rule(spec: GenerateSpec, cfg: GeneratorConfig) -> dict:
+    """What makes a record's class (public configuration), pinned per
+    dataset id by the budget store: the label feature (images in folders:
+    the class folders in label order) and the label set."""
+    images = spec.input.images
+    if images is not None and images.classes:
+        rule = {"class_folders": list(images.classes)}
+    elif images is not None:
+        rule = {"label_feature": images.label_feature or "label"}
+    else:
+        rule = {"label_feature": spec.input.label_feature}
+    return dict(rule, labels=sorted(int(v) for v in cfg.labels))
 
 
 def _budget_manifest(job: Job, spec: GenerateSpec) -> Optional[dict]:
