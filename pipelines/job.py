@@ -199,6 +199,9 @@ def _runner_keeps_job_graph(beam_args: tuple[str, ...]) -> bool:
 
 
 def _check_noise_key_location(spec: GenerateSpec) -> None:
+    if spec.run.noise_key_location is not None:
+        from dpsynth.transforms.noise import check_key_folder
+        check_key_folder(spec.run.noise_key_location)  # 0700, yours
     secure = (spec.generator.noise_seed is None
               and not math.isinf(spec.generator.epsilon))
     if (secure and spec.run.noise_key_location is None
