@@ -40,6 +40,11 @@ MAX_EPSILON = 1000.0
 CLIP_NORM_RANGE = (1e-100, 1e100)
 MAX_VARIANCE_FLOOR = 1e6
 MAX_VOTE_OVERSAMPLE = 1000.0
+# Counts: --num-classes 1e20 overflowed building the label tuple, and
+# --samples-per-class 1e20 ran out of memory listing its shards, both as
+# tracebacks (the second after the data was read).
+MAX_CLASSES = 100_000
+MAX_SAMPLES_PER_CLASS = 10**9
 
 
 def parse_epsilon(text: str) -> float:
@@ -133,8 +138,11 @@ class GeneratorConfig:
             raise ValueError(f"--cluster-dim must be >= 1, got {self.cluster_dim}")
         if self.lloyd_rounds < 0:
             raise ValueError(f"--lloyd-rounds must be >= 0, got {self.lloyd_rounds}")
-        if self.samples_per_class is not None and self.samples_per_class < 1:
-            raise ValueError("--samples-per-class must be >= 1")
+        if self.samples_per_class is not None and not (
+                1 <= self.samples_per_class <= MAX_SAMPLES_PER_CLASS):
+            raise ValueError(f"--samples-per-class must be in [1, "
+                             f"{MAX_SAMPLES_PER_CLASS:.0e}], got "
+                             f"{self.samples_per_class}")
         if self.vote_max_candidates is not None and self.vote_max_candidates < 1:
             raise ValueError(f"--vote-max-candidates must be >= 1, got {self.vote_max_candidates}")
         if not 1 <= self.vote_oversample <= MAX_VOTE_OVERSAMPLE:
@@ -218,10 +226,14 @@ def parse_weights(text: str) -> dict[str, float]:
 def labels_from(num_classes: Optional[int],
                 labels: Optional[Sequence[int]]) -> tuple[int, ...]:
     if labels:
+        if len(labels) > MAX_CLASSES:
+            raise ValueError(f"--labels: at most {MAX_CLASSES} labels, got "
+                             f"{len(labels)}")
         return tuple(int(v) for v in labels)
     if num_classes is None:
         raise ValueError("the set of labels is public configuration: pass "
                          "--num-classes N or --labels 0,1,...")
-    if num_classes < 1:
-        raise ValueError(f"--num-classes must be >= 1, got {num_classes}")
+    if not 1 <= num_classes <= MAX_CLASSES:
+        raise ValueError(f"--num-classes must be in [1, {MAX_CLASSES}], got "
+                         f"{num_classes}")
     return tuple(range(num_classes))
