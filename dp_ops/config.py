@@ -126,8 +126,8 @@ class GeneratorConfig:
             raise ValueError(f"--delta must be in (0, 1), got {self.delta}")
         low, high = CLIP_NORM_RANGE
         if not low <= self.clip_norm <= high:  # also NaN
-            raise ValueError(f"--clip-norm must be in [{low:g}, {high:g}], "
-                             f"got {self.clip_norm}")
+            raise ValueError(f"--clip-norm must be finite and > 0, in "
+                             f"[{low:g}, {high:g}], got {self.clip_norm}")
         if self.clusters < 1:
             raise ValueError(f"--clusters must be >= 1, got {self.clusters}")
         if self.normalize not in NORMALIZATIONS:
@@ -234,6 +234,6 @@ def labels_from(num_classes: Optional[int],
         raise ValueError("the set of labels is public configuration: pass "
                          "--num-classes N or --labels 0,1,...")
     if not 1 <= num_classes <= MAX_CLASSES:
-        raise ValueError(f"--num-classes must be in [1, {MAX_CLASSES}], got "
-                         f"{num_classes}")
+        raise ValueError(f"--num-classes must be >= 1 and at most "
+                         f"{MAX_CLASSES}, got {num_classes}")
     return tuple(range(num_classes))
