@@ -12,7 +12,7 @@ import os
 import pytest
 
 from dpsynth.dp_ops import calibration
-from dpsynth.dp_ops.config import GeneratorConfig, parse_epsilon
+from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.pipelines import budget_store, cli, job
 
 BIG = "100000000000000000000"  # 1e20 as an integer
@@ -65,6 +65,7 @@ def test_a_huge_or_tiny_number_is_one_line_before_any_data(
 
 
 def test_the_api_raises_a_value_error_naming_the_flag():
+    from dpsynth.dp_ops.config import parse_epsilon
     for kwargs, needle in (({"epsilon": 1e300}, "--epsilon"),
                            ({"epsilon": math.nan}, "--epsilon"),
                            ({"clip_norm": 1e300}, "--clip-norm"),
