@@ -38,8 +38,13 @@ def gdp_delta(mu: float, epsilon: float) -> float:
     """delta(epsilon) of a mu-GDP mechanism (Dong, Roth, Su 2019, Cor. 2.13)."""
     if mu <= 0:
         return 0.0
-    return _norm_cdf(-epsilon / mu + mu / 2) - \
-        math.exp(epsilon) * _norm_cdf(-epsilon / mu - mu / 2)
+    tail = _norm_cdf(-epsilon / mu - mu / 2)
+    if epsilon < 700:
+        return _norm_cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * tail
+    # exp(epsilon) overflows past ~709 while the product stays <= 1: take it
+    # in logs (a tail of 0 leaves nothing to subtract).
+    scaled = math.exp(epsilon + math.log(tail)) if tail > 0 else 0.0
+    return _norm_cdf(-epsilon / mu + mu / 2) - scaled
 
 
 def _norm_cdf(x: float) -> float:

@@ -29,6 +29,49 @@ DEFAULT_WEIGHTS = {"centre": 0.01, "tree": 0.1, "lloyd": 0.15,
 # for the noisy record count.
 MAX_DELTA = 1e-4
 
+# Largest finite epsilon. Far above any epsilon that protects anyone, and
+# the accountants' grids grow without bound past it (the demo at 1e6 took
+# over 23 GB before it was killed; at 1e300 exp(epsilon) overflowed); a run
+# without noise is asked for by name: --epsilon inf (marked NOT private).
+MAX_EPSILON = 1000.0
+# Bounds of the scale flags: squares and sums of rows at these scales stay
+# finite floats (--clip-norm 1e300 ended in NaN; --variance-floor 1e300 wrote
+# rows of NaN), and --vote-oversample 1e300 ran the vote search for ever.
+CLIP_NORM_RANGE = (1e-100, 1e100)
+MAX_VARIANCE_FLOOR = 1e6
+MAX_VOTE_OVERSAMPLE = 1000.0
+# Counts: --num-classes 1e20 overflowed building the label tuple, and
+# --samples-per-class 1e20 ran out of memory listing its shards, both as
+# tracebacks (the second after the data was read).
+MAX_CLASSES = 100_000
+MAX_SAMPLES_PER_CLASS = 10**9
+
+
+def parse_epsilon(text: str) -> float:
+    """An --epsilon flag: a number in (0, MAX_EPSILON], or 'inf' written as
+    such (a finite number too large for a float is refused, not read as
+    inf). ValueError in one line."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"not a number: {text!r}") from None
+    if math.isinf(value) and str(text).strip().lower().lstrip("+") not in (
+            "inf", "infinity"):
+        raise ValueError(f"{text} is too large for a float; write 'inf' for "
+                         "a release without noise (NOT private)")
+    check_epsilon(value)
+    return value
+
+
+def check_epsilon(epsilon: float) -> float:
+    """``epsilon`` if it is in (0, MAX_EPSILON] or inf; ValueError else."""
+    if math.isnan(epsilon) or not epsilon > 0:
+        raise ValueError(f"--epsilon must be > 0 (or inf), got {epsilon}")
+    if math.isfinite(epsilon) and epsilon > MAX_EPSILON:
+        raise ValueError(f"--epsilon must be at most {MAX_EPSILON:g} (or "
+                         f"'inf' for no noise, NOT private), got {epsilon:g}")
+    return epsilon
+
 
 def check_delta(delta: float, allow_large: bool = False) -> float:
     """Returns `delta` if it is in (0, 1) and, unless `allow_large`, at most
@@ -78,12 +121,13 @@ class GeneratorConfig:
             raise ValueError("--labels/--num-classes: at least one class label")
         if len(set(self.labels)) != len(self.labels):
             raise ValueError(f"--labels has duplicates: {list(self.labels)}")
-        if not (self.epsilon > 0) or math.isnan(self.epsilon):
-            raise ValueError(f"--epsilon must be > 0 (or inf), got {self.epsilon}")
+        check_epsilon(self.epsilon)
         if not (0 < self.delta < 1):
             raise ValueError(f"--delta must be in (0, 1), got {self.delta}")
-        if not (self.clip_norm > 0) or math.isinf(self.clip_norm):
-            raise ValueError(f"--clip-norm must be finite and > 0, got {self.clip_norm}")
+        low, high = CLIP_NORM_RANGE
+        if not low <= self.clip_norm <= high:  # also NaN
+            raise ValueError(f"--clip-norm must be finite and > 0, in "
+                             f"[{low:g}, {high:g}], got {self.clip_norm}")
         if self.clusters < 1:
             raise ValueError(f"--clusters must be >= 1, got {self.clusters}")
         if self.normalize not in NORMALIZATIONS:
@@ -94,12 +138,17 @@ class GeneratorConfig:
             raise ValueError(f"--cluster-dim must be >= 1, got {self.cluster_dim}")
         if self.lloyd_rounds < 0:
             raise ValueError(f"--lloyd-rounds must be >= 0, got {self.lloyd_rounds}")
-        if self.samples_per_class is not None and self.samples_per_class < 1:
-            raise ValueError("--samples-per-class must be >= 1")
+        if self.samples_per_class is not None and not (
+                1 <= self.samples_per_class <= MAX_SAMPLES_PER_CLASS):
+            raise ValueError(f"--samples-per-class must be in [1, "
+                             f"{MAX_SAMPLES_PER_CLASS:.0e}], got "
+                             f"{self.samples_per_class}")
         if self.vote_max_candidates is not None and self.vote_max_candidates < 1:
             raise ValueError(f"--vote-max-candidates must be >= 1, got {self.vote_max_candidates}")
-        if self.vote_oversample < 1:
-            raise ValueError("--vote-oversample must be >= 1")
+        if not 1 <= self.vote_oversample <= MAX_VOTE_OVERSAMPLE:
+            raise ValueError(f"--vote-oversample must be in [1, "
+                             f"{MAX_VOTE_OVERSAMPLE:g}], got "
+                             f"{self.vote_oversample}")
         if self.branch_threshold is not None and not self.branch_threshold > 0:
             raise ValueError("--branch-threshold must be > 0")
         if self.covariance_rank < 0:
@@ -107,8 +156,18 @@ class GeneratorConfig:
         if self.covariance not in COVARIANCE_MODES:
             raise ValueError(f"--covariance must be one of {COVARIANCE_MODES}, "
                              f"got {self.covariance!r}")
-        if not self.variance_floor > 0:
-            raise ValueError("--variance-floor must be > 0")
+        if not 0 < self.variance_floor <= MAX_VARIANCE_FLOOR:
+            raise ValueError(f"--variance-floor must be in (0, "
+                             f"{MAX_VARIANCE_FLOOR:g}], got "
+                             f"{self.variance_floor}")
+        if self.seed < 0:  # numpy's generators take none (a traceback
+            # after the data was read)
+            raise ValueError(f"--seed must be >= 0, got {self.seed}")
+        for name, value in (("--vote-threshold", self.vote_threshold),
+                            ("--branch-threshold", self.branch_threshold)):
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got "
+                                 f"{value}")
 
     @property
     def stages(self) -> list[str]:
@@ -167,10 +226,14 @@ def parse_weights(text: str) -> dict[str, float]:
 def labels_from(num_classes: Optional[int],
                 labels: Optional[Sequence[int]]) -> tuple[int, ...]:
     if labels:
+        if len(labels) > MAX_CLASSES:
+            raise ValueError(f"--labels: at most {MAX_CLASSES} labels, got "
+                             f"{len(labels)}")
         return tuple(int(v) for v in labels)
     if num_classes is None:
         raise ValueError("the set of labels is public configuration: pass "
                          "--num-classes N or --labels 0,1,...")
-    if num_classes < 1:
-        raise ValueError(f"--num-classes must be >= 1, got {num_classes}")
+    if not 1 <= num_classes <= MAX_CLASSES:
+        raise ValueError(f"--num-classes must be >= 1 and at most "
+                         f"{MAX_CLASSES}, got {num_classes}")
     return tuple(range(num_classes))

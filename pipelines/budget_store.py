@@ -18,6 +18,12 @@ but never a larger one nor another delta (``CapConflict``); only the logged
 admin command ``python -m dpsynth.pipelines.budget_store set-cap ... --reason`` changes
 it, and the change is kept in the document.
 
+Label rule. The rule that makes a record's class (the label feature, or
+the class folders in label order, and the label set) is pinned in the
+document by the dataset's first release; a run under another rule is
+refused (``LabelRuleConflict``), since classes of two rules are not
+disjoint.
+
 Accounting. All recorded mechanisms plus the new ones are put in one
 ``dpsynth.dp_ops.ledger.PrivacyLedger`` and composed by its ``spent_epsilon``: within a
 class everything composes sequentially (across releases too), and classes
@@ -135,6 +141,11 @@ class CapConflict(ValueError):
     """A run asked for a lifetime cap other than the one pinned."""
 
 
+class LabelRuleConflict(ValueError):
+    """A run labels the dataset's records by another rule than the one
+    pinned at its first release (classes would no longer be disjoint)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Reservation:
     """One recorded attempt of a run against a dataset's lifetime budget."""
@@ -185,7 +196,8 @@ def reserve(store_uri: str, dataset_id: str, run_id: str,
             lifetime_epsilon: Optional[float],
             lifetime_delta: Optional[float], accountant: str = "pld",
             owner: Optional[str] = None, lease: Optional[float] = None,
-            created_utc: str = "") -> Reservation:
+            created_utc: str = "",
+            label_rule: Optional[dict] = None) -> Reservation:
     """Records (or takes over) an attempt of ``run_id`` for ``owner``.
 
     Takes over the latest attempt, charging nothing, when it is ``reserved``
@@ -199,7 +211,11 @@ def reserve(store_uri: str, dataset_id: str, run_id: str,
     ``lifetime_epsilon`` / ``lifetime_delta`` may be None once the cap is
     pinned (the first run of a dataset must give the epsilon; its delta
     defaults to ``delta``). ``created_utc`` is recorded with the run id's
-    first attempt and returned by every later one.
+    first attempt and returned by every later one. ``label_rule`` (what
+    makes a record's class: its label feature and the label set) is pinned
+    by the dataset's first reservation; another one is refused
+    (``LabelRuleConflict``, nothing written). None: not checked (callers
+    that account mechanisms without classes).
     """
     _check_ids(dataset_id, run_id)
     if not mechanisms:
@@ -213,6 +229,7 @@ def reserve(store_uri: str, dataset_id: str, run_id: str,
         doc = _new_document(dataset_id) if doc is None else doc
         cap_eps, cap_delta = _cap_for_run(doc, store_uri, lifetime_epsilon,
                                           lifetime_delta, delta)
+        _pin_label_rule(doc, store_uri, label_rule)
         entry = _find(doc, run_id)
         if entry is not None:
             _check_retry(entry, new, store_uri, dataset_id, owner, now)
@@ -304,6 +321,40 @@ def _cap_for_run(doc: dict, store_uri: str, epsilon: Optional[float],
             f"pinned lifetime cap {cap_eps:g}; a run cannot widen it (an "
             "administrator can: `python -m dpsynth.pipelines.budget_store set-cap`)")
     return (cap_eps if epsilon is None else float(epsilon)), cap_delta
+
+
+def _pin_label_rule(doc: dict, store_uri: str,
+                    rule: Optional[dict]) -> None:
+    """Pins the dataset's label rule at its first release; refuses another.
+
+    Classes compose in parallel only because each record is in exactly one
+    class of one rule. Relabelling the same records (another label column,
+    another label set or class-folder order) puts a record in a class of
+    each rule: releases under two rules compose sequentially, which the
+    per-class accounting cannot express, so it would undercount (two
+    single-class releases of epsilon 1 under two label columns were
+    accounted 1.007 for a true loss of 1.465). Refused rather than
+    charged as sequential: a second rule is almost always a configuration
+    slip, and a refusal costs nothing while a wrong charge is permanent.
+    """
+    if rule is None:
+        return
+    rule = json.loads(json.dumps(rule, sort_keys=True))  # plain JSON
+    pinned = doc.get("label_rule")
+    if pinned is None:
+        doc["label_rule"] = dict(rule, set_at=_now())
+        return
+    if {k: v for k, v in pinned.items() if k != "set_at"} != rule:
+        raise LabelRuleConflict(
+            f"{_document_uri(store_uri, doc['dataset_id'])}: dataset "
+            f"{doc['dataset_id']!r} is labelled by {_rule_text(pinned)} "
+            f"(pinned by its first release), not {_rule_text(rule)}; classes "
+            "compose in parallel only under one label rule, so this run is "
+            "refused and nothing was charged")
+
+
+def _rule_text(rule: dict) -> str:
+    return ", ".join(f"{k}={rule[k]}" for k in sorted(rule) if k != "set_at")
 
 
 def _legacy_cap(doc: dict) -> Optional[dict]:
@@ -901,6 +952,15 @@ def pinned_cap(store_uri: str, dataset_id: str) -> Optional[dict]:
                                      "delta": cap["delta"]}
 
 
+def _epsilon_flag(text: str) -> float:
+    from dpsynth.dp_ops.config import parse_epsilon
+    try:
+        return parse_epsilon(text)
+    except ValueError as err:  # argparse would hide our message
+        raise argparse.ArgumentTypeError(
+            str(err).replace("--epsilon ", "")) from None
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dpsynth.pipelines.budget_store")
     sub = p.add_subparsers(dest="command", required=True)
@@ -924,7 +984,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="a run recorded under this id before reading data, "
                    "or staged, spends nothing more; one that crashed after "
                    "reading data is charged again")
-    c.add_argument("--epsilon", type=float, default=4.0)
+    c.add_argument("--epsilon", type=_epsilon_flag, default=4.0)
     c.add_argument("--delta", type=float, default=1e-5)
     c.add_argument("--num-classes", type=int, default=None)
     c.add_argument("--labels", type=lambda t: [int(v) for v in t.split(",")],

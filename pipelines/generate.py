@@ -18,7 +18,8 @@ import sys
 from typing import Optional, Sequence
 
 from dpsynth.dp_ops.clipping import NORMALIZATIONS
-from dpsynth.dp_ops.config import (COVARIANCE_MODES, GeneratorConfig, parse_weights)
+from dpsynth.dp_ops.config import (COVARIANCE_MODES, GeneratorConfig,
+                                   parse_epsilon, parse_weights)
 from dpsynth.dp_ops.ledger import ACCOUNTANTS
 from dpsynth.pipelines.spec import (BudgetOptions, GenerateSpec, GeneratorOptions,
                             ImageOptions, InputOptions, OutputOptions,
@@ -31,17 +32,18 @@ log = logging.getLogger("dpsynth")
 
 def _epsilon(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if math.isnan(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 or 'inf', got {text}")
-    return value
+        return parse_epsilon(text)
+    except ValueError as err:  # argparse would hide our message
+        raise argparse.ArgumentTypeError(
+            str(err).replace("--epsilon ", "")) from None
 
 
 def _lifetime_epsilon(text: str) -> float:
-    value = _epsilon(text)
-    if math.isinf(value):  # a cap of inf is no cap
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):  # a cap of inf is no cap
         raise argparse.ArgumentTypeError(
             f"must be a finite number > 0, got {text}")
     return value
@@ -351,7 +353,8 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
             go, "generate", (UsageError, io.InputError, release.ReleaseError,
                              budget_store.BudgetExceeded,
                              budget_store.RunConflict,
-                             budget_store.CapConflict, ImageInputError,
+                             budget_store.CapConflict,
+                             budget_store.LabelRuleConflict, ImageInputError,
                              ClusterLost))
 
 

@@ -204,6 +204,9 @@ def _check_cluster_boundary(spec: GenerateSpec) -> None:
     opts = beam_options(spec.run.beam_args).get_all_options()
     _check_noise_key_location(spec, opts)
     locality.check_paths(spec, opts)
+    if spec.run.noise_key_location is not None:
+        from dpsynth.transforms.noise import check_key_folder
+        check_key_folder(spec.run.noise_key_location)  # 0700, yours
 
 
 def _check_noise_key_location(spec: GenerateSpec, opts: dict) -> None:
@@ -285,10 +288,24 @@ def _reserve(job: Job, spec: GenerateSpec):
         job.reserved or job.ledger.mechanisms,
         job.cfg.epsilon, job.cfg.delta, spec.budget.lifetime_epsilon,
         spec.budget.lifetime_delta, job.cfg.accountant, owner=job.owner,
-        created_utc=job.created_utc)
+        created_utc=job.created_utc, label_rule=label_rule(spec, job.cfg))
     job.created_utc = reservation.created_utc or job.created_utc
     job.lifetime_cap = reservation.lifetime_cap
     return reservation
+
+
+def label_rule(spec: GenerateSpec, cfg: GeneratorConfig) -> dict:
+    """What makes a record's class (public configuration), pinned per
+    dataset id by the budget store: the label feature (images in folders:
+    the class folders in label order) and the label set."""
+    images = spec.input.images
+    if images is not None and images.classes:
+        rule = {"class_folders": list(images.classes)}
+    elif images is not None:
+        rule = {"label_feature": images.label_feature or "label"}
+    else:
+        rule = {"label_feature": spec.input.label_feature}
+    return dict(rule, labels=sorted(int(v) for v in cfg.labels))
 
 
 def _budget_manifest(job: Job, spec: GenerateSpec) -> Optional[dict]:

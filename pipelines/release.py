@@ -838,6 +838,14 @@ def load_latest(output_root: str, **kwargs):
         raise ReleaseError(f"{where} names no release with its manifest_sha256"
                            " (written by an older dpsynth, or edited): re-run "
                            "dpsynth.deploy.publish")
+    # publish never points LATEST at a release that is not private
+    # (--epsilon inf, --noise-seed); one named there was put there by hand.
+    pinned = read_manifest(latest["release"], latest["manifest_sha256"])
+    if pinned.get("private") is not True:
+        raise ReleaseError(f"{where} names {latest['release']}, a release "
+                           "that is NOT PRIVATE (its manifest does not say "
+                           "private: made with --epsilon inf or --noise-seed);"
+                           " LATEST never names one: not reading it")
     return load_release(latest["release"],
                         manifest_sha256=latest["manifest_sha256"], **kwargs)
 

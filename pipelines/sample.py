@@ -58,9 +58,22 @@ class SampleSpec:
             raise SampleError(f"--rows must be >= 1, got {self.rows}")
         if self.rows_per_shard < 1:
             raise SampleError("rows_per_shard must be >= 1")
-        if self.release.rstrip("/") == self.output.rstrip("/"):
-            raise SampleError(f"--output {self.output} is the source release; "
-                              "choose another path")
+        if self.seed < 0:
+            raise SampleError(f"--seed must be >= 0, got {self.seed}")
+        _check_apart(self.release, self.output)
+
+
+def _check_apart(source: str, output: str) -> None:
+    """--output must not be the source, lie inside it or hold it, in any
+    spelling ('..', '//', file://, links, /proc/self/cwd): publishing
+    replaces what --output held (--overwrite deleted the source), and
+    writing inside the source changes a published release."""
+    from dpsynth.pipelines.release import lies_under
+    if lies_under(source, output) or lies_under(output, source):
+        raise SampleError(
+            f"--output {output} is the source release {source}, holds it or "
+            "lies inside it (with '..', '/' and links resolved); choose a "
+            "path apart from it")
 
 
 # ------------------------------------------------------------ allocation
@@ -233,6 +246,12 @@ def sample_manifest(source: Source, spec: SampleSpec, run_id: str,
     release it was drawn from, and no privacy cost."""
     src = source.manifest
     warnings = list(src.get("warnings", []))
+    # Never more than the source claims: its flag, its warnings, and no
+    # "DP" in the text when the source is not private.
+    private = src.get("private") is True
+    mixture = ("the source release's DP mixture" if private else
+               "the source release's mixture, which is NOT PRIVATE (like "
+               "its source: --epsilon inf or --noise-seed)")
     return {
         "format": src["format"],
         "post_processing": True,
@@ -245,17 +264,16 @@ def sample_manifest(source: Source, spec: SampleSpec, run_id: str,
                                    "counts (negatives as 0), largest "
                                    "remainder"},
         "privacy_cost": {"epsilon": 0.0, "delta": 0.0,
-                         "why": "post-processing of the source release's DP "
-                                "mixture; no private data was read"},
+                         "why": f"post-processing of {mixture}; no private "
+                                "data was read"},
         "run_id": run_id,
         "root": root,
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         # The guarantee covering these rows is the source's, unchanged.
         "privacy": src.get("privacy"),
-        "private": src.get("private"),
+        "private": private,
         "adaptive_plan": src.get("adaptive_plan"),
-        "noise": "none added here: rows drawn from the source release's DP "
-                 "mixture",
+        "noise": f"none added here: rows drawn from {mixture}",
         "config": src.get("config"),
         "input": {"release": source.path},
         "embedding_dim": src.get("embedding_dim"),
@@ -357,8 +375,12 @@ def handle(args: argparse.Namespace) -> int:
     except (SampleError, release.ReleaseError, OSError) as err:
         print(f"dpsynth: error: {err}", file=sys.stderr)
         return 2
+    what = ("post-processing, no privacy cost" if manifest["private"]
+            else "NOT PRIVATE: its source is not private")
     print(f"sampled {manifest['samples_total']} rows from {args.release} "
-          f"(post-processing, no privacy cost) into {args.output}")
+          f"({what}) into {args.output}")
+    for warning in manifest["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 

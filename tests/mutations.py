@@ -136,7 +136,18 @@ MUTATIONS: tuple[Mutation, ...] = (
              "",
              ("tests/test_noise_key_location.py::"
               "test_the_launcher_gives_the_job_a_reference_not_the_key",)),
+    Mutation("key-folder-open-to-others",
+             "transforms/noise.py:check_key_folder",
+             "    if info.st_mode & 0o066:", "    if False:",
+             ("tests/test_noise_key_location.py::"
+              "test_a_key_folder_others_can_read_or_write_is_refused_before_"
+              "any_data[493]",)),
     # --- the lifetime budget store and the attempt protocol
+    Mutation("label-rule-not-pinned", "pipelines/budget_store.py:_pin_label_rule",
+             "    if rule is None:\n        return\n",
+             "    return\n",
+             ("tests/test_label_rule.py::"
+              "test_the_store_pins_the_rule_at_the_first_release[local]",)),
     Mutation("no-charge-recorded", "pipelines/budget_store.py:reserve",
              '        doc["releases"].append(entry)\n', "",
              (STORE + "test_refuses_over_the_cap_and_writes_nothing[local]",)),
@@ -165,6 +176,16 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    if False:",
              ("tests/test_integrity_attacks.py::"
               "test_a_manifest_rewritten_after_it_was_recorded_local",)),
+    Mutation("latest-names-a-non-private-release",
+             "pipelines/release.py:load_latest",
+             '    if pinned.get("private") is not True:', "    if False:",
+             ("tests/test_latest_digest.py::"
+              "test_latest_edited_to_name_a_non_private_release_is_refused",)),
+    Mutation("sample-claims-private", "pipelines/sample.py:sample_manifest",
+             '    private = src.get("private") is True\n',
+             "    private = True\n",
+             ("tests/test_sample.py::"
+              "test_the_sample_claims_what_its_source_claims[source]",)),
     # --- the staged release's consistency check
     Mutation("check-staged-noop", "pipelines/consistency.py:check_staged",
              "    labels = [c[\"label\"] for c in summary]\n",

@@ -260,7 +260,7 @@ KILLED = textwrap.dedent("""
 
 def test_a_retry_removes_the_noise_key_a_sigkilled_attempt_left(tmp_path):
     data, keys = _data(tmp_path), tmp_path / "keys"
-    keys.mkdir()
+    keys.mkdir(mode=0o700)  # only ours (issue 58)
     argv = ["generate", "--input", str(data), "--output",
             str(tmp_path / "out"), "--num-classes", "2", "--epsilon", "1",
             "--run-id", "nightly-1", "--budget-store", str(tmp_path / "b"),

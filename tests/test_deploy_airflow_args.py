@@ -8,6 +8,7 @@ in the main suite. tests/test_deploy_airflow_slow.py runs it in real Airflow.
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -78,7 +79,8 @@ def test_every_allowed_flag_is_a_quiet_generate_flag(nightly):
                           "noise_seed", "allow_large_delta",
                           "bad_images_report", "input", "output", "run_id",
                           "budget_store", "dataset_id", "lifetime_epsilon",
-                          "lifetime_delta", "epsilon", "delta"}
+                          "lifetime_delta", "epsilon", "delta",
+                          "noise_key_location"}
 
 
 class _Refused(Exception):
@@ -92,7 +94,8 @@ def _check_budget(nightly, monkeypatch, capsys, store: str, run_id: str,
     monkeypatch.setattr(nightly, "DPSYNTH_PYTHON", sys.executable)
     monkeypatch.setitem(sys.modules, "airflow.exceptions",
                         mock.Mock(AirflowFailException=_Refused))
-    cfg = dict(nightly.DEFAULTS, budget_store=store, lifetime_epsilon=cap)
+    cfg = {**nightly.DEFAULTS, **nightly.OPERATOR_DEFAULTS,
+           "budget_store": store, "lifetime_epsilon": cap}
     try:
         result = nightly.check_budget(cfg, run_id)
     except _Refused as err:
@@ -138,3 +141,116 @@ def test_budget_check_logs_one_fixed_line_not_the_report(nightly, tmp_path,
     assert log == ""
     for private in ("attempt", f"{spent:.4f}", f"{spent:.4g}", f"{spent:g}"):
         assert private not in line + refused
+
+
+# ------------------------------- issue 58 item 2: the operator's settings
+
+def _variables(nightly, monkeypatch, config: dict) -> None:
+    """Variable dpsynth_config holds ``config`` (the dataset team's)."""
+    variables = {"dpsynth_config": config}
+    variable = mock.Mock()
+    variable.get.side_effect = lambda name, default=None, **kw: \
+        variables.get(name, default)
+    monkeypatch.setattr(nightly, "Variable", variable)
+
+
+OPERATOR = {"output_root": "gs://releases/nightly",
+            "budget_store": "gs://ops-only/budgets",
+            "dataset_id": "patients",
+            "lifetime_epsilon": 6.0, "lifetime_delta": 1e-6,
+            "noise_key_location": "gs://ops-only/keys",
+            "epsilon_range": [0.5, 2.0]}
+
+
+def _env(**operator) -> dict:
+    return {"DPSYNTH_OPERATOR_CONFIG": json.dumps(operator)}
+
+
+@pytest.mark.parametrize("key", sorted(OPERATOR))
+def test_the_dataset_config_cannot_set_an_operator_setting(nightly,
+                                                           monkeypatch, key):
+    """Whoever edits the dataset's Variable pointed the noise key at a
+    folder they read (and could point the store at an empty one): every
+    operator setting in the Variable fails the run in one line naming it,
+    and the settings used are the operator's."""
+    _variables(nightly, monkeypatch, {"epsilon": 1.0, key: OPERATOR[key]})
+    with pytest.raises(ValueError) as err:
+        nightly.settings({}, _env(**OPERATOR))
+    assert type(err.value) is ValueError and "\n" not in str(err.value)
+    assert repr(key) in str(err.value) and "operator" in str(err.value)
+
+
+def test_noise_key_location_left_extra_args(nightly, monkeypatch):
+    assert "noise_key_location" not in nightly.EXTRA_ARGS_ALLOWED
+    for name in ("noise_key_location", "noise-key-location"):
+        _variables(nightly, monkeypatch,
+                   {"extra_args": {name: "/tmp/reviewer-readable"}})
+        with pytest.raises(ValueError, match=f"{name!r} is not allowed"):
+            nightly.settings({}, _env(**OPERATOR))
+
+
+@pytest.mark.parametrize("params", [
+    {"output_root": "/tmp/elsewhere"}, {"budget_store": "/tmp/empty"},
+    {"noise_key_location": "/tmp/readable"}, {"dataset_id": "fresh"},
+    {"lifetime_epsilon": 100.0}, {"epsilon_range": [0.1, 100]},
+    {"input": "/tmp/other/*.npz"}, {"extra_args": {"clusters": 2}}])
+def test_trigger_params_cannot_set_what_is_not_theirs(nightly, monkeypatch,
+                                                      params):
+    _variables(nightly, monkeypatch, {})
+    with pytest.raises(ValueError) as err:
+        nightly.settings(params, _env(**OPERATOR))
+    assert repr(next(iter(params))) in str(err.value) \
+        and "\n" not in str(err.value)
+
+
+def test_the_operator_settings_come_from_the_environment(nightly,
+                                                         monkeypatch):
+    _variables(nightly, monkeypatch, {"epsilon": 1.5, "extra_args": {
+        "clusters": 2}})
+    cfg = nightly.settings({"epsilon": None, "runner": None},
+                           _env(**OPERATOR))
+    for key, value in OPERATOR.items():
+        assert cfg[key] == value
+    assert cfg["epsilon"] == 1.5
+    # The flags generate gets: the operator's, whatever the runner's
+    # options held (they are set last).
+    plan = nightly.run_plan(cfg, "2026-01-02", [
+        "--runner=DirectRunner", "--budget_store=/tmp/empty",
+        "--noise_key_location=/tmp/readable", "--output=/tmp/x",
+        "--direct_num_workers=2"])
+    options = plan["options"]
+    assert options["budget_store"] == OPERATOR["budget_store"]
+    assert options["noise_key_location"] == OPERATOR["noise_key_location"]
+    assert options["dataset_id"] == "patients"
+    assert options["lifetime_epsilon"] == 6.0
+    assert options["output"] == "gs://releases/nightly/2026-01-02"
+    assert plan["output_root"] == OPERATOR["output_root"]
+    assert plan["run_id"] == "patients-2026-01-02"
+    assert options["clusters"] == 2 and options["direct_num_workers"] == "2"
+    assert "runner" not in options
+    # A trigger's epsilon within the operator's range is taken; outside it
+    # (or the Variable's) the run fails in one line.
+    assert nightly.settings({"epsilon": 2.0}, _env(**OPERATOR))["epsilon"] \
+        == 2.0
+    for bad in (2.5, 0.1, "1", True):
+        with pytest.raises(ValueError, match="epsilon_range") as err:
+            nightly.settings({"epsilon": bad}, _env(**OPERATOR))
+        assert "\n" not in str(err.value)
+
+
+def test_a_bad_operator_config_fails_in_one_line(nightly, monkeypatch):
+    _variables(nightly, monkeypatch, {})
+    for env, needle in (({"DPSYNTH_OPERATOR_CONFIG": "{not json"},
+                         "JSON object"),
+                        ({"DPSYNTH_OPERATOR_CONFIG": "[1]"}, "JSON object"),
+                        (_env(budget_stor="x"), "unknown keys"),
+                        (_env(epsilon_range=[2, 1]), "epsilon_range"),
+                        (_env(epsilon_range=[0, 1]), "epsilon_range"),
+                        (_env(epsilon_range=5), "epsilon_range")):
+        with pytest.raises(ValueError, match=needle) as err:
+            nightly.settings({}, env)
+        assert "\n" not in str(err.value)
+    # None set: the defaults (the demo's), never anything of the dataset's.
+    cfg = nightly.settings({}, {})
+    assert {k: cfg[k] for k in nightly.OPERATOR_DEFAULTS} == \
+        nightly.OPERATOR_DEFAULTS

@@ -103,7 +103,7 @@ def installed(tmp_path_factory) -> dict:
 INSTALLED: dict = {}
 
 
-def _env(home: Path, config: dict) -> dict:
+def _env(home: Path, config: dict, operator: dict = None) -> dict:
     env = {k: v for k, v in wheel_env.clean_env().items()
            if not k.startswith(("AIRFLOW", "VIRTUAL_ENV"))}
     env.update({
@@ -111,16 +111,21 @@ def _env(home: Path, config: dict) -> dict:
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_FOLDER": INSTALLED["dags"],
         "AIRFLOW_VAR_DPSYNTH_CONFIG": json.dumps(config),
+        # The operator's settings (store, output root, key, cap) come from
+        # the workers' environment, never the dataset's Variable.
+        "DPSYNTH_OPERATOR_CONFIG": json.dumps(operator or {}),
         "DPSYNTH_PYTHON": INSTALLED["python"],
     })
     return env
 
 
-def dag_check(venv: Path, home: Path, config: dict, *args: str) -> dict:
+def dag_check(venv: Path, home: Path, config: dict, *args: str,
+              operator: dict = None) -> dict:
     proc = subprocess.run(
         [str(venv / "bin" / "python"), str(DAG_CHECK), "--no-retries",
          "--dag-folder", INSTALLED["dags"], *args],
-        env=_env(home, config), capture_output=True, text=True, timeout=900,
+        env=_env(home, config, operator), capture_output=True, text=True,
+        timeout=900,
         cwd=INSTALLED["dags"])
     lines = [l for l in proc.stdout.splitlines() if l.startswith("DAG_CHECK ")]
     assert lines, f"no report (rc {proc.returncode}): {proc.stderr[-4000:]}"
@@ -146,12 +151,15 @@ def test_dagbag_imports_without_errors(airflow_venv, airflow_home, tmp_path):
 def nightly(airflow_venv, airflow_home, tmp_path_factory) -> dict:
     """One scheduled date run end to end with DirectRunner on the demo."""
     root = tmp_path_factory.mktemp("nightly")
-    config = {"output_root": str(root / "releases"),
-              "budget_store": str(root / "budgets"),
-              "dataset_id": "digits-demo", "epsilon": 1.0,
-              "lifetime_epsilon": 10.0}
-    report = dag_check(airflow_venv, airflow_home, config, "--run", DATE)
-    return {"report": report, "root": root, "config": config}
+    operator = {"output_root": str(root / "releases"),
+                "budget_store": str(root / "budgets"),
+                "dataset_id": "digits-demo", "lifetime_epsilon": 10.0,
+                "noise_key_location": str(root / "keys")}
+    config = {"epsilon": 1.0}
+    report = dag_check(airflow_venv, airflow_home, config, "--run", DATE,
+                       operator=operator)
+    return {"report": report, "root": root, "config": config,
+            "operator": operator}
 
 
 def test_one_nightly_run_end_to_end(nightly):
@@ -181,12 +189,13 @@ def test_rerun_of_the_same_date_spends_nothing_twice(nightly, airflow_venv,
                     "wires dpsynth.pipelines.budget_store.reserve into generate)")
     from dpsynth.pipelines import budget_store
     root, config = nightly["root"], nightly["config"]
-    store = config["budget_store"]
+    store = nightly["operator"]["budget_store"]
     first = budget_store.history(store, "digits-demo")
     assert [(e["run_id"], e["status"]) for e in first] == [
         (f"digits-demo-{DATE}", "published")]
     manifest_before = (root / "releases" / DATE / "_manifest.json").read_text()
-    again = dag_check(airflow_venv, airflow_home, config, "--run", DATE)
+    again = dag_check(airflow_venv, airflow_home, config, "--run", DATE,
+                      operator=nightly["operator"])
     assert again["run"]["state"] == "success", again["log"]
     assert budget_store.history(store, "digits-demo") == first
     assert (root / "releases" / DATE / "_manifest.json").read_text() == \
@@ -204,9 +213,11 @@ def test_exhausted_budget_stops_before_generate(airflow_venv, airflow_home,
                          [Mechanism("class=0/sum", "moments", "class=0", 1.0,
                                     2.0)], 2.0, 1e-5, 100.0, 1e-5)
     cap = budget_store.lifetime_spent(store, "digits-demo", 1e-5) + 0.05
-    config = {"output_root": str(tmp_path / "releases"),
-              "budget_store": store, "lifetime_epsilon": cap}
-    report = dag_check(airflow_venv, airflow_home, config, "--run", DATE)
+    operator = {"output_root": str(tmp_path / "releases"),
+                "budget_store": store, "lifetime_epsilon": cap,
+                "noise_key_location": str(tmp_path / "keys")}
+    report = dag_check(airflow_venv, airflow_home, {}, "--run", DATE,
+                       operator=operator)
     tasks = report["run"]["tasks"]
     assert tasks["budget_check"] == "failed", report["log"]
     assert tasks["generate"] == "upstream_failed"
@@ -218,10 +229,12 @@ def test_an_unlisted_extra_arg_fails_before_generate(airflow_venv,
                                                      airflow_home, tmp_path):
     """extra_args is an allowlist: --record-timings would put wall times in
     the task log, so the run stops in budget_check, naming the flag."""
-    config = {"output_root": str(tmp_path / "releases"),
-              "budget_store": str(tmp_path / "budgets"),
-              "extra_args": {"record_timings": True}}
-    report = dag_check(airflow_venv, airflow_home, config, "--run", DATE)
+    operator = {"output_root": str(tmp_path / "releases"),
+                "budget_store": str(tmp_path / "budgets"),
+                "noise_key_location": str(tmp_path / "keys")}
+    config = {"extra_args": {"record_timings": True}}
+    report = dag_check(airflow_venv, airflow_home, config, "--run", DATE,
+                       operator=operator)
     tasks = report["run"]["tasks"]
     assert tasks["budget_check"] == "failed", report["log"]
     assert tasks["generate"] == "upstream_failed"

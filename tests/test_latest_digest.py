@@ -6,6 +6,7 @@ verified release."""
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 import shutil
 
@@ -100,3 +101,40 @@ def test_publish_refuses_a_manifest_rewritten_while_it_reads(
                          "--output-root", str(root)]) == 1
     assert "not the one pinned" in capsys.readouterr().err
     assert not (root / "LATEST.json").exists()
+
+
+def test_latest_edited_to_name_a_non_private_release_is_refused(
+        published, tmp_path, monkeypatch):
+    """Issue 58 item 7: publish never points LATEST at an --epsilon inf
+    release; a LATEST.json edited by hand to name one (with its correct
+    digest) is refused in one line, before any of its rows are read."""
+    root, _ = published
+    debug = tmp_path / "debug-release"
+    _fake_release(debug, "debug-inf")
+    manifest = json.loads((debug / "_manifest.json").read_text())
+    manifest.update(private=False, privacy={"spent": {"epsilon": math.inf}})
+    (debug / "_manifest.json").write_text(json.dumps(manifest))
+    assert publish.main(["--output", str(debug), "--run-id", "debug-inf",
+                         "--output-root", str(root)]) == 1  # never by publish
+    assert json.loads((root / "LATEST.json").read_text())["run_id"] == RUN
+    (root / "LATEST.json").write_text(json.dumps({
+        "release": str(debug), "run_id": "debug-inf",
+        "manifest_sha256": _sha256(debug / "_manifest.json")}))
+    reads = []
+    monkeypatch.setattr(release, "_all_blocks",
+                        lambda *a, **k: reads.append(a) or ([], []))
+    with pytest.raises(release.ReleaseError) as err:
+        release.load_latest(str(root))
+    assert type(err.value) is release.ReleaseError
+    assert "NOT PRIVATE" in str(err.value) and "\n" not in str(err.value)
+    assert str(debug) in str(err.value)
+    assert reads == []  # refused before reading a row
+    # A manifest with no private flag at all is refused the same way.
+    del manifest["private"]
+    (debug / "_manifest.json").write_text(json.dumps(manifest))
+    (root / "LATEST.json").write_text(json.dumps({
+        "release": str(debug), "run_id": "debug-inf",
+        "manifest_sha256": _sha256(debug / "_manifest.json")}))
+    with pytest.raises(release.ReleaseError, match="NOT PRIVATE"):
+        release.load_latest(str(root))
+    assert reads == []

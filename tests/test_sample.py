@@ -197,3 +197,116 @@ def test_a_mixture_swapped_after_the_check_is_not_sampled(source, tmp_path,
     finally:
         shutil.copy(saved, gmm)
     assert not os.path.exists(out)
+
+
+# ------------------------------------------------- issue 58 item 8
+
+@pytest.fixture(scope="module")
+def private_source(tmp_path_factory) -> str:
+    """A private release (secure noise), beside the seeded ``source``."""
+    out = str(tmp_path_factory.mktemp("sample-private") / "source")
+    assert cli.main(["generate", "--output", out, "--epsilon", "2"]) == 0
+    return out
+
+
+def _tree(path) -> dict:
+    """Every file under ``path`` and its bytes: the state to compare."""
+    out = {}
+    for folder, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(folder, name)
+            with open(full, "rb") as f:
+                out[os.path.relpath(full, path)] = f.read()
+    return out
+
+
+@pytest.mark.parametrize("which", ["source", "private_source"])
+def test_the_sample_claims_what_its_source_claims(which, request, tmp_path,
+                                                  capsys):
+    """The sample's private flag and warnings are its source's; a sample
+    of a non-private source never calls its mixture DP, nor itself free of
+    privacy cost without saying NOT PRIVATE."""
+    path = request.getfixturevalue(which)
+    src = release.read_manifest(path)
+    out = str(tmp_path / "drawn")
+    assert cli.main(["sample", path, "--rows", "50", "--output", out]) == 0
+    said = capsys.readouterr()
+    manifest = release.read_manifest(out)
+    assert manifest["private"] is src["private"]
+    assert manifest["warnings"] == src["warnings"]
+    text = json.dumps({k: manifest[k] for k in ("noise", "privacy_cost")})
+    if src["private"]:
+        assert which == "private_source"
+        assert "DP mixture" in text and "NOT PRIVATE" not in text
+        assert "no privacy cost" in said.out
+    else:
+        assert which == "source"  # --noise-seed
+        assert src["warnings"] and "NOT PRIVATE" in " ".join(src["warnings"])
+        assert "DP" not in text and "NOT PRIVATE" in manifest["noise"]
+        assert "NOT PRIVATE" in said.out and "no privacy cost" not in said.out
+        for warning in src["warnings"]:
+            assert warning in said.err
+
+
+def _spellings(src: Path, cwd: Path) -> list[str]:
+    """--output spellings that name the source, a parent or a child."""
+    link = cwd / "link-to-parent"
+    link.symlink_to(src.parent)
+    rel = os.path.relpath(src, cwd)
+    return [
+        str(src) + "/", str(src) + "//", "/" + str(src),
+        str(src.parent / ".." / src.parent.name / src.name),
+        "file://" + str(src), str(link / src.name),
+        "/proc/self/cwd/" + rel, rel, "./" + rel + "/.",
+        str(src.parent),  # a parent: --overwrite would delete the source
+        str(src.parent.parent), str(link),
+        str(src / "inside"), str(src / "v-x" / ".." / "deeper"),  # children
+        "file://" + str(src / "inside"),
+    ]
+
+
+def test_output_never_overlaps_the_source_in_any_spelling(
+        private_source, tmp_path, monkeypatch, capsys):
+    """``sample SRC --output SRC/ --overwrite`` deleted its own source:
+    every spelling of the source, of a folder holding it and of a folder
+    inside it is refused (SampleError, one line) and the source's bytes
+    and the rest of the tree are left as they were."""
+    import shutil
+    src = tmp_path / "area" / "rel"
+    src.parent.mkdir()
+    shutil.copytree(private_source, src)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    before = _tree(tmp_path)
+    for output in _spellings(src, cwd):
+        with pytest.raises(sample.SampleError) as err:
+            sample.run(sample.SampleSpec(str(src), output, 10,
+                                         overwrite=True))
+        assert type(err.value) is sample.SampleError
+        assert "\n" not in str(err.value), output
+        assert "source release" in str(err.value), output
+        code = cli.main(["sample", str(src), "--rows", "10", "--output",
+                         output, "--overwrite"])
+        err_text = capsys.readouterr().err.strip()
+        assert code == 2 and len(err_text.splitlines()) == 1, (output,
+                                                                err_text)
+        assert _tree(tmp_path) == {**before, **{
+            k: v for k, v in _tree(tmp_path).items() if k not in before}}
+        assert _tree(src) == _tree(tmp_path / "area" / "rel")
+        assert set(_tree(tmp_path)) == set(before), output  # nothing written
+    assert _tree(tmp_path) == before
+    # A sibling is fine (and the source still reads).
+    assert cli.main(["sample", str(src), "--rows", "10", "--output",
+                     str(tmp_path / "area" / "rel-2")]) == 0
+    release.load_release(str(src))
+
+
+def test_gcs_output_overlapping_a_gcs_source_is_refused():
+    """The object-store spellings: '..', '//', a trailing '/', a parent."""
+    for output in ("gs://b/r/", "gs://b/r//", "gs://b/x/../r", "gs://b/",
+                   "gs://b/r/inside", "gs://b//r/../r/inside"):
+        with pytest.raises(sample.SampleError, match="source release"):
+            sample.SampleSpec("gs://b/r", output, 10)
+    sample.SampleSpec("gs://b/r", "gs://b/r-2", 10)  # a sibling
+    sample.SampleSpec("gs://b/r", "gs://other/r", 10)

@@ -84,7 +84,67 @@ def key_uri(location: str, run_id: str, owner: str) -> str:
     return f"{location.rstrip('/')}/dpsynth-noise-key-{run_id}-{owner}"
 
 
+class KeyLocationError(ValueError):
+    """A local --noise-key-location that others could read or write."""
+
+
+def local_key_folder(location: str):
+    """The local folder of ``location`` (a path or file://), else None
+    (an object store, whose access the operator restricts with IAM)."""
+    if location.startswith("file://"):
+        return location[len("file://"):]
+    return None if "://" in location else location
+
+
+def check_key_folder(location: str) -> None:
+    """Makes a missing local key folder (0700) and refuses, in one line, one
+    that is not this user's or that others may read or write: whoever reads
+    the run's key removes its noise (a reviewer copied one mid-run and got
+    back every exact class count), and whoever writes there can plant one.
+    Object stores are left to their access control."""
+    import os
+    import stat
+    folder = local_key_folder(location)
+    if folder is None:
+        return
+    folder = folder or "."
+    if not os.path.lexists(folder):
+        os.makedirs(folder, mode=0o700)
+        os.chmod(folder, 0o700)  # makedirs' mode is filtered by the umask
+    try:
+        info = os.stat(folder)  # a link is judged by what it points at
+    except OSError as err:
+        raise KeyLocationError(f"--noise-key-location {location}: "
+                               f"{err.strerror}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise KeyLocationError(f"--noise-key-location {location} is not a "
+                               "folder")
+    if info.st_uid != os.geteuid():
+        raise KeyLocationError(
+            f"--noise-key-location {location} belongs to another user (uid "
+            f"{info.st_uid}), who could read the run's noise key and remove "
+            "its noise: use a folder of your own with mode 0700")
+    if info.st_mode & 0o066:
+        raise KeyLocationError(
+            f"--noise-key-location {location} has mode "
+            f"{stat.S_IMODE(info.st_mode):04o}: others may read or write "
+            "there, and whoever reads the run's noise key removes its noise; "
+            f"chmod 700 {folder} (or use a folder only you can open)")
+
+
 def write_key(uri: str, key: bytes) -> None:
+    """Writes one attempt's key: a local file is created new (never an
+    existing one, never through a link) with mode 0600."""
+    import os
+    folder = local_key_folder(uri)
+    if folder is not None:
+        check_key_folder(os.path.dirname(folder) or ".")
+        fd = os.open(folder, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                     | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(key)
+        return
     from apache_beam.io.filesystems import FileSystems
     with FileSystems.create(uri) as f:
         f.write(key)

@@ -35,9 +35,31 @@ row counts, wall times or file names (``extra_args`` is an allowlist:
 summary that goes to ``LATEST.json`` and the webhook has nothing from the
 budget store.
 
-Configuration: two Airflow Variables, overridden per run by the DAG params
-(``airflow dags trigger dpsynth_nightly -c '{"runner": "DataflowRunner"}'``;
-the params cannot touch the lifetime cap or the budget store):
+Two roles, two sources of settings (deploy/README.md, "Who configures
+what"). The operator's settings -- where releases, the budget ledgers and
+the noise keys live, the private dataset's id, its lifetime cap and the
+epsilon a release may ask for -- come from the Airflow workers' environment
+(``DPSYNTH_OPERATOR_CONFIG``), which whoever edits the dataset's Variable or
+triggers a run cannot change: a key location they could read would let them
+remove the noise, an empty store would reset the lifetime budget. The
+dataset team's settings come from two Airflow Variables, overridden per run
+by the DAG params (``airflow dags trigger dpsynth_nightly -c '{"runner":
+"DataflowRunner"}'``; params may set only ``runner`` and ``epsilon``, the
+latter within the operator's range). An operator key in the Variable or the
+params fails the run in budget_check with one line naming it.
+
+  DPSYNTH_OPERATOR_CONFIG   JSON object in the workers' environment; keys
+                  (defaults in OPERATOR_DEFAULTS below):
+    output_root       releases go to {output_root}/{ds}; LATEST.json there
+    budget_store      local dir or gs:// prefix of the budget ledgers
+    dataset_id        private dataset id (one lifetime budget per id)
+    lifetime_epsilon, lifetime_delta   the dataset's lifetime cap, used only
+                      when its budget document is created (then pinned)
+    noise_key_location  where each run's noise key lives while it runs
+                      (gs:// prefix readable only by the job's service
+                      account, or a local folder of the operator's own, mode
+                      0700: dpsynth refuses one others can read or write)
+    epsilon_range     [min, max]: the epsilon a release may ask for
 
   dpsynth_runner   DirectRunner (default) | DataflowRunner | FlinkRunner |
                    SparkRunner | PrismRunner | DaskRunner
@@ -49,14 +71,9 @@ the params cannot touch the lifetime cap or the budget store):
                       or {"master_url": "spark://host:7077"} (SparkRunner)
                       or {"job_endpoint": "prism:8073"} (PrismRunner)
                       or {"client_address": "tcp://dask-scheduler:8786"}
-    output_root       releases go to {output_root}/{ds}
-    budget_store      local dir or gs:// prefix of the budget ledgers
-    dataset_id        private dataset id (one lifetime budget per id)
     input             input glob ("" = the embedded digits demo)
     num_classes       labels are 0..N-1 (10 for the demo)
-    epsilon, delta    of each release
-    lifetime_epsilon, lifetime_delta   the dataset's lifetime cap, used only
-                      when its budget document is created (then pinned)
+    epsilon, delta    of each release (epsilon within the operator's range)
     extra_args        JSON object of more `dpsynth generate` flags, only
                       those in EXTRA_ARGS_ALLOWED (another fails the run
                       in budget_check with one line naming it)
@@ -97,20 +114,28 @@ LAUNCH_MODULE = "dpsynth.deploy.launch"
 # Where the default releases and budgets go (the config normally sets both).
 _DATA = os.path.join(os.path.expanduser("~"), "dpsynth")
 
+# The dataset team's settings (Variable dpsynth_config, DAG params).
 DEFAULTS = {
     "runner": "DirectRunner",
     "runner_params": {},
-    "output_root": os.path.join(_DATA, "nightly"),
-    "budget_store": os.path.join(_DATA, "budgets"),
-    "dataset_id": "digits-demo",
     "input": "",
     "num_classes": 10,
     "epsilon": 1.0,
     "delta": 1e-5,
-    "lifetime_epsilon": 10.0,
-    "lifetime_delta": 1e-5,
     "extra_args": {},
     "notify_url": "",
+}
+# The operator's settings (DPSYNTH_OPERATOR_CONFIG in the workers'
+# environment): nothing the dataset team edits can set them.
+OPERATOR_ENV = "DPSYNTH_OPERATOR_CONFIG"
+OPERATOR_DEFAULTS = {
+    "output_root": os.path.join(_DATA, "nightly"),
+    "budget_store": os.path.join(_DATA, "budgets"),
+    "dataset_id": "digits-demo",
+    "lifetime_epsilon": 10.0,
+    "lifetime_delta": 1e-5,
+    "noise_key_location": os.path.join(_DATA, "noise-keys"),
+    "epsilon_range": [0.1, 4.0],
 }
 RUNNERS = ("DirectRunner", "DataflowRunner", "FlinkRunner", "SparkRunner",
            "PrismRunner", "DaskRunner")
@@ -122,7 +147,8 @@ RUNNERS = ("DirectRunner", "DataflowRunner", "FlinkRunner", "SparkRunner",
 # --show-row-counts (exact counts), --noise-seed (seeded, not private noise),
 # --allow-large-delta, --overwrite, the image flags (--bad-images-report
 # names private files) and the flags this DAG sets itself (output, run id,
-# budget store, cap). Beam options go in ``runner_params``.
+# budget store, cap, noise key location: the operator's). Beam options go
+# in ``runner_params``.
 EXTRA_ARGS_ALLOWED = (
     "labels", "input_format", "embedding_feature", "label_feature",
     "embedding_dim", "non_finite", "output_format", "rows_per_shard",
@@ -131,25 +157,81 @@ EXTRA_ARGS_ALLOWED = (
     "samples_per_class", "seed", "cluster_dim", "tree_depth",
     "branch_threshold", "lloyd_rounds", "variance_floor", "vote_filter",
     "vote_threshold", "vote_oversample", "vote_max_candidates",
-    "block_size", "split_bytes", "materialise_blocks", "noise_key_location")
-# What a trigger's params may override (never the cap or the store).
-TRIGGER_KEYS = ("runner", "epsilon", "output_root")
+    "block_size", "split_bytes", "materialise_blocks")
+# What a trigger's params may override (never an operator setting).
+TRIGGER_KEYS = ("runner", "epsilon")
 
 
-def settings(params: dict) -> dict:
-    """DEFAULTS < Variable dpsynth_config (+ dpsynth_runner) < DAG params."""
+def settings(params: dict, environ=os.environ) -> dict:
+    """DEFAULTS < Variable dpsynth_config (+ dpsynth_runner) < DAG params,
+    then the operator's settings (``operator_settings``) on top, which
+    none of those may name."""
     cfg = dict(DEFAULTS)
     stored = Variable.get("dpsynth_config", default={}, deserialize_json=True)
+    if not isinstance(stored, dict):
+        raise ValueError("Variable dpsynth_config: must be a JSON object")
+    _refuse_operator_keys("Variable dpsynth_config", stored)
     unknown = set(stored) - set(DEFAULTS)
     if unknown:
         raise ValueError(f"Variable dpsynth_config: unknown keys {sorted(unknown)}"
                          f"; known: {sorted(DEFAULTS)}")
     cfg.update(stored)
     cfg["runner"] = Variable.get("dpsynth_runner", default=cfg["runner"])
-    cfg.update({k: v for k, v in params.items()
-                if k in TRIGGER_KEYS and v not in (None, "")})
+    given = {k: v for k, v in (params or {}).items() if v not in (None, "")}
+    _refuse_operator_keys("the run's params", given)
+    other = sorted(set(given) - set(TRIGGER_KEYS))
+    if other:
+        raise ValueError(f"the run's params: {other} cannot be set per run "
+                         f"(only {list(TRIGGER_KEYS)})")
+    cfg.update(given)
     check_extra_args(cfg["extra_args"])
+    cfg.update(operator_settings(environ))
+    check_epsilon(cfg["epsilon"], cfg["epsilon_range"])
     return cfg
+
+
+def _refuse_operator_keys(where: str, given: dict) -> None:
+    """One line naming an operator setting the dataset team tried to set."""
+    for name in sorted(given):
+        if str(name) in OPERATOR_DEFAULTS:
+            raise ValueError(
+                f"{where}: {name!r} is the operator's setting ({OPERATOR_ENV} "
+                "in the Airflow workers' environment, deploy/README.md); the "
+                "dataset's config and a run's params cannot set it")
+
+
+def operator_settings(environ=os.environ) -> dict:
+    """OPERATOR_DEFAULTS < the JSON object in ``DPSYNTH_OPERATOR_CONFIG``
+    (read when a task runs, from the workers' environment)."""
+    text = environ.get(OPERATOR_ENV, "").strip()
+    try:
+        given = json.loads(text) if text else {}
+    except ValueError:
+        given = None
+    if not isinstance(given, dict):
+        raise ValueError(f"{OPERATOR_ENV}: must be a JSON object")
+    unknown = set(given) - set(OPERATOR_DEFAULTS)
+    if unknown:
+        raise ValueError(f"{OPERATOR_ENV}: unknown keys {sorted(unknown)}; "
+                         f"known: {sorted(OPERATOR_DEFAULTS)}")
+    out = dict(OPERATOR_DEFAULTS, **given)
+    low_high = out["epsilon_range"]
+    if not (isinstance(low_high, (list, tuple)) and len(low_high) == 2
+            and all(isinstance(v, (int, float)) for v in low_high)
+            and 0 < low_high[0] <= low_high[1] < float("inf")):
+        raise ValueError(f"{OPERATOR_ENV}: epsilon_range must be [min, max] "
+                         f"with 0 < min <= max, got {low_high!r}")
+    return out
+
+
+def check_epsilon(epsilon: object, allowed: list) -> None:
+    """The release's epsilon must lie in the operator's range."""
+    low, high = allowed
+    if (isinstance(epsilon, bool) or not isinstance(epsilon, (int, float))
+            or not low <= epsilon <= high):
+        raise ValueError(f"epsilon {epsilon!r} is outside the operator's "
+                         f"epsilon_range [{low:g}, {high:g}] "
+                         f"({OPERATOR_ENV})")
 
 
 def check_extra_args(extra: object) -> None:
@@ -243,6 +325,34 @@ def beam_option_dict(args: list[str]) -> dict:
     return out
 
 
+def run_plan(cfg: dict, ds: str, runner_args: list[str]) -> dict:
+    """What the generate and publish tasks get: the runner's Beam options
+    and dpsynth's flags. The operator's settings are set last, so no
+    ``extra_args`` or runner option can replace them."""
+    run_id = f"{cfg['dataset_id']}-{ds}"
+    output = f"{cfg['output_root'].rstrip('/')}/{ds}"
+    options = beam_option_dict(runner_args)
+    options.pop("runner", None)  # the operator passes --runner itself
+    options.update(cfg["extra_args"])
+    options.update({
+        "output": output, "run_id": run_id,
+        "num_classes": cfg["num_classes"],
+        "epsilon": cfg["epsilon"], "delta": cfg["delta"],
+        "budget_store": cfg["budget_store"],
+        "dataset_id": cfg["dataset_id"],
+        # Creates the pinned cap on the first run; equal to it after.
+        "lifetime_epsilon": cfg["lifetime_epsilon"],
+        "lifetime_delta": cfg["lifetime_delta"]})
+    if cfg["noise_key_location"]:
+        options["noise_key_location"] = cfg["noise_key_location"]
+    if cfg["input"]:
+        options["input"] = cfg["input"]
+    return {"runner": cfg["runner"], "options": options,
+            "output": output, "run_id": run_id,
+            "output_root": cfg["output_root"],
+            "notify_url": cfg["notify_url"]}
+
+
 with DAG(
     dag_id="dpsynth_nightly",
     description="nightly DP synthetic embedding release under a lifetime "
@@ -256,8 +366,8 @@ with DAG(
         "runner": Param(None, type=["null", "string"],
                         enum=[None, *RUNNERS],
                         description="overrides Variable dpsynth_runner"),
-        "epsilon": Param(None, type=["null", "number"]),
-        "output_root": Param(None, type=["null", "string"]),
+        "epsilon": Param(None, type=["null", "number"],
+                         description="within the operator's epsilon_range"),
     },
     tags=["dpsynth", "privacy"],
 ) as dag:
@@ -274,28 +384,9 @@ with DAG(
             raise AirflowFailException(f"runner {cfg['runner']!r} is not one "
                                        f"of {RUNNERS}")
         run_id = f"{cfg['dataset_id']}-{ds}"
-        output = f"{cfg['output_root'].rstrip('/')}/{ds}"
         print(check_budget(cfg, run_id))
-
-        options = beam_option_dict(runner_options(cfg["runner"],
-                                                  cfg["runner_params"]))
-        options.pop("runner")  # the operator passes --runner itself
-        options.update({
-            "output": output, "run_id": run_id,
-            "num_classes": cfg["num_classes"],
-            "epsilon": cfg["epsilon"], "delta": cfg["delta"],
-            "budget_store": cfg["budget_store"],
-            "dataset_id": cfg["dataset_id"],
-            # Creates the pinned cap on the first run; equal to it after.
-            "lifetime_epsilon": cfg["lifetime_epsilon"],
-            "lifetime_delta": cfg["lifetime_delta"],
-            **cfg["extra_args"]})
-        if cfg["input"]:
-            options["input"] = cfg["input"]
-        return {"runner": cfg["runner"], "options": options,
-                "output": output, "run_id": run_id,
-                "output_root": cfg["output_root"],
-                "notify_url": cfg["notify_url"]}
+        return run_plan(cfg, ds, runner_options(cfg["runner"],
+                                                cfg["runner_params"]))
 
     plan = budget_check()
 
