@@ -135,8 +135,10 @@ def _attack_at(monkeypatch, steps, output, data, planted) -> None:
 
 
 @pytest.mark.parametrize("where,steps", [
-    *[("local", [s]) for s in STEPS], ("local", STEPS), ("gcs", STEPS),
-    ("gcs", ["pipeline-done"])])
+    *[pytest.param("local", [s], id=f"local-{s}") for s in STEPS],
+    pytest.param("local", STEPS, id="local-every-step"),
+    pytest.param("gcs", STEPS, id="gcs-every-step"),
+    pytest.param("gcs", ["pipeline-done"], id="gcs-pipeline-done")])
 def test_shards_rewritten_after_the_writers_are_never_published(
         monkeypatch, tmp_path, capsys, request, where, steps):
     data = _data(tmp_path)
