@@ -885,7 +885,7 @@ def _stop_attempt(job: Job, spec: GenerateSpec, reservation,
     keep = (not rejected and recorded
             and release.staged_manifest(job.staging) is not None)
     if not keep:
-        release.discard(job.staging)
+        release.discard_staged(job.staging, job.output)
         return
     log.warning("the staged release of run %s is kept at %s: re-run with "
                 "--run-id %s to publish it (no new spend)", job.run_id,
@@ -911,7 +911,7 @@ def _check_staged_leftovers(job: Job, spec: GenerateSpec) -> None:
                         "--budget-store nothing trusted recorded it, so it is "
                         "not re-published; this launch draws again",
                         job.run_id, folder)
-            release.discard(folder)
+            release.discard_staged(folder, job.output)
         return
     from dpsynth.pipelines import budget_store
     charged = budget_store.run_owners(spec.budget.store, spec.budget.dataset_id,

@@ -765,6 +765,23 @@ def discard(staging: str) -> None:
         pass
 
 
+def discard_staged(staging: str, output: str) -> None:
+    """Best-effort removal of a staged release that will never be
+    published: its staging folder and the files a killed publish of it
+    had already placed in its version folder (placing moves them), unless
+    the manifest at ``output`` names that folder."""
+    try:
+        manifest = staged_manifest(staging)
+        if manifest is not None and isinstance(manifest.get("files"), dict):
+            root = io.join(output, _root_name(manifest))
+            current = _current(output)[0]
+            if current is None or current.get("root") != manifest["root"]:
+                _delete_own(root, list(manifest["files"]))
+    except Exception:  # cleanup must not hide the original error
+        pass
+    discard(staging)
+
+
 def release_files(path: str, manifest: Optional[dict] = None) -> list[str]:
     """The data shard paths of a published release, class by class."""
     manifest = read_manifest(path) if manifest is None else manifest

@@ -282,6 +282,33 @@ def test_without_a_store_a_rewritten_staged_release_is_drawn_again(
     assert "draws again" in capsys.readouterr().err
 
 
+def test_without_a_store_a_killed_publish_leaves_no_draw_behind(
+        monkeypatch, tmp_path):
+    """Killed while moving its files: the retry draws again and removes
+    the first draw's files from their unpublished version folder."""
+    class Killed(BaseException):
+        pass
+    data, out = _data(tmp_path), str(tmp_path / "out")
+    real = release._place
+
+    def place(sources, targets):
+        real(sources[:1], targets[:1])
+        raise Killed()
+    with monkeypatch.context() as patch:
+        patch.setattr(release, "_place", place)
+        patch.setattr(release, "_remove_unpublished", lambda *a: None)
+        patch.setattr(job, "_stop_attempt", lambda *a, **k: None)
+        with pytest.raises(Killed):
+            _generate(data, out, "--run-id", RUN)
+    (folder,) = release.staging_folders(out, RUN).values()
+    first = release.staged_manifest(folder)["root"]
+    assert os.listdir(os.path.join(out, first))  # one file was moved
+    assert _generate(data, out, "--run-id", RUN) == 0
+    assert sorted(os.listdir(out)) == sorted(
+        ["_manifest.json", release.read_manifest(out)["root"]])
+    assert release.read_manifest(out)["root"] != first
+
+
 # ------------- 5. deploy.publish: only the manifest the store recorded
 
 def _rewrite_published(out: str, data: Path) -> dict:
