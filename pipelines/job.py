@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import json
 import logging
 import math
@@ -965,7 +966,6 @@ def _finish_published(job: Job, spec: GenerateSpec) -> None:
 
 def _read_summary(staging: str, files: dict) -> list:
     """_summary.json, whose bytes must be those its writer recorded."""
-    import hashlib
     from apache_beam.io.filesystems import FileSystems
     with FileSystems.open(io.join(staging, SUMMARY_FILE)) as f:
         data = f.read()

@@ -655,8 +655,10 @@ def _prune(folder: str, paths: list[str]) -> None:
 
 def file_digests(folder: str) -> dict:
     """Every file under ``folder`` but its manifest: relative name ->
-    {"bytes": size, "sha256": hex digest} (the staged manifest's
-    ``files``)."""
+    {"bytes": size, "sha256": hex digest}, read back from the folder. Not
+    how a run builds its staged manifest's ``files`` (its writers' own
+    digests, ``dpsynth.transforms.digests``): for tests and hand-made
+    releases only."""
     sizes = _file_sizes(folder)
     digests = _sha256_all(folder, sorted(sizes))
     return {n: {"bytes": sizes[n], "sha256": digests[n]} for n in sorted(sizes)}
