@@ -175,9 +175,9 @@ MUTATIONS: tuple[Mutation, ...] = (
               WRITTEN + "test_shards_rewritten_after_the_writers_are_never_"
               "published[local-pipeline-done]")),
     Mutation("staged-manifest-digest-read-back", "pipelines/job.py:_run",
-             "                digest = _stage(job, spec, lease, timings)\n",
-             "                _stage(job, spec, lease, timings)\n"
-             "                digest = release.manifest_digest(job.staging)\n",
+             "            # One digest from here on: the one written (or "
+             "recorded) is the\n            # one published.\n",
+             "            digest = release.manifest_digest(job.staging)\n",
              (WRITTEN + "test_shards_rewritten_after_the_writers_are_never_"
               "published[local-staged]",)),
     Mutation("verify-sizes-only", "pipelines/release.py:verify_files",
