@@ -13,6 +13,10 @@ verified manifest's bytes, a function of those). ``LATEST.json`` names the
 release by path *and* that digest (``manifest_sha256``): the path alone would
 follow a later ``--overwrite`` of the folder, which nobody verified;
 ``load_latest`` refuses a folder whose manifest no longer has the digest.
+With ``--budget-store`` and ``--dataset-id`` (the nightly DAG passes the
+run's) the manifest must also be the one the store recorded for the run:
+someone who can write under --output could rewrite the shards and the
+manifest's ``files`` together, which then check out on their own.
 ``LATEST.json`` and the summary (which the nightly DAG also sends to its
 webhook) carry nothing from the budget store: the lifetime spend counts the
 attempts a run needed, and its timestamps the job's wall time, both of which
@@ -31,7 +35,8 @@ from typing import Optional
 LATEST = "LATEST.json"  # = release.LATEST, which load_latest reads
 
 
-def summary(output: str, run_id: str) -> dict:
+def summary(output: str, run_id: str, budget_store: Optional[str] = None,
+            dataset_id: Optional[str] = None) -> dict:
     from dpsynth.pipelines import release
     if not release.release_exists(output):
         raise release.ReleaseError(f"{output}: no {release.MANIFEST}; not a "
@@ -40,6 +45,8 @@ def summary(output: str, run_id: str) -> dict:
     # manifest is parsed only from bytes with that digest (rewritten between
     # the two reads: ReleaseChanged).
     digest = release.manifest_digest(output)
+    if budget_store is not None:
+        _check_recorded(output, run_id, digest, budget_store, dataset_id)
     # Refuses incomplete releases, files that differ from the manifest and
     # a manifest without its files' digests (this dpsynth always writes them).
     manifest = release.verify_release(
@@ -58,6 +65,27 @@ def summary(output: str, run_id: str) -> dict:
             "epsilon_spent": privacy.get("spent", {}).get("epsilon"),
             "delta": privacy.get("spent", {}).get("delta"),
             "manifest_sha256": digest}
+
+
+def _check_recorded(output: str, run_id: str, digest: str, store: str,
+                    dataset_id: Optional[str]) -> None:
+    """The manifest at ``output`` must be the one the budget store recorded
+    for the run (its staged manifest's sha256, taken by the launcher from
+    the bytes it wrote): a release rewritten at --output together with its
+    manifest's ``files`` checks out on its own, but not against the record."""
+    from dpsynth.pipelines import budget_store, release
+    recorded = budget_store.recorded_manifest(store, dataset_id, run_id)
+    if recorded is None:
+        raise release.ReleaseError(
+            f"budget store {store} (dataset {dataset_id!r}) recorded no staged "
+            f"or published release of run {run_id!r}; not pointing "
+            "LATEST.json at it")
+    if recorded != digest:
+        raise release.ReleaseChanged(
+            f"{output}: its manifest (sha256 {digest[:12]}...) is not the one "
+            f"budget store {store} recorded for run {run_id!r} "
+            f"({recorded[:12]}...): the release there was rewritten after it "
+            "was made; not pointing LATEST.json at it")
 
 
 def write_latest(output_root: str, doc: dict) -> str:
@@ -82,9 +110,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--run-id", required=True)
     p.add_argument("--output-root", required=True,
                    help="where LATEST.json lives")
+    p.add_argument("--budget-store", default=None,
+                   help="the run's budget store: the manifest must be the "
+                        "one it recorded for --run-id (with --dataset-id)")
+    p.add_argument("--dataset-id", default=None)
     args = p.parse_args(argv)
+    if (args.budget_store is None) != (args.dataset_id is None):
+        p.error("--budget-store and --dataset-id go together")
     try:
-        doc = summary(args.output, args.run_id)
+        doc = summary(args.output, args.run_id, args.budget_store,
+                      args.dataset_id)
     except (ValueError, RuntimeError, OSError) as e:  # OSError: unreadable
         print(f"dpsynth.deploy.publish: {e}", file=sys.stderr)
         return 1

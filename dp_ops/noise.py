@@ -59,6 +59,11 @@ class NoiseSource(Protocol):
         plus the draw ``key``: what the mechanism releases. Every mechanism
         of a run releases through this call (tests force it)."""
 
+    def derived_key(self, purpose: str) -> bytes:
+        """A secret for ``purpose`` (not noise) that the run's workers and
+        launcher share: it reaches the workers exactly as the noise key
+        does (see ``derived_key`` below)."""
+
 
 class WordStream:
     """Uniform uint64 words: the AES-256-CTR keystream of a per-draw
@@ -103,8 +108,24 @@ class KeyedNoise:
         anywhere else."""
         return self._key
 
+    def _secret(self) -> bytes:
+        return self._key
+
     def _stream(self, name: str) -> WordStream:
-        return WordStream(hmac.new(self._key, name.encode(), "sha256").digest())
+        return WordStream(hmac.new(self._secret(), name.encode(),
+                                   "sha256").digest())
+
+    def derived_key(self, purpose: str) -> bytes:
+        """HMAC-SHA-256(key, NUL + purpose): a second secret of the run for
+        ``purpose`` (the writers' file digest records, see
+        ``dpsynth.transforms.digests``). Deriving it from the noise key
+        makes it travel to the workers exactly as that key does (in the
+        pickled graph, or as ``--noise-key-location``'s object) and vanish
+        with it; one-way, so what it authenticates tells nothing about the
+        noise. The NUL keeps it apart from every draw's subkey (draw names
+        are printable)."""
+        return hmac.new(self._secret(), b"\0" + purpose.encode(),
+                        "sha256").digest()
 
     def lattice_draw(self, sigma: float, size: int, key: str,
                      grid: Optional[float] = None) -> tuple[float, np.ndarray]:

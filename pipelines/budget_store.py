@@ -564,6 +564,21 @@ def release_failed(reservation: Reservation) -> None:
     _transact(reservation.store_uri, reservation.dataset_id, update)
 
 
+def recorded_manifest(store_uri: str, dataset_id: str, run_id: str
+                      ) -> Optional[str]:
+    """The sha256 of the manifest the store recorded for ``run_id``'s
+    published attempt (or its staged one: a crash between the manifest's
+    write and ``commit``); None when no attempt of it got that far. The only
+    manifest a check of that run's release may accept: one verified on its
+    own could have been rewritten with its files."""
+    entries = [e for e in history(store_uri, dataset_id)
+               if e["run_id"] == run_id and e["status"] in (PUBLISHED, STAGED)
+               and isinstance((e.get("staged") or {}).get("manifest_sha256"),
+                              str)]
+    entries.sort(key=lambda e: e["status"] != PUBLISHED)  # published first
+    return entries[0]["staged"]["manifest_sha256"] if entries else None
+
+
 def run_owners(store_uri: str, dataset_id: str, run_id: str) -> set[str]:
     """The owner tokens of every recorded attempt of ``run_id`` (a staging
     folder named by one of them was charged in this store)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import json
 import logging
 import math
@@ -419,7 +420,8 @@ def build(p: beam.Pipeline, job: Job, reader: beam.PTransform,
         cfg, ledger, blocks, noise, local_blas_threads(p.options))
     _ = synthetic | "Write" >> WriteRelease(
         job.staging, mixtures, spec.output.rows_per_shard, spec.input.embedding_feature,
-        spec.input.label_feature, output_format=spec.output.format, cfg=cfg, dim=dim)
+        spec.input.label_feature, output_format=spec.output.format, cfg=cfg, dim=dim,
+        noise=job.noise)
 
 
 def build_adaptive(p: beam.Pipeline, job: Job, reader: beam.PTransform,
@@ -447,7 +449,8 @@ def build_adaptive(p: beam.Pipeline, job: Job, reader: beam.PTransform,
                                                        blocks, job.noise)
     _ = synthetic | "Write" >> WriteRelease(
         job.staging, mixtures, spec.output.rows_per_shard, spec.input.embedding_feature,
-        spec.input.label_feature, output_format=spec.output.format, cfg=cfg, dim=dim)
+        spec.input.label_feature, output_format=spec.output.format, cfg=cfg, dim=dim,
+        noise=job.noise)
 
 
 def _explain(job: Job, accountant: LedgerAccountant,
@@ -662,9 +665,10 @@ def _progress_file(options, job: Job) -> ProgressFile:
     return ProgressFile(path)
 
 
-def _stage(job: Job, spec: GenerateSpec, lease, timings: dict) -> dict:
+def _stage(job: Job, spec: GenerateSpec, lease, timings: dict) -> str:
     """Runs the pipeline into staging and writes the staged manifest;
-    stops (``AttemptLost``) at a pass boundary once another launch took the
+    returns the sha256 of the manifest bytes written. Stops
+    (``AttemptLost``) at a pass boundary once another launch took the
     attempt over (``lease``: ``budget_store.Lease``)."""
     options = beam_options(spec.run.beam_args)
     try:
@@ -690,7 +694,10 @@ def _stage(job: Job, spec: GenerateSpec, lease, timings: dict) -> dict:
     lease.verify()  # a zombie resumed after a takeover stages nothing
     _checkpoint("pipeline-done")
     try:
-        summary = _read_summary(job.staging)
+        # Every file's size and sha256 as its writer hashed the bytes it
+        # wrote (transforms/digests.py), never read back from staging.
+        files = _written_digests(job)
+        summary = _read_summary(job.staging, files)
         consistency.check_staged(job.staging, job.cfg, summary, reader.dim,
                                  spec.input.embedding_feature,
                                  spec.input.label_feature, spec.output.format)
@@ -701,10 +708,23 @@ def _stage(job: Job, spec: GenerateSpec, lease, timings: dict) -> dict:
             "launch of this run id has finished and cleaned up. Nothing is "
             "published by this one") from None
     doc = manifest(job, spec, reader.dim, summary)
-    # Every file's size and sha256: each publication checks them.
-    doc["files"] = release.file_digests(job.staging)
-    release.write_manifest(job.staging, doc)
-    return doc
+    doc["files"] = files  # each publication and reader checks them
+    # The digest the store records is of the bytes written here, not of
+    # what a read-back finds in the staging folder.
+    return release.write_manifest(job.staging, doc)
+
+
+def _written_digests(job: Job) -> dict:
+    """The writers' authenticated record of the staged files (removed from
+    the staging folder once read: it is not part of the release)."""
+    from dpsynth.transforms import digests
+    try:
+        files = digests.read_record(
+            job.staging, job.noise.derived_key(digests.PURPOSE))
+    except digests.ForgedRecord as err:
+        raise release.ReleaseChanged(str(err)) from None
+    digests.discard_record(job.staging)
+    return files
 
 
 def _run_pipelines(job: Job, spec: GenerateSpec, options,
@@ -810,7 +830,8 @@ def _run(spec: GenerateSpec) -> str:
                     "NOT differentially private. Debugging only. !!!")
     _check_workers(spec)  # before anything is charged
     from dpsynth.pipelines import budget_store
-    staged = _staged_to_reuse(job, spec)
+    _check_staged_leftovers(job, spec)
+    staged = None  # the recorded staged release a retry re-publishes
     reservation = _reserve(job, spec)
     if reservation is not None:  # earlier attempts are settled and charged
         _remove_abandoned_keys(job, spec, budget_store.run_owners(
@@ -824,13 +845,14 @@ def _run(spec: GenerateSpec) -> str:
                 staged = _recorded_staged(job, reservation)
             _checkpoint("reserved")
             if staged is None:
-                _stage(job, spec, lease, timings)
+                digest = _stage(job, spec, lease, timings)
             else:
+                digest = reservation.staged["manifest_sha256"]
                 log.info("run %s: re-publishing its staged release (no new "
                          "noise, no new spend)", job.run_id)
             _checkpoint("staged")
-            # One digest from here on: the one recorded is the one published.
-            digest = release.manifest_digest(job.staging)
+            # One digest from here on: the one written (or recorded) is the
+            # one published.
             if reservation is not None:
                 lease.check()
                 budget_store.commit_staged(reservation, job.staging, digest)
@@ -888,8 +910,7 @@ def _publish(job: Job, spec: GenerateSpec, digest: str) -> None:
 def _stop_attempt(job: Job, spec: GenerateSpec, reservation,
                   recorded: bool, rejected: Optional[str] = None) -> None:
     """After a failure: give the attempt back and keep the staged release
-    only where a retry may publish it (recorded in the store, or no store
-    and no release of this run id published by another launch). A staged
+    only where a retry may publish it (recorded in the store). A staged
     release that failed its checks (``rejected``: why) is removed and its
     attempt marked failed: a retry draws again and is charged again."""
     if reservation is not None:
@@ -902,62 +923,52 @@ def _stop_attempt(job: Job, spec: GenerateSpec, reservation,
             log.warning("could not record the failed attempt of run %s in "
                         "the budget store (%s); its lease expires by itself",
                         job.run_id, err)
-    keep = (not rejected and release.staged_manifest(job.staging) is not None
-            and (recorded if reservation is not None
-                 else not _published_by(job.output, job.run_id)))
+    # Without a store nothing trusted recorded the staged manifest, so a
+    # retry never re-publishes it (``_check_staged_leftovers``): not kept.
+    keep = (not rejected and recorded
+            and release.staged_manifest(job.staging) is not None)
     if not keep:
-        release.discard(job.staging)
+        release.discard_staged(job.staging, job.output)
         return
     log.warning("the staged release of run %s is kept at %s: re-run with "
                 "--run-id %s to publish it (no new spend)", job.run_id,
                 job.staging, job.run_id)
 
 
-def _staged_to_reuse(job: Job, spec: GenerateSpec) -> Optional[dict]:
+def _check_staged_leftovers(job: Job, spec: GenerateSpec) -> None:
     """Complete staged releases of this run id left by earlier launches.
 
     With a budget store, each must belong to an attempt the store charged
     (its folder is named by the attempt's owner token); the store then says
-    which one, if any, is re-published. Without a store, one whose
-    configuration is this run's is re-published; anything else is refused
-    before any data is read or anything is charged.
+    which one, if any, is re-published, against the manifest digest it
+    recorded. Without a store nothing recorded what was staged: a staged
+    folder (files and manifest alike) may have been rewritten since, so it
+    is never re-published; it is removed and the retry draws again.
     """
-    staged_by_token = {
-        token: (folder, release.staged_manifest(folder)) for token, folder
-        in release.staging_folders(job.output, job.run_id).items()}
-    complete = {token: folder for token, (folder, manifest)
-                in staged_by_token.items() if manifest is not None}
-    if spec.budget.store is not None:
-        from dpsynth.pipelines import budget_store
-        charged = budget_store.run_owners(spec.budget.store, spec.budget.dataset_id,
-                                          job.run_id)
-        unknown = sorted(f for t, f in complete.items() if t not in charged)
-        if unknown:
-            raise release.ReleaseError(
-                f"{unknown[0]} holds a complete staged release of run "
-                f"{job.run_id!r} that budget store {spec.budget.store} "
-                f"(dataset {spec.budget.dataset_id!r}) never charged (it was staged "
-                "without this store or under another dataset id). Publishing "
-                "it would escape the ledger and a new draw would make a "
-                "second release of one run id: delete it, or use a new "
-                "--run-id")
-        return None  # the store names the staged folder to re-publish
-    if len(complete) > 1:
+    complete = {token: folder for token, folder
+                in release.staging_folders(job.output, job.run_id).items()
+                if release.staged_manifest(folder) is not None}
+    if spec.budget.store is None:
+        for folder in sorted(complete.values()):
+            log.warning("run %s: removing the staged release at %s: without "
+                        "--budget-store nothing trusted recorded it, so it is "
+                        "not re-published; this launch draws again",
+                        job.run_id, folder)
+            release.discard_staged(folder, job.output)
+        return
+    from dpsynth.pipelines import budget_store
+    charged = budget_store.run_owners(spec.budget.store, spec.budget.dataset_id,
+                                      job.run_id)
+    unknown = sorted(f for t, f in complete.items() if t not in charged)
+    if unknown:
         raise release.ReleaseError(
-            f"run {job.run_id!r} has {len(complete)} complete staged releases "
-            f"({', '.join(sorted(complete.values()))}): launches without a "
-            "budget store raced; delete them or use a new --run-id")
-    for token, folder in complete.items():
-        staged = staged_by_token[token][1]
-        if not _same_configuration(staged, job):
-            raise release.ReleaseError(
-                f"{folder} holds a staged release of run {job.run_id!r} made "
-                "with another configuration (epsilon, delta, input or "
-                "generator flags differ); a retry must re-publish exactly "
-                "what was drawn: delete it or use a new --run-id")
-        job.staging = folder
-        return staged
-    return None
+            f"{unknown[0]} holds a complete staged release of run "
+            f"{job.run_id!r} that budget store {spec.budget.store} "
+            f"(dataset {spec.budget.dataset_id!r}) never charged (it was staged "
+            "without this store or under another dataset id). Publishing "
+            "it would escape the ledger and a new draw would make a "
+            "second release of one run id: delete it, or use a new "
+            "--run-id")
 
 
 def config_document(cfg: GeneratorConfig) -> dict:
@@ -965,12 +976,6 @@ def config_document(cfg: GeneratorConfig) -> dict:
     config = dataclasses.asdict(cfg)
     config["labels"] = list(cfg.labels)
     return config
-
-
-def _same_configuration(staged: dict, job: Job) -> bool:
-    config = json.loads(json.dumps(config_document(job.cfg)))
-    same_input = staged.get("input", {}).get("pattern") == job.spec.pattern
-    return config == staged.get("config") and same_input
 
 
 def _recorded_staged(job: Job, reservation) -> dict:
@@ -1001,8 +1006,15 @@ def _finish_published(job: Job, spec: GenerateSpec) -> None:
         release.discard(folder)
 
 
-def _read_summary(staging: str) -> list:
+def _read_summary(staging: str, files: dict) -> list:
+    """_summary.json, whose bytes must be those its writer recorded."""
     from apache_beam.io.filesystems import FileSystems
     with FileSystems.open(io.join(staging, SUMMARY_FILE)) as f:
-        return json.loads(f.read().decode())
+        data = f.read()
+    if hashlib.sha256(data).hexdigest() != files.get(SUMMARY_FILE, {}).get(
+            "sha256"):
+        raise release.ReleaseChanged(
+            f"{io.join(staging, SUMMARY_FILE)} differs (sha256) from what "
+            "its writer wrote; not publishing")
+    return json.loads(data.decode())
 

@@ -18,18 +18,24 @@ one, and a folder-wide read would mix its rows in. (Releases before format
 
 A run writes everything under a staging directory beside the output
 (``<output>.staging-<run_id>``), then writes the staged manifest there: a
-complete staged release. Publishing links (local) or copies (object
-stores) the staged files into a fresh version folder ``<output>/<version>``
-(``version`` is random, fixed when the run is planned) and then writes
+complete staged release. Publishing moves (local: a rename) or copies
+(object stores: the store's own copy) the staged files into a fresh version
+folder ``<output>/<version>`` (``version`` is random, fixed when the run is
+planned; a placed file never shares storage with staging, so nothing
+written into staging later reaches the release) and then writes
 ``<output>/_manifest.json``, which names that folder, as one atomic write
 (local: temp file + rename; GCS: one object). Before that write nothing
 under ``--output`` is a release: ``read_manifest`` / ``load_release`` read
 only what the manifest names, and a version folder without a manifest
 naming it belongs to no release. Publishing the same staged release again
-(a retry after a crash) writes identical bytes into the same version folder.
+(a retry after a crash) writes identical bytes into the same version folder
+(locally the files a killed publish had moved go back to staging first).
 
 Integrity. The staged manifest lists every file of the release with its
-size and sha256 (``files``). Publishing checks the staged files against it
+size and sha256 (``files``), as the process that wrote each file hashed
+the bytes it wrote (``dpsynth.transforms.digests``): never by reading the
+staged files back, which someone writing beside --output may have
+rewritten by then. Publishing checks the staged files against it
 before placing anything and the placed copies before the switch, so a
 swapped, truncated, added or deleted file is never published
 (``ReleaseChanged``); ``load_release`` checks the files it reads too, and
@@ -54,6 +60,7 @@ version folder left by a killed launch stays until removed by hand.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -258,21 +265,24 @@ def release_root(release: str, manifest: Optional[dict] = None) -> str:
 
 
 def write_manifest(folder: str, manifest: dict,
-                   generation: Optional[int] = None) -> None:
-    """Writes ``folder/_manifest.json`` in one atomic step.
+                   generation: Optional[int] = None) -> str:
+    """Writes ``folder/_manifest.json`` in one atomic step; returns the
+    sha256 of the bytes written (a digest to record: never re-read it from
+    the folder, which someone may have rewritten meanwhile).
 
     ``generation`` (gs:// only): write only if the object's generation is
     still this one (0: it must not exist yet); ``ManifestMoved`` if not.
     """
     data = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    digest = hashlib.sha256(data).hexdigest()
     path = manifest_path(folder)
     if generation is not None and path.startswith("gs://"):
         _gcs_write_if(path, data, generation)
-        return
+        return digest
     if not is_local(path):  # one object write: atomic on GCS
         with FileSystems.create(path) as f:
             f.write(data)
-        return
+        return digest
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=folder)
     try:
@@ -285,6 +295,7 @@ def write_manifest(folder: str, manifest: dict,
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    return digest
 
 
 def _gcs_bucket(uri: str):
@@ -383,11 +394,8 @@ def publish(staging: str, output: str, overwrite: bool = False,
         raise ReleaseError(f"{staging} and --output {output} are on different "
                            "file systems; a release is staged beside it")
     manifest = _pinned_manifest(staging, manifest_sha256)
-    verify_files(staging, manifest)  # before anything reaches --output
-    if check is not None:
-        check(staging, manifest)
     with _publish_lock(output):
-        return _switch(staging, output, manifest, overwrite)
+        return _switch(staging, output, manifest, overwrite, check)
 
 
 def _scheme(path: str) -> str:
@@ -426,10 +434,13 @@ def _publish_lock(output: str) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def _switch(staging: str, output: str, manifest: dict,
-            overwrite: bool) -> dict:
-    """Decide -> place -> check -> conditional manifest write, again from
-    the decision when another writer changed the manifest meanwhile."""
+def _switch(staging: str, output: str, manifest: dict, overwrite: bool,
+            check: Optional[Callable[[str, dict], None]]) -> dict:
+    """Decide -> check the staged files -> place -> check -> conditional
+    manifest write, again from the decision when another writer changed
+    the manifest meanwhile. Locally all of it runs under the output's lock:
+    placing moves the staged files, so a second publisher of the same
+    staged folder must not check it meanwhile."""
     root = io.join(output, _root_name(manifest))
     placed = False
     try:
@@ -438,6 +449,10 @@ def _switch(staging: str, output: str, manifest: dict,
             if _is_published(current, manifest, output, overwrite):
                 return manifest
             if not placed:
+                _take_back(staging, root, manifest)  # a killed publish's
+                verify_files(staging, manifest)  # before any reaches --output
+                if check is not None:
+                    check(staging, manifest)
                 placed = True
                 _place_all(staging, root, manifest)
                 verify_files(root, manifest)
@@ -451,7 +466,7 @@ def _switch(staging: str, output: str, manifest: dict,
                            "while this launch published; nothing published")
     except BaseException:
         if placed:
-            _remove_unpublished(output, manifest, root)
+            _remove_unpublished(output, manifest, root, staging)
         raise
 
 
@@ -521,30 +536,58 @@ def _place_all(staging: str, root: str, manifest: dict) -> None:
 
 
 def _place(sources: list[str], targets: list[str]) -> None:
-    """Hard links locally (no copy, staging stays intact for a retry),
-    object copies elsewhere."""
+    """Moves the files: locally a rename (no byte moves, and the placed
+    file shares no storage with staging: a hard link did, so a write into
+    a staged file rewrote the live release); on object stores a copy done
+    by the store itself (GCS: a rewrite, no byte through this process)."""
     if not sources:
         return
     if not is_local(sources[0]):
         FileSystems.copy(sources, targets)
         return
     for src, dst in zip(sources, targets):
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        if os.path.exists(dst):
-            os.unlink(dst)
-        try:
-            os.link(src, dst)
-        except OSError:  # another filesystem: copy
-            shutil.copyfile(src, dst)
+        _move(src, dst)
 
 
-def _remove_unpublished(output: str, manifest: dict, root: str) -> None:
-    """A launch that placed files and did not publish them removes them,
-    unless the published manifest names that same folder (another launch
-    of the same staged release won). Best effort: never hides the error."""
+def _move(src: str, dst: str) -> None:
+    """A local rename; a copy and delete when --output is a mount point
+    and its staging folder (beside it) on another filesystem."""
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    try:
+        os.replace(src, dst)
+    except OSError as err:
+        if err.errno != errno.EXDEV:
+            raise
+        shutil.copyfile(src, dst)
+        os.unlink(src)
+
+
+def _take_back(staging: str, root: str, manifest: dict) -> None:
+    """Locally: the files a killed publish already moved into the version
+    folder go back to staging (the folder is no release: ``_switch``
+    decided so), which is then whole again and checked as a whole."""
+    if not is_local(root):
+        return  # copies: the staged objects never left
+    for name in sorted(manifest["files"]):
+        src, dst = io.join(root, name), io.join(staging, name)
+        if _own_name(name) and os.path.lexists(src) \
+                and not os.path.lexists(dst):
+            _move(src, dst)
+    _prune(root, [io.join(root, n) for n in manifest["files"]])
+
+
+def _remove_unpublished(output: str, manifest: dict, root: str,
+                        staging: str) -> None:
+    """A launch that placed files and did not publish them takes them back
+    (locally: into staging, whole again for a retry; object stores: the
+    copies are deleted), unless the published manifest names that same
+    folder (another launch of the same staged release won). Best effort:
+    never hides the error."""
     try:
         current = _current(output)[0]
         if current is None or current.get("root") != manifest.get("root"):
+            if is_local(root):
+                _take_back(staging, root, manifest)
             _delete_own(root, list(manifest["files"]))
     except Exception:
         pass
@@ -595,7 +638,13 @@ def _delete_own(folder: str, names: list[str]) -> None:
     for path in doomed:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-    for name in sorted({os.path.dirname(p) for p in doomed}, reverse=True):
+    _prune(folder, doomed)
+
+
+def _prune(folder: str, paths: list[str]) -> None:
+    """Locally: removes the folders of ``paths`` under ``folder``, and
+    ``folder``, where they are empty."""
+    for name in sorted({os.path.dirname(p) for p in paths}, reverse=True):
         while name != folder.rstrip("/") and name.startswith(folder):
             with contextlib.suppress(OSError):  # not empty: keep it
                 os.rmdir(name)
@@ -606,8 +655,10 @@ def _delete_own(folder: str, names: list[str]) -> None:
 
 def file_digests(folder: str) -> dict:
     """Every file under ``folder`` but its manifest: relative name ->
-    {"bytes": size, "sha256": hex digest} (the staged manifest's
-    ``files``)."""
+    {"bytes": size, "sha256": hex digest}, read back from the folder. Not
+    how a run builds its staged manifest's ``files`` (its writers' own
+    digests, ``dpsynth.transforms.digests``): for tests and hand-made
+    releases only."""
     sizes = _file_sizes(folder)
     digests = _sha256_all(folder, sorted(sizes))
     return {n: {"bytes": sizes[n], "sha256": digests[n]} for n in sorted(sizes)}
@@ -714,6 +765,23 @@ def discard(staging: str) -> None:
                 FileSystems.delete(stale)
     except Exception:  # cleanup must not hide the original error
         pass
+
+
+def discard_staged(staging: str, output: str) -> None:
+    """Best-effort removal of a staged release that will never be
+    published: its staging folder and the files a killed publish of it
+    had already placed in its version folder (placing moves them), unless
+    the manifest at ``output`` names that folder."""
+    try:
+        manifest = staged_manifest(staging)
+        if manifest is not None and isinstance(manifest.get("files"), dict):
+            root = io.join(output, _root_name(manifest))
+            current = _current(output)[0]
+            if current is None or current.get("root") != manifest["root"]:
+                _delete_own(root, list(manifest["files"]))
+    except Exception:  # cleanup must not hide the original error
+        pass
+    discard(staging)
 
 
 def release_files(path: str, manifest: Optional[dict] = None) -> list[str]:

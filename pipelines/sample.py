@@ -201,12 +201,14 @@ def _sampling_config(manifest: dict, seed: int):
 # ------------------------------------------------------------- writing
 
 def _write_class(staging: str, label: int, mix, cfg, total: int, fmt: str,
-                 features: tuple[str, str], rows_per_shard: int) -> list[str]:
+                 features: tuple[str, str], rows_per_shard: int,
+                 files: dict) -> list[str]:
     """Draws the class's ``total`` rows shard by shard, a piece at a time
-    (as the generate pipeline's writers do); returns the shard names."""
+    (as the generate pipeline's writers do); returns the shard names and
+    adds each shard's size and sha256, of the bytes written, to ``files``."""
     from dpsynth.dp_ops import generator
     from dpsynth.pipelines.release import FileSystems
-    from dpsynth.transforms import io, write
+    from dpsynth.transforms import digests, io, write
     shard_class = {"tfrecord": write.TFRecordShard,
                    "parquet": write.ParquetShard}[fmt]
     names = []
@@ -215,13 +217,15 @@ def _write_class(staging: str, label: int, mix, cfg, total: int, fmt: str,
         name = write.shard_name(label, index, fmt)
         with FileSystems.create(io.join(staging, write.DATA_DIR, name),
                                 compression_type="uncompressed") as f:
-            shard = shard_class(f, label, *features)
+            out = digests.DigestingFile(f)
+            shard = shard_class(out, label, *features)
             for a in range(start, stop, write.WRITE_PIECE):
                 b = min(stop, a + write.WRITE_PIECE)
                 shard.write(generator.sample_rows(mix, cfg, total, a, b))
             if start == stop:
                 shard.write(generator.sample_rows(mix, cfg, 0, 0, 0))
             shard.close()
+        files[f"{write.DATA_DIR}/{name}"] = out.digest()
         names.append(name)
     return names
 
@@ -302,19 +306,23 @@ def run(spec: SampleSpec) -> dict:
     run_id = f"sample-{secrets.token_hex(6)}"
     root = f"{release.VERSION_PREFIX}{secrets.token_hex(6)}"
     staging = release.staging_dir(spec.output, run_id, secrets.token_hex(4))
+    files: dict = {}  # digests of the bytes written, never read back
     try:
         shards = {label: _write_class(staging, label, mixes[label], cfg, n, fmt,
                                       _features(source.manifest),
-                                      spec.rows_per_shard)
+                                      spec.rows_per_shard, files)
                   for label, n in sorted(rows.items())}
         summary = _summary(source, rows, shards)
-        _put(io.join(staging, write.GMM_FILE), source.gmm_bytes)
-        _put(io.join(staging, write.SUMMARY_FILE),
-             json.dumps(summary, indent=1).encode())
+        files[write.GMM_FILE] = _put(io.join(staging, write.GMM_FILE),
+                                     source.gmm_bytes)
+        files[write.SUMMARY_FILE] = _put(
+            io.join(staging, write.SUMMARY_FILE),
+            json.dumps(summary, indent=1).encode())
         if source.schema_bytes is not None:
-            _put(io.join(staging, write.SCHEMA_FILE), source.schema_bytes)
+            files[write.SCHEMA_FILE] = _put(
+                io.join(staging, write.SCHEMA_FILE), source.schema_bytes)
         doc = sample_manifest(source, spec, run_id, root, summary)
-        doc["files"] = release.file_digests(staging)  # publish checks them
+        doc["files"] = dict(sorted(files.items()))  # publish checks them
         release.write_manifest(staging, doc)
         release.check_output(spec.output, spec.overwrite)  # still ours
         return release.publish(staging, spec.output, spec.overwrite)
@@ -322,10 +330,9 @@ def run(spec: SampleSpec) -> dict:
         release.discard(staging)
 
 
-def _put(path: str, data: bytes) -> None:
-    from dpsynth.pipelines.release import FileSystems
-    with FileSystems.create(path) as f:
-        f.write(data)
+def _put(path: str, data: bytes) -> dict:
+    from dpsynth.transforms import digests
+    return digests.put(path, data)
 
 
 # ------------------------------------------------------------ command line

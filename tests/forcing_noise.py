@@ -20,6 +20,7 @@ path), never by the product.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import io
 import os
 import tempfile
@@ -55,6 +56,12 @@ class ForcingNoise:
         self._targets = {k: np.asarray(v, np.float64)
                          for k, v in targets.items()}
         self._folder = folder
+        self._secret = os.urandom(32)  # the run's other secrets derive here
+
+    def derived_key(self, purpose: str) -> bytes:
+        """The run's secret for ``purpose`` (the writers' digest record),
+        as ``KeyedNoise.derived_key`` gives one: this source has no key."""
+        return hmac.new(self._secret, purpose.encode(), "sha256").digest()
 
     def __repr__(self) -> str:
         return f"ForcingNoise({len(self._targets)} draws)"

@@ -51,6 +51,7 @@ class Mutation:
 UNITS = "tests/test_post_processing_units.py::"
 STORE = "tests/test_budget_store.py::"
 OWNERSHIP = "tests/test_attempt_ownership.py::"
+WRITTEN = "tests/test_written_digests.py::"
 
 MUTATIONS: tuple[Mutation, ...] = (
     # --- noise and calibration
@@ -186,6 +187,35 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    private = True\n",
              ("tests/test_sample.py::"
               "test_the_sample_claims_what_its_source_claims[source]",)),
+    # --- the release's files: digests from the writers (issue 58)
+    Mutation("digest-record-unauthenticated",
+             "transforms/digests.py:read_record",
+             "              and hmac.compare_digest(tag, _tag(key, staging, files)))",
+             "              )",
+             (WRITTEN + "test_the_record_is_bound_to_the_run_key_and_staging_folder",
+              WRITTEN + "test_shards_rewritten_after_the_writers_are_never_"
+              "published[local-pipeline-done]")),
+    Mutation("staged-manifest-digest-read-back", "pipelines/job.py:_run",
+             "            # One digest from here on: the one written (or "
+             "recorded) is the\n            # one published.\n",
+             "            digest = release.manifest_digest(job.staging)\n",
+             (WRITTEN + "test_shards_rewritten_after_the_writers_are_never_"
+              "published[local-staged]",)),
+    Mutation("verify-sizes-only", "pipelines/release.py:verify_files",
+             "    if not problems:\n        digests = _sha256_all(folder, wanted)",
+             "    if False:\n        digests = _sha256_all(folder, wanted)",
+             (WRITTEN + "test_a_flipped_byte_is_refused_by_verify_and_readers"
+              "[local]",)),
+    Mutation("latest-ignores-the-store", "deploy/publish.py:summary",
+             "    if budget_store is not None:\n",
+             "    if False:\n",
+             (WRITTEN + "test_latest_json_pins_only_the_manifest_the_store_"
+              "recorded[local]",)),
+    Mutation("placed-as-hard-link", "pipelines/release.py:_move",
+             "        os.replace(src, dst)\n",
+             "        os.link(src, dst)\n",
+             (WRITTEN + "test_a_staged_file_rewritten_after_an_api_publish"
+              "[local]",)),
     # --- the staged release's consistency check
     Mutation("check-staged-noop", "pipelines/consistency.py:check_staged",
              "    labels = [c[\"label\"] for c in summary]\n",

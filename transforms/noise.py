@@ -73,10 +73,10 @@ class StoredKeyNoise(KeyedNoise):
         self._uri = state["uri"]
         self._key = None
 
-    def _stream(self, name: str):
+    def _secret(self) -> bytes:
         if self._key is None:
             self._key = read_key(self._uri)
-        return super()._stream(name)
+        return self._key
 
 
 def key_uri(location: str, run_id: str, owner: str) -> str:

@@ -25,7 +25,7 @@ from apache_beam.metrics import Metrics
 from dpsynth.dp_ops import generator
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.models.gmm import MixtureRelease
-from dpsynth.transforms import allocator, io
+from dpsynth.transforms import allocator, digests, io
 from dpsynth.transforms.formats import OUTPUT_FORMATS  # noqa: F401  (re-exported)
 from dpsynth.transforms.progress import trace
 
@@ -309,7 +309,10 @@ class _WriteShard(beam.DoFn):
         rows = 0
         with FileSystems.create(io.join(self._staging, DATA_DIR, name),
                                 compression_type="uncompressed") as f:
-            shard = _SHARDS[self._fmt](f, int(label), *self._features)
+            # The shard's size and sha256 from the very buffers written
+            # (transforms/digests.py: never read back).
+            out = digests.DigestingFile(f)
+            shard = _SHARDS[self._fmt](out, int(label), *self._features)
             for x in self._pieces(label, part, mixtures):
                 shard.write(x)
                 rows += len(x)
@@ -317,7 +320,7 @@ class _WriteShard(beam.DoFn):
         self._kept.inc(rows)
         trace(f"write:class{int(label)}", start, time.time())
         yield {"label": int(label), "index": index, "samples": rows,
-               "shard": name}
+               "shard": name, **out.digest()}
 
     def _pieces(self, label, part, mixtures) -> Iterable[np.ndarray]:
         """The shard's rows: given, or drawn here ``WRITE_PIECE`` at a time
@@ -438,10 +441,17 @@ def describe_outputs(cfg: GeneratorConfig, dim: int, summary: Sequence[dict],
 
 
 def _write_summary(staging: str, mixtures: list, shard_info: list,
-                   schema: Optional[dict]) -> None:
+                   schema: Optional[dict],
+                   record_key: Optional[bytes] = None) -> None:
+    """Writes _gmm.npz, _summary.json and _schema.json; with
+    ``record_key``, then the authenticated record of every file's size and
+    sha256 (the shards' as their writers reported them)."""
     release = MixtureRelease.from_list(mixtures)
-    with FileSystems.create(io.join(staging, GMM_FILE)) as f:
-        f.write(release.to_npz_bytes())
+    written = [(f"{DATA_DIR}/{i['shard']}",
+                {"bytes": i["bytes"], "sha256": i["sha256"]})
+               for i in shard_info if "sha256" in i]
+    written.append((GMM_FILE, digests.put(io.join(staging, GMM_FILE),
+                                          release.to_npz_bytes())))
     per_class: dict = {}
     for info in sorted(shard_info, key=lambda d: (d["label"], d["index"])):
         entry = per_class.setdefault(info["label"],
@@ -459,11 +469,14 @@ def _write_summary(staging: str, mixtures: list, shard_info: list,
             "samples": per_class[label]["samples"],
             "shards": per_class[label]["shards"],
         })
-    with FileSystems.create(io.join(staging, SUMMARY_FILE)) as f:
-        f.write(json.dumps(summary, indent=1).encode())
+    written.append((SUMMARY_FILE, digests.put(
+        io.join(staging, SUMMARY_FILE), json.dumps(summary, indent=1).encode())))
     if schema is not None:
-        with FileSystems.create(io.join(staging, SCHEMA_FILE)) as f:
-            f.write(json.dumps(schema, indent=1).encode())
+        written.append((SCHEMA_FILE, digests.put(
+            io.join(staging, SCHEMA_FILE),
+            json.dumps(schema, indent=1).encode())))
+    if record_key is not None:
+        digests.put_record(staging, digests.merge(written), record_key)
 
 
 class WriteRelease(beam.PTransform):
@@ -472,14 +485,17 @@ class WriteRelease(beam.PTransform):
     Each shard is its own element (spread over the workers); ``DrawRows``
     shards are sampled by the worker that writes them (needs ``cfg``). With
     ``cfg`` (and ``dim``, else read from the mixtures' means) it also
-    writes _schema.json.
+    writes _schema.json. With ``noise`` (the run's noise source) it last
+    writes the record of every file's size and sha256 that the launcher
+    builds the staged manifest from, authenticated by the run's secret
+    (``transforms/digests.py``).
     """
 
     def __init__(self, staging: str, mixtures, rows_per_shard: int = 50_000,
                  embedding_feature: str = "embedding",
                  label_feature: str = "label", output_format: str = "tfrecord",
                  cfg: Optional[GeneratorConfig] = None,
-                 dim: Optional[int] = None) -> None:
+                 dim: Optional[int] = None, noise=None) -> None:
         super().__init__()
         if output_format not in OUTPUT_FORMATS:
             raise ValueError(f"--output-format must be one of "
@@ -487,10 +503,11 @@ class WriteRelease(beam.PTransform):
         self._staging, self._mixtures = staging, mixtures
         self._args = (rows_per_shard, embedding_feature, label_feature,
                       output_format)
-        self._cfg, self._dim = cfg, dim
+        self._cfg, self._dim, self._noise = cfg, dim, noise
 
     def expand(self, synthetic):
-        staging, cfg, dim = self._staging, self._cfg, self._dim
+        staging, cfg, dim, noise = self._staging, self._cfg, self._dim, \
+            self._noise
         _, emb, lab, fmt = self._args
 
         def schema(mixes: list) -> Optional[dict]:
@@ -512,5 +529,7 @@ class WriteRelease(beam.PTransform):
         return (mixtures
                 | "WriteSummary" >> beam.Map(
                     lambda mixes, info: _write_summary(
-                        staging, mixes, info, schema(mixes)),
+                        staging, mixes, info, schema(mixes),
+                        None if noise is None
+                        else noise.derived_key(digests.PURPOSE)),
                     beam.pvalue.AsSingleton(shard_info)))

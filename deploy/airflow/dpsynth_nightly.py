@@ -408,7 +408,10 @@ with DAG(
     def publish_notify(plan: dict) -> dict:
         proc = _dpsynth([
             "dpsynth.deploy.publish", "--output", plan["output"],
-            "--run-id", plan["run_id"], "--output-root", plan["output_root"]])
+            "--run-id", plan["run_id"], "--output-root", plan["output_root"],
+            # Only the manifest the store recorded for this run passes.
+            "--budget-store", plan["options"]["budget_store"],
+            "--dataset-id", plan["options"]["dataset_id"]])
         if proc.returncode != 0:
             raise RuntimeError(f"release check failed: {proc.stderr[-2000:]}")
         summary = json.loads(proc.stdout)
