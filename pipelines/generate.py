@@ -328,6 +328,7 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
         from dpsynth.pipelines import budget_store, demo, release, summary
         from dpsynth.pipelines.options import (ClusterLost, UsageError,
                                                check_beam_args)
+        from dpsynth.pipelines.runner_names import JobServerFailed
         from dpsynth.transforms import io
         from dpsynth.transforms.formats import ImageInputError
 
@@ -352,7 +353,7 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
                              budget_store.BudgetExceeded,
                              budget_store.RunConflict,
                              budget_store.CapConflict, ImageInputError,
-                             ClusterLost))
+                             ClusterLost, JobServerFailed))
 
 
 def _lifetime(spec: GenerateSpec):

@@ -202,6 +202,17 @@ def check_runner(name: Optional[str]) -> None:
                      f"runner's full class path)")
 
 
+def _check_job_endpoint(known: argparse.Namespace) -> None:
+    """PortableRunner starts no job server of its own: without
+    ``--job_endpoint`` Beam stops after the plan, with a traceback."""
+    runner = (known.runner or "").lower()
+    if runner in ("portable", "portablerunner") and not getattr(
+            known, "job_endpoint", None):
+        raise UsageError(f"--runner {known.runner} needs --job_endpoint="
+                         "HOST:PORT of a running job server (or name the "
+                         "runner: --runner flink, spark or prism)")
+
+
 def check_beam_args(rest: Sequence[str], own: argparse.ArgumentParser,
                     command: str) -> None:
     """Raises UsageError unless every argument in ``rest`` (what ``own``
@@ -214,6 +225,7 @@ def check_beam_args(rest: Sequence[str], own: argparse.ArgumentParser,
     known, unknown = beam.parse_known_args(list(rest))
     if not unknown:
         check_runner(known.runner)
+        _check_job_endpoint(known)
         return
     first = unknown[0]
     if not first.startswith("-"):

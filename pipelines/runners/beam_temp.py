@@ -31,6 +31,7 @@ from typing import Iterator, Optional
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from dpsynth.pipelines.runner_names import JobServerFailed
 from dpsynth.pipelines.runners.beam_patch import (all_of, reads, replace_once,
                                                   takes)
 
@@ -88,9 +89,11 @@ def _cleaned_start(beams):
     def start(self):
         try:
             return beams(self)
-        except BaseException:
+        except BaseException as err:
             if self._local_temp_root:
                 shutil.rmtree(self._local_temp_root, ignore_errors=True)
                 self._local_temp_root = None
+            if isinstance(err, Exception):  # not Ctrl-C: one line
+                raise JobServerFailed(type(self).__name__, err) from err
             raise
     return start
