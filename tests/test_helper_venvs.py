@@ -95,3 +95,20 @@ def test_from_the_base_interpreter_the_overlay_names_its_own_packages(
 def sysconfig_purelib() -> str:
     import sysconfig
     return sysconfig.get_paths()["purelib"]
+
+
+def test_ci_runs_in_a_fresh_venv_and_times_its_phases():
+    """.ci/run remakes its venv before installing anything into it, builds
+    no venv with --system-site-packages, and prints each phase's time."""
+    ci = (REPO / ".ci" / "run").read_text()
+    fresh = ci.index('rm -rf "$venv"')
+    made = ci.index('-m venv "$venv"')
+    active = ci.index('. "$venv/bin/activate"')
+    install = ci.index('python -m pip install -q -e ".[test]"')
+    assert fresh < made < active < install
+    assert "--system-site-packages" not in ci
+    for name in ("job_graph.py", "beam_floor.py"):
+        source = next(REPO.rglob(name)).read_text()
+        assert '"--system-site-packages"' not in source, name
+    assert ci.count('phase "') >= 7
+    assert ci.count("-eq 5") == 2  # both pytest runs: nothing collected
