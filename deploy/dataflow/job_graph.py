@@ -119,12 +119,16 @@ def dependency_paths() -> list[str]:
 
 def _pins_digest() -> str:
     """This environment's pins (``pip freeze``), hashed: a helper venv
-    resolved against other pins is rebuilt."""
+    resolved against other pins is rebuilt. Read without the checkout on
+    the path (its dpsynth.egg-info would add a pin when on PYTHONPATH)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     frozen = subprocess.run(
         [sys.executable, "-m", "pip", "freeze", "--all", "--exclude-editable"],
-        capture_output=True, text=True, check=True).stdout
+        capture_output=True, text=True, check=True, env=env,
+        cwd=os.path.abspath(os.sep)).stdout
     pins = sorted(line for line in frozen.splitlines()
-                  if "==" in line and " @ " not in line)
+                  if "==" in line and " @ " not in line
+                  and not line.lower().startswith("dpsynth=="))
     return hashlib.sha256("\n".join(pins).encode()).hexdigest()[:16]
 
 
