@@ -330,6 +330,7 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
         from dpsynth.pipelines import budget_store, demo, release, summary
         from dpsynth.pipelines.options import (ClusterLost, UsageError,
                                                check_beam_args)
+        from dpsynth.pipelines.runner_names import JobServerFailed
         from dpsynth.transforms import io
         from dpsynth.transforms.formats import ImageInputError
 
@@ -355,7 +356,7 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
                              budget_store.RunConflict,
                              budget_store.CapConflict,
                              budget_store.LabelRuleConflict, ImageInputError,
-                             ClusterLost))
+                             ClusterLost, JobServerFailed))
 
 
 def _lifetime(spec: GenerateSpec):

@@ -172,6 +172,17 @@ def check_runner(name: Optional[str]) -> None:
                      f"runner's full class path)")
 
 
+def check_job_endpoint(runner: Optional[str],
+                       job_endpoint: Optional[str]) -> None:
+    """PortableRunner starts no job server of its own: without
+    ``--job_endpoint`` Beam stops after the plan, with a traceback."""
+    if (runner or "").lower() in ("portable", "portablerunner") \
+            and not job_endpoint:
+        raise UsageError(f"--runner {runner} needs --job_endpoint="
+                         "HOST:PORT of a running job server (or name the "
+                         "runner: --runner flink, spark or prism)")
+
+
 def check_beam_args(rest: Sequence[str], own: argparse.ArgumentParser,
                     command: str) -> None:
     """Raises UsageError unless every argument in ``rest`` (what ``own``
@@ -184,6 +195,7 @@ def check_beam_args(rest: Sequence[str], own: argparse.ArgumentParser,
     known, unknown = beam.parse_known_args(list(rest))
     if not unknown:
         check_runner(known.runner)
+        check_job_endpoint(known.runner, getattr(known, "job_endpoint", None))
         return
     first = unknown[0]
     if not first.startswith("-"):

@@ -96,3 +96,38 @@ def resolve_dask(argv: Sequence[str]) -> list[str]:
         else:
             out.append(arg)
     return out
+
+
+# What a user gives instead when Beam cannot start a runner's job server
+# itself (a jar Maven does not serve, no network, no Java): by the class of
+# Beam's job server.
+_JOB_SERVER_FLAGS = {
+    "flink": "--flink_job_server_jar=JAR",
+    "spark": "--spark_job_server_jar=JAR",
+    "prism": "--prism_location=BINARY",
+}
+
+
+class JobServerFailed(RuntimeError):
+    """Beam could not start the job server of a portable runner: one line
+    naming the flags that avoid the start, not Beam's chained tracebacks
+    (a Maven 404, then a DNS error: 190 lines for ``--runner flink``)."""
+
+    def __init__(self, server_class: str, cause: BaseException) -> None:
+        engine = next((e for e in _JOB_SERVER_FLAGS
+                       if e in server_class.lower()), None)
+        name = engine.capitalize() if engine else server_class
+        instead = "--job_endpoint=HOST:PORT of a running job server"
+        if engine:
+            instead += (f", or {_JOB_SERVER_FLAGS[engine]} (python -m "
+                        f"dpsynth.deploy.install_engines {engine} fetches "
+                        "it and prints its path)")
+        super().__init__(f"Beam could not start the {name} job server "
+                         f"({_first_line(cause)}); give {instead}")
+
+
+def _first_line(err: BaseException, limit: int = 240) -> str:
+    """The first sentence of an exception's message, shortened."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    sentence = text.split(". ", 1)[0]
+    return sentence if len(sentence) <= limit else sentence[:limit] + "..."

@@ -3,7 +3,9 @@ its own, for CI's floor run (issue 51 item 2).
 
     python tests/beam_floor.py setup    # prints the venv's python
 
-The venv sees this environment (``--system-site-packages``) and installs
+The venv sees this environment (a ``.pth`` file naming its site-packages:
+job_graph.py's ``overlay_venv``; ``--system-site-packages`` would reach the
+base interpreter's packages instead of an active venv's) and installs
 ``apache-beam[dask]==FLOOR`` under a constraints file of this environment's
 pins, dropping the pins that Beam FLOOR refuses (measured for 2.71.0:
 cryptography, grpcio, httplib2, jsonpickle, pyarrow), as the gcp venv of
@@ -54,7 +56,8 @@ def ready_python() -> Optional[Path]:
     """The floor venv's python if it is built for the current floor."""
     venv = venv_dir()
     python = venv / "bin" / "python"
-    return python if _stamp(venv).is_file() and python.is_file() else None
+    return (python if _stamp(venv).is_file() and python.is_file()
+            and _job_graph().overlay_current(venv) else None)
 
 
 def _job_graph():
@@ -75,9 +78,7 @@ def ensure() -> Path:
           f"this environment)", file=sys.stderr, flush=True)
     shutil.rmtree(venv, ignore_errors=True)
     venv.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages",
-                    str(venv)], check=True)
-    python = venv / "bin" / "python"
+    python = _job_graph().overlay_venv(venv)
     dropped = _job_graph().install_keeping_pins(
         str(python), venv / "constraints.txt",
         [f"apache-beam[dask]=={version}"], unpinned=["apache-beam"])

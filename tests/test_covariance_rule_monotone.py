@@ -57,13 +57,34 @@ def rule_accuracy(split, eps: float, seed: int) -> tuple[str, float]:
                                         split.classes)
 
 
+# The accuracy of one release is noisy (its noise seed), so the curve is of
+# seed means and a step may dip by as much as that noise explains: two
+# standard errors of the difference of two means, from the seeds' own
+# spread at the two epsilons. With 3 seeds and no tolerance the test failed
+# on clean clones (issue 59: 0.7442 -> 0.7436 at eps 4 -> 8 on test-k3-t,
+# seed spread ~0.004-0.01, other library builds); 6 seeds halve the
+# variance. A mode switch that costs accuracy beyond the noise (issue 30's
+# concern: points, not tenths of one) still fails.
+SEEDS = range(6)
+STANDARD_ERRORS = 2.0
+
+
+def allowed_dip(a: np.ndarray, b: np.ndarray) -> float:
+    """How far the mean of ``b`` may fall below that of ``a`` by noise."""
+    return STANDARD_ERRORS * math.sqrt(
+        (a.var(ddof=1) + b.var(ddof=1)) / len(a))
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.name)
 def test_rule_release_accuracy_never_drops_as_epsilon_grows(shape):
     split = sweep.simulate(shape, val_per_class=500)
-    curve, modes = [], set()
+    per_eps, modes = [], set()
     for eps in (1.0, 2.0, 4.0, 8.0):
-        runs = [rule_accuracy(split, eps, seed) for seed in (0, 1, 2)]
+        runs = [rule_accuracy(split, eps, seed) for seed in SEEDS]
         modes.update(mode for mode, _ in runs)
-        curve.append(float(np.mean([acc for _, acc in runs])))
+        per_eps.append(np.array([acc for _, acc in runs]))
     assert len(modes) >= 2  # the rule does switch on these shapes
-    assert all(b >= a for a, b in zip(curve, curve[1:])), curve
+    curve = [round(float(a.mean()), 4) for a in per_eps]
+    for a, b in zip(per_eps, per_eps[1:]):
+        dip = allowed_dip(a, b)
+        assert b.mean() >= a.mean() - dip, (curve, round(dip, 4))

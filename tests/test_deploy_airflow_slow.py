@@ -56,8 +56,11 @@ def airflow_venv(request) -> Path:
             print(f"\nbuilding the Airflow test virtualenv in {VENV} (a few "
                   f"minutes, ~2 GB; DPSYNTH_AIRFLOW_VENV moves it)",
                   file=sys.stderr, flush=True)
+    # This interpreter builds it (a venv's, pyenv's or the system's), not
+    # whichever python3 comes first on PATH.
     proc = subprocess.run(["bash", str(SETUP), str(VENV)], cwd=REPO,
-                          capture_output=True, text=True, timeout=1800)
+                          capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "PYTHON": sys.executable})
     if proc.returncode != 0:
         reason = (f"Airflow could not be installed into {VENV} by {SETUP}: "
                   f"{(proc.stderr or proc.stdout).strip()[-800:]}")

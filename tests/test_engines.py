@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -90,6 +91,36 @@ def _generate(out, *flags) -> Path:
     return Path(out)
 
 
+# Prism fails a job whose SDK worker has not connected one minute after it
+# was asked to start (a constant in Prism's Go code, no flag). A worker
+# process importing Beam on a machine under load (2 cores, a full CI run
+# beside other jobs) missed it twice in the issue-59 run. That is the
+# machine, not dpsynth: such a job gets one more attempt, in a new output
+# folder, and says so; any other failure, or a second miss, fails the test.
+PRISM_NO_WORKER = "didn't get control connection"
+
+
+def _generate_on(engine: str, out: Path, *flags) -> Path:
+    try:
+        return _generate(out, *flags)
+    except Exception as err:  # noqa: BLE001  (re-raised unless Prism's miss)
+        if engine != "prism" or PRISM_NO_WORKER not in str(err):
+            raise
+        print(f"prism: the SDK worker missed Prism's 1 min connection "
+              f"deadline ({str(err).splitlines()[0][:200]}); once more",
+              file=sys.stderr)
+    return _generate(out.with_name(out.name + "-again"), *flags)
+
+
+def _warm_worker_imports() -> None:
+    """Loads what a pool's SDK worker process imports once, so the first
+    job's worker reads it from the page cache (its start counts against
+    Prism's one minute)."""
+    subprocess.run([sys.executable, "-c",
+                    "import apache_beam.runners.worker.sdk_worker"],
+                   check=True, capture_output=True, timeout=600)
+
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -144,13 +175,14 @@ def several_files(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def _serve(cmd: list[str], port: int, log: Path):
+def _serve(cmd: list[str], port: int, log: Path, env: Optional[dict] = None):
     """Runs a server (a job server, a worker pool) until the block ends;
     yields localhost:port once it listens."""
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 cwd=REPO, env={**os.environ,
-                                               "PYTHONPATH": str(REPO)})
+                                               "PYTHONPATH": str(REPO),
+                                               **(env or {})})
     try:
         _wait_for_port(port, proc, log)
         yield f"localhost:{port}"
@@ -186,13 +218,18 @@ def prism_cluster(tmp_path_factory):
     binary = _engine("prism")
     scratch = tmp_path_factory.mktemp("prism")
     job_port, pool_port = _free_port(), _free_port()
+    _warm_worker_imports()
+    # The pool starts each SDK worker as `python -c ...`: this interpreter
+    # (a venv's python is found by its folder, never by realpath).
+    path = os.pathsep.join([os.path.dirname(sys.executable),
+                            os.environ.get("PATH", "")])
     with _serve([binary, "--job_port", str(job_port), "--serve_http=false",
                  "--log_level", "warn"], job_port,
                 scratch / "prism.log") as endpoint, \
         _serve([sys.executable, "-m",
                 "apache_beam.runners.worker.worker_pool_main",
                 "--service_port", str(pool_port)], pool_port,
-               scratch / "worker-pool.log") as pool:
+               scratch / "worker-pool.log", env={"PATH": path}) as pool:
         yield endpoint, pool, scratch / "worker-pool.log"
 
 
@@ -266,7 +303,7 @@ def test_k_means_on_several_files(engine, request, releases, several_files,
                                   tmp_path):
     flags = [*FILES, "--input", several_files, "--clusters", 2]
     args = _engine_args(engine, request)
-    out = _generate(tmp_path / engine, *flags, *SPLIT, *args)
+    out = _generate_on(engine, tmp_path / engine, *flags, *SPLIT, *args)
     assert_same_release(releases("k-means", flags), out)
     if engine == "prism":  # the SDK workers were the pool's processes
         log = request.getfixturevalue("prism_cluster")[2].read_text()
@@ -279,7 +316,7 @@ def test_vote_filter_on_several_files(engine, request, releases,
     flags = [*FILES, "--input", several_files, "--vote-filter",
              "--vote-threshold", 2]
     args = _engine_args(engine, request)
-    out = _generate(tmp_path / engine, *flags, *SPLIT, *args)
+    out = _generate_on(engine, tmp_path / engine, *flags, *SPLIT, *args)
     assert_same_release(releases("vote", flags), out)
 
 

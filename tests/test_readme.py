@@ -121,3 +121,24 @@ def test_help_texts_point_at_sections_that_exist():
             pytest.fail(f"dpsynth {name} --help names {stem} without the "
                         f"release's '_' prefix")
     assert "Covariance defaults" in refs
+
+
+def test_the_docs_link_only_to_files_a_clone_has():
+    """Relative links of README.md, deploy/README.md and docs/*.md resolve
+    inside the repository (docs/results.md pointed at ../shared/README.md,
+    which a clone does not have)."""
+    pages = [REPO / "README.md", REPO / "deploy" / "README.md",
+             *sorted((REPO / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        text = page.read_text()
+        if "../shared/" in text:
+            broken.append(f"{page.relative_to(REPO)}: names ../shared/")
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            path = target.split("#", 1)[0]
+            if not path or re.match(r"[a-z]+:", path):
+                continue
+            resolved = (page.parent / path).resolve()
+            if REPO not in resolved.parents or not resolved.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+    assert not broken, broken

@@ -1181,16 +1181,21 @@ def release_schema(paths: Sequence[str], spec: InputSpec
     lists) is refused whatever the files hold: taking d from the first row
     would release a one-row input and refuse an empty one, and that
     difference tells n = 0 from n = 1 (neighbouring datasets)."""
+    fmt = detect_format(paths[0], spec.fmt)
+    if fmt == "csv":  # a header without the expected columns, named first
+        with _open(paths[0]) as f:
+            csv_embedding_columns(_csv_header(f, paths[0]), paths[0], spec)
     for path in paths:
         dim = _schema_dim(path, spec)
         if dim is not None:
             return dim, path
-    fmt = detect_format(paths[0], spec.fmt)
     if fmt == "npz" or (fmt == "parquet"
                         and not _variable_list_column(paths[0], spec)):
         # Malformed (no such column, not a list...): reading names it.
         return input_schema(paths, spec)
     what = ("TFRecord input does" if fmt == "tfrecord" else
+            f"a CSV list column {spec.embedding_feature!r} does"
+            if fmt == "csv" else
             f"a Parquet column {spec.embedding_feature!r} of "
             "variable-length lists does")
     raise InputError(f"--input {spec.pattern!r}: {what} not record the "

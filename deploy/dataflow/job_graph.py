@@ -9,13 +9,14 @@ staging or submitting anything.
 ``setup`` creates (or reuses) a separate virtualenv with Beam's ``gcp``
 extra: DataflowRunner needs google-cloud-dataflow-client, apitools and more
 Google clients, which must not move the project's own pins (TensorFlow,
-protobuf). The venv sees the project's environment (``--system-site-packages``)
-and installs ``apache-beam[gcp]`` at the installed Beam version under a
+protobuf). The venv sees the project's environment (a ``.pth`` file naming
+its site-packages: ``overlay_venv``) and installs ``apache-beam[gcp]`` at the installed Beam version under a
 constraints file of that environment's ``pip freeze``, so every package the
 project already has keeps its version (a pin the extra refuses is dropped and
 reported). Default place ``$DPSYNTH_GCP_VENV`` or
 ``${XDG_CACHE_HOME:-~/.cache}/dpsynth/venv-gcp``; a stamp file records the Beam
-version, so a second call takes a second.
+version and the environment it was made over, so a second call takes a
+second.
 
 ``print`` runs Dataflow's own translation with ``--dry_run`` (Beam's
 TestOptions: ``DataflowRunner.run_pipeline`` stops before the API client) for
@@ -91,7 +92,81 @@ def _stamp(venv: Path) -> Path:
 
 def venv_ready(venv: Optional[Path] = None) -> bool:
     venv = venv or venv_dir()
-    return _stamp(venv).is_file() and venv_python(venv).is_file()
+    return (_stamp(venv).is_file() and venv_python(venv).is_file()
+            and overlay_current(venv))
+
+
+# ------------------------------------------------- venvs over this one
+# ``venv --system-site-packages`` reaches the *base* interpreter's
+# packages, not those of the venv this runs in (a venv's python is a
+# symlink to its base), so a helper venv made that way from a venv lacks
+# the project's dependencies (TensorFlow, scikit-learn...). Instead a
+# ``.pth`` file in the helper's site-packages appends the folders this
+# interpreter imports from: the same from a venv, pyenv or a system python.
+OVERLAY_PTH = "_dpsynth_overlay.pth"
+OVERLAY_STAMP = ".dpsynth-overlay.json"
+
+
+def dependency_paths() -> list[str]:
+    """The site-packages folders this interpreter imports from (a venv's
+    and, with ``--system-site-packages``, its base's; never a checkout on
+    ``sys.path``). The ``.pth`` files inside them (an editable install's
+    import hook) are not run from a helper venv: only its own are."""
+    return list(dict.fromkeys(
+        p for p in sys.path if os.path.isdir(p)
+        and os.path.basename(p) in ("site-packages", "dist-packages")))
+
+
+def _pins_digest() -> str:
+    """This environment's pins (``pip freeze``), hashed: a helper venv
+    resolved against other pins is rebuilt. Read without the checkout on
+    the path (its dpsynth.egg-info would add a pin when on PYTHONPATH)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    frozen = subprocess.run(
+        [sys.executable, "-m", "pip", "freeze", "--all", "--exclude-editable"],
+        capture_output=True, text=True, check=True, env=env,
+        cwd=os.path.abspath(os.sep)).stdout
+    pins = sorted(line for line in frozen.splitlines()
+                  if "==" in line and " @ " not in line
+                  and not line.lower().startswith("dpsynth=="))
+    return hashlib.sha256("\n".join(pins).encode()).hexdigest()[:16]
+
+
+def _overlay_record() -> dict:
+    return {"python": sys.version.split()[0], "pins": _pins_digest()}
+
+
+def overlay_venv(venv: Path) -> Path:
+    """A new venv (with pip) whose python also imports this interpreter's
+    packages, after its own; returns its python. pip inside it sees them
+    as installed and never uninstalls them (they lie outside the venv)."""
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    _write_overlay(venv)
+    (venv / OVERLAY_STAMP).write_text(json.dumps(_overlay_record()))
+    return python
+
+
+def _write_overlay(venv: Path) -> None:
+    purelib = subprocess.run(
+        [str(venv / "bin" / "python"), "-c",
+         "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True).stdout.strip()
+    Path(purelib, OVERLAY_PTH).write_text("\n".join(dependency_paths()) + "\n")
+
+
+def overlay_current(venv: Path) -> bool:
+    """Whether ``venv`` was made over an environment with this one's Python
+    and pins; if so its ``.pth`` is pointed at this environment (a CI venv
+    made afresh at the same place each run keeps its helpers)."""
+    try:
+        made = json.loads((venv / OVERLAY_STAMP).read_text())
+    except (OSError, ValueError):
+        return False
+    if made != _overlay_record():
+        return False
+    _write_overlay(venv)
+    return True
 
 
 def _constraints(path: Path, dropped: set[str]) -> None:
@@ -109,7 +184,7 @@ def install_keeping_pins(python: str, constraints: Path,
                          requirements: Sequence[str],
                          unpinned: Sequence[str] = ()) -> set[str]:
     """pip-installs ``requirements`` into the venv of ``python`` (one made
-    with ``--system-site-packages`` over this environment) under a
+    by ``overlay_venv`` over this environment) under a
     constraints file of this environment's pins but ``unpinned``, dropping
     each pin the requirements refuse; returns the dropped pins."""
     dropped: set[str] = {name.lower() for name in unpinned}
@@ -145,9 +220,7 @@ def ensure_venv(venv: Optional[Path] = None, quiet: bool = False) -> Path:
         import shutil
         shutil.rmtree(venv)
     venv.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages",
-                    str(venv)], check=True)
-    py = str(venv_python(venv))
+    py = str(overlay_venv(venv))
     dropped = install_keeping_pins(
         py, venv / "constraints.txt", [f"apache-beam[gcp]=={beam}",
                                        # the venv's own bundled setuptools

@@ -31,6 +31,7 @@ from typing import Iterator, Optional
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from dpsynth.pipelines.runner_names import JobServerFailed
 from dpsynth.pipelines.runners.beam_patch import (all_of, reads, replace_once,
                                                   takes)
 
@@ -66,7 +67,8 @@ def pipeline_run(options: PipelineOptions) -> Iterator[beam.Pipeline]:
 def _install() -> None:
     """Points Beam's environment builder at the current pipeline's scratch
     folder (outside ``pipeline_run`` it is Beam's), and has a job server
-    whose start failed remove its folder (each once per process)."""
+    whose start failed remove its folder and say so in one line
+    (``runner_names.JobServerFailed``; each once per process)."""
     from apache_beam.runners.portability import job_server
     from apache_beam.transforms import environments
     replace_once(environments, "python_sdk_dependencies", _in_scratch,
@@ -88,9 +90,17 @@ def _cleaned_start(beams):
     def start(self):
         try:
             return beams(self)
-        except BaseException:
+        except BaseException as err:
             if self._local_temp_root:
                 shutil.rmtree(self._local_temp_root, ignore_errors=True)
                 self._local_temp_root = None
-            raise
+            if isinstance(err, Exception) and not _stopped(err):
+                raise JobServerFailed(type(self).__name__, err) from err
+            raise  # Ctrl-C keeps its own one line and exit 130
     return start
+
+
+def _stopped(err: BaseException) -> bool:
+    """Whether a failed start was Ctrl-C (or SIGTERM) in another form."""
+    from dpsynth.pipelines import console
+    return console.interrupted(err) or console.ctrl_c_pressed()
