@@ -1,6 +1,6 @@
 """Issue 2 acceptance on real embeddings: the Beam job on CIFAR-10 features.
 
-Runs `python -m dpsynth.pipelines.generate` on ../shared/data/cifar10-effnetlite0/
+Runs `python -m dpsynth.pipelines.cli.generate` on ../shared/data/cifar10-effnetlite0/
 train.npz (the private set) at each epsilon, times it, and scores the shared
 README's logistic probe trained on the release on test.npz.
 
@@ -36,7 +36,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for eps in args.epsilons.split(","):
             out = os.path.join(tmp, f"eps{eps}")
-            cmd = [sys.executable, "-m", "dpsynth.pipelines.generate", "--input",
+            cmd = [sys.executable, "-m", "dpsynth.pipelines.cli.generate", "--input",
                    os.path.join(DATA, "train.npz"), "--num-classes", "10",
                    "--epsilon", eps, "--output", out, *extra]
             t0 = time.time()

@@ -1,6 +1,6 @@
 """Encode-stage timing and quality on the shared CIFAR-10 JPEGs (../shared/data/cifar10-images).
 
-For each DirectRunner worker count, runs `python -m dpsynth.pipelines.encode` in a fresh process over all train+test
+For each DirectRunner worker count, runs `python -m dpsynth.pipelines.cli.encode` in a fresh process over all train+test
 images (5,000 + 1,000, one job; a symlink tree ROOT/<class>/<split>-<file>.jpg keeps the split in the source
 name) and reports wall time and images/s (start-up, model loading and writing included). Then:
   * determinism: max |difference| between the outputs of the different worker counts;
@@ -49,7 +49,7 @@ def build_tree(images: str, target: str, per_class: int | None) -> int:
 
 
 def encode(tree: str, output: str, encoder: str, workers: int, batch_size: int) -> float:
-    cmd = [sys.executable, "-m", "dpsynth.pipelines.encode", "--images", tree, "--encoder", encoder, "--output", output,
+    cmd = [sys.executable, "-m", "dpsynth.pipelines.cli.encode", "--images", tree, "--encoder", encoder, "--output", output,
            "--batch-size", str(batch_size), "--keep-source-ids", "--runner=DirectRunner",
            f"--direct_num_workers={workers}",
            f"--direct_running_mode={'multi_processing' if workers > 1 else 'in_memory'}"]

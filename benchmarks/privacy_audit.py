@@ -136,7 +136,8 @@ def default_job_config(eps: float, classes: int, dim: int) -> dict:
     import dataclasses
     import json
     from dpsynth.dp_ops.config import labels_from
-    from dpsynth.pipelines import cli, generate, job
+    from dpsynth.pipelines import cli, job
+    from dpsynth.pipelines.cli import generate
     args, _ = cli.build_parser().parse_known_args(
         job_flags("in.npz", "out", eps, classes, dim))
     cfg = job.resolve_config(generate.spec_from_args(args), tuple(
@@ -163,7 +164,8 @@ def beam_release(x, y, eps: float, classes: int, dim: int, folder: str):
     import io
 
     import numpy as np
-    from dpsynth.pipelines import cli, release
+    from dpsynth.pipelines import cli
+    from dpsynth.pipelines.release import release
     data = os.path.join(folder, "in.npz")
     out = os.path.join(folder, "release")
     np.savez(data, embeddings=x, labels=y)

@@ -12,7 +12,7 @@ e.g. the DirectRunner's worker processes) are its own:
 
 * ``reference``: ``dpsynth.dp_ops.reference.generate`` on the whole array in memory
   (also times its stages, the vote filter among them);
-* ``direct``: ``python -m dpsynth.pipelines.generate --materialise-blocks`` on
+* ``direct``: ``python -m dpsynth.pipelines.cli.generate --materialise-blocks`` on
   DirectRunner, in process (one materialised PCollection of blocks);
 * ``direct2``: the same with ``--direct_num_workers=2`` (multi_processing);
 * ``dask2``: ``--runner dask`` on a ``distributed.LocalCluster`` of 2
@@ -258,7 +258,8 @@ def _gen_flags(args: argparse.Namespace) -> list[str]:
 def _config(flags: Sequence[str]):
     """GeneratorConfig from generate's own parser (same defaults)."""
     from dpsynth.dp_ops.config import labels_from
-    from dpsynth.pipelines import generate, job
+    from dpsynth.pipelines import job
+    from dpsynth.pipelines.cli import generate
     args, _ = _parse_generate(flags)
     # As the job resolves it ("auto" outside the adaptive plan: "shared").
     return job.resolve_config(generate.spec_from_args(args), tuple(
@@ -279,7 +280,7 @@ def _input_flags(data: str) -> list[str]:
 
 
 def _parse_generate(flags: Sequence[str]):
-    from dpsynth.pipelines import generate
+    from dpsynth.pipelines.cli import generate
     parser = generate.parser()
     flags = list(flags)
     if any("--record-timings" in a.option_strings for a in parser._actions):
@@ -328,7 +329,8 @@ def child_reference(data: str, flags: Sequence[str], result: str) -> None:
 def child_beam(data: str, flags: Sequence[str], result: str,
                profile: Optional[str] = None, reread: bool = False,
                dask_workers: int = 0) -> None:
-    from dpsynth.pipelines import console, generate, job
+    from dpsynth.pipelines import console, job
+    from dpsynth.pipelines.cli import generate
     # Re-reading the files every pass is generate's default layout; the
     # other modes keep one materialised copy of the blocks.
     layout = [] if reread else ["--materialise-blocks"]
@@ -1109,8 +1111,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if configs and args.modes == ",".join(DEFAULT_MODES):
         modes = list(FLOOR_MODES)
     if args.hosts:  # issue 52: speed-up over worker hosts
-        from benchmarks import scaling_hosts
-        return scaling_hosts.sweep_hosts(args, argv)
+        return hand_over("benchmarks.scaling_hosts", argv)
     if args.workers:  # issue 27: speed-up over worker counts
         return sweep_workers(args, configs)
     if args.report_from:  # re-report saved runs (e.g. a cut-short sweep)
@@ -1123,6 +1124,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args.clusters, args.vote = CONFIGS[config]
         results += run_grid(args, modes, config)
     return finish(results, args, configs)
+
+
+def hand_over(module: str, argv: Optional[Sequence[str]]) -> int:
+    """Runs ``python -m module`` with these flags (its exit code): a sweep
+    that builds on this module runs as its own command, which this module
+    does not import (no import circle)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    return subprocess.call([sys.executable, "-m", module,
+                            *(sys.argv[1:] if argv is None else argv)],
+                           env=env)
 
 
 def sweep_workers(args: argparse.Namespace, configs: Sequence[str]) -> int:
@@ -1274,7 +1287,9 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
     pipeline's)."""
     eng = ENGINES[engine]
     eng.launch(workers)
-    from dpsynth.pipelines import console, generate, job, machine
+    from dpsynth.pipelines import console, job
+    from dpsynth.pipelines.cli import generate
+    from dpsynth.pipelines.runners import machine
     from dpsynth.transforms import progress
     out = tempfile.mkdtemp(prefix="dpsynth-bench-")
     trace = os.path.join(out, "trace.tsv")

@@ -221,3 +221,14 @@ def sweep_hosts(args: argparse.Namespace, argv: Optional[Sequence[str]]
     scaling.write_section(args.out, args.section if args.section != "latest"
                           else "hosts", text)
     return 0 if all(r["rc"] == 0 for r in results) else 1
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m benchmarks.scaling_hosts --hosts 1,2 ...`` (what
+    ``benchmarks/scaling.py --hosts`` runs): scaling.py's flags."""
+    args = scaling.parser().parse_args(argv)
+    return sweep_hosts(args, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

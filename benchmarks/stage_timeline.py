@@ -69,7 +69,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     engine = scaling.ENGINES["direct"]
     engine.launch(args.workers)
-    from dpsynth.pipelines import console, generate, job
+    from dpsynth.pipelines import console, job
+    from dpsynth.pipelines.cli import generate
     from dpsynth.transforms import progress
     data = scaling.make_data(scaling.DEFAULT_CACHE, args.rows, args.dim)
     out = tempfile.mkdtemp(prefix="dpsynth-timeline-")

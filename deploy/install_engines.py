@@ -37,7 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
-from dpsynth.pipelines import prism
+from dpsynth.pipelines.runners import prism
 
 ENGINES = ("flink", "spark", "prism")
 DEFAULT_FLINK_VERSION = "1.20"

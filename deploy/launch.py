@@ -32,7 +32,7 @@ _FALSE = {"false", "0", "no", "off", ""}
 
 def _ensure_importable() -> None:
     try:
-        import dpsynth.pipelines.generate  # noqa: F401
+        import dpsynth.pipelines.cli.generate  # noqa: F401
     except ImportError:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         sys.path.insert(0, root)
@@ -88,7 +88,7 @@ def translate(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     _ensure_importable()
-    from dpsynth.pipelines import generate
+    from dpsynth.pipelines.cli import generate
     args = list(sys.argv[1:] if argv is None else argv)
     return generate.main(translate(args, generate.parser()))
 

@@ -3,7 +3,7 @@
 ``python -m dpsynth.deploy.publish --output ROOT/2026-01-01 --run-id ID
 --output-root ROOT`` checks that the
 published release (its ``_manifest.json`` is the commit point, see
-``pipelines/release.py``) was produced by run ``ID`` — a different run id
+``pipelines/release/release.py``) was produced by run ``ID`` — a different run id
 means another configuration wrote there, which must not pass silently — and
 that its files are the ones its manifest lists (sizes and sha256), then
 writes ``ROOT/LATEST.json`` (one object write: atomic on GCS and, through a
@@ -37,7 +37,7 @@ LATEST = "LATEST.json"  # = release.LATEST, which load_latest reads
 
 def summary(output: str, run_id: str, budget_store: Optional[str] = None,
             dataset_id: Optional[str] = None) -> dict:
-    from dpsynth.pipelines import release
+    from dpsynth.pipelines.release import release
     if not release.release_exists(output):
         raise release.ReleaseError(f"{output}: no {release.MANIFEST}; not a "
                                    "complete release")
@@ -73,7 +73,7 @@ def _check_recorded(output: str, run_id: str, digest: str, store: str,
     for the run (its staged manifest's sha256, taken by the launcher from
     the bytes it wrote): a release rewritten at --output together with its
     manifest's ``files`` checks out on its own, but not against the record."""
-    from dpsynth.pipelines import budget_store, release
+    from dpsynth.pipelines.release import budget_store, release
     recorded = budget_store.recorded_manifest(store, dataset_id, run_id)
     if recorded is None:
         raise release.ReleaseError(

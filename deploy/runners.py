@@ -2,7 +2,7 @@
 
 Each ``*_args`` function is pure: it turns a few named parameters into the
 ``--flag=value`` list that ``PipelineOptions`` (and so ``python -m
-dpsynth.pipelines.generate``) accepts. Nothing here imports Google Cloud clients or
+dpsynth.pipelines.cli.generate``) accepts. Nothing here imports Google Cloud clients or
 needs credentials; ``pipeline_options`` only builds a ``PipelineOptions``.
 
 Runners:
@@ -43,8 +43,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from dpsynth.pipelines.runner_names import (DASK_NAMES, default_running_mode,
-                                    resolve_dask)
+from dpsynth.pipelines.runners.runner_names import (DASK_NAMES, default_running_mode,
+                                                    resolve_dask)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -118,7 +118,7 @@ class RuleConstants:
     # so where the classes share one covariance they lose far less than
     # raw ones, and where each class has its own they win. Measured on
     # the issue-30 sweep and the real sets (3 seeds, validation splits,
-    # benchmarks/studies/results/covariance_rule_issue53.md): full
+    # benchmarks/results/studies/covariance_rule_issue53.md): full
     # CIFAR-10 at eps 4 / 8 gains 0.8 / 1.7 points over the shared mode
     # (0.8 / 0.4 below raw per-class matrices); the sweep's largest gap
     # stays 7.29 (k6-n1500-d1280-own, outside the band). Without the mu
@@ -150,7 +150,7 @@ class RuleConstants:
     # "spiked" replaces each noisy C_c by its spikes above the noise edge
     # and a flat bulk (``spiked_within``; issue 30: up to 15 points better
     # where classes have their own covariances, up to 18 worse where they
-    # share one, which is private; benchmarks/studies/results/
+    # share one, which is private; benchmarks/results/studies/
     # covariance_sweep.md). Spiked is the default since issue 53: with
     # the rule's pick it is within 0.5 points of raw where raw is picked
     # (s >= 5.5) and far ahead in the spiked band; "raw" and "spectral"
@@ -628,7 +628,7 @@ def class_block(noisy_projected: np.ndarray, n_c: float,
     """The class's own covariance inside the subspace: P^T M_c P / n_c -
     (P^T mu_c)(P^T mu_c)^T (a raw, noisy estimate; the noise is kept: it
     was measured to regularise the downstream classifier, see
-    benchmarks/studies/results/utility_study-issue13.md)."""
+    benchmarks/results/studies/utility_study-issue13.md)."""
     m = basis.T @ mean_c
     return noisy_projected / n_c - np.outer(m, m)
 

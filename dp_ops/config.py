@@ -10,7 +10,7 @@ from dpsynth.dp_ops.clipping import NORMALIZATIONS
 
 # "per-class" needs large classes: it won on CIFAR-10 (5,000 rows a class)
 # from epsilon 2 up and lost on the 140-row classes of the demo
-# (benchmarks/studies/results/utility_study.md, README). Class sizes are private:
+# (benchmarks/results/studies/utility_study.md, README). Class sizes are private:
 # "auto" (the CLI's default) spends a small budget on noisy class counts and
 # lets a public rule choose (dp_ops/adaptive.py, issue 13).
 COVARIANCE_MODES = ("auto", "shared", "per-class")
@@ -106,7 +106,7 @@ class GeneratorConfig:
     variance_floor: float = 1e-6  # as a fraction of clip_norm^2 / d
     covariance_rank: int = 128  # 0: diagonal clusters; r: + rank-r factors
     # factors from one "shared" or "per-class" matrix; "auto": the adaptive
-    # plan (dp_ops/adaptive.py), run by dpsynth.pipelines.generate
+    # plan (dp_ops/adaptive.py), run by dpsynth.pipelines.cli.generate
     covariance: str = "shared"
     vote_filter: bool = False
     vote_threshold: float = 6.0

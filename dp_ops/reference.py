@@ -2,7 +2,7 @@
 
 Same steps, same public seeds and, with a ``SeededNoise``, the same noise
 draws as the Beam pipeline: the speed yardstick and the statistical
-cross-check for ``dpsynth.pipelines.generate``.
+cross-check for ``dpsynth.pipelines.cli.generate``.
 """
 
 from __future__ import annotations

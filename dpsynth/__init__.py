@@ -16,7 +16,7 @@ __version__ = "0.2.0"
 
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if (not os.path.isdir(os.path.join(os.path.dirname(__file__), "pipelines"))
-        and os.path.isfile(os.path.join(_CHECKOUT, "pipelines", "cli.py"))):
+        and os.path.isfile(os.path.join(_CHECKOUT, "pipelines", "cli", "__init__.py"))):
     __path__.append(_CHECKOUT)  # noqa: F821 (a package's own __path__)
 
 # The API's names at the top (``from dpsynth import generate, GenerateSpec``),
@@ -26,7 +26,7 @@ _API = ("BudgetOptions", "EncodeSpec", "EvaluateSpec", "GenerateSpec",
         "GeneratorOptions", "ImageOptions", "InputOptions", "MLPOptions",
         "OutputOptions", "Release", "RunOptions", "encode",
         "evaluate", "generate", "sample")
-_READERS = ("load_latest", "load_release")  # dpsynth.pipelines.release
+_READERS = ("load_latest", "load_release")  # dpsynth.pipelines.release.release
 
 
 def __getattr__(name: str):
@@ -34,7 +34,7 @@ def __getattr__(name: str):
         from dpsynth.pipelines import api
         return getattr(api, name)
     if name in _READERS:
-        from dpsynth.pipelines import release
+        from dpsynth.pipelines.release import release
         return getattr(release, name)
     raise AttributeError(f"module 'dpsynth' has no attribute {name!r}")
 

@@ -19,7 +19,7 @@ release scored on real data; the report is NOT differentially private).
 Every option is a typed, frozen value (``dpsynth.pipelines.spec``); its defaults are
 the command line's. Errors are raised, not printed: ``UsageError`` and
 ``ValueError`` for a bad spec, ``dpsynth.transforms.io.InputError`` for bad input,
-``dpsynth.pipelines.release.ReleaseError``, and the budget store's
+``dpsynth.pipelines.release.release.ReleaseError``, and the budget store's
 ``BudgetExceeded`` / ``RunConflict`` / ``CapConflict``; in each case nothing
 was published.
 """
@@ -51,7 +51,7 @@ class Release:
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(x, y) of the synthetic rows."""
-        from dpsynth.pipelines import release
+        from dpsynth.pipelines.release import release
         x, y, _ = release.load_release(self.path)
         return x, y
 
@@ -59,7 +59,8 @@ class Release:
 def generate(spec: GenerateSpec) -> Release:
     """Runs one dpsynth job (plan, DP pipeline, atomic publication) and
     returns the published release."""
-    from dpsynth.pipelines import job, release
+    from dpsynth.pipelines import job
+    from dpsynth.pipelines.release import release
     path = job.run(spec)
     return Release(path, release.read_manifest(path))
 
@@ -101,8 +102,8 @@ def evaluate(spec: EvaluateSpec,
     The report reads the real training data and is NOT differentially
     private: keep it with the data owner. Raises ``ValueError`` for a bad
     spec, ``dpsynth.transforms.io.InputError`` for unreadable rows and
-    ``dpsynth.pipelines.release.ReleaseError``, before any report is written."""
-    from dpsynth.pipelines import evaluate as command
+    ``dpsynth.pipelines.release.release.ReleaseError``, before any report is written."""
+    from dpsynth.pipelines.cli import evaluate as command
     return command.run(spec, progress)
 
 
@@ -113,8 +114,8 @@ def sample(release_path: str, output: str, rows: int, seed: int = 1,
     mixture and publishes them at ``output`` (`dpsynth sample`). Post-
     processing: no private data is read and nothing is charged; the new
     manifest says ``"post_processing": true`` and names the source release.
-    Raises ``dpsynth.pipelines.sample.SampleError`` or ``ReleaseError``."""
-    from dpsynth.pipelines import sample as command
+    Raises ``dpsynth.pipelines.release.sample.SampleError`` or ``ReleaseError``."""
+    from dpsynth.pipelines.release import sample as command
     manifest = command.run(command.SampleSpec(release_path, output, rows,
                                               seed, overwrite))
     return Release(output, manifest)

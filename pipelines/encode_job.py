@@ -1,4 +1,4 @@
-"""The `dpsynth encode` job (its command line: pipelines/encode.py): the Beam graph that reads labelled
+"""The `dpsynth encode` job (its command line: pipelines/cli/encode.py): the Beam graph that reads labelled
 images, encodes them in the workers with RunInference and writes embeddings + labels, and the pieces
 `dpsynth generate --images` reuses (`encoded_image_blocks`).
 """
@@ -19,7 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 from dpsynth.models.encoders import get_encoder
 from dpsynth.pipelines.runners.beam_temp import pipeline_run
 from dpsynth.pipelines import locality
-from dpsynth.pipelines.options import UsageError, beam_options, local_blas_threads
+from dpsynth.pipelines.runners.options import UsageError, beam_options, local_blas_threads
 from dpsynth.pipelines.spec import EncodeSpec, ImageOptions
 from dpsynth.transforms.formats import ImageInputError
 from dpsynth.transforms.images import CheckBadImages, ReadImages, gate_on

@@ -5,7 +5,7 @@
 (calibration, the output check, the lifetime reservation), builds and runs
 the Beam graph into this launch's own staging folder, checks the staged
 release and publishes it atomically; see ``run`` for the protocol and
-``pipelines/budget_store.py`` for the lifetime ledger's side.
+``pipelines/release/budget_store.py`` for the lifetime ledger's side.
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ from dpsynth.dp_ops.calibration import validate_weights
 from dpsynth.dp_ops.config import GeneratorConfig, check_delta, labels_from
 from dpsynth.dp_ops.ledger import PrivacyLedger
 from dpsynth.dp_ops.noise import NoiseSource, make_noise_source
-from dpsynth.pipelines import (collector, console, consistency, demo, locality,
-                               release)
+from dpsynth.pipelines import console, demo, locality
+from dpsynth.pipelines.release import consistency, release
+from dpsynth.pipelines.runners import collector
 from dpsynth.pipelines.runners.beam_temp import pipeline_run
-from dpsynth.pipelines.options import UsageError, beam_options, local_blas_threads
+from dpsynth.pipelines.runners.options import UsageError, beam_options, local_blas_threads
 from dpsynth.pipelines.spec import GenerateSpec, ImageOptions
 from dpsynth.transforms import allocator, io
 from dpsynth.transforms.adaptive import (PHASE1_FILE, AdaptiveMixture, AdaptivePhase1,
@@ -230,7 +231,7 @@ def _check_noise_key_location(spec: GenerateSpec, opts: dict) -> None:
 def _check_workers(spec: GenerateSpec) -> None:
     """A given Dask cluster's workers run this dpsynth, and are on this
     machine where the run uses local paths (issue 60)."""
-    from dpsynth.pipelines import runner_names
+    from dpsynth.pipelines.runners import runner_names
     if not runner_names.is_dask(runner_names.runner_flag(spec.run.beam_args)):
         return
     from dpsynth.pipelines.runners import dask_runner
@@ -283,7 +284,7 @@ def _reserve(job: Job, spec: GenerateSpec):
     takes over the run id's reserved or staged attempt at no new cost."""
     if spec.budget.store is None:
         return None
-    from dpsynth.pipelines import budget_store
+    from dpsynth.pipelines.release import budget_store
     reservation = budget_store.reserve(
         spec.budget.store, spec.budget.dataset_id, job.run_id,
         job.reserved or job.ledger.mechanisms,
@@ -657,7 +658,7 @@ def pass_names(cfg: GeneratorConfig, spec: GenerateSpec) -> list[str]:
 
 def _progress_file(options, job: Job) -> ProgressFile:
     """A local progress file when the workers run on this machine."""
-    from dpsynth.pipelines.options import is_local
+    from dpsynth.pipelines.runners.options import is_local
     if not is_local(options):
         return ProgressFile(None)
     fd, path = tempfile.mkstemp(prefix=f"dpsynth-progress-{job.run_id}-")
@@ -735,7 +736,7 @@ def _run_pipelines(job: Job, spec: GenerateSpec, options,
     console.stop_if_ctrl_c()  # pressed while Beam was imported: read nothing
     release.discard(job.staging)  # a crashed attempt's partial files
     if lease.reservation is not None:
-        from dpsynth.pipelines import budget_store
+        from dpsynth.pipelines.release import budget_store
         budget_store.mark_running(lease.reservation)
     _checkpoint("running")
     t1 = time.time()
@@ -796,7 +797,7 @@ def _run_adaptive(job: Job, spec: GenerateSpec, options,
 def run(spec: GenerateSpec) -> str:
     """Runs the job; returns the published release path.
 
-    Protocol (see pipelines/budget_store.py for the lifetime ledger's side):
+    Protocol (see pipelines/release/budget_store.py for the lifetime ledger's side):
     reserve the spend (or take over the run id's attempt) -> run into this
     launch's own staging folder -> staged manifest (with every file's size
     and sha256) -> record the staged folder and its manifest's digest ->
@@ -829,7 +830,7 @@ def _run(spec: GenerateSpec) -> str:
         log.warning("!!! --epsilon inf: running WITHOUT NOISE. The output is "
                     "NOT differentially private. Debugging only. !!!")
     _check_workers(spec)  # before anything is charged
-    from dpsynth.pipelines import budget_store
+    from dpsynth.pipelines.release import budget_store
     _check_staged_leftovers(job, spec)
     staged = None  # the recorded staged release a retry re-publishes
     reservation = _reserve(job, spec)
@@ -914,7 +915,7 @@ def _stop_attempt(job: Job, spec: GenerateSpec, reservation,
     release that failed its checks (``rejected``: why) is removed and its
     attempt marked failed: a retry draws again and is charged again."""
     if reservation is not None:
-        from dpsynth.pipelines import budget_store
+        from dpsynth.pipelines.release import budget_store
         try:
             if rejected:
                 budget_store.reject_staged(reservation, rejected)
@@ -956,7 +957,7 @@ def _check_staged_leftovers(job: Job, spec: GenerateSpec) -> None:
                         job.run_id, folder)
             release.discard_staged(folder, job.output)
         return
-    from dpsynth.pipelines import budget_store
+    from dpsynth.pipelines.release import budget_store
     charged = budget_store.run_owners(spec.budget.store, spec.budget.dataset_id,
                                       job.run_id)
     unknown = sorted(f for t, f in complete.items() if t not in charged)
@@ -998,7 +999,7 @@ def _finish_published(job: Job, spec: GenerateSpec) -> None:
     """A retry after the manifest was written: record the publication (if
     the crash came before that) and clean up; nothing is recomputed."""
     if spec.budget.store is not None:
-        from dpsynth.pipelines import budget_store
+        from dpsynth.pipelines.release import budget_store
         budget_store.mark_published(spec.budget.store, spec.budget.dataset_id,
                                     job.run_id, job.output,
                                     release.manifest_digest(job.output))

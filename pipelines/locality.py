@@ -40,7 +40,7 @@ import socket
 import urllib.parse
 from typing import Optional
 
-from dpsynth.pipelines import runner_names
+from dpsynth.pipelines.runners import runner_names
 
 # Flags whose value names where Beam itself writes (Beam's own options).
 BEAM_PATH_FLAGS = (("temp_location", "--temp_location"),

@@ -1,7 +1,7 @@
 """What a `dpsynth generate` run is asked to do, as typed values.
 
 The command line turns its flags into one ``GenerateSpec`` (see
-``dpsynth.pipelines.generate.spec_from_args``); everything below the command line
+``dpsynth.pipelines.cli.generate.spec_from_args``); everything below the command line
 (``dpsynth.pipelines.job``, the Beam transforms) takes these values, never parsed
 flags. Python callers (the Airflow DAG, benchmarks, notebooks) build them
 directly and call ``dpsynth.pipelines.api.generate``. Every field is public
@@ -175,7 +175,7 @@ class EncodeSpec:
 class MLPOptions:
     """The paper's two-layer MLP (App. C.3 defaults). ``epochs`` None: the
     protocol's; ``learning_rate`` None: the paper's, raised on small
-    training sets (see ``dpsynth.pipelines.evaluate.scaled_learning_rate``)."""
+    training sets (see ``dpsynth.pipelines.cli.evaluate.scaled_learning_rate``)."""
 
     hidden: int = MLPConfig.hidden
     epochs: Optional[int] = None

@@ -34,7 +34,7 @@ def assert_release_matches_reference(out, x, y, cfg, noise_seed: int,
     returns the reference's (mixtures, synthetic x, synthetic y)."""
     from dpsynth.dp_ops import plan, reference
     from dpsynth.dp_ops.noise import SeededNoise
-    from dpsynth.pipelines.release import load_gmm
+    from dpsynth.pipelines.release.release import load_gmm
     mixes, xs, ys = reference.generate(x, y, cfg, plan.make_ledger(cfg),
                                        SeededNoise(noise_seed))
     gmm = load_gmm(str(out))
@@ -50,7 +50,7 @@ def release_dir(out):
     """The folder holding a published release's files (gmm.npz, data/...):
     the version folder its manifest names."""
     from pathlib import Path
-    from dpsynth.pipelines.release import release_root
+    from dpsynth.pipelines.release.release import release_root
     return Path(release_root(str(out)))
 
 
@@ -87,7 +87,7 @@ def assert_same_release(a, b, may_differ: frozenset = frozenset()) -> None:
     """Two published releases hold the same bytes: every file of the
     version folder, and the manifest but for the fields naming the run."""
     from pathlib import Path
-    from dpsynth.pipelines.release import read_manifest
+    from dpsynth.pipelines.release.release import read_manifest
     fa, fb = release_bytes(a), release_bytes(b)
     assert sorted(fa) == sorted(fb) and any(
         f.startswith("data/") for f in fa)

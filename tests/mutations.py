@@ -144,45 +144,45 @@ MUTATIONS: tuple[Mutation, ...] = (
               "test_a_key_folder_others_can_read_or_write_is_refused_before_"
               "any_data[493]",)),
     # --- the lifetime budget store and the attempt protocol
-    Mutation("label-rule-not-pinned", "pipelines/budget_store.py:_pin_label_rule",
+    Mutation("label-rule-not-pinned", "pipelines/release/budget_store.py:_pin_label_rule",
              "    if rule is None:\n        return\n",
              "    return\n",
              ("tests/test_label_rule.py::"
               "test_the_store_pins_the_rule_at_the_first_release[local]",)),
-    Mutation("no-charge-recorded", "pipelines/budget_store.py:reserve",
+    Mutation("no-charge-recorded", "pipelines/release/budget_store.py:reserve",
              '        doc["releases"].append(entry)\n', "",
              (STORE + "test_refuses_over_the_cap_and_writes_nothing[local]",)),
-    Mutation("cap-ignores-prior-spend", "pipelines/budget_store.py:reserve",
+    Mutation("cap-ignores-prior-spend", "pipelines/release/budget_store.py:reserve",
              'spent = _compose(doc["releases"] + [entry], cap_delta, accountant)',
              'spent = _compose([entry], cap_delta, accountant)',
              (STORE + "test_refuses_over_the_cap_and_writes_nothing[local]",)),
-    Mutation("no-owner-check", "pipelines/budget_store.py:_check_owner",
+    Mutation("no-owner-check", "pipelines/release/budget_store.py:_check_owner",
              '    if entry.get("owner") not in (None, reservation.owner) or (',
              '    if False and (',
              (STORE + "test_retry_before_any_data_was_read_spends_nothing"
               "[local]",)),
-    Mutation("no-live-lease-check", "pipelines/budget_store.py:_check_retry",
+    Mutation("no-live-lease-check", "pipelines/release/budget_store.py:_check_retry",
              "            and lease_left > 0):",
              "            and lease_left > 0 and False):",
              (OWNERSHIP + "test_a_launch_whose_lease_ran_out_can_change_nothing",)),
     # --- one run id, one release
-    Mutation("publish-over-same-run-id", "pipelines/release.py:_is_published",
+    Mutation("publish-over-same-run-id", "pipelines/release/release.py:_is_published",
              '    if current.get("run_id") == run_id:',
              "    if False:",
              (OWNERSHIP + "test_one_run_id_never_replaces_its_own_release",)),
     Mutation("publish-unrecorded-manifest",
-             "pipelines/release.py:_pinned_manifest",
+             "pipelines/release/release.py:_pinned_manifest",
              "    if sha256 is not None and hashlib.sha256(data).hexdigest() "
              "!= sha256:",
              "    if False:",
              ("tests/test_integrity_attacks.py::"
               "test_a_manifest_rewritten_after_it_was_recorded_local",)),
     Mutation("latest-names-a-non-private-release",
-             "pipelines/release.py:load_latest",
+             "pipelines/release/release.py:load_latest",
              '    if pinned.get("private") is not True:', "    if False:",
              ("tests/test_latest_digest.py::"
               "test_latest_edited_to_name_a_non_private_release_is_refused",)),
-    Mutation("sample-claims-private", "pipelines/sample.py:sample_manifest",
+    Mutation("sample-claims-private", "pipelines/release/sample.py:sample_manifest",
              '    private = src.get("private") is True\n',
              "    private = True\n",
              ("tests/test_sample.py::"
@@ -201,7 +201,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "            digest = release.manifest_digest(job.staging)\n",
              (WRITTEN + "test_shards_rewritten_after_the_writers_are_never_"
               "published[local-staged]",)),
-    Mutation("verify-sizes-only", "pipelines/release.py:verify_files",
+    Mutation("verify-sizes-only", "pipelines/release/release.py:verify_files",
              "    if not problems:\n        digests = _sha256_all(folder, wanted)",
              "    if False:\n        digests = _sha256_all(folder, wanted)",
              (WRITTEN + "test_a_flipped_byte_is_refused_by_verify_and_readers"
@@ -211,13 +211,13 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    if False:\n",
              (WRITTEN + "test_latest_json_pins_only_the_manifest_the_store_"
               "recorded[local]",)),
-    Mutation("placed-as-hard-link", "pipelines/release.py:_move",
+    Mutation("placed-as-hard-link", "pipelines/release/release.py:_move",
              "        os.replace(src, dst)\n",
              "        os.link(src, dst)\n",
              (WRITTEN + "test_a_staged_file_rewritten_after_an_api_publish"
               "[local]",)),
     # --- the staged release's consistency check
-    Mutation("check-staged-noop", "pipelines/consistency.py:check_staged",
+    Mutation("check-staged-noop", "pipelines/release/consistency.py:check_staged",
              "    labels = [c[\"label\"] for c in summary]\n",
              "    return\n    labels = [c[\"label\"] for c in summary]\n",
              ("tests/test_consistency.py::"

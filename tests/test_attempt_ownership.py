@@ -25,8 +25,9 @@ import numpy as np
 import pytest
 
 from dpsynth.dp_ops.ledger import Mechanism
-from dpsynth.pipelines import budget_store as bs
-from dpsynth.pipelines import cli, job, release
+from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines import cli, job
+from dpsynth.pipelines.release import release
 from tests.conftest import gmm_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

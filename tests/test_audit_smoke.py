@@ -25,7 +25,8 @@ import pytest
 from benchmarks import privacy_audit
 from dpsynth.dp_ops import adaptive
 from dpsynth.dp_ops.config import GeneratorConfig, labels_from
-from dpsynth.pipelines import cli, generate, job
+from dpsynth.pipelines import cli, job
+from dpsynth.pipelines.cli import generate
 
 CLASSES, RECORDS, DIM = 100, 40, 8
 

@@ -46,7 +46,7 @@ def test_a_seeded_release_on_the_floor_beam_is_byte_identical(tmp_path):
     _generate(python, data, tmp_path / "floor")
     assert_same_release(tmp_path / "newest", tmp_path / "floor",
                         may_differ=frozenset({"versions"}))
-    from dpsynth.pipelines.release import read_manifest
+    from dpsynth.pipelines.release.release import read_manifest
     beams = [read_manifest(str(tmp_path / n))["versions"]["apache-beam"]
              for n in ("newest", "floor")]
     assert beams == [apache_beam.__version__, beam_floor.floor()]

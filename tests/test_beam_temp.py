@@ -12,7 +12,7 @@ def test_a_pipeline_whose_build_stops_leaves_no_temporary_folder(
     """Beam removes a pipeline's local temporary folder only once run() is
     reached; Ctrl-C or bad input while the graph is built left it."""
     from dpsynth.pipelines.runners.beam_temp import pipeline_run
-    from dpsynth.pipelines.options import beam_options
+    from dpsynth.pipelines.runners.options import beam_options
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     with pytest.raises(stop):
         with pipeline_run(beam_options([])):
@@ -24,7 +24,7 @@ def test_a_pipeline_run_runs_what_was_built(tmp_path, monkeypatch):
     import apache_beam as beam
 
     from dpsynth.pipelines.runners.beam_temp import pipeline_run
-    from dpsynth.pipelines.options import beam_options
+    from dpsynth.pipelines.runners.options import beam_options
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "t"))
     (tmp_path / "t").mkdir()
     with pipeline_run(beam_options([])) as p:

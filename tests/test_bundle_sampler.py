@@ -14,7 +14,7 @@ from apache_beam.runners.worker import statesampler
 from apache_beam.utils import counters
 
 from dpsynth.pipelines.runners import bundle_sampler, direct_runner, worker_fork
-from dpsynth.pipelines.options import beam_options
+from dpsynth.pipelines.runners.options import beam_options
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth.pipelines import generate, locality
+from dpsynth.pipelines import locality
+from dpsynth.pipelines.cli import generate
 
 REPO = Path(__file__).resolve().parent.parent
 FAR = "203.0.113.7"  # TEST-NET-3: never this machine
@@ -329,7 +330,7 @@ class _FakeClient:
 
 def test_workers_on_another_dpsynth_are_refused():
     from dpsynth.pipelines import source_digest
-    from dpsynth.pipelines.options import ClusterMismatch
+    from dpsynth.pipelines.runners.options import ClusterMismatch
     from dpsynth.pipelines.runners import dask_runner
     ours = source_digest.identity()
     dask_runner.check_workers(_FakeClient({"tcp://127.0.0.1:1": ours}))
@@ -349,7 +350,7 @@ def test_a_worker_elsewhere_refuses_local_paths():
     """A scheduler on this machine may have workers elsewhere: local paths
     are refused once the workers are known, before any work is sent."""
     from dpsynth.pipelines import source_digest
-    from dpsynth.pipelines.options import ClusterMismatch
+    from dpsynth.pipelines.runners.options import ClusterMismatch
     from dpsynth.pipelines.runners import dask_runner
     ours = source_digest.identity()
     client = _FakeClient({"tcp://127.0.0.1:1": ours,
@@ -431,7 +432,7 @@ def test_a_real_worker_on_edited_code_stops_the_run_uncharged(tmp_path,
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("dpsynth: error: Dask worker tcp://127.0.0.1:")
     assert "install the launcher's dpsynth on every worker" in err
-    from dpsynth.pipelines import budget_store
+    from dpsynth.pipelines.release import budget_store
     assert budget_store.history(str(store), "d") == []  # nothing charged
     assert not (tmp_path / "out").exists()
 
@@ -490,6 +491,6 @@ def test_an_unreachable_scheduler_stops_the_run_uncharged(tmp_path, capsys):
     assert rc != 0 and len(err.splitlines()) == 1, err
     assert err.startswith("dpsynth: error: cannot reach the Dask scheduler "
                           "at tcp://127.0.0.1:")
-    from dpsynth.pipelines import budget_store
+    from dpsynth.pipelines.release import budget_store
     assert budget_store.history(str(store), "d") == []
     assert not (tmp_path / "out").exists()

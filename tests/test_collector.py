@@ -1,5 +1,5 @@
 """The job's process keeps its startup objects out of the cyclic
-collector's full scans while a job runs (pipelines/collector.py)."""
+collector's full scans while a job runs (pipelines/runners/collector.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import gc
 
 import pytest
 
-from dpsynth.pipelines import collector, job
+from dpsynth.pipelines import job
+from dpsynth.pipelines.runners import collector
 
 
 @pytest.fixture

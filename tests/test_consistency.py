@@ -1,5 +1,5 @@
 """The staged release's self-consistency check refuses what disagrees
-(pipelines/consistency.py ``check_staged``; issue 54, item 3).
+(pipelines/release/consistency.py ``check_staged``; issue 54, item 3).
 
 One small real release is copied and broken one way per test: rows per
 class other than the published counts, a missing or an unlisted shard, rows
@@ -19,7 +19,8 @@ import pytest
 
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.models.gmm import MixtureRelease
-from dpsynth.pipelines import cli, consistency, job, release
+from dpsynth.pipelines import cli, job
+from dpsynth.pipelines.release import consistency, release
 from dpsynth.pipelines.api import (GenerateSpec, GeneratorOptions, InputOptions,
                                    OutputOptions, generate)
 from dpsynth.transforms.write import DATA_DIR, GMM_FILE, tfrecord_bytes

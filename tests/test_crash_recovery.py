@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsynth.pipelines import budget_store, cli, consistency, job, release
+from dpsynth.pipelines import cli, job
+from dpsynth.pipelines.release import budget_store, consistency, release
 from tests.conftest import gmm_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -10,7 +10,8 @@ import os
 import numpy as np
 import pytest
 
-from dpsynth.pipelines import cli, release
+from dpsynth.pipelines import cli
+from dpsynth.pipelines.release import release
 from dpsynth.transforms import io
 from tests.conftest import gmm_data
 

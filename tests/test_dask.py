@@ -12,7 +12,7 @@ loopback (``distributed.LocalCluster``), driven by ``--runner dask``.
   self-consistent.
 * A GroupByKey runs on one partition per worker thread, not one per input
   partition (Dask's task shuffle of n partitions is ~n² tasks).
-* Without a scheduler address, ``python -m dpsynth.pipelines.generate --runner
+* Without a scheduler address, ``python -m dpsynth.pipelines.cli.generate --runner
   dask`` starts one local cluster for both phases of the adaptive plan,
   keeps Dask's logs and dashboard off the console and leaves no files.
 """
@@ -37,8 +37,9 @@ distributed = pytest.importorskip(
 
 import apache_beam as beam  # noqa: E402
 
-from dpsynth.pipelines import cli, generate  # noqa: E402
-from dpsynth.pipelines.options import beam_options  # noqa: E402
+from dpsynth.pipelines import cli
+from dpsynth.pipelines.cli import generate  # noqa: E402
+from dpsynth.pipelines.runners.options import beam_options  # noqa: E402
 from tests.conftest import (assert_same_release, dask_test_cluster,  # noqa: E402
                             gmm_data, release_dir)
 from dpsynth.transforms import io  # noqa: E402
@@ -73,7 +74,7 @@ def _dask(address: str) -> list[str]:
 def test_dask_flags_pass_the_strict_check(runner):
     """Every Dask name selects dpsynth's runner, and Beam's --dask_* options
     pass generate's strict flag check."""
-    from dpsynth.pipelines.options import beam_options, check_beam_args
+    from dpsynth.pipelines.runners.options import beam_options, check_beam_args
     argv = ["--runner", runner, "--dask_client_address", "tcp://10.0.0.5:8786",
             "--dask_npartitions=4", "--dask_dashboard=127.0.0.1:8787"]
     check_beam_args(argv, generate.parser(), "generate")
@@ -89,7 +90,7 @@ def test_dask_flags_pass_the_strict_check(runner):
     (["--dask_dashboard=127.0.0.1:8787"], "add --runner dask"),
 ])
 def test_bad_dask_flags_are_refused(argv, message):
-    from dpsynth.pipelines.options import UsageError, check_beam_args
+    from dpsynth.pipelines.runners.options import UsageError, check_beam_args
     with pytest.raises(UsageError, match=message):
         check_beam_args(argv, generate.parser(), "generate")
 
@@ -102,7 +103,7 @@ def test_bad_dask_flags_are_refused(argv, message):
 ])
 def test_local_dask_clusters_count_as_local(argv, local):
     """Workers on this machine write the operator's progress file."""
-    from dpsynth.pipelines.options import beam_options, is_local
+    from dpsynth.pipelines.runners.options import beam_options, is_local
     assert is_local(beam_options(argv)) is local
 
 
@@ -545,7 +546,7 @@ def test_secure_noise_release_is_self_consistent(scheduler, tmp_path):
     makes Dask recompute its results, which only the keyed noise of the
     privacy change (noise = f(per-run secret key, mechanism)) makes
     harmless."""
-    from dpsynth.pipelines.release import load_gmm, load_release
+    from dpsynth.pipelines.release.release import load_gmm, load_release
     out = tmp_path / "rel"
     _generate(out, *_dask(scheduler))
     _, y, manifest = load_release(str(out))
@@ -654,7 +655,7 @@ def test_demo_on_a_local_cluster_is_quiet_and_leaves_nothing(tmp_path):
     temp.mkdir()
     _generate(tmp_path / "direct", "--noise-seed", 7)
     run = subprocess.run(
-        [sys.executable, "-m", "dpsynth.pipelines.generate", "--runner", "dask",
+        [sys.executable, "-m", "dpsynth.pipelines.cli.generate", "--runner", "dask",
          "--output", str(tmp_path / "dask"), "--noise-seed", "7"],
         cwd=work, env={**os.environ, "TMPDIR": str(temp)},
         capture_output=True, text=True, timeout=300)

@@ -70,7 +70,7 @@ def test_settings_refuses_the_variable_with_an_unlisted_flag(nightly):
 def test_every_allowed_flag_is_a_quiet_generate_flag(nightly):
     """The allowlist names real flags of `dpsynth generate`, and none of
     those that print data-dependent values or weaken privacy."""
-    from dpsynth.pipelines import generate
+    from dpsynth.pipelines.cli import generate
     flags = {s[2:].replace("-", "_") for a in generate.parser()._actions
              for s in a.option_strings if s.startswith("--")}
     allowed = set(nightly.EXTRA_ARGS_ALLOWED)
@@ -111,7 +111,7 @@ def test_budget_check_logs_one_fixed_line_not_the_report(nightly, tmp_path,
     data. A re-run of a run id with 3 attempts and an over-cap run each
     log one line of fixed text and configuration."""
     from dpsynth.dp_ops.ledger import Mechanism
-    from dpsynth.pipelines import budget_store
+    from dpsynth.pipelines.release import budget_store
     store = str(tmp_path / "budgets")
     mech = [Mechanism("class=0/sum", "moments", "class=0", 1.0, 2.0)]
     for attempt in range(3):
@@ -124,7 +124,7 @@ def test_budget_check_logs_one_fixed_line_not_the_report(nightly, tmp_path,
     spent = budget_store.lifetime_spent(store, "digits-demo", 1e-5)
     # control: the store's own report does hold the attempt count
     report = subprocess.run(
-        [sys.executable, "-m", "dpsynth.pipelines.budget_store", "check",
+        [sys.executable, "-m", "dpsynth.pipelines.release.budget_store", "check",
          "--budget-store", store, "--dataset-id", "digits-demo", "--run-id",
          "digits-demo-2026-01-02", "--epsilon", "1", "--num-classes", "10"],
         capture_output=True, text=True)

@@ -176,7 +176,7 @@ def test_cli_parameters_and_dispatch():
 def test_dask_options_reach_beam():
     pytest.importorskip("distributed", reason="needs the dask extra")
     from apache_beam.runners.dask.dask_runner import DaskOptions
-    from dpsynth.pipelines import options
+    from dpsynth.pipelines.runners import options
     opts = runners.pipeline_options(runners.dask_args("tcp://10.0.0.5:8786"))
     assert opts.view_as(StandardOptions).runner == \
         "dpsynth.pipelines.runners.dask_runner.DaskRunner"
@@ -233,8 +233,8 @@ def test_flex_template_metadata_is_valid():
     for p in meta["parameters"]:
         assert set(p) >= {"name", "label", "helpText"}, p
     # Every template parameter is a flag `dpsynth generate` understands.
-    pytest.importorskip("dpsynth.pipelines.generate")
-    from dpsynth.pipelines import generate
+    pytest.importorskip("dpsynth.pipelines.cli.generate")
+    from dpsynth.pipelines.cli import generate
     parser = generate.parser()
     known = {a for action in parser._actions for a in action.option_strings}
     missing = {p["name"] for p in meta["parameters"]
@@ -245,10 +245,10 @@ def test_flex_template_metadata_is_valid():
 def _generate_available() -> str | None:
     """Why the real DirectRunner run cannot happen, or None."""
     try:
-        if importlib.util.find_spec("dpsynth.pipelines.generate") is None:
-            return "dpsynth.pipelines.generate does not exist yet"
+        if importlib.util.find_spec("dpsynth.pipelines.cli.generate") is None:
+            return "dpsynth.pipelines.cli.generate does not exist yet"
     except ImportError as e:
-        return f"dpsynth.pipelines.generate is not importable: {e}"
+        return f"dpsynth.pipelines.cli.generate is not importable: {e}"
     return None
 
 
@@ -257,7 +257,7 @@ def test_direct_runner_two_worker_processes_real_run(tmp_path):
     if reason:
         pytest.skip(reason)
     out = tmp_path / "release"
-    cmd = [sys.executable, "-m", "dpsynth.pipelines.generate",
+    cmd = [sys.executable, "-m", "dpsynth.pipelines.cli.generate",
            *runners.direct_args(num_workers=2), "--output", str(out),
            "--run-id", "direct-2proc"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
@@ -273,7 +273,7 @@ def test_direct_runner_two_worker_processes_real_run(tmp_path):
 def test_local_blas_threads_share_the_cores_among_direct_workers(monkeypatch):
     """DirectRunner's worker processes split the cores for large BLAS
     products (the vote search, encoders); other runners are left alone."""
-    from dpsynth.pipelines.options import beam_options, local_blas_threads
+    from dpsynth.pipelines.runners.options import beam_options, local_blas_threads
     monkeypatch.setattr("os.cpu_count", lambda: 64)  # the machine's
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
     assert local_blas_threads(beam_options([])) == 8  # the usable cores

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def parser():
-    from dpsynth.pipelines import generate
+    from dpsynth.pipelines.cli import generate
     return generate.parser()
 
 
@@ -71,7 +71,7 @@ def test_launch_runs_as_a_file_outside_the_repo(tmp_path):
 
 
 def _fake_release(path: Path, run_id: str) -> None:
-    from dpsynth.pipelines import release
+    from dpsynth.pipelines.release import release
     (path / "v-1").mkdir(parents=True)
     (path / "v-1" / "_gmm.npz").write_bytes(b"mixture")
     # LATEST.json needs the files' digests (this dpsynth always lists them).
@@ -126,7 +126,7 @@ def test_dataflow_classic_submit_command():
                   "gs://b/in/*.npz", "--output", "gs://b/rel/1",
                   PROJECT="proj", BUCKET="gs://b", REGION="europe-west4",
                   MAX_WORKERS="8")
-    assert cmd[:3] == [sys.executable, "-m", "dpsynth.pipelines.generate"]
+    assert cmd[:3] == [sys.executable, "-m", "dpsynth.pipelines.cli.generate"]
     assert {"--runner=DataflowRunner", "--project=proj",
             "--region=europe-west4", "--temp_location=gs://b/tmp",
             "--staging_location=gs://b/tmp/staging",
@@ -164,7 +164,7 @@ def test_flink_submit_command():
                   FLINK_MASTER="flink-jm:8081", ENVIRONMENT_TYPE="EXTERNAL",
                   ENVIRONMENT_CONFIG="localhost:50000", PARALLELISM="4",
                   FLINK_VERSION="1.20")
-    assert cmd[:3] == [sys.executable, "-m", "dpsynth.pipelines.generate"]
+    assert cmd[:3] == [sys.executable, "-m", "dpsynth.pipelines.cli.generate"]
     assert {"--runner=FlinkRunner", "--flink_master=flink-jm:8081",
             "--environment_type=EXTERNAL",
             "--environment_config=localhost:50000", "--parallelism=4",

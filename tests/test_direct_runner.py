@@ -16,7 +16,7 @@ import pytest
 
 from dpsynth.pipelines.runners import (direct_runner, parallel_shutdown,
                                        skip_empty_bundles, worker_fork)
-from dpsynth.pipelines.options import beam_options
+from dpsynth.pipelines.runners.options import beam_options
 
 
 class _Handler:
@@ -219,7 +219,7 @@ def test_a_dead_fork_server_falls_back_to_beams_worker_start(monkeypatch):
     (["--direct_num_workers", "many"], False),  # refused later, by Beam
 ])
 def test_worker_processes_are_read_from_the_flags_without_beam(argv, wanted):
-    from dpsynth.pipelines import runner_names
+    from dpsynth.pipelines.runners import runner_names
     assert runner_names.wants_worker_processes(argv) is wanted
 
 

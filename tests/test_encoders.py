@@ -16,7 +16,8 @@ from PIL import Image
 
 from dpsynth.models.encoders import EncoderError, EncoderUnavailableError, clip, get_encoder, list_encoders
 from dpsynth.models.encoders.preprocess import normalise_batch, prepare_image
-from dpsynth.pipelines import encode, encode_job
+from dpsynth.pipelines import encode_job
+from dpsynth.pipelines.cli import encode
 from tests.conftest import shared_image_subset, shared_path
 
 TWO_WORKERS = ["--runner=DirectRunner", "--direct_running_mode=multi_processing", "--direct_num_workers=2"]

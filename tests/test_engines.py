@@ -324,7 +324,7 @@ def test_direct_runner_stays_on_the_fnapi_runner():
     """With Prism installed, dpsynth's DirectRunner still runs Beam's
     FnApiRunner (Beam's DirectRunner would try Prism first): the byte
     comparisons above have one reference."""
-    from dpsynth.pipelines.options import beam_options, is_local
+    from dpsynth.pipelines.runners.options import beam_options, is_local
     for argv in ([], ["--runner", "DirectRunner"], ["--runner=direct"]):
         opts = beam_options(argv).get_all_options()
         assert opts["runner"] == "FnApiRunner", argv
@@ -357,5 +357,5 @@ def test_submit_scripts_run_what_the_tests_run(script, env, expected):
         cwd=REPO, capture_output=True, text=True, check=True,
         env={**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, **env})
     cmd = shlex.split(proc.stdout)
-    assert cmd == [sys.executable, "-m", "dpsynth.pipelines.generate", *expected,
+    assert cmd == [sys.executable, "-m", "dpsynth.pipelines.cli.generate", *expected,
                    "--noise-seed", "1", "--output", "/o"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dpsynth.dp_ops.clipping import normalize_rows
-from dpsynth.pipelines import evaluate
+from dpsynth.pipelines.cli import evaluate
 from tests.conftest import gmm_data
 
 FAST_MLP = ["--mlp-epochs", "3", "--mlp-lr", "0.05", "--mlp-batch-size", "64"]
@@ -148,7 +148,7 @@ def test_register_adds_the_subcommand():
 
 
 def test_real_rows_are_clipped_only_for_uncentred_releases():
-    from dpsynth.pipelines.evaluate import resolve_clip
+    from dpsynth.pipelines.cli.evaluate import resolve_clip
     assert resolve_clip("auto", {"config": {"center": False,
                                             "clip_norm": 0.5}}) == 0.5
     assert resolve_clip("auto", {"config": {"center": True,
@@ -311,7 +311,7 @@ def test_console_is_quiet_and_explains_every_metric(files, tmp_path):
     import sys
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     proc = subprocess.run(
-        [sys.executable, "-m", "dpsynth.pipelines.evaluate", "--synthetic",
+        [sys.executable, "-m", "dpsynth.pipelines.cli.evaluate", "--synthetic",
          files["syn"], "--real-train", files["train"], "--real-test",
          files["test"], "--normalize", "unit", "--metrics-max-rows", "200",
          "--output", files["out"], "--mlp-epochs", "2", "--no-ceiling"],

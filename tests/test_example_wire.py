@@ -140,7 +140,7 @@ def test_a_record_that_is_not_an_example_is_named(bad):
 
 def test_reading_tfrecords_does_not_import_tensorflow():
     code = ("import sys; import dpsynth.transforms.io, dpsynth.transforms.write, "
-            "dpsynth.pipelines.generate; print('tensorflow' in sys.modules)")
+            "dpsynth.pipelines.cli.generate; print('tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "False"

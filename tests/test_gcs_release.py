@@ -1,9 +1,9 @@
 """gs:// I/O against a real GCS emulator (fake-gcs-server on 127.0.0.1).
 
 Covers: google-cloud-storage <-> Beam FileSystems round trip; a real
-`python -m dpsynth.pipelines.generate` run that reads its input from gs:// and
+`python -m dpsynth.pipelines.cli.generate` run that reads its input from gs:// and
 publishes its release to gs://; and the atomic publication protocol of
-pipelines/release.py on an object store (the manifest is the commit point; a
+pipelines/release/release.py on an object store (the manifest is the commit point; a
 crash at any step leaves no readable release).
 """
 
@@ -27,9 +27,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _release_module():
     try:
-        from dpsynth.pipelines import release
+        from dpsynth.pipelines.release import release
     except ImportError as e:
-        pytest.skip(f"dpsynth.pipelines.release is not importable yet: {e}")
+        pytest.skip(f"dpsynth.pipelines.release.release is not importable yet: {e}")
     return release
 
 
@@ -97,7 +97,7 @@ def test_generate_reads_gs_input_and_publishes_gs_release(gcs):
     gcs.client().bucket(gcs.bucket).blob("private/digits-train.npz") \
         .upload_from_filename(train)
     output = gcs.uri("releases/2026-01-01")
-    cmd = [sys.executable, "-m", "dpsynth.pipelines.generate",
+    cmd = [sys.executable, "-m", "dpsynth.pipelines.cli.generate",
            "--input", gcs.uri("private/*.npz"), "--num-classes", "10",
            "--epsilon", "2", "--output", output, "--run-id", "gcs-e2e",
            "--runner=DirectRunner"]
@@ -250,7 +250,7 @@ def test_republish_after_crash_leaves_no_orphan_objects(gcs, monkeypatch):
 def test_budget_store_document_is_json_on_gcs(gcs):
     """The ledger object is plain JSON readable by any GCS client."""
     from dpsynth.dp_ops.ledger import Mechanism
-    from dpsynth.pipelines import budget_store
+    from dpsynth.pipelines.release import budget_store
     m = [Mechanism("class=0/count", "moments", "class=0", 1.0, 5.0)]
     budget_store.reserve(gcs.uri("budgets"), "digits", "r1", m, 0.5, 1e-5,
                          5.0, 1e-5)

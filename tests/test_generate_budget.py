@@ -4,7 +4,8 @@ import json
 
 import numpy as np
 
-from dpsynth.pipelines import budget_store, cli
+from dpsynth.pipelines import cli
+from dpsynth.pipelines.release import budget_store
 from tests.conftest import gmm_data
 
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dpsynth.pipelines import cli, generate
+from dpsynth.pipelines import cli
+from dpsynth.pipelines.cli import generate
 from tests.conftest import shared_image_subset
 from tests.test_encoders import _tiny_keras
 

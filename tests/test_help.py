@@ -48,7 +48,7 @@ def test_the_help_path_loads_no_pipeline_library(argv):
 
 
 def test_generate_help_starts_with_the_embeddings_and_explains_every_flag():
-    from dpsynth.pipelines import generate
+    from dpsynth.pipelines.cli import generate
     text = generate.parser().format_help()
     groups = [line for line in text.splitlines() if line.endswith(":")
               and not line.startswith(" ")]

@@ -506,7 +506,7 @@ def _store_flags(bucket) -> list[str]:
 
 
 def _attempts(bucket, run_id: str) -> list[dict]:
-    from dpsynth.pipelines import budget_store
+    from dpsynth.pipelines.release import budget_store
     return [e for e in budget_store.history(bucket.uri("budgets"), "hosts")
             if e["run_id"] == run_id]
 
@@ -515,7 +515,7 @@ def _only_the_release(bucket, out: str, keys_left: frozenset = frozenset()
                       ) -> None:
     """Under ``out``: the manifest and the one version folder it names;
     no noise key left but ``keys_left``."""
-    from dpsynth.pipelines.release import read_manifest
+    from dpsynth.pipelines.release.release import read_manifest
     root = read_manifest(bucket.uri(out))["root"]
     assert {n for n in bucket.names(out + "/")
             if not n.startswith(f"{out}/{root}/")} == {f"{out}/_manifest.json"}
@@ -564,7 +564,7 @@ def _wait_hit(cluster, job: subprocess.Popen, timeout: float = 300):
 
 
 def _staging_left(bucket, out: str) -> list[str]:
-    from dpsynth.pipelines.release import read_manifest
+    from dpsynth.pipelines.release.release import read_manifest
     root = read_manifest(bucket.uri(out))["root"]
     return [n for n in bucket.names(out + "/")
             if n != f"{out}/_manifest.json"

@@ -220,7 +220,8 @@ def test_gcs_folder_layout_encode_to_gcs(gcs, tree, tmp_path, monkeypatch):
     import tempfile
 
     import keras
-    from dpsynth.pipelines import encode, encode_job
+    from dpsynth.pipelines import encode_job
+    from dpsynth.pipelines.cli import encode
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # FnApiRunner: this process

@@ -41,8 +41,8 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth.pipelines import budget_store as bs
-from dpsynth.pipelines import release
+from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines.release import release
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsynth.pipelines import budget_store, release
+from dpsynth.pipelines.release import budget_store, release
 from tests.conftest import gmm_data
 
 REPO = Path(__file__).resolve().parent.parent

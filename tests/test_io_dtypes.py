@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsynth.pipelines import cli, release
+from dpsynth.pipelines import cli
+from dpsynth.pipelines.release import release
 from tests.conftest import gmm_data
 from dpsynth.transforms import io
 from dpsynth.transforms.write import tfrecord_bytes

@@ -16,7 +16,7 @@ from dpsynth.pipelines.runners import ipython_check
 BUILD = """
 import sys
 import apache_beam as beam
-from dpsynth.pipelines.options import beam_options
+from dpsynth.pipelines.runners.options import beam_options
 p = beam.Pipeline(options=beam_options([]))
 _ = p | beam.Create([1, 2]) | beam.Map(str)
 p.run().wait_until_finish()

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from dpsynth.dp_ops.ledger import Mechanism
-from dpsynth.pipelines import budget_store as bs
+from dpsynth.pipelines.release import budget_store as bs
 from dpsynth.pipelines import cli, job
 from tests.conftest import gmm_data
 
@@ -118,7 +118,7 @@ def test_the_store_pins_the_rule_at_the_first_release(store):
 
 
 def test_the_rule_generate_pins_comes_from_public_flags():
-    from dpsynth.pipelines.generate import parser, spec_from_args
+    from dpsynth.pipelines.cli.generate import parser, spec_from_args
     args = parser().parse_args(["--input", "x.parquet", "--labels", "3,1",
                                 "--label-feature", "y2"])
     spec = spec_from_args(args, [])

@@ -15,7 +15,7 @@ import pytest
 
 import dpsynth
 from dpsynth.deploy import publish
-from dpsynth.pipelines import release
+from dpsynth.pipelines.release import release
 from tests.test_deploy_scripts import _fake_release
 
 RUN = "nightly-2026-01-01"

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from dpsynth.dp_ops.noise import KeyedNoise
-from dpsynth.pipelines import cli, job, release
+from dpsynth.pipelines import cli, job
+from dpsynth.pipelines.release import release
 from tests.conftest import gmm_data
 from dpsynth.transforms.noise import StoredKeyNoise, key_uri, write_key
 
@@ -38,7 +39,7 @@ def test_the_launcher_gives_the_job_a_reference_not_the_key(tmp_path):
     """What the job's steps pickle after ``store_noise_key`` is the key
     object's URI, never the run's key (the fast check; the run below
     checks every payload a real multi_processing job pickles)."""
-    from dpsynth.pipelines import generate
+    from dpsynth.pipelines.cli import generate
     x, y = gmm_data(40, d=4, classes=2)
     np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
     (tmp_path / "keys").mkdir(mode=0o700)  # only ours (issue 58)

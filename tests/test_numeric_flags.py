@@ -13,7 +13,8 @@ import pytest
 
 from dpsynth.dp_ops import calibration
 from dpsynth.dp_ops.config import GeneratorConfig
-from dpsynth.pipelines import budget_store, cli, job
+from dpsynth.pipelines import cli, job
+from dpsynth.pipelines.release import budget_store
 
 BIG = "100000000000000000000"  # 1e20 as an integer
 

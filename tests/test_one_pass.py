@@ -108,7 +108,8 @@ def _readers_of_prepared_blocks(p: beam.Pipeline) -> dict:
 
 
 def _job(tmp_path, *flags):
-    from dpsynth.pipelines import generate, job
+    from dpsynth.pipelines import job
+    from dpsynth.pipelines.cli import generate
     x = np.random.default_rng(1).normal(size=(60, 8)).astype(np.float32)
     np.savez(tmp_path / "a.npz", embeddings=x, labels=np.arange(60) % 3)
     args, beam_argv = generate.parser().parse_known_args(

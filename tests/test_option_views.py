@@ -80,7 +80,7 @@ def test_options_are_held_weakly():
 
 
 def test_installed_for_every_pipeline_dpsynth_builds():
-    from dpsynth.pipelines.options import beam_options
+    from dpsynth.pipelines.runners.options import beam_options
     options = beam_options(["--runner", "DirectRunner"])
     assert options.view_as(DebugOptions) is options.view_as(DebugOptions)
 

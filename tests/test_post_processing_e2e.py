@@ -45,7 +45,7 @@ import numpy as np
 import pytest
 
 from dpsynth.pipelines import cli, job
-from dpsynth.pipelines.release import read_manifest
+from dpsynth.pipelines.release.release import read_manifest
 from tests.conftest import assert_same_release, dask_test_cluster
 from tests.forcing_noise import ForcingNoise, RecordingNoise, load_draws
 

@@ -14,8 +14,8 @@ from apache_beam.options.pipeline_options import PrismRunnerOptions
 from apache_beam.version import __version__ as BEAM
 
 from dpsynth.deploy import install_engines
-from dpsynth.pipelines import prism
-from dpsynth.pipelines.options import UsageError, beam_options
+from dpsynth.pipelines.runners import prism
+from dpsynth.pipelines.runners.options import UsageError, beam_options
 
 REPO = Path(__file__).resolve().parent.parent
 

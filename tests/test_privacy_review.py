@@ -481,7 +481,7 @@ def test_operator_progress_stays_on_the_console(run):
 def _scrub(text: str, run) -> str:
     """Removes paths, the run id and version folder names (random hex:
     all digits now and then), whose digits are not data."""
-    from dpsynth.pipelines.release import VERSION_PREFIX
+    from dpsynth.pipelines.release.release import VERSION_PREFIX
     text = text.replace(str(run["tmp"]), "<tmp>")
     text = re.sub(rf"{re.escape(VERSION_PREFIX)}[0-9a-f]+", "<version>", text)
     return text.replace(run["manifest"]["run_id"], "<run-id>")
@@ -568,7 +568,7 @@ def _allowed_numbers(run) -> list[float]:
     values += [len(m["privacy"]["mechanisms"]),
                sum(max(c["noisy_count"], 0) for c in m["classes"])]
     # The summary's budget shares by stage: a function of the plan.
-    from dpsynth.pipelines.summary import stage_shares
+    from dpsynth.pipelines.release.summary import stage_shares
     values += [100 * v for v in stage_shares(m["privacy"]["mechanisms"])
                .values()]
     return values

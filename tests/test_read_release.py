@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsynth.pipelines import cli, release
+from dpsynth.pipelines import cli
+from dpsynth.pipelines.release import release
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -78,7 +79,7 @@ def test_shuffled_rows_are_the_files_rows_in_the_seeded_order(
 
 def test_reading_a_release_prints_nothing(demo):
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); "
-            "from dpsynth.pipelines import release; "
+            "from dpsynth.pipelines.release import release; "
             f"x, y = release.load_release({demo!r}, as_='numpy')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
                           text=True, timeout=300)

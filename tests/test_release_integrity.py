@@ -26,8 +26,9 @@ from pathlib import Path
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
-from dpsynth.pipelines import budget_store as bs
-from dpsynth.pipelines import cli, job, release
+from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines import cli, job
+from dpsynth.pipelines.release import release
 from dpsynth.pipelines.api import (BudgetOptions, GenerateSpec, InputOptions,
                                    OutputOptions, RunOptions)
 

@@ -17,7 +17,8 @@ import pytest
 import sys
 from pathlib import Path
 
-from dpsynth.pipelines import cli, report
+from dpsynth.pipelines import cli
+from dpsynth.pipelines.cli import report
 from tests.conftest import gmm_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -10,7 +10,8 @@ import shutil
 import numpy as np
 import pytest
 
-from dpsynth.pipelines import cli, report
+from dpsynth.pipelines import cli
+from dpsynth.pipelines.cli import report
 from tests.conftest import gmm_data
 
 BANNER = "This release is NOT differentially private: "

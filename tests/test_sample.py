@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsynth.pipelines import cli, release, sample
+from dpsynth.pipelines import cli
+from dpsynth.pipelines.release import release, sample
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -30,7 +30,7 @@ def test_hosts_flag_and_job_command():
     assert {"--record-timings", "--runner"} <= set(cmd)
     assert "--vote-filter" not in cmd  # config `default`
     # generate's own parser takes every flag (unknown flags are errors)
-    from dpsynth.pipelines import generate
+    from dpsynth.pipelines.cli import generate
     generate.parser().parse_args(cmd[4:cmd.index("--runner")])
 
 

@@ -62,7 +62,8 @@ def test_both_block_layouts_match_in_memory_reference(tmp_path, layout):
     """The whole graph, re-reading the files every pass (default) or with
     the blocks materialised once, equals the reference with the same seeds,
     over several input files and small blocks."""
-    from dpsynth.pipelines import cli, generate
+    from dpsynth.pipelines import cli
+    from dpsynth.pipelines.cli import generate
     from dpsynth.pipelines.release import load_release
     from tests.conftest import assert_release_matches_reference, gmm_data
 

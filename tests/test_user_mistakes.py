@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsynth.pipelines import budget_store, cli
+from dpsynth.pipelines import cli
+from dpsynth.pipelines.release import budget_store
 from dpsynth.dp_ops.ledger import Mechanism
 
 REPO = Path(__file__).resolve().parent.parent

@@ -81,7 +81,7 @@ def test_the_wheel_and_sdist_hold_only_dpsynth(dists):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {
         "dpsynth", wheel.name.split("-py3")[0] + ".dist-info"}
-    assert "dpsynth/pipelines/cli.py" in names
+    assert "dpsynth/pipelines/cli/__init__.py" in names
     assert "dpsynth/models/classifiers.py" in names
     # The sdist (what Beam's --setup_file stages for Dataflow's workers)
     # installs one package; it ships no tests, benchmarks or results.

@@ -31,8 +31,9 @@ import numpy as np
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
-from dpsynth.pipelines import budget_store as bs
-from dpsynth.pipelines import job, release
+from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines import job
+from dpsynth.pipelines.release import release
 from dpsynth.transforms import digests, write
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

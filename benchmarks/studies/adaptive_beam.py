@@ -4,11 +4,11 @@ accuracy, on the fit / validation split of a shared TRAIN file.
 
     nice python benchmarks/studies/adaptive_beam.py --dataset cifar10 --epsilons 1,8
 
-Runs ``python -m dpsynth.pipelines.generate`` on the fit part (written to a
+Runs ``python -m dpsynth.pipelines.cli.generate`` on the fit part (written to a
 temporary .npz), the modes back to back per epsilon (same machine load,
 same secret noise seed: paired), scores the shared README's probe on the
 validation part and appends one JSON line per run to
-benchmarks/studies/results/adaptive_beam-issue13.jsonl. Test files are not read.
+benchmarks/results/studies/adaptive_beam-issue13.jsonl. Test files are not read.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ LOG = os.path.join(RESULTS, "adaptive_beam-issue13.jsonl")
 def run_job(fit: str, classes: int, eps: str, mode: str, seed: int,
             out: str, extra: list) -> float:
     """One `dpsynth generate` run; returns its wall seconds."""
-    cmd = [sys.executable, "-m", "dpsynth.pipelines.generate", "--input", fit,
+    cmd = [sys.executable, "-m", "dpsynth.pipelines.cli.generate", "--input", fit,
            "--num-classes", str(classes), "--epsilon", eps, "--covariance",
            mode, "--noise-seed", str(seed), "--output", out, *extra]
     t0 = time.time()

@@ -153,7 +153,7 @@ def main() -> int:
     ap.add_argument("--epsilons", default="4,8")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--report", action="store_true",
-                    help="write results/class_matrix_parts.md from the log")
+                    help="write benchmarks/results/studies/class_matrix_parts.md from the log")
     args = ap.parse_args()
     if args.report:
         text = report()

@@ -20,8 +20,8 @@ spectrum, scaled by a factor in [0.5, 2]: where class matrices can pay)
 or "t" (as "class", Student-t with 3 degrees of freedom: heavy tails). Rows are unit-normalised like the embeddings.
 
 Every (shape, mode, epsilon, seed) appends one JSON line to
-results/covariance_sweep.jsonl and is skipped when already there, so a
-rerun resumes. ``--report`` writes results/covariance_sweep.md: per shape
+benchmarks/results/studies/covariance_sweep.jsonl and is skipped when already there, so a
+rerun resumes. ``--report`` writes benchmarks/results/studies/covariance_sweep.md: per shape
 and epsilon the 3-seed mean of every mode, the current rule's pick (from
 the recorded noisy counts: the rule's inputs), the best mode, the gap, and
 whether the rule's mean ever drops as epsilon grows.
@@ -34,7 +34,7 @@ those shapes, with the misses and drops each adds on the other shapes
 against the defaults. Modes "family:<name>" sample the rule's own
 release from a richer family (``FAMILIES``; study only). The vectorised
 copy is of the issue-30 rule (shared / subspace / raw per-class);
-``--issue53`` writes results/covariance_rule_issue53.md with today's rule
+``--issue53`` writes benchmarks/results/studies/covariance_rule_issue53.md with today's rule
 (its spiked per-class band) from ``choose_structure`` itself, on the
 simulated shapes, the real sets and three held-out real sets
 (``study_data.PROXIES``).
@@ -144,7 +144,7 @@ SHAPES = [
 # "cifar10-full": the whole selection split of the CIFAR-10 train file
 # (~4,500 fitting rows a class); "cifar10-sub": 1,500 of them a class.
 REAL = ("20news", "cifar10-sub", "cifar10-full")
-# Real sets built from data PyPI wheels ship (benchmarks/real_sets.py,
+# Real sets built from data PyPI wheels ship (benchmarks/studies/real_sets.py,
 # issue 53): released from their train split, scored on their validation
 # split.
 BUILT = tuple(f"real:{n}" for n in ("digits-effnet", "pydoc-packages-minilm",
@@ -225,8 +225,8 @@ def cifar_subset(per_class: int = 1500) -> Split:
 
 
 def load_shape(name: str) -> Split:
-    if name.startswith("real:"):  # a set built by benchmarks/real_sets.py
-        from benchmarks import real_sets
+    if name.startswith("real:"):  # a set built by benchmarks/studies/real_sets.py
+        from benchmarks.studies import real_sets
         return real_sets.fit_split(name[len("real:"):])
     if name == "20news":
         return selection_split("20news")
@@ -773,7 +773,7 @@ per-class matrices post-processed "spiked" from s = n_typ mu / d^1.5 >=
 0.08 with n_typ >= 3 d and mu >= 0.6, and post-processes every per-class
 pick so. Its pick is in bold; the gap is to the best measured structure
 of the row. Real sets: the two shared sets (cifar10-sub: 1,500 rows a
-class), the three built by `benchmarks/real_sets.py`, and three held out
+class), the three built by `benchmarks/studies/real_sets.py`, and three held out
 from the fit (relabelled shared sets with large classes,
 `study_data.PROXIES`: 20news-binary, 20news-topics, cifar10-vehicles).
 Built sets have no spiked column: their classes (44-235 rows) never reach
@@ -902,19 +902,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="all",
                     help="comma list of shape names, 'all', 'sim', 'real' or "
-                    "'built' (benchmarks/real_sets.py's sets, built first)")
+                    "'built' (benchmarks/studies/real_sets.py's sets, built first)")
     ap.add_argument("--epsilons", default=",".join(map(str, EPSILONS)))
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--report", action="store_true",
-                    help="write results/covariance_sweep.md from the log")
+                    help="write benchmarks/results/studies/covariance_sweep.md from the log")
     ap.add_argument("--fit", action="store_true",
                     help="grid-search the rule's thresholds on the log")
     ap.add_argument("--require", default="",
                     help="with --fit: comma list of shapes the refit must "
                     "pick within 0.5 points of the best on (every eps)")
     ap.add_argument("--issue53", action="store_true",
-                    help="write results/covariance_rule_issue53.md: the "
+                    help="write benchmarks/results/studies/covariance_rule_issue53.md: the "
                     "default rule on every set (structures, its pick, gaps, "
                     "drops)")
     ap.add_argument("--band-grid", action="store_true",

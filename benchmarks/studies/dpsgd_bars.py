@@ -8,7 +8,7 @@ generator study (benchmarks/studies/study_data.py).
 
 Stage 1 (grid, seed 0) picks per epsilon the best grid point on the
 validation split; stage 2 reruns it with seeds 0..S-1. JSON lines go to
-benchmarks/studies/results/dpsgd_bars-issue13.jsonl.
+benchmarks/results/studies/dpsgd_bars-issue13.jsonl.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ so the fit ignores what the share costs the rest of the release).
 
 ``--measure`` caches the exact projected class sums (/tmp by default,
 ``--cache``; ~1 min); ``--report`` fits and writes
-results/heterogeneity_signal.md (~3 min). Shared data: study_data.SHARED
+benchmarks/results/studies/heterogeneity_signal.md (~3 min). Shared data: study_data.SHARED
 (../shared/data next to the checkout).
 """
 
@@ -486,7 +486,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="all",
                     help="comma list of shapes (default: the sweep log's)")
     ap.add_argument("--report", action="store_true",
-                    help="fit and write results/heterogeneity_signal.md")
+                    help="fit and write benchmarks/results/studies/heterogeneity_signal.md")
     ap.add_argument("--cache", default=CACHE)
     args = ap.parse_args()
     if args.measure:

@@ -10,7 +10,7 @@ stratified_holdout(y, 0.2, seed); for each learning rate of TUNING_GRID the
 paper's MLP is trained on the 80 % and scored on the 20 % (accuracy,
 log-loss) and on the REAL validation rows of the train file (accuracy).
 One JSON line per (dataset, eps, seed, lr) goes to
-benchmarks/studies/results/mlp_selection.jsonl. Test files are never read.
+benchmarks/results/studies/mlp_selection.jsonl. Test files are never read.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ Two ways to measure it:
   knows the best mode at the reduced budget: the price of the budget alone.
 - ``--run``: the design itself on the sweep's shapes (fresh releases,
   probe on each shape's held-out rows), appending to
-  results/paid_selection.jsonl (resumable); ``--report`` writes
-  results/paid_selection.md against the sweep's menu means and the rule.
+  benchmarks/results/studies/paid_selection.jsonl (resumable); ``--report`` writes
+  benchmarks/results/studies/paid_selection.md against the sweep's menu means and the rule.
 
     python -m benchmarks.studies.paid_selection --estimate
     nice -n 19 env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \\

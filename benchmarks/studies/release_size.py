@@ -4,7 +4,7 @@ mixture help the probe?
 Sampling from a release's mixture is post-processing (`dpsynth sample`),
 so a release could hold any number of rows at no privacy cost. For each
 shared set (validation split carved from the TRAIN file only:
-study_data.selection_split) or real set built by benchmarks/real_sets.py
+study_data.selection_split) or real set built by benchmarks/studies/real_sets.py
 (``real:<name>``: train / validation splits), epsilon and seed, this runs the default
 generator once (dpsynth.dp_ops.reference.generate_adaptive, the Beam job's
 in-memory twin, default rule constants) and scores the shared README's
@@ -17,8 +17,8 @@ multiple is also scored with C / multiple ("same penalty"), which
 separates what the extra rows carry from that.
 
 Each (set, epsilon, seed) appends a JSON line to
-results/release_size.jsonl and is skipped when there (a rerun resumes);
-``--report`` writes results/release_size.md.
+benchmarks/results/studies/release_size.jsonl and is skipped when there (a rerun resumes);
+``--report`` writes benchmarks/results/studies/release_size.md.
 
     nice -n 15 env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \\
         python -m benchmarks.studies.release_size --sets 20news,cifar10 \\
@@ -85,9 +85,9 @@ def run_one(split, eps: float, seed: int) -> dict:
 
 def load_split(name: str):
     """A shared set's selection split, or ``real:<set>`` built by
-    benchmarks/real_sets.py (train -> release, validation -> probe)."""
+    benchmarks/studies/real_sets.py (train -> release, validation -> probe)."""
     if name.startswith("real:"):
-        from benchmarks import real_sets
+        from benchmarks.studies import real_sets
         return real_sets.fit_split(name[len("real:"):])
     return selection_split(name)
 

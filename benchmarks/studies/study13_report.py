@@ -2,7 +2,7 @@
 
     python benchmarks/studies/study13_report.py   # prints markdown tables
 
-Reads benchmarks/studies/results/utility_study-issue13.jsonl (generator runs),
+Reads benchmarks/results/studies/utility_study-issue13.jsonl (generator runs),
 dpsgd_bars-issue13.jsonl (DP-SGD on the same splits) and
 gaussian_ceiling-<dataset>.json (noiseless ceilings). Cells are mean ±
 std over seeds (count in brackets), validation accuracy in %.
@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RESULTS = os.path.join(ROOT, "benchmarks", "studies", "results")
+RESULTS = os.path.join(ROOT, "benchmarks", "results", "studies")
 EPS = (1.0, 2.0, 4.0, 8.0)
 
 

@@ -29,7 +29,7 @@ SHARED = os.environ.get("DPSYNTH_SHARED_DATA") or os.path.join(
     os.path.dirname(ROOT), "shared", "data")
 DATASETS = {"cifar10": ("cifar10-effnetlite0", 0.1),
             "20news": ("20news-minilm", 0.2)}
-RESULTS = os.path.join(ROOT, "benchmarks", "studies", "results")
+RESULTS = os.path.join(ROOT, "benchmarks", "results", "studies")
 
 
 @dataclasses.dataclass
@@ -171,7 +171,7 @@ def append_record(path: str, rec: dict, shown: dict | None = None) -> None:
 
 
 def save_rows(filename: str, rows: list) -> str:
-    """A study's result rows as JSON under benchmarks/studies/results."""
+    """A study's result rows as JSON under benchmarks/results/studies."""
     os.makedirs(RESULTS, exist_ok=True)
     path = os.path.join(RESULTS, filename)
     with open(path, "w") as fh:

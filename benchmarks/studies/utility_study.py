@@ -16,7 +16,7 @@ Protocol (no peeking at the real test set):
 Candidates: the paper's diagonal k=8 mixture (the baseline), shared or
 per-class covariance factors, k, rank, budget split, and the DP centre
 with its clip radius. Round 1 (before the centre) is kept in
-results/utility_study-round1.md; benchmarks/studies/gaussian_ceiling.py gives the
+benchmarks/results/studies/utility_study-round1.md; benchmarks/studies/gaussian_ceiling.py gives the
 non-private ceilings of each covariance model.
 
 Every configuration is the in-memory reference (dpsynth.dp_ops.reference), which
@@ -47,7 +47,7 @@ from dpsynth.dp_ops.noise import SeededNoise  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(ROOT), "shared", "data",
                     "cifar10-effnetlite0")
-RESULTS = os.path.join(ROOT, "benchmarks", "studies", "results")
+RESULTS = os.path.join(ROOT, "benchmarks", "results", "studies")
 
 # name -> GeneratorConfig overrides (labels/epsilon added per run)
 CANDIDATES = {

@@ -4,7 +4,7 @@ shared datasets? Selection on validation splits of the TRAIN files only.
     python benchmarks/studies/utility_study13.py --dataset 20news --recipes A,B \
         --epsilons 1,2,4,8 --seeds 0,1,2
 
-Every run appends one JSON line to benchmarks/studies/results/utility_study-issue13
+Every run appends one JSON line to benchmarks/results/studies/utility_study-issue13
 .jsonl (dataset, recipe, epsilon, seed, validation accuracy).
 """
 

@@ -360,9 +360,9 @@ def build_graphs(generate_argv: Sequence[str],
     """Dry-run Dataflow descriptions of the run these `dpsynth generate`
     flags (Beam's options included) would launch: {"phase1", "phase2"}
     for ``--covariance auto``, {"main"} for a fixed plan."""
-    from dpsynth.pipelines import generate
+    from dpsynth.pipelines.cli import generate
     from dpsynth.pipelines import job as job_mod
-    from dpsynth.pipelines.options import beam_options
+    from dpsynth.pipelines.runners.options import beam_options
     from dpsynth.transforms.progress import ProgressFile
 
     args, beam_argv = generate.parser().parse_known_args(list(generate_argv))

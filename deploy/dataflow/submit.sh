@@ -6,7 +6,7 @@
 #   deploy/dataflow/submit.sh build-template
 #   deploy/dataflow/submit.sh run-template   key=value [key=value...]
 #
-# classic         runs `python -m dpsynth.pipelines.generate` here with DataflowRunner;
+# classic         runs `python -m dpsynth.pipelines.cli.generate` here with DataflowRunner;
 #                 workers get this project through --setup_file (or IMAGE, if
 #                 set, as --sdk_container_image). This process waits for the
 #                 job, then writes the manifest and publishes the release.
@@ -71,7 +71,7 @@ case "$mode" in
       run "$python" deploy/dataflow/job_graph.py print "${graph_flags[@]}" \
         "${beam_args[@]}" "$@"
     else
-      run "$python" -m dpsynth.pipelines.generate "${beam_args[@]}" "$@"
+      run "$python" -m dpsynth.pipelines.cli.generate "${beam_args[@]}" "$@"
     fi
     ;;
   build-template)

@@ -48,7 +48,7 @@ eval "beam_args=($beam_line)"
 [[ -n "${FLINK_VERSION:-}" ]] && beam_args+=("--flink_version=$FLINK_VERSION")
 
 if [[ "${DRY_RUN:-0}" == 1 ]]; then
-  printf '%q ' "$python" -m dpsynth.pipelines.generate "${beam_args[@]}" "$@"; echo
+  printf '%q ' "$python" -m dpsynth.pipelines.cli.generate "${beam_args[@]}" "$@"; echo
 else
-  exec "$python" -m dpsynth.pipelines.generate "${beam_args[@]}" "$@"
+  exec "$python" -m dpsynth.pipelines.cli.generate "${beam_args[@]}" "$@"
 fi

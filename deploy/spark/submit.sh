@@ -40,7 +40,7 @@ beam_line="$("$python" -m dpsynth.deploy.runners "${runner_flags[@]}")"
 eval "beam_args=($beam_line)"
 
 if [[ "${DRY_RUN:-0}" == 1 ]]; then
-  printf '%q ' "$python" -m dpsynth.pipelines.generate "${beam_args[@]}" "$@"; echo
+  printf '%q ' "$python" -m dpsynth.pipelines.cli.generate "${beam_args[@]}" "$@"; echo
 else
-  exec "$python" -m dpsynth.pipelines.generate "${beam_args[@]}" "$@"
+  exec "$python" -m dpsynth.pipelines.cli.generate "${beam_args[@]}" "$@"
 fi

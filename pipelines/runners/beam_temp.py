@@ -31,7 +31,7 @@ from typing import Iterator, Optional
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from dpsynth.pipelines.runner_names import JobServerFailed
+from dpsynth.pipelines.runners.runner_names import JobServerFailed
 from dpsynth.pipelines.runners.beam_patch import (all_of, reads, replace_once,
                                                   takes)
 

@@ -117,9 +117,9 @@ from apache_beam.runners.common import DoFnInvoker
 from apache_beam.runners.runner import PipelineResult, PipelineState
 from apache_beam.transforms.combiners import LiftedCombinePerKey
 
-from dpsynth.pipelines.machine import usable_cores
+from dpsynth.pipelines.runners.machine import usable_cores
 from dpsynth.pipelines import locality, source_digest
-from dpsynth.pipelines.options import ClusterLost, ClusterMismatch
+from dpsynth.pipelines.runners.options import ClusterLost, ClusterMismatch
 from dpsynth.pipelines.runners.beam_patch import kept, replace_once, takes
 from dpsynth.transforms.progress import trace, trace_path
 

@@ -23,7 +23,7 @@ fails to start or dies mid-job also leaves Beam's start in place.
 (``parallel_shutdown``, ``skip_empty_bundles``); none changes what a
 stage computes (a release is byte-identical across worker counts and both
 worker starts; tests/test_direct_runner.py). It is called by
-``dpsynth.pipelines.options.beam_options`` for the local runner, in the
+``dpsynth.pipelines.runners.options.beam_options`` for the local runner, in the
 submitting process (the runner side).
 """
 
@@ -37,7 +37,7 @@ import subprocess
 import sys
 from typing import Any, Optional, Sequence
 
-from dpsynth.pipelines import runner_names
+from dpsynth.pipelines.runners import runner_names
 from dpsynth.pipelines.runners import (parallel_shutdown, skip_empty_bundles,
                                        worker_fork)
 from dpsynth.pipelines.runners.beam_patch import reads, replace_once

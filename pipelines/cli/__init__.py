@@ -16,9 +16,9 @@ from typing import Optional, Sequence
 from dpsynth.pipelines import console
 
 # (module, takes Beam pipeline options)
-COMMANDS = (("dpsynth.pipelines.generate", True), ("dpsynth.pipelines.encode", True),
-            ("dpsynth.pipelines.evaluate", False), ("dpsynth.pipelines.report", False),
-            ("dpsynth.pipelines.sample", False))
+COMMANDS = (("dpsynth.pipelines.cli.generate", True), ("dpsynth.pipelines.cli.encode", True),
+            ("dpsynth.pipelines.cli.evaluate", False), ("dpsynth.pipelines.cli.report", False),
+            ("dpsynth.pipelines.release.sample", False))
 
 
 def build_parser(only: Optional[str] = None) -> console.Parser:
@@ -97,7 +97,3 @@ def _flush() -> None:
             stream.flush()
         except (OSError, ValueError):  # closed, or a pipe whose reader left
             pass
-
-
-if __name__ == "__main__":
-    run()

@@ -68,7 +68,7 @@ def _check_apart(source: str, output: str) -> None:
     spelling ('..', '//', file://, links, /proc/self/cwd): publishing
     replaces what --output held (--overwrite deleted the source), and
     writing inside the source changes a published release."""
-    from dpsynth.pipelines.release import lies_under
+    from dpsynth.pipelines.release.release import lies_under
     if lies_under(source, output) or lies_under(output, source):
         raise SampleError(
             f"--output {output} is the source release {source}, holds it or "
@@ -110,7 +110,7 @@ class Source:
 
 
 def _read(path: str) -> bytes:
-    from dpsynth.pipelines.release import FileSystems
+    from dpsynth.pipelines.release.release import FileSystems
     with FileSystems.open(path) as f:
         return f.read()
 
@@ -121,7 +121,7 @@ def read_source(path: str) -> Source:
     mixture does not match its manifest (wrong classes, noisy counts,
     width or covariance ranks: a swapped or damaged ``_gmm.npz``)."""
     from dpsynth.models.gmm import MixtureRelease
-    from dpsynth.pipelines import release
+    from dpsynth.pipelines.release import release
     from dpsynth.transforms import io
     if ".staging-" in path.rstrip("/").rsplit("/", 1)[-1]:
         raise SampleError(f"{path} is a run's staging folder, not a "
@@ -207,7 +207,7 @@ def _write_class(staging: str, label: int, mix, cfg, total: int, fmt: str,
     (as the generate pipeline's writers do); returns the shard names and
     adds each shard's size and sha256, of the bytes written, to ``files``."""
     from dpsynth.dp_ops import generator
-    from dpsynth.pipelines.release import FileSystems
+    from dpsynth.pipelines.release.release import FileSystems
     from dpsynth.transforms import digests, io, write
     shard_class = {"tfrecord": write.TFRecordShard,
                    "parquet": write.ParquetShard}[fmt]
@@ -294,7 +294,7 @@ def run(spec: SampleSpec) -> dict:
     """Draws ``spec.rows`` rows from the source's mixture and publishes them
     at ``spec.output``; returns the new manifest. Nothing is published on
     error (the staging folder is removed)."""
-    from dpsynth.pipelines import release
+    from dpsynth.pipelines.release import release
     from dpsynth.transforms import io, write
     release.check_output(spec.output, spec.overwrite)
     source = read_source(spec.release)
@@ -375,7 +375,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def handle(args: argparse.Namespace) -> int:
     """`dpsynth sample`: returns the exit status."""
-    from dpsynth.pipelines import release
+    from dpsynth.pipelines.release import release
     try:
         manifest = run(SampleSpec(args.release, args.output, args.rows,
                                   args.seed, args.overwrite))

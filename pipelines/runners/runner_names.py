@@ -1,6 +1,6 @@
 """Which Beam runner a ``--runner`` flag names; the Dask aliases.
 
-Kept free of Beam and Dask imports: ``dpsynth.pipelines.generate`` calls it for
+Kept free of Beam and Dask imports: ``dpsynth.pipelines.cli.generate`` calls it for
 every run, and ``dpsynth.deploy.runners`` (pure option builders) uses the names.
 """
 
@@ -54,7 +54,7 @@ def wants_worker_processes(argv: Sequence[str]) -> bool:
     """Whether these Beam flags run the local runner with worker processes
     (``--direct_running_mode multi_processing``, or several
     ``--direct_num_workers`` and no mode), read without importing Beam.
-    A hint for starting work early: ``dpsynth.pipelines.options.beam_options``
+    A hint for starting work early: ``dpsynth.pipelines.runners.options.beam_options``
     decides for real."""
     runner = runner_flag(argv)
     if runner is not None and runner.lower() not in LOCAL_RUNNERS:

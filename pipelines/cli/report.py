@@ -168,7 +168,7 @@ class Release:
 
 
 def read_release(path: str) -> Release:
-    from dpsynth.pipelines import release
+    from dpsynth.pipelines.release import release
     from dpsynth.transforms import io
     manifest = release.read_manifest(path)
     summary = manifest.get("classes", [])
@@ -192,7 +192,7 @@ def sample_rows(rel: Release, max_points: int, seed: int
     """A uniform subsample of at most ``max_points`` synthetic rows, read
     block by block (memory bounded by the sample, whatever the release
     size): every row gets a random key, the smallest keys are kept."""
-    from dpsynth.pipelines import release
+    from dpsynth.pipelines.release import release
     rng = np.random.default_rng(seed)
     keys = np.zeros(0)
     xs = np.zeros((0, rel.manifest.get("embedding_dim", 0)))
@@ -845,7 +845,7 @@ def build_report(rel: Release, evaluation, max_points: int, seed: int
 
 def handle(args: argparse.Namespace) -> int:
     """`dpsynth report`: returns the exit status."""
-    from dpsynth.pipelines import release
+    from dpsynth.pipelines.release import release
     from dpsynth.transforms.io import InputError
     output = args.output or default_output(args.release)
     try:

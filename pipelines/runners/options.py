@@ -15,19 +15,16 @@ from typing import Iterable, Optional, Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from dpsynth.pipelines import locality, prism, runner_names
+from dpsynth.pipelines import locality
+from dpsynth.pipelines.runners import prism, runner_names
 from dpsynth.pipelines.runners import (bundle_sampler, dofn_specs,
                                        ipython_check, option_views)
-from dpsynth.pipelines.machine import usable_cores
+from dpsynth.pipelines.runners.machine import usable_cores
+from dpsynth.pipelines.runners.errors import ClusterLost  # noqa: F401
 
 
 class UsageError(ValueError):
     """A bad flag or flag combination, found before any data is read."""
-
-
-class ClusterLost(RuntimeError):
-    """The runner lost its cluster mid-run (a Dask scheduler gone): one
-    line, not a traceback; the attempt stays charged (issue 52)."""
 
 
 class ClusterMismatch(UsageError):

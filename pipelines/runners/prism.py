@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
-from dpsynth.pipelines import runner_names
+from dpsynth.pipelines.runners import runner_names
 
 INSTALL_COMMAND = "python -m dpsynth.deploy.install_engines prism"
 PRISM_NAMES = frozenset({

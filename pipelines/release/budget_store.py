@@ -15,7 +15,7 @@ reaches a release, ``LATEST.json`` or a notification.
 Lifetime cap. The cap (epsilon, delta) is pinned in the document when it is
 created. A later run may ask for a stricter epsilon (used for its own check)
 but never a larger one nor another delta (``CapConflict``); only the logged
-admin command ``python -m dpsynth.pipelines.budget_store set-cap ... --reason`` changes
+admin command ``python -m dpsynth.pipelines.release.budget_store set-cap ... --reason`` changes
 it, and the change is kept in the document.
 
 Label rule. The rule that makes a record's class (the label feature, or
@@ -271,7 +271,7 @@ def reserve(store_uri: str, dataset_id: str, run_id: str,
                 f"{len(doc['releases'])} earlier attempt(s), see "
                 f"{_document_uri(store_uri, dataset_id)}). Nothing was run or "
                 "written; lower --epsilon, or raise the cap deliberately "
-                "with `python -m dpsynth.pipelines.budget_store set-cap`.")
+                "with `python -m dpsynth.pipelines.release.budget_store set-cap`.")
         entry["lifetime_epsilon_after"] = spent
         doc["releases"].append(entry)
         result.update(already_spent=False, entry=copy.deepcopy(entry),
@@ -314,12 +314,12 @@ def _cap_for_run(doc: dict, store_uri: str, epsilon: Optional[float],
         raise CapConflict(
             f"{where}: --lifetime-delta {delta:g} differs from the dataset's "
             f"pinned lifetime delta {cap_delta:g}; drop the flag, or change "
-            "the cap with `python -m dpsynth.pipelines.budget_store set-cap`")
+            "the cap with `python -m dpsynth.pipelines.release.budget_store set-cap`")
     if epsilon is not None and epsilon > cap_eps * (1 + _REL_TOL):
         raise CapConflict(
             f"{where}: --lifetime-epsilon {epsilon:g} is above the dataset's "
             f"pinned lifetime cap {cap_eps:g}; a run cannot widen it (an "
-            "administrator can: `python -m dpsynth.pipelines.budget_store set-cap`)")
+            "administrator can: `python -m dpsynth.pipelines.release.budget_store set-cap`)")
     return (cap_eps if epsilon is None else float(epsilon)), cap_delta
 
 
@@ -977,7 +977,7 @@ def _epsilon_flag(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dpsynth.pipelines.budget_store")
+    p = argparse.ArgumentParser(prog="python -m dpsynth.pipelines.release.budget_store")
     sub = p.add_subparsers(dest="command", required=True)
     for name in ("show", "check", "set-cap"):
         s = sub.add_parser(name)
@@ -1015,7 +1015,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m dpsynth.pipelines.budget_store {show,check,set-cap} ...``.
+    """``python -m dpsynth.pipelines.release.budget_store {show,check,set-cap} ...``.
 
     ``show`` prints the history and the lifetime epsilon; ``check`` is the
     pre-flight of a scheduled run: exit 0 if a release with the planned

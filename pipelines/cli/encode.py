@@ -1,7 +1,7 @@
 """`dpsynth encode`: labelled images → embeddings + labels, encoded in Beam workers with RunInference.
 
     dpsynth encode --images ROOT_OR_PATTERN --encoder NAME --output OUT.npz|OUT.tfrecord [beam options]
-    python -m dpsynth.pipelines.encode ...   (same flags; any flag not listed here goes to Beam: --runner,
+    python -m dpsynth.pipelines.cli.encode ...   (same flags; any flag not listed here goes to Beam: --runner,
                                       --direct_num_workers, --project, ...)
 
 Output by extension: `.npz` (arrays `embeddings` float32 [n, d], `labels` int64 [n], `classes` when known; rows
@@ -26,7 +26,7 @@ import sys
 from typing import Optional, Sequence
 
 from dpsynth.pipelines.help_format import DefaultsHelpFormatter
-from dpsynth.pipelines.image_flags import add_image_arguments
+from dpsynth.pipelines.cli.image_flags import add_image_arguments
 from dpsynth.pipelines.spec import EncodeSpec, ImageOptions
 from dpsynth.transforms.formats import ImageInputError
 
@@ -94,7 +94,7 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> int:
         # Beam and the job load here, after the flags parsed.
         from dpsynth.models.encoders import EncoderError, EncoderUnavailableError
         from dpsynth.pipelines import encode_job
-        from dpsynth.pipelines.options import UsageError, check_beam_args
+        from dpsynth.pipelines.runners.options import UsageError, check_beam_args
         from dpsynth.transforms.formats import BadImagesError
 
         def go() -> int:

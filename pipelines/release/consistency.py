@@ -26,7 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 from dpsynth.dp_ops import generator
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.models.gmm import MixtureRelease
-from dpsynth.pipelines.release import ReleaseError
+from dpsynth.pipelines.release.release import ReleaseError
 from dpsynth.transforms import io
 from dpsynth.transforms.write import DATA_DIR, GMM_FILE, record_bytes
 
