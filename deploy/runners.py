@@ -43,8 +43,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from dpsynth.pipelines.runners.runner_names import (DASK_NAMES, default_running_mode,
-                                                    resolve_dask)
+from dpsynth.pipelines.runners.runner_names import DASK_NAMES, default_running_mode
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -431,6 +430,7 @@ def pipeline_options(args: Sequence[str]):
     """PipelineOptions from an arg list (imports Beam, nothing of GCP; Dask
     names resolve to dpsynth's runner, as in ``dpsynth generate``)."""
     from apache_beam.options.pipeline_options import PipelineOptions
+    from dpsynth.pipelines.runners.options import resolve_dask
     return PipelineOptions(resolve_dask(args))
 
 

@@ -31,9 +31,9 @@ from dpsynth.dp_ops.calibration import validate_weights
 from dpsynth.dp_ops.config import GeneratorConfig, check_delta, labels_from
 from dpsynth.dp_ops.ledger import PrivacyLedger
 from dpsynth.dp_ops.noise import NoiseSource, make_noise_source
-from dpsynth.pipelines import console, demo, locality
+from dpsynth.pipelines import console, demo
+from dpsynth.pipelines.runners import collector, locality
 from dpsynth.pipelines.release import consistency, release
-from dpsynth.pipelines.runners import collector
 from dpsynth.pipelines.runners.beam_temp import pipeline_run
 from dpsynth.pipelines.runners.options import UsageError, beam_options, local_blas_threads
 from dpsynth.pipelines.spec import GenerateSpec, ImageOptions

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth.pipelines import locality
+from dpsynth.pipelines.runners import locality
 from dpsynth.pipelines.cli import generate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -329,7 +329,7 @@ class _FakeClient:
 
 
 def test_workers_on_another_dpsynth_are_refused():
-    from dpsynth.pipelines import source_digest
+    from dpsynth.pipelines.runners import source_digest
     from dpsynth.pipelines.runners.options import ClusterMismatch
     from dpsynth.pipelines.runners import dask_runner
     ours = source_digest.identity()
@@ -349,7 +349,7 @@ def test_workers_on_another_dpsynth_are_refused():
 def test_a_worker_elsewhere_refuses_local_paths():
     """A scheduler on this machine may have workers elsewhere: local paths
     are refused once the workers are known, before any work is sent."""
-    from dpsynth.pipelines import source_digest
+    from dpsynth.pipelines.runners import source_digest
     from dpsynth.pipelines.runners.options import ClusterMismatch
     from dpsynth.pipelines.runners import dask_runner
     ours = source_digest.identity()
@@ -374,7 +374,7 @@ def test_the_source_digest_follows_the_files(tmp_path):
     with open(copy / "dp_ops" / "noise.py", "a") as f:
         f.write("# edited\n")
     assert _digest_in(copy) != base
-    from dpsynth.pipelines import source_digest
+    from dpsynth.pipelines.runners import source_digest
     assert _digest_in(_copy_of_the_code(tmp_path / "b")) == \
         source_digest.source_sha256()
 
@@ -388,7 +388,7 @@ def _copy_of_the_code(dest: Path) -> Path:
 
 def _digest_in(root: Path) -> str:
     return subprocess.run(
-        [sys.executable, "-c", "from dpsynth.pipelines import source_digest;"
+        [sys.executable, "-c", "from dpsynth.pipelines.runners import source_digest;"
          "print(source_digest.source_sha256())"],
         env={**os.environ, "PYTHONPATH": str(root)}, cwd=root,
         capture_output=True, text=True, check=True).stdout.strip()

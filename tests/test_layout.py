@@ -189,10 +189,10 @@ def test_no_circle_between_the_rooms_of_a_folder():
 
 
 def test_string_imports_are_seen():
-    """``runner_names`` imports the Dask runner by name: an arrow too."""
+    """``options`` imports the Dask runner by name: an arrow too."""
     graph = _graph()
     assert ("dpsynth.pipelines.runners.dask_runner"
-            in graph["dpsynth.pipelines.runners.runner_names"])
+            in graph["dpsynth.pipelines.runners.options"])
     assert any(n.startswith("benchmarks.") for n in graph)
 
 

@@ -19,7 +19,7 @@ rewrites all of them to ``dpsynth.pipelines.runners.dask_runner.DaskRunner``). N
   runner; a real deployment runs ``dask scheduler`` / ``dask worker``.
 * Before a pipeline on a given cluster (``--dask_client_address`` /
   ``--dask_scheduler_file``) is submitted, every worker reports its
-  dpsynth (version and source digest, ``pipelines/source_digest.py``):
+  dpsynth (version and source digest, ``pipelines/runners/source_digest.py``):
   one that differs from the launcher's stops the run in one line
   (``check_cluster``; the launcher runs it too, before the run is
   charged, with the run's local paths, which a worker elsewhere refuses).
@@ -118,8 +118,8 @@ from apache_beam.runners.runner import PipelineResult, PipelineState
 from apache_beam.transforms.combiners import LiftedCombinePerKey
 
 from dpsynth.pipelines.runners.machine import usable_cores
-from dpsynth.pipelines import locality, source_digest
-from dpsynth.pipelines.runners.options import ClusterLost, ClusterMismatch
+from dpsynth.pipelines.runners import locality, source_digest
+from dpsynth.pipelines.runners.errors import ClusterLost, ClusterMismatch
 from dpsynth.pipelines.runners.beam_patch import kept, replace_once, takes
 from dpsynth.transforms.progress import trace, trace_path
 

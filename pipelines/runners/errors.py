@@ -1,7 +1,7 @@
 """What a runner raises for the command line to print as one line. Kept
-apart from ``options`` (which re-exports it): the Dask runner raises it, and
-importing ``options`` from there closed a circle (options -> runner_names ->
-dask_runner -> options)."""
+apart from ``options`` (which re-exports them): the Dask runner raises
+them, and importing ``options`` from there closed a circle (options ->
+runner_names -> dask_runner -> options)."""
 
 from __future__ import annotations
 
@@ -9,3 +9,13 @@ from __future__ import annotations
 class ClusterLost(RuntimeError):
     """The runner lost its cluster mid-run (a Dask scheduler gone): one
     line, not a traceback; the attempt stays charged (issue 52)."""
+
+
+class UsageError(ValueError):
+    """A bad flag or flag combination, found before any data is read."""
+
+
+class ClusterMismatch(UsageError):
+    """The cluster's workers cannot run this job as planned (another
+    dpsynth, or hosts elsewhere given local paths): found before any work
+    is submitted (issue 60)."""

@@ -11,29 +11,52 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
+import importlib.util
 from typing import Iterable, Optional, Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from dpsynth.pipelines import locality
+from dpsynth.pipelines.runners import locality
 from dpsynth.pipelines.runners import prism, runner_names
 from dpsynth.pipelines.runners import (bundle_sampler, dofn_specs,
                                        ipython_check, option_views)
 from dpsynth.pipelines.runners.machine import usable_cores
-from dpsynth.pipelines.runners.errors import ClusterLost  # noqa: F401
-
-
-class UsageError(ValueError):
-    """A bad flag or flag combination, found before any data is read."""
-
-
-class ClusterMismatch(UsageError):
-    """The cluster's workers cannot run this job as planned (another
-    dpsynth, or hosts elsewhere given local paths): found before any work
-    is submitted (issue 60)."""
+from dpsynth.pipelines.runners.errors import (  # noqa: F401 (re-exported)
+    ClusterLost, ClusterMismatch, UsageError)
 
 
 LOCAL_RUNNERS = runner_names.LOCAL_RUNNERS
+
+
+def resolve_dask(argv: Sequence[str]) -> list[str]:
+    """``argv`` with a Dask runner name replaced by dpsynth's class path.
+
+    Other runners pass through unchanged. Refuses (ValueError) when the
+    ``dask`` extra is not installed, naming the install command. Imports
+    the runner module, which registers Beam's ``--dask_*`` options before
+    anything parses them.
+    """
+    argv = list(argv)
+    if not runner_names.is_dask(runner_names.runner_flag(argv)):
+        return argv
+    if importlib.util.find_spec("distributed") is None:
+        raise ValueError("--runner dask needs Dask: pip install "
+                         "'dpsynth[dask]' (apache-beam[dask])")
+    importlib.import_module("dpsynth.pipelines.runners.dask_runner")
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg.startswith("--runner="):
+            out.append(f"--runner={runner_names.DASK_RUNNER}")
+        elif arg == "--runner" and i + 1 < len(argv):
+            out.append(f"--runner={runner_names.DASK_RUNNER}")
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
 
 
 def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
@@ -84,7 +107,7 @@ def _resolve_runner(argv: Sequence[str]) -> list[str]:
     when ``--runner prism`` names none; a missing Dask install or Prism
     binary is a usage error."""
     try:
-        return prism.with_prism_location(runner_names.resolve_dask(argv))
+        return prism.with_prism_location(resolve_dask(argv))
     except ValueError as err:
         raise UsageError(str(err)) from None
 
@@ -116,7 +139,7 @@ def local_blas_threads(options: PipelineOptions) -> Optional[int]:
 
 def is_local(options: PipelineOptions) -> bool:
     """The job runs on this machine (its workers can use local files):
-    ``dpsynth.pipelines.locality`` holds the rule (issue 60)."""
+    ``dpsynth.pipelines.runners.locality`` holds the rule (issue 60)."""
     return locality.elsewhere(options.get_all_options()) is None
 
 

@@ -6,8 +6,6 @@ every run, and ``dpsynth.deploy.runners`` (pure option builders) uses the names.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from typing import Optional, Sequence
 
 # dpsynth's subclass of Beam's DaskRunner (pipelines/runners/dask_runner.py): it adds
@@ -67,35 +65,6 @@ def wants_worker_processes(argv: Sequence[str]) -> bool:
             return False
         mode = default_running_mode(workers)
     return mode == "multi_processing"
-
-
-def resolve_dask(argv: Sequence[str]) -> list[str]:
-    """``argv`` with a Dask runner name replaced by dpsynth's class path.
-
-    Other runners pass through unchanged. Refuses (ValueError) when the
-    ``dask`` extra is not installed, naming the install command. Imports
-    the runner module, which registers Beam's ``--dask_*`` options before
-    anything parses them.
-    """
-    argv = list(argv)
-    if not is_dask(runner_flag(argv)):
-        return argv
-    if importlib.util.find_spec("distributed") is None:
-        raise ValueError("--runner dask needs Dask: pip install "
-                         "'dpsynth[dask]' (apache-beam[dask])")
-    importlib.import_module("dpsynth.pipelines.runners.dask_runner")
-    out, skip = [], False
-    for i, arg in enumerate(argv):
-        if skip:
-            skip = False
-        elif arg.startswith("--runner="):
-            out.append(f"--runner={DASK_RUNNER}")
-        elif arg == "--runner" and i + 1 < len(argv):
-            out.append(f"--runner={DASK_RUNNER}")
-            skip = True
-        else:
-            out.append(arg)
-    return out
 
 
 # What a user gives instead when Beam cannot start a runner's job server
