@@ -50,7 +50,9 @@ within-class covariance W from the global matrix; in the subspace mode,
 per class, the top-r block of W is replaced by the class's own DP block
 (a hierarchy: per-class inside the subspace, shared outside), repaired to
 be positive semi-definite; in the per-class mode each class's factors come
-from its own matrix. Every class is released as factors [d, r'] + a
+from its own matrix (as released, "spiked", or, opt-in, "shrunk": mixed
+with the pooled matrix by a James-Stein weight computed from the released
+matrices, the noisy counts and the ledger's sigma, ``shrinkage_weights``). Every class is released as factors [d, r'] + a
 diagonal, so sampling stays two matrix products.
 """
 
