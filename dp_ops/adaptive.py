@@ -50,7 +50,9 @@ within-class covariance W from the global matrix; in the subspace mode,
 per class, the top-r block of W is replaced by the class's own DP block
 (a hierarchy: per-class inside the subspace, shared outside), repaired to
 be positive semi-definite; in the per-class mode each class's factors come
-from its own matrix. Every class is released as factors [d, r'] + a
+from its own matrix (as released, "spiked", or, opt-in, "shrunk": mixed
+with the pooled matrix by a James-Stein weight computed from the released
+matrices, the noisy counts and the ledger's sigma, ``shrinkage_weights``). Every class is released as factors [d, r'] + a
 diagonal, so sampling stays two matrix products.
 """
 
@@ -75,7 +77,7 @@ CENTRE_SPLIT = {"sum": 0.8, "count": 0.2}  # inside the centre's share
 
 MODES = ("shared", "subspace", "per-class")
 DEVIATIONS = ("raw", "spectral")
-CLASS_DEVIATIONS = DEVIATIONS + ("spiked",)
+CLASS_DEVIATIONS = DEVIATIONS + ("spiked", "shrunk")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +156,10 @@ class RuleConstants:
     # covariance_sweep.md). Spiked is the default since issue 53: with
     # the rule's pick it is within 0.5 points of raw where raw is picked
     # (s >= 5.5) and far ahead in the spiked band; "raw" and "spectral"
-    # are study options.
+    # are study options. "shrunk" (issue 61, opt-in, not yet measured
+    # against the goal table): each C_c becomes lambda_c pooled +
+    # (1 - lambda_c) C_c with a James-Stein weight lambda_c from the
+    # released matrices and the ledger's sigma (``shrinkage_weights``).
     class_deviation: str = "spiked"
     # A fixed mode (one of MODES) instead of the rule's pick: studies and
     # ablations only (the sum share still follows ``sum_share_rule``).
@@ -799,10 +804,75 @@ def shrink_class_deviations(withins: Sequence[np.ndarray], n: np.ndarray,
     spike_shrink(C_c - pooled) at ``edges[c]``, the spectrum edge of its
     own second-moment mechanism's noise divided by n_c (``noise_edge``).
     With zero noise (edges 0) every C_c is returned unchanged."""
+    pooled = pooled_within(withins, n)
+    return [shrink_deviation(c, pooled, e) for c, e in zip(withins, edges)]
+
+
+def noise_energy(sigma: float, n_c: float, d: int) -> float:
+    """E ||E_c / n_c||_F^2 for the noise E_c of a class's second moment
+    (isometric upper triangle: d (d + 1) / 2 entries of std sigma, so the
+    Frobenius norm's square has that many sigma^2 terms), divided by the
+    class's noisy count n_c (>= 1): the noise energy of its within
+    covariance. Public: sigma is the ledger's, n_c a DP count."""
+    return sigma * sigma * d * (d + 1) / 2.0 / (n_c * n_c)
+
+
+def shrinkage_weights(withins: Sequence[np.ndarray], n: np.ndarray,
+                      sigmas: Sequence[float]) -> np.ndarray:
+    """The "shrunk" class deviation's weights lambda_c in [0, 1]
+    (post-processing: released matrices, DP counts, the ledger's sigmas).
+
+    C~_c = C_c + N_c (N_c = E_c / n_c, energy v_c = ``noise_energy``,
+    independent across classes, zero mean); pooled P~ = sum_j w_j C~_j,
+    w_j = n_j / N. With weight lambda the estimate's error is
+    lambda P~ + (1 - lambda) C~_c - C_c = N_c - lambda D~_c, D~_c =
+    C~_c - P~, whose noise part is (1 - w_c) N_c - sum_{j != c} w_j N_j.
+    So E ||error||^2 = lambda^2 E||D~_c||^2 - 2 lambda (1 - w_c) v_c + v_c,
+    minimal at lambda* = (1 - w_c) v_c / E||D~_c||^2; E||D~_c||^2 is
+    estimated by the observed ||D~_c||_F^2 (James-Stein plug-in), and
+    lambda_c = clip((1 - w_c) v_c / ||D~_c||^2, 0, 1). Where the classes
+    share a covariance, E||D~_c||^2 = (1 - 2 w_c) v_c + sum_j w_j^2 v_j,
+    which is (1 - w_c) v_c for equal classes: lambda -> 1; where they
+    differ by far more than the noise, lambda -> 0; with no noise
+    (sigma 0) lambda = 0 (the raw matrices). (The class mean's noise
+    also enters C~_c; its energy is ~ 4 |mu_c|^2 sigma_sum^2 / (d sigma^2)
+    of v_c, small at d >> 1, and is left out.)"""
+    w_n = np.asarray(n, np.float64)
+    w = w_n / w_n.sum()
+    d = withins[0].shape[0]
+    pooled = pooled_within(withins, w_n)
+    out = np.zeros(len(withins))
+    for i, c in enumerate(withins):
+        v = noise_energy(float(sigmas[i]), float(w_n[i]), d)
+        part = (1.0 - w[i]) * v
+        dist = float(np.sum((c - pooled) ** 2))
+        if part <= 0.0:
+            out[i] = 0.0
+        elif dist <= 0.0:
+            out[i] = 1.0
+        else:
+            out[i] = min(max(part / dist, 0.0), 1.0)
+    return out
+
+
+def pooled_within(withins: Sequence[np.ndarray], n: np.ndarray
+                  ) -> np.ndarray:
+    """sum_c n_c C_c / sum_c n_c (symmetrised): the pooled within
+    covariance of the released class matrices (post-processing)."""
     w = np.asarray(n, np.float64)
     pooled = sum(wi * ci for wi, ci in zip(w, withins)) / w.sum()
-    pooled = (pooled + pooled.T) / 2
-    return [shrink_deviation(c, pooled, e) for c, e in zip(withins, edges)]
+    return (pooled + pooled.T) / 2
+
+
+def shrink_towards_pooled(withins: Sequence[np.ndarray], n: np.ndarray,
+                          sigmas: Sequence[float]) -> list[np.ndarray]:
+    """The "shrunk" class deviation: lambda_c pooled + (1 - lambda_c) C_c
+    with ``shrinkage_weights``; a convex mix of symmetric matrices (the
+    factors keep its positive eigenpairs: the PSD repair of every mode)."""
+    lam = shrinkage_weights(withins, n, sigmas)
+    pooled = pooled_within(withins, n)
+    return [lam[i] * pooled + (1.0 - lam[i]) * c
+            for i, c in enumerate(withins)]
 
 
 def noisy_class_second_moments(exact_m: np.ndarray, labels: Sequence[int],
@@ -829,8 +899,9 @@ def per_class_mixtures(noisy_m: Iterable[np.ndarray], noisy_n: np.ndarray,
     Beam job's PipelineDP aggregation): each class's within covariance C_c
     (optionally, by ``class_deviation`` at the noise edge of the ledger's
     sigma: "spectral", shrunk towards the pooled one,
-    ``shrink_class_deviations``; "spiked", ``spiked_within``), then factors (top ``shared_rank`` eigenpairs) and the
-    diagonal residual."""
+    ``shrink_class_deviations``; "spiked", ``spiked_within``; "shrunk",
+    mixed with the pooled one by ``shrinkage_weights``), then factors (top
+    ``shared_rank`` eigenpairs) and the diagonal residual."""
     if class_deviation not in CLASS_DEVIATIONS:
         raise ValueError(f"unknown class deviation {class_deviation!r}")
     d = means.shape[1]
@@ -841,12 +912,17 @@ def per_class_mixtures(noisy_m: Iterable[np.ndarray], noisy_n: np.ndarray,
         return ledger.get(plan.class_covariance(c)).sigma
 
     # "raw" and "spiked" form one class's d x d within matrix at a time;
-    # "spectral" needs them all (pooled).
+    # "spectral" and "shrunk" need them all (pooled).
     if class_deviation == "spectral":
         withins = shrink_class_deviations(
             [_class_within(m, n[i], means[i], "raw", 0.0)
              for (i, _), m in labelled], n,
             [noise_edge(sigma(c), n[i], d) for (i, c), _ in labelled])
+    elif class_deviation == "shrunk":
+        withins = shrink_towards_pooled(
+            [_class_within(m, n[i], means[i], "raw", 0.0)
+             for (i, _), m in labelled], n,
+            [sigma(c) for c in cfg.labels])
     else:
         withins = (_class_within(m, n[i], means[i], class_deviation,
                                  sigma(c)) for (i, c), m in labelled)

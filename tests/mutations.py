@@ -121,6 +121,16 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    out[np.diag_indices(d)] = np.diag(exact) + 0 * noise.add("
              "np.diag(exact), sigma,",
              (UNITS + "test_covariance_factors_use_only_the_released_second_moment",)),
+    Mutation("shrunk-weights-from-exact-moments",
+             "dp_ops/reference.py:_adaptive_mixtures",
+             "        return adaptive.per_class_mixtures(released, noisy_n, "
+             "n, means,",
+             "        if class_deviation == \"shrunk\":\n"
+             "            released = [0 * r + e for r, e in zip(released, "
+             "exact_m)]\n"
+             "        return adaptive.per_class_mixtures(released, noisy_n, "
+             "n, means,",
+             (UNITS + "test_shrunk_class_matrices_use_only_the_released_values",)),
     Mutation("vote-exact-votes", "dp_ops/generator.py:vote_keep_mask",
              "    return vote.keep_mask(noisy, cfg.vote_threshold)",
              "    return vote.keep_mask(exact_votes, cfg.vote_threshold)",

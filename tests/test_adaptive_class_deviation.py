@@ -1,4 +1,4 @@
-"""The per-class mode's "spectral" and "spiked" class deviations
+"""The per-class mode's "spectral", "spiked" and "shrunk" class deviations
 (RuleConstants.class_deviation, study options) are post-processing only:
 same ledger, same mechanisms, same noise draws; with zero noise they give
 the raw covariances' factors."""
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from dpsynth.dp_ops import adaptive, reference
+from dpsynth.dp_ops import adaptive, covariance, reference
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import SeededNoise
 from tests.conftest import gmm_data
@@ -46,7 +46,7 @@ def _mech(ledger):
                    m.count) for m in ledger.mechanisms)
 
 
-@pytest.mark.parametrize("deviation", ["spectral", "spiked"])
+@pytest.mark.parametrize("deviation", ["spectral", "spiked", "shrunk"])
 def test_class_deviation_is_post_processing_only(deviation):
     raw_mix, raw_ledger, raw_noise, raw_st = _run(2.0, "raw")
     sp_mix, sp_ledger, sp_noise, sp_st = _run(2.0, deviation)
@@ -69,7 +69,7 @@ def test_class_deviation_is_post_processing_only(deviation):
     assert changed  # the option does something at finite epsilon
 
 
-@pytest.mark.parametrize("deviation", ["spectral", "spiked"])
+@pytest.mark.parametrize("deviation", ["spectral", "spiked", "shrunk"])
 def test_zero_noise_gives_the_raw_factors(deviation):
     raw_mix, ledger, _, _ = _run(math.inf, "raw")
     sp_mix, _, _, _ = _run(math.inf, deviation)
@@ -158,3 +158,71 @@ def test_one_class_at_a_time_is_the_raw_rule_bit_for_bit():
             assert np.array_equal(getattr(one, field),
                                   getattr(whole[c], field)), (c, field)
         assert one.noisy_count == whole[c].noisy_count
+
+
+# Issue 61: the "shrunk" deviation's James-Stein weights.
+
+def _noise(rng, sigma, d):
+    """Mechanism noise on a second moment: isometric upper triangle of
+    std sigma (diagonal sigma, off-diagonal sigma / sqrt(2))."""
+    return covariance.symmetric_from_upper(
+        rng.normal(size=covariance.upper_size(d)) * sigma, d)
+
+
+def _classes(rng, d, k, own):
+    """k true class covariances: one shared matrix, or each its own."""
+    base = rng.normal(size=(d, d)) / math.sqrt(d)
+    mats = []
+    for _ in range(k):
+        a = rng.normal(size=(d, d)) / math.sqrt(d) if own else base
+        mats.append(a @ a.T)
+    return mats
+
+
+def test_noise_energy_is_the_frobenius_energy_of_the_mechanism_noise():
+    rng = np.random.default_rng(5)
+    d, sigma, n_c = 20, 3.0, 50.0
+    got = np.mean([np.sum((_noise(rng, sigma, d) / n_c) ** 2)
+                   for _ in range(400)])
+    assert got == pytest.approx(adaptive.noise_energy(sigma, n_c, d),
+                                rel=0.03)
+
+
+def test_shared_covariance_under_heavy_noise_pools():
+    """Classes with one covariance, noise far above it: lambda near 1 (the
+    observed distance from the pooled matrix is the noise's, whose
+    expectation is (1 - w_c) v_c for equal classes)."""
+    rng = np.random.default_rng(6)
+    d, k, n = 40, 4, np.array([500.0, 500.0, 500.0, 500.0])
+    sigmas = [2000.0] * k
+    withins = [c + _noise(rng, s, d) / m for c, s, m in
+               zip(_classes(rng, d, k, own=False), sigmas, n)]
+    lam = adaptive.shrinkage_weights(withins, n, sigmas)
+    assert np.all(lam > 0.9)
+    out = adaptive.shrink_towards_pooled(withins, n, sigmas)
+    pooled = adaptive.pooled_within(withins, n)
+    for c, o, l in zip(withins, out, lam):
+        np.testing.assert_allclose(o, l * pooled + (1 - l) * c)
+
+
+def test_distinct_covariances_under_light_noise_stay_own():
+    rng = np.random.default_rng(7)
+    d, k, n = 40, 3, np.array([800.0, 1500.0, 3000.0])
+    sigmas = [5.0] * k
+    withins = [c + _noise(rng, s, d) / m for c, s, m in
+               zip(_classes(rng, d, k, own=True), sigmas, n)]
+    lam = adaptive.shrinkage_weights(withins, n, sigmas)
+    assert np.all(lam < 0.01) and np.all(lam > 0)
+
+
+def test_no_noise_keeps_the_raw_matrices_and_one_class_cannot_pool():
+    rng = np.random.default_rng(8)
+    mats = _classes(rng, 6, 3, own=True)
+    n = np.array([10.0, 20.0, 30.0])
+    assert np.array_equal(adaptive.shrinkage_weights(mats, n, [0.0] * 3),
+                          np.zeros(3))
+    for a, b in zip(mats, adaptive.shrink_towards_pooled(mats, n,
+                                                         [0.0] * 3)):
+        np.testing.assert_array_equal(a, b)
+    # one class: w_c = 1, its pooled matrix is itself: nothing to gain
+    assert adaptive.shrinkage_weights(mats[:1], n[:1], [9.0])[0] == 0.0

@@ -234,7 +234,9 @@ class AdaptiveMixture(beam.PTransform):
                 and steps.structure.class_deviation in ("raw", "spiked")):
             # One task a class, not one for all: K eigendecompositions of
             # d x d matrices (0.2 s at d = 384, K = 10) spread over the
-            # workers instead of running while the others wait.
+            # workers instead of running while the others wait. "spectral"
+            # and "shrunk" need the pooled matrix of every class: one step
+            # ("Phase2Noise", ``per_class_mixtures`` as the reference).
             return sums | "ClassMixture" >> beam.Map(steps.class_mixture)
         stats = (pbegin | "Once" >> beam.Create([None])
                  | "Phase2Noise" >> beam.Map(steps.moments, AsDict(sums),

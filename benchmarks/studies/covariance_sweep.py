@@ -157,7 +157,9 @@ VARIANTS = {"per-class": ("per-class", {"class_deviation": "raw"}),
             "subspace+ss": ("subspace", {"class_sum_as_shared": True}),
             "per-class+ss": ("per-class", {"class_sum_as_shared": True,
                                            "class_deviation": "raw"}),
-            "per-class+spiked": ("per-class", {"class_deviation": "spiked"})}
+            "per-class+spiked": ("per-class", {"class_deviation": "spiked"}),
+            # issue 61 (opt-in; benchmarks/studies/shrunk_study.py)
+            "per-class+shrunk": ("per-class", {"class_deviation": "shrunk"})}
 
 
 # ------------------------------------------------------------ data
