@@ -7,7 +7,6 @@ no scikit-learn)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,15 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import beam_floor
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _job_graph():
-    path = REPO / "deploy" / "dataflow" / "job_graph.py"
-    spec = importlib.util.spec_from_file_location("_job_graph_t", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _imported_from(python: Path, module: str) -> str:
@@ -37,7 +30,7 @@ def _imported_from(python: Path, module: str) -> str:
 
 @pytest.fixture(scope="module")
 def overlay(tmp_path_factory):
-    job_graph = _job_graph()
+    job_graph = beam_floor._job_graph()
     venv = tmp_path_factory.mktemp("helper") / "venv"
     return job_graph, venv, job_graph.overlay_venv(venv)
 
