@@ -15,6 +15,8 @@ step would redraw the noise.)
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from typing import Callable, Hashable
 
 import apache_beam as beam
@@ -88,8 +90,8 @@ class KeyLocationError(ValueError):
     """A local --noise-key-location that others could read or write."""
 
 
-def local_key_folder(location: str):
-    """The local folder of ``location`` (a path or file://), else None
+def local_path(location: str):
+    """The local path of ``location`` (a path or file://), else None
     (an object store, whose access the operator restricts with IAM)."""
     if location.startswith("file://"):
         return location[len("file://"):]
@@ -102,9 +104,7 @@ def check_key_folder(location: str) -> None:
     the run's key removes its noise (a reviewer copied one mid-run and got
     back every exact class count), and whoever writes there can plant one.
     Object stores are left to their access control."""
-    import os
-    import stat
-    folder = local_key_folder(location)
+    folder = local_path(location)
     if folder is None:
         return
     folder = folder or "."
@@ -135,11 +135,10 @@ def check_key_folder(location: str) -> None:
 def write_key(uri: str, key: bytes) -> None:
     """Writes one attempt's key: a local file is created new (never an
     existing one, never through a link) with mode 0600."""
-    import os
-    folder = local_key_folder(uri)
-    if folder is not None:
-        check_key_folder(os.path.dirname(folder) or ".")
-        fd = os.open(folder, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    path = local_path(uri)
+    if path is not None:
+        check_key_folder(os.path.dirname(path) or ".")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL
                      | getattr(os, "O_NOFOLLOW", 0), 0o600)
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o600)
