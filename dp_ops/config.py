@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 from typing import Optional, Sequence
@@ -62,16 +61,6 @@ def parse_epsilon(text: str) -> float:
                          "a release without noise (NOT private)")
     check_epsilon(value)
     return value
-
-
-def epsilon_arg(text: str) -> float:
-    """``parse_epsilon`` as an argparse ``type=``: its one-line message,
-    without the flag's name that argparse adds itself."""
-    try:
-        return parse_epsilon(text)
-    except ValueError as err:  # argparse would hide our message
-        raise argparse.ArgumentTypeError(
-            str(err).replace("--epsilon ", "")) from None
 
 
 def check_epsilon(epsilon: float) -> float:

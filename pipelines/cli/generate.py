@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 from dpsynth.dp_ops.clipping import NORMALIZATIONS
 from dpsynth.dp_ops.config import (COVARIANCE_MODES, GeneratorConfig,
-                                   epsilon_arg, parse_weights)
+                                   parse_epsilon, parse_weights)
 from dpsynth.dp_ops.ledger import ACCOUNTANTS
 from dpsynth.pipelines.spec import (BudgetOptions, GenerateSpec, GeneratorOptions,
                             ImageOptions, InputOptions, OutputOptions,
@@ -28,6 +28,14 @@ from dpsynth.transforms.formats import (FORMATS, NON_FINITE_POLICIES, OUTPUT_FOR
                                 SPLIT_BYTES)
 
 log = logging.getLogger("dpsynth")
+
+
+def _epsilon(text: str) -> float:
+    try:
+        return parse_epsilon(text)
+    except ValueError as err:  # argparse would hide our message
+        raise argparse.ArgumentTypeError(
+            str(err).replace("--epsilon ", "")) from None
 
 
 def _lifetime_epsilon(text: str) -> float:
@@ -108,7 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "that allows)")
 
     dp = parser.add_argument_group("privacy")
-    dp.add_argument("--epsilon", type=epsilon_arg, default=4.0,
+    dp.add_argument("--epsilon", type=_epsilon, default=4.0,
                     help="total epsilon of the release ('inf': no noise, "
                     "NOT private, for debugging)")
     dp.add_argument("--delta", type=float, default=1e-5,

@@ -105,7 +105,6 @@ import time
 from collections import Counter
 from typing import Callable, Iterator, Optional
 
-from dpsynth.dp_ops.config import epsilon_arg
 from dpsynth.dp_ops.ledger import Mechanism, PrivacyLedger
 
 FORMAT = "dpsynth-budget-ledger/1"
@@ -968,6 +967,15 @@ def pinned_cap(store_uri: str, dataset_id: str) -> Optional[dict]:
                                      "delta": cap["delta"]}
 
 
+def _epsilon_flag(text: str) -> float:
+    from dpsynth.dp_ops.config import parse_epsilon
+    try:
+        return parse_epsilon(text)
+    except ValueError as err:  # argparse would hide our message
+        raise argparse.ArgumentTypeError(
+            str(err).replace("--epsilon ", "")) from None
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dpsynth.pipelines.release.budget_store")
     sub = p.add_subparsers(dest="command", required=True)
@@ -991,7 +999,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="a run recorded under this id before reading data, "
                    "or staged, spends nothing more; one that crashed after "
                    "reading data is charged again")
-    c.add_argument("--epsilon", type=epsilon_arg, default=4.0)
+    c.add_argument("--epsilon", type=_epsilon_flag, default=4.0)
     c.add_argument("--delta", type=float, default=1e-5)
     c.add_argument("--num-classes", type=int, default=None)
     c.add_argument("--labels", type=lambda t: [int(v) for v in t.split(",")],
