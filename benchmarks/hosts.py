@@ -78,7 +78,7 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGINS = REPO / "tests" / "plugins"  # emulator shims, host_faults preload
@@ -118,6 +118,13 @@ def unavailable() -> Optional[str]:
         if shutil.which(tool) is None:
             return f"`{tool}` is not installed (iproute2 / util-linux)"
     return None
+
+
+def interpreter_folders() -> list[str]:
+    """The folders the hosts' interpreter needs (its venv and the base
+    installation), as the hosts must see them."""
+    return sorted({os.path.abspath(p) for p in (sys.prefix, sys.base_prefix)
+                   if os.path.isdir(p)})
 
 
 def host_python() -> str:
@@ -369,7 +376,7 @@ class Cluster:
         stage.mkdir(exist_ok=True)  # a restarted scheduler: same name
         script = host_script(stage, {"site": self.code, "plugins": PLUGINS,
                                      "tls": self.tls / tls_role},
-                             hide=self.folder)
+                             hide=self.folder, keep=interpreter_folders())
         with open(self.folder / f"{log}.log", "ab") as out:
             host.proc = subprocess.Popen(
                 ["setpriv", "--pdeathsig", "KILL", "unshare", "--net",
@@ -574,14 +581,17 @@ class Cluster:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def host_script(stage: Path, binds: dict[str, Path], hide: Path) -> str:
+def host_script(stage: Path, binds: dict[str, Path], hide: Path,
+                keep: Sequence[str] = ()) -> str:
     """The shell lines a host runs in its new mount namespace before its
     command: the launcher's disk read-only, a tmpfs with the ``binds``
     (read-only) moved onto /tmp, tmpfs on /var/tmp and /dev/shm, an empty
     one over ``hide`` (the run's folder: the other roles' keys) wherever it
     is, then it waits for the launcher (``go`` on stdin: the network is
-    wired). ``-n``: the read-only /run cannot take util-linux's mount
-    table."""
+    wired). ``keep``: folders under /tmp, /var/tmp or /dev/shm that stay
+    visible, read-only (the interpreter's: a venv made with ``mktemp -d``
+    lies under /tmp). ``-n``: the read-only /run cannot take util-linux's
+    mount table."""
     stage_q = shlex.quote(str(stage))
     lines = ["set -e", "mount -n --make-rprivate /",
              # /proc stays: it is no storage, and a host's own processes
@@ -590,14 +600,28 @@ def host_script(stage: Path, binds: dict[str, Path], hide: Path) -> str:
              '*) mount -n -o remount,bind,ro "$m" ;; esac',
              "done",
              f"mount -n -t tmpfs -o mode=1777 dpsynth-host {stage_q}"]
-    for name, source in binds.items():
-        inside = shlex.quote(str(stage / name))
-        lines += [f"mkdir {inside}",
+    # Each private folder is a tmpfs built aside (the /tmp one at stage,
+    # the others inside it) and moved over the folder once filled.
+    aside = {"/tmp": stage, "/var/tmp": stage / ".var-tmp",
+             "/dev/shm": stage / ".dev-shm"}
+    for target in ("/var/tmp", "/dev/shm"):
+        folder = shlex.quote(str(aside[target]))
+        lines += [f"mkdir {folder}",
+                  f"mount -n -t tmpfs -o mode=1777 dpsynth-host {folder}"]
+    places = [(stage / name, source) for name, source in binds.items()]
+    for path in keep:
+        for target, folder in aside.items():
+            rel = os.path.relpath(path, target)
+            if rel != "." and not rel.startswith(".."):
+                places.append((folder / rel, Path(path)))
+    for inside, source in places:
+        inside = shlex.quote(str(inside))
+        lines += [f"mkdir -p {inside}",
                   f"mount -n --bind {shlex.quote(str(source))} {inside}",
                   f"mount -n -o remount,bind,ro {inside}"]
-    lines += [f"mount -n --move {stage_q} /tmp",
-              "mount -n -t tmpfs -o mode=1777 dpsynth-host /var/tmp",
-              "mount -n -t tmpfs -o mode=1777 dpsynth-host /dev/shm",
+    lines += [f"mount -n --move {shlex.quote(str(aside['/var/tmp']))} /var/tmp",
+              f"mount -n --move {shlex.quote(str(aside['/dev/shm']))} /dev/shm",
+              f"mount -n --move {stage_q} /tmp",
               f"[ ! -d {shlex.quote(str(hide))} ] || mount -n -t tmpfs "
               f"-o ro,size=4k dpsynth-host {shlex.quote(str(hide))}",
               f"mkdir -m 700 {HOST_HOME} && cd {HOST_HOME}",

@@ -191,6 +191,44 @@ def test_hosts_run_the_interpreter_that_runs_the_harness(tmp_path):
                    check=True, env={"PATH": "/usr/bin:/bin"})
 
 
+def test_the_interpreters_folders_under_tmp_stay_visible(tmp_path):
+    """A venv made under /tmp (``mktemp -d``, as the README's clean-clone
+    check does) or /dev/shm stays visible, read-only, inside a host whose
+    /tmp and /dev/shm are its own; nothing else of the launcher's /tmp
+    does. (The hosts exited 127 there: "venv-ci/bin/python: not found".)"""
+    reason = hosts_harness.unavailable()
+    if reason:
+        pytest.skip(f"no namespaces here: {reason}")
+    if not str(tmp_path).startswith("/tmp/"):
+        pytest.skip(f"the suite's temporary folder {tmp_path} is not under /tmp")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "marker").write_text("venv")
+    other = tmp_path / "other.txt"
+    other.write_text("launcher's")
+    shm = Path("/dev/shm") / f"dpsynth-keep-{uuid.uuid4().hex[:8]}"
+    shm.mkdir()
+    try:
+        (shm / "marker").write_text("shm")
+        stage = tmp_path / "stage"
+        stage.mkdir()
+        script = hosts_harness.host_script(stage, {}, hide=tmp_path / "run",
+                                           keep=[str(venv), str(shm)])
+        check = (f"cat {venv}/bin/marker; echo; cat {shm}/marker; echo; "
+                 f"test -e {other} || echo hidden; "
+                 f"touch {venv}/bin/new 2>/dev/null || echo read-only")
+        out = subprocess.run(["unshare", "--mount", "sh", "-c", script, "sh",
+                              "sh", "-c", check], input="go\n",
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        for path in shm.iterdir():
+            path.unlink()
+        shm.rmdir()
+    assert out.stdout.split() == ["venv", "shm", "hidden", "read-only"], (
+        out.stdout + out.stderr)
+    assert not (venv / "bin" / "new").exists()
+
+
 def test_each_run_picks_a_free_subnet():
     addresses = [{"ifname": "eth0", "addr_info": [
         {"family": "inet", "local": "10.231.5.1"},
