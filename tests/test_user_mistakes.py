@@ -175,6 +175,7 @@ def test_the_troubleshooting_table_quotes_the_real_messages(
     listed = tmp_path / "list.csv"
     listed.write_text('embedding,label\n"[1, 2]",0\n')
     small = _npz(tmp_path / "small.npz", *_rows(40, 4, 3))
+    big = _npz(tmp_path / "big.npz", *_rows(2000, 4, 2))
     monkeypatch.setenv("DPSYNTH_ENGINES_DIR", str(tmp_path / "no-engines"))
     out = iter(tmp_path / f"out{i}" for i in range(100))
     runs = [
@@ -186,7 +187,11 @@ def test_the_troubleshooting_table_quotes_the_real_messages(
         ("--input", csv, "--num-classes", 2),
         ("--input", listed, "--num-classes", 2),
         ("--runner", "prism"),
-        ("--input", small, "--num-classes", 3, "--epsilon", 0.1,
+        ("--input", small, "--num-classes", 3, "--epsilon", 0.1),
+        # delta above 1/n for every draw of the noisy counts: 2,000 rows,
+        # count sigma a few rows (at epsilon 0.1 above, the noisy total
+        # was sometimes under 20, and 0.05 < 1/n then: CI failed once).
+        ("--input", big, "--num-classes", 2, "--epsilon", 2,
          "--delta", 0.05, "--allow-large-delta"),
     ]
     printed = "\n".join(_generate(capsys, "--output", next(out), *argv)[1]
