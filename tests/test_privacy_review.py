@@ -103,8 +103,9 @@ FIELDS = {
     r"classes\[\]\.shards\[\]":
         ("dp", "shard names: label and index; their number follows samples"),
     r"samples_total": ("dp", "sum of the DP sample counts"),
-    r"files\..+\.(bytes|sha256)": ("dp", "size and sha256 of each release "
-                                   "file: functions of the DP outputs in it"),
+    r"files\..+\.(bytes|sha256|md5)": ("dp", "size, sha256 (and on GCS md5) "
+                                       "of each release file: functions of "
+                                       "the DP outputs in it"),
     # --covariance auto: the rule's choice is post-processing of the noisy
     # class counts (phase 1 mechanisms); null for the fixed plans.
     r"adaptive_plan": ("public", "null: a fixed plan ran"),

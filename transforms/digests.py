@@ -21,10 +21,20 @@ record once (``read_record``), refuses it unless the tag verifies
 Writers are deterministic (public sampling streams, keyed noise), so a
 re-executed bundle writes the same bytes and reports the same digest; two
 different digests for one file are refused where the record is written.
+
+A file written to GCS also gets the md5 of its bytes, in the form the
+store reports for every object it holds (``md5Hash``, base64): the store
+computes that digest itself from the bytes it keeps (it is read-only
+metadata), so a publish or a reader can check every object against its
+writer's digest without moving a byte through the launcher. md5 has known
+collisions for pairs an attacker makes together, but no second preimage:
+nobody can make other bytes with the md5 of bytes a writer made (CRC32C,
+the store's other digest, is linear and forgeable, so it is not used).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -35,6 +45,7 @@ from apache_beam.io.filesystems import FileSystems
 from dpsynth.transforms import io
 
 RECORD = "_file_digests.json"  # in the staging folder; never published
+FIELDS = ("bytes", "sha256", "md5")  # a file's entry in the manifest
 PURPOSE = "release-file-digests/v1"
 _FORMAT = "dpsynth-file-digests/1"
 
@@ -44,13 +55,22 @@ class ForgedRecord(RuntimeError):
     authenticated by this run's secret: its files cannot be trusted."""
 
 
-class DigestingFile:
-    """A binary file being written (``f``) that keeps the size and sha256
-    of exactly the buffers written through it."""
+def store_md5(path: str) -> bool:
+    """Whether a file at ``path`` also gets an md5: on GCS, whose objects
+    carry the md5 the store computed (see the module docstring)."""
+    return path.startswith("gs://")
 
-    def __init__(self, f) -> None:
+
+class DigestingFile:
+    """A binary file being written (``f``, at ``path``) that keeps the size
+    and sha256 (and, on GCS, md5) of exactly the buffers written through
+    it."""
+
+    def __init__(self, f, path: str = "") -> None:
         self._f = f
         self._sha256 = hashlib.sha256()
+        self._md5 = hashlib.md5(usedforsecurity=False) if store_md5(path) \
+            else None
         self.size = 0
 
     def write(self, data) -> int:
@@ -59,12 +79,17 @@ class DigestingFile:
             return 0
         view = view.cast("B")
         self._sha256.update(view)
+        if self._md5 is not None:
+            self._md5.update(view)
         self._f.write(view)
         self.size += view.nbytes
         return view.nbytes
 
     def digest(self) -> dict:
-        return {"bytes": self.size, "sha256": self._sha256.hexdigest()}
+        out = {"bytes": self.size, "sha256": self._sha256.hexdigest()}
+        if self._md5 is not None:
+            out["md5"] = base64.b64encode(self._md5.digest()).decode()
+        return out
 
     def __getattr__(self, name: str):  # tell, flush, closed (pyarrow asks)
         return getattr(self._f, name)
@@ -73,9 +98,14 @@ class DigestingFile:
 def put(path: str, data: bytes) -> dict:
     """Writes ``data`` at ``path``; its size and sha256 (of ``data``)."""
     with FileSystems.create(path) as f:
-        out = DigestingFile(f)
+        out = DigestingFile(f, path)
         out.write(data)
     return out.digest()
+
+
+def entry(info: Mapping) -> dict:
+    """A file's digest fields out of a writer's report."""
+    return {k: info[k] for k in FIELDS if k in info}
 
 
 def merge(entries: Iterable[tuple[str, dict]]) -> dict:

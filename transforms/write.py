@@ -307,11 +307,11 @@ class _WriteShard(beam.DoFn):
         label, index, part = task
         name = shard_name(label, index, self._fmt)
         rows = 0
-        with FileSystems.create(io.join(self._staging, DATA_DIR, name),
-                                compression_type="uncompressed") as f:
+        path = io.join(self._staging, DATA_DIR, name)
+        with FileSystems.create(path, compression_type="uncompressed") as f:
             # The shard's size and sha256 from the very buffers written
             # (transforms/digests.py: never read back).
-            out = digests.DigestingFile(f)
+            out = digests.DigestingFile(f, path)
             shard = _SHARDS[self._fmt](out, int(label), *self._features)
             for x in self._pieces(label, part, mixtures):
                 shard.write(x)
@@ -447,8 +447,7 @@ def _write_summary(staging: str, mixtures: list, shard_info: list,
     ``record_key``, then the authenticated record of every file's size and
     sha256 (the shards' as their writers reported them)."""
     release = MixtureRelease.from_list(mixtures)
-    written = [(f"{DATA_DIR}/{i['shard']}",
-                {"bytes": i["bytes"], "sha256": i["sha256"]})
+    written = [(f"{DATA_DIR}/{i['shard']}", digests.entry(i))
                for i in shard_info if "sha256" in i]
     written.append((GMM_FILE, digests.put(io.join(staging, GMM_FILE),
                                           release.to_npz_bytes())))

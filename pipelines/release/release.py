@@ -378,14 +378,15 @@ def publish(staging: str, output: str, overwrite: bool = False,
     """Publishes a complete staged release at ``output``; returns its
     manifest. Safe to repeat after a crash (same bytes, same folder).
 
-    Checks every staged file against the manifest first, places the files
-    in the version folder, checks the placed copies and then switches the
-    manifest conditionally (see the module docstring); afterwards removes
+    Places the files in the version folder (no manifest names it yet),
+    checks them against the manifest and then switches the manifest
+    conditionally (see the module docstring); afterwards removes
     the files of the release it replaced. ``ReleaseChanged``: the files
     differ from the manifest; ``ReleaseError``: another release is there
     (of this run id: another launch published it; of another run: without
-    ``overwrite``). ``check(staging, manifest)``: run on the checked
-    staged files before anything is placed (the job's consistency check).
+    ``overwrite``). ``check(folder, manifest)``: run on the checked
+    placed files before the manifest is written (the job's consistency
+    check).
     ``manifest_sha256``: the staged manifest's digest as recorded (the
     budget store's); the manifest is read once and published only if its
     bytes still have it, so a manifest rewritten after it was recorded is
@@ -436,9 +437,11 @@ def _publish_lock(output: str) -> Iterator[None]:
 
 def _switch(staging: str, output: str, manifest: dict, overwrite: bool,
             check: Optional[Callable[[str, dict], None]]) -> dict:
-    """Decide -> check the staged files -> place -> check -> conditional
-    manifest write, again from the decision when another writer changed
-    the manifest meanwhile. Locally all of it runs under the output's lock:
+    """Decide -> place -> check the placed files -> conditional manifest
+    write, again from the decision when another writer changed the
+    manifest meanwhile. Placing moves no byte through this process (a
+    rename; on GCS a copy made by the store), and the check reads each
+    file once locally and none on GCS (the store's md5s). Locally all of it runs under the output's lock:
     placing moves the staged files, so a second publisher of the same
     staged folder must not check it meanwhile."""
     root = io.join(output, _root_name(manifest))
@@ -450,12 +453,15 @@ def _switch(staging: str, output: str, manifest: dict, overwrite: bool,
                 return manifest
             if not placed:
                 _take_back(staging, root, manifest)  # a killed publish's
-                verify_files(staging, manifest)  # before any reaches --output
-                if check is not None:
-                    check(staging, manifest)
+                verify_files(staging, manifest, contents=False)  # whole?
                 placed = True
                 _place_all(staging, root, manifest)
+                # One check of every file, where it will be read: the
+                # placed copy (no manifest names its folder yet; it goes
+                # back to staging, or is deleted, if the check fails).
                 verify_files(root, manifest)
+                if check is not None:
+                    check(root, manifest)
             try:
                 write_manifest(output, manifest, generation)  # the commit point
             except ManifestMoved:
@@ -665,10 +671,12 @@ def file_digests(folder: str) -> dict:
 
 
 def verify_files(folder: str, manifest: dict,
-                 names: Optional[list[str]] = None) -> None:
+                 names: Optional[list[str]] = None,
+                 contents: bool = True) -> None:
     """Raises ``ReleaseChanged`` unless the files under ``folder`` are
     exactly those the manifest lists (``names``: only these, extra files
-    allowed), each of the listed size and sha256."""
+    allowed), each of the listed size and (``contents``; else names and
+    sizes only, from one listing) digest."""
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         raise ReleaseChanged(
@@ -681,7 +689,9 @@ def verify_files(folder: str, manifest: dict,
         raise ReleaseChanged(f"{folder}: its manifest's entry for {bad[0]!r} "
                              "is not a size and sha256; it cannot be checked")
     wanted = sorted(files) if names is None else sorted(names)
-    sizes = _file_sizes(folder)
+    stored = _stored_md5s(folder)
+    sizes = ({n: size for n, (size, _) in stored.items()}
+             if stored is not None else _file_sizes(folder))
     problems = [f"{n} is missing" for n in wanted if n not in sizes]
     if names is None:
         problems += [f"{n} is not in the manifest"
@@ -689,14 +699,45 @@ def verify_files(folder: str, manifest: dict,
     problems += [f"{n} has {sizes[n]} bytes, not {files[n]['bytes']}"
                  for n in wanted if n in sizes and n in files
                  and sizes[n] != files[n].get("bytes")]
-    if not problems:
-        digests = _sha256_all(folder, wanted)
-        problems = [f"{n} differs (sha256)" for n in wanted
-                    if digests[n] != files.get(n, {}).get("sha256")]
+    if not problems and contents:
+        problems = _differing(folder, wanted, files, stored or {})
     if problems:
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ReleaseChanged(f"{folder}: {problems[0]}{more}: its files are "
                              "not the ones its manifest lists")
+
+
+def _differing(folder: str, wanted: list[str], files: dict,
+               stored: dict[str, tuple[int, Optional[str]]]) -> list[str]:
+    """Which of ``wanted`` hold other bytes than their manifest entries.
+    A GCS object whose entry has its writer's md5 is checked against the
+    md5 the store computed of the bytes it holds (no byte moves: see
+    ``dpsynth.transforms.digests``); every other file is read and hashed
+    (sha256)."""
+    by_store = [n for n in wanted if files[n].get("md5")
+                and stored.get(n, (0, None))[1]]
+    problems = [f"{n} differs (md5)" for n in by_store
+                if stored[n][1] != files[n]["md5"]]
+    read = [n for n in wanted if n not in by_store]
+    digests = _sha256_all(folder, read)
+    return problems + [f"{n} differs (sha256)" for n in read
+                       if digests[n] != files[n]["sha256"]]
+
+
+def _stored_md5s(folder: str
+                 ) -> Optional[dict[str, tuple[int, Optional[str]]]]:
+    """On GCS: relative name -> (size, md5 the store computed; None for
+    objects without one, such as composed ones) of every object under
+    ``folder`` but the manifest and its temporary file, from one listing.
+    None elsewhere."""
+    if not folder.startswith("gs://"):
+        return None
+    bucket, name = _gcs_bucket(folder.rstrip("/") + "/")
+    found = {blob.name[len(name):]: (int(blob.size), blob.md5_hash)
+             for blob in bucket.list_blobs(prefix=name)
+             if not blob.name.endswith("/")}  # a console's folder marker
+    return {n: v for n, v in found.items()
+            if n != MANIFEST and not n.startswith(_TEMP_PREFIX)}
 
 
 def _file_sizes(folder: str) -> dict[str, int]:

@@ -215,9 +215,9 @@ def _write_class(staging: str, label: int, mix, cfg, total: int, fmt: str,
     for index, (start, stop) in enumerate(write.shard_bounds(total,
                                                              rows_per_shard)):
         name = write.shard_name(label, index, fmt)
-        with FileSystems.create(io.join(staging, write.DATA_DIR, name),
-                                compression_type="uncompressed") as f:
-            out = digests.DigestingFile(f)
+        path = io.join(staging, write.DATA_DIR, name)
+        with FileSystems.create(path, compression_type="uncompressed") as f:
+            out = digests.DigestingFile(f, path)
             shard = shard_class(out, label, *features)
             for a in range(start, stop, write.WRITE_PIECE):
                 b = min(stop, a + write.WRITE_PIECE)
