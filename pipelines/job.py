@@ -860,7 +860,9 @@ def _run(spec: GenerateSpec) -> str:
                 recorded = True
             _checkpoint("committed")
             console.stop_if_ctrl_c()  # one a library swallowed: no release
+            t_publish = time.time()
             _publish(job, spec, digest)
+            timings["publish"] = round(time.time() - t_publish, 3)
             published = True
             _checkpoint("published")
             if reservation is not None:
