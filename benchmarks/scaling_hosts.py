@@ -176,14 +176,16 @@ def hosts_report(results: list[dict], command: str) -> str:
              f"a copy the store makes, checked by the store's md5s; no "
              f"file's bytes through the launcher), serial on the launcher; "
              f"speed-up: against the same repeat's run on the fewest hosts "
-             f"(repeats run the counts up, then down); Amdahl f = "
+             f"(repeats run the counts up, then down); launcher peak MB: "
+             f"the launcher process tree's peak resident memory (PSS; the "
+             f"workers live on the hosts); Amdahl f = "
              f"(N/S - 1)/(N - 1) (N = 2: 2/S(2) - 1); load = 1-min load "
              f"average before / after the run.", "",
              "| hosts | repeat | job s | plan s | phase 1 s | pipeline s | "
-             "launcher s | publish s | job speed-up (f) | "
+             "launcher s | publish s | launcher peak MB | job speed-up (f) | "
              "pipeline speed-up (f) | load |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-             "| --- |"]
+             "| --- | --- |"]
     fewest = min(r["hosts"] for r in ok)
     for r in ok:
         t = r["timings"]
@@ -195,6 +197,7 @@ def hosts_report(results: list[dict], command: str) -> str:
             f"{t.get('pipeline', 0):.1f} | "
             f"{t['total'] - t.get('pipeline', 0):.1f} | "
             f"{t.get('publish', 0):.1f} | "
+            f"{r.get('peak_rss_sum', 0) / 2 ** 20:.0f} | "
             f"{_speedup(base, r, 'total', fewest)} | "
             f"{_speedup(base, r, 'pipeline', fewest)} | "
             f"{scaling._load(r)} |")
