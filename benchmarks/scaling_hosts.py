@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import os
 import platform
@@ -86,6 +87,19 @@ def _storage(cluster: harness.Cluster):
     return storage.Client(project=harness.EMULATOR_PROJECT)
 
 
+def release_digest(client, bucket: str, out: str) -> Optional[str]:
+    """One sha256 over the release's data files' and mixture's names and
+    digests as its manifest lists them (the writers' own; no download):
+    with --noise-seed every host count gives the same. None: no release."""
+    blob = client.bucket(bucket).get_blob(f"{out}/_manifest.json")
+    if blob is None:
+        return None
+    files = json.loads(blob.download_as_bytes()).get("files", {})
+    listed = sorted((name, entry["sha256"]) for name, entry in files.items()
+                    if not name.endswith(".json"))
+    return hashlib.sha256(json.dumps(listed).encode()).hexdigest()
+
+
 def stage_input(client, bucket: str, data: str) -> dict:
     """Uploads the data folder's files to gs://bucket/in/ and reads them
     back: seconds and bytes of each way."""
@@ -141,6 +155,12 @@ def run_hosts(args: argparse.Namespace) -> list[dict]:
             r.update(hosts=hosts, repeat=rep, n=n, format=args.format, d=d, io=io,
                      timings=parse_timings(r["log_tail"]),
                      flags=" ".join(scaling._gen_flags(args)))
+            prefix = f"out-h{hosts}-r{rep}"
+            r["release_sha256"] = release_digest(client, bucket, prefix)
+            # The emulator keeps every object in memory: at 2M x 384 two
+            # kept releases beside the input took it past 19 GB (killed).
+            for blob in client.list_blobs(bucket, prefix=prefix):
+                blob.delete()
             results.append(r)
             if args.save:  # one JSON line per run (--report-from)
                 with open(args.save, "a") as out:
@@ -201,7 +221,18 @@ def hosts_report(results: list[dict], command: str) -> str:
             f"{_speedup(base, r, 'total', fewest)} | "
             f"{_speedup(base, r, 'pipeline', fewest)} | "
             f"{scaling._load(r)} |")
+    lines += ["", f"Releases (the manifest's writer digests of the data files "
+              f"and mixture): {len(ok)} runs, {_identity(ok)}"]
     return "\n".join(lines) + "\n"
+
+
+def _identity(runs: list[dict]) -> str:
+    digests = [r.get("release_sha256") for r in runs]
+    if None in digests:
+        return f"{digests.count(None)} without a release digest."
+    if len(set(digests)) == 1:
+        return "all byte-identical."
+    return f"{len(set(digests))} different releases."
 
 
 def _speedup(base: Optional[dict], r: dict, step: str, fewest: int) -> str:

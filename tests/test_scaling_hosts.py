@@ -68,6 +68,7 @@ def test_timings_and_table():
     assert "| 1.60x (0.25) |" in row  # job: f = 2/1.6 - 1
     assert "| 10.5 | 2.0 |" in row  # pipeline s, launcher s = job - it
     assert "300 MB/s" in text
+    assert "2 runs, 2 without a release digest." in text
 
 
 def test_a_tiny_sweep_on_one_and_two_hosts(tmp_path):
@@ -84,3 +85,7 @@ def test_a_tiny_sweep_on_one_and_two_hosts(tmp_path):
     rows = [line for line in out.read_text().splitlines()
             if line.startswith(("| 1 | 1 |", "| 2 | 1 |"))]
     assert len(rows) == 2, out.read_text()
+    # Same seed on 1 and 2 hosts: the same release (from the manifests;
+    # each run's output is deleted after it, as the emulator keeps bytes
+    # in memory).
+    assert "2 runs, all byte-identical." in out.read_text()
