@@ -276,11 +276,14 @@ class Cluster:
 
     ``close()`` (or leaving the ``with`` block) removes all of it. ``code``:
     a folder dpsynth is already installed in (``install_code``), shared
-    with another run; by default the run builds its own."""
+    with another run; by default the run builds its own. ``dask``: more
+    Dask settings (``DASK_...`` variables) for every host, over
+    ``DASK_SETTINGS`` (tests: a short worker TTL)."""
 
     def __init__(self, folder: Path, subnet: Optional[str] = None,
                  env: Optional[dict] = None,
-                 code: Optional[Path] = None) -> None:
+                 code: Optional[Path] = None,
+                 dask: Optional[dict] = None) -> None:
         self.base = Path(folder)
         self.owner = owner_of(os.getpid())
         self.prefix = ""
@@ -289,6 +292,7 @@ class Cluster:
         self.bridge = ""
         self.env = dict(os.environ if env is None else env)
         self.code = code
+        self.dask = {**DASK_SETTINGS, **(dask or {})}
         self.tls: Optional[Path] = None  # folder of the roles' certificates
         self.hosts: list[Host] = []
         self.scheduler: Optional[Host] = None
@@ -422,7 +426,7 @@ class Cluster:
                 "HOME": HOST_HOME, "TMPDIR": "/tmp", "LANG": "C.UTF-8",
                 "PYTHONPATH": f"{SITE}:{HOST_PLUGINS}",
                 "PYTHONSAFEPATH": "1",  # 3.11+: no working directory on path
-                **DASK_SETTINGS, **tls_env(HOST_TLS, tls_role),
+                **self.dask, **tls_env(HOST_TLS, tls_role),
                 **self._emulator_env(),
                 RUN_VAR: f"{self.prefix} {self.owner} {host.name}"}
 
@@ -498,13 +502,23 @@ class Cluster:
 
     def _workers(self) -> Optional[int]:
         """Workers the scheduler knows (None: no answer)."""
+        listed = self.worker_addresses()
+        return None if listed is None else len(listed)
+
+    def worker_addresses(self) -> Optional[list[str]]:
+        """The addresses of the workers the scheduler knows (None: no
+        answer)."""
         try:
             from distributed import Client
             with Client(self.address, timeout=2,
                         security=self.security()) as client:
-                return len(client.scheduler_info(n_workers=-1)["workers"])
+                return list(client.scheduler_info(n_workers=-1)["workers"])
         except (OSError, TimeoutError):
             return None
+
+    def listed(self, host: Host) -> bool:
+        """Whether the scheduler counts a worker of ``host``."""
+        return any(f"//{host.ip}:" in a for a in self.worker_addresses() or [])
 
     def wait_workers(self, n: int, timeout: float = 120) -> None:
         _wait(lambda: self._workers() == n, f"{n} workers", None, timeout)
@@ -536,12 +550,22 @@ class Cluster:
 
     def slow_link(self, host: Host, rate: str = "10mbit") -> None:
         """A token-bucket filter on the host's link (this kernel has no
-        netem): traffic to the host at ``rate``."""
+        netem): traffic to the host, and from it, at ``rate`` each way."""
         _run("tc", "qdisc", "add", "dev", host.link, "root", "tbf", "rate",
              rate, "burst", "32kbit", "latency", "400ms")
         self._in_host(host, "tc", "qdisc", "add", "dev", f"{host.name}i",
                       "root", "tbf", "rate", rate, "burst", "32kbit",
                       "latency", "400ms")
+
+    def link_bytes(self, host: Optional[Host] = None) -> tuple[int, int]:
+        """(received, sent) bytes so far of a host's link (its veth's
+        launcher end: what it sends the host, the host received), or of
+        the bridge's own port (the launcher's: the emulator, the client)."""
+        name = host.link if host is not None else self.bridge
+        stats = Path("/sys/class/net") / name / "statistics"
+        tx, rx = (int((stats / f"{way}_bytes").read_text())
+                  for way in ("tx", "rx"))
+        return (tx, rx) if host is not None else (rx, tx)
 
     def fast_link(self, host: Host) -> None:
         """Removes ``slow_link``'s filters."""
