@@ -220,3 +220,53 @@ def test_runs_of_equal_records_keep_order_lengths_and_checksums(tmp_path):
             rf"r.tfrecord: TFRecord record 250 at byte {offset} is corrupt "
             rf"\(data checksum mismatch\)")):
         list(io.read_range_blocks(io.FileRange(str(path)), spec))
+
+
+class _Reads:
+    """A file that records where each read starts and how long it is."""
+
+    def __init__(self, f, log: list) -> None:
+        self._f, self._log = f, log
+
+    def read(self, size=-1):
+        at = self._f.tell()
+        data = self._f.read(size)
+        self._log.append((at, len(data)))
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+
+def test_an_npz_range_reads_its_labels_once_then_rows_in_order(
+        tmp_path, monkeypatch):
+    """Object stores fetch a chunk on every jump: a range reads the zip's
+    headers, its labels (after all the embeddings) once, and then the
+    embeddings front to back; it jumped twice a block before."""
+    x, y = gmm_data(2000, d=8, classes=3, seed=1)
+    path = tmp_path / "a.npz"
+    np.savez(path, embeddings=x.astype(np.float32), labels=y)
+    log: list = []
+    real = io._open
+    monkeypatch.setattr(io, "_open", lambda p: _Reads(real(p), log))
+    spec = io.InputSpec(str(path), block_size=50)
+    r = io.FileRange(str(path), 4096, 40_000)
+    blocks = list(io.read_range_blocks(r, spec))
+    assert len(blocks) >= 20
+    row_reads = [(at, size) for at, size in log if size == 50 * 8 * 4]
+    assert len(row_reads) >= 20
+    assert [at for at, _ in row_reads] == sorted(at for at, _ in row_reads)
+    jumps = sum(1 for (a, n), (b, _) in zip(log, log[1:]) if b != a + n)
+    # The zip's directory and headers, the labels, the first row: a fixed
+    # few (two a block before, 44 here).
+    assert jumps <= 8, log
+    whole = _rows([io.FileRange(str(path))], spec)
+    parts = _rows([io.FileRange(str(path), 0, 4096), r,
+                   io.FileRange(str(path), 40_000, None)], spec)
+    assert all(np.array_equal(a, b) for a, b in zip(whole, parts))

@@ -911,10 +911,16 @@ def _npz_range_blocks(r: FileRange, spec: InputSpec
                        for b in (r.start, r.stop))
         if n == 0 and r.start == 0:  # its width is still checked
             yield Rows(0), np.empty((0, d), emb.dtype), np.empty(0, lab.dtype)
+        # The labels lie after every embedding: read the range's in one go,
+        # then the embeddings front to back. Jumping between the two for
+        # each block made an object store's reader fetch a new chunk (GCS:
+        # 16 MB) twice a block, ~19 MB fetched per block (issue 60).
+        labels = _read_rows(f, lab, first, last, r.path) if last > first \
+            else None
         for s in range(first, last, spec.block_size):
             e = min(s + spec.block_size, last)
             x = _read_rows(f, emb, s, e, r.path).reshape(e - s, d)
-            yield Rows(s), x, _read_rows(f, lab, s, e, r.path)
+            yield Rows(s), x, labels[s - first:e - first]
 
 
 def _first_row_at(byte: Optional[int], offset: int, row_bytes: int,
