@@ -671,3 +671,20 @@ def test_demo_on_a_local_cluster_is_quiet_and_leaves_nothing(tmp_path):
     # "input": the demo's rows are the same, cached under another TMPDIR.
     assert_same_release(tmp_path / "direct", tmp_path / "dask",
                          frozenset({"input"}))
+
+
+def test_a_lost_scheduler_is_one_line_without_dasks_future_keys():
+    """distributed's CancelledError lists every cancelled future by its
+    internal key; the operator's line says what happened instead."""
+    from concurrent.futures import CancelledError
+    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.errors import ClusterLost
+    keys = ("scheduler-connection-lost\n"
+            "Futures: [('dpsynth__Phase2_class_mixture-0a1b', 0)]")
+    with pytest.raises(ClusterLost) as lost:
+        with dask_runner._cluster_loss_as_one_line("tls://10.0.0.2:8786"):
+            raise CancelledError(keys)
+    line = str(lost.value)
+    assert "Futures" not in line and "\n" not in line
+    assert line.startswith("the Dask cluster at tls://10.0.0.2:8786 was lost "
+                           "mid-run (scheduler unreachable: the connection")

@@ -652,9 +652,18 @@ def _cluster_loss_as_one_line(where):
         address = getattr(address, "address", where)
         raise ClusterLost(
             f"the Dask cluster at {address} was lost mid-run (scheduler "
-            f"unreachable: {text.splitlines()[-1].strip()[:200]}); the "
-            "attempt stays charged: start the scheduler and workers again "
-            "and rerun with the same --run-id") from None
+            f"unreachable: {_why_lost(err)}); the attempt stays charged: "
+            "start the scheduler and workers again and rerun with the same "
+            "--run-id") from None
+
+
+def _why_lost(err: BaseException) -> str:
+    """The cause in a few words. distributed's CancelledError lists every
+    future it cancelled (internal task keys): nothing an operator can use."""
+    text = str(err).strip()
+    if isinstance(err, CancelledError) or text.startswith("Futures:"):
+        return "the connection to it broke and the job's tasks were cancelled"
+    return (text.splitlines() or [type(err).__name__])[-1].strip()[:200]
 
 
 def check_workers(client, local_paths=()) -> None:
