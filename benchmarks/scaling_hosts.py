@@ -157,8 +157,8 @@ def run_hosts(args: argparse.Namespace) -> list[dict]:
                      flags=" ".join(scaling._gen_flags(args)))
             prefix = f"out-h{hosts}-r{rep}"
             r["release_sha256"] = release_digest(client, bucket, prefix)
-            # The emulator keeps every object in memory: at 2M x 384 two
-            # kept releases beside the input took it past 19 GB (killed).
+            # The emulator keeps every object in memory: 3 GB a release at
+            # 2M x 384 (two kept took it past 19 GB: killed).
             for blob in client.list_blobs(bucket, prefix=prefix):
                 blob.delete()
             results.append(r)
