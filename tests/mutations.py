@@ -212,10 +212,25 @@ MUTATIONS: tuple[Mutation, ...] = (
              (WRITTEN + "test_shards_rewritten_after_the_writers_are_never_"
               "published[local-staged]",)),
     Mutation("verify-sizes-only", "pipelines/release/release.py:verify_files",
-             "    if not problems:\n        digests = _sha256_all(folder, wanted)",
-             "    if False:\n        digests = _sha256_all(folder, wanted)",
+             "    if not problems and contents:\n",
+             "    if False:\n",
              (WRITTEN + "test_a_flipped_byte_is_refused_by_verify_and_readers"
               "[local]",)),
+    # Issue 60 item 4: GCS objects are checked by the store's md5s, and a
+    # local publish hashes each file once, after placing it.
+    Mutation("store-md5-not-compared",
+             "pipelines/release/release.py:_differing",
+             "    problems = [f\"{n} differs (md5)\" for n in by_store\n"
+             "                if stored[n][1] != files[n][\"md5\"]]",
+             "    problems = []",
+             ("tests/test_publish_reads.py::"
+              "test_a_same_size_rewrite_on_gcs_differs_in_md5",)),
+    Mutation("placed-files-unchecked", "pipelines/release/release.py:_switch",
+             "                verify_files(root, manifest)\n",
+             "                pass\n",
+             (WRITTEN + "test_a_flipped_byte_is_refused_by_publish[local]",
+              "tests/test_publish_reads.py::"
+              "test_a_local_publish_hashes_each_file_once")),
     Mutation("latest-ignores-the-store", "deploy/publish.py:summary",
              "    if budget_store is not None:\n",
              "    if False:\n",
