@@ -441,9 +441,10 @@ def _switch(staging: str, output: str, manifest: dict, overwrite: bool,
     write, again from the decision when another writer changed the
     manifest meanwhile. Placing moves no byte through this process (a
     rename; on GCS a copy made by the store), and the check reads each
-    file once locally and none on GCS (the store's md5s). Locally all of it runs under the output's lock:
-    placing moves the staged files, so a second publisher of the same
-    staged folder must not check it meanwhile."""
+    file once locally and none on GCS (the store's md5s). Locally all of
+    it runs under the output's lock: placing moves the staged files, so a
+    second publisher of the same staged folder must not check it
+    meanwhile."""
     root = io.join(output, _root_name(manifest))
     placed = False
     try:
@@ -453,7 +454,9 @@ def _switch(staging: str, output: str, manifest: dict, overwrite: bool,
                 return manifest
             if not placed:
                 _take_back(staging, root, manifest)  # a killed publish's
-                verify_files(staging, manifest, contents=False)  # whole?
+                # Every listed file there, of its size (a listing, no
+                # read): a missing one is refused, not a failed move.
+                verify_files(staging, manifest, contents=False)
                 placed = True
                 _place_all(staging, root, manifest)
                 # One check of every file, where it will be read: the
@@ -736,6 +739,12 @@ def _stored_md5s(folder: str
     found = {blob.name[len(name):]: (int(blob.size), blob.md5_hash)
              for blob in bucket.list_blobs(prefix=name)
              if not blob.name.endswith("/")}  # a console's folder marker
+    return _release_files(found)
+
+
+def _release_files(found: dict) -> dict:
+    """``found`` (relative name -> anything) without the manifest and its
+    temporary file."""
     return {n: v for n, v in found.items()
             if n != MANIFEST and not n.startswith(_TEMP_PREFIX)}
 
@@ -749,8 +758,7 @@ def _file_sizes(folder: str) -> dict[str, int]:
     else:
         found = FileSystems.match([prefix + "**"])[0].metadata_list
         sizes = {m.path[len(prefix):]: int(m.size_in_bytes) for m in found}
-    return {n: size for n, size in sizes.items()
-            if n != MANIFEST and not n.startswith(_TEMP_PREFIX)}
+    return _release_files(sizes)
 
 
 def _local_size(path: str) -> int:
