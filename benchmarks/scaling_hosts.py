@@ -16,7 +16,13 @@ N shrinks: `--repeat` runs the counts up, then down). Where the time goes:
   adaptive plan included) and ``launcher s`` = job - pipeline (plan,
   staging checks, publish: serial on the launcher; ``publish s`` alone: a
   copy made by the store, checked against the store's md5s, so no file's
-  bytes pass through the launcher), each with its speed-up.
+  bytes pass through the launcher), each with its speed-up;
+* CPU seconds during each run (``cpu_use``): the whole machine's, the
+  emulator's, the worker hosts' and the scheduler's, and from them the
+  most a run on N hosts could gain on this machine: it cannot end before
+  its CPU seconds are spent on the machine's cores, so its speed-up is at
+  most cores x T_1 / CPU_N (``cpu_bound``). The emulator is part of the
+  storage service here and runs on the same cores as the hosts.
 
 Needs root (namespaces): ``hosts.unavailable()`` says why not.
 """
@@ -117,6 +123,57 @@ def stage_input(client, bucket: str, data: str) -> dict:
             "bytes": size, "files": len(files)}
 
 
+def _tree_cpu(pid: Optional[int]) -> float:
+    """CPU seconds (user + system) of a live process and its children."""
+    import psutil
+    if pid is None:
+        return 0.0
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def cpu_use(cluster: harness.Cluster) -> dict:
+    """CPU seconds so far: the machine's (every core, busy time), the
+    emulator's, the live worker hosts' and the scheduler's."""
+    import psutil
+    t = psutil.cpu_times()
+    busy = t.user + t.nice + t.system + getattr(t, "irq", 0) \
+        + getattr(t, "softirq", 0) + getattr(t, "steal", 0)
+    pid = lambda h: None if h is None or h.proc is None else h.proc.pid
+    return {"machine": busy,
+            "emulator": _tree_cpu(cluster.emulator.pid
+                                  if cluster.emulator else None),
+            "workers": sum(_tree_cpu(pid(h)) for h in cluster.hosts),
+            "scheduler": _tree_cpu(pid(cluster.scheduler))}
+
+
+def cpu_spent(before: dict, after: dict) -> dict:
+    """CPU seconds spent between two ``cpu_use`` readings (the hosts'
+    from the hosts alive at both)."""
+    return {k: round(after[k] - before[k], 2) for k in before}
+
+
+def cpu_bound(base: dict, r: dict, cores: int) -> Optional[float]:
+    """The largest speed-up the run ``r`` could have had over ``base`` on
+    ``cores`` cores: it took ``cpu.machine`` CPU seconds, so it could not
+    end before cpu / cores seconds (wall times of both runs' processes)."""
+    spent = r.get("cpu", {}).get("machine")
+    if not spent:
+        return None
+    return cores * base["wall_s"] / spent
+
+
 def run_hosts(args: argparse.Namespace) -> list[dict]:
     """Every host count of --hosts on one cluster; one result per count."""
     counts = check_hosts(args.hosts)
@@ -150,8 +207,10 @@ def run_hosts(args: argparse.Namespace) -> list[dict]:
             cmd = job_command(args, bucket, cluster.address, hosts, d,
                               rep)
             cmd = ["nice", "-n", str(args.nice), *cmd] if args.nice else cmd
+            before = cpu_use(cluster)
             r = scaling.measure(cmd, args.timeout, args.max_rss_gb * 2 ** 30,
                                 env=cluster.launcher_env())
+            r["cpu"] = cpu_spent(before, cpu_use(cluster))
             r.update(hosts=hosts, repeat=rep, n=n, format=args.format, d=d, io=io,
                      timings=parse_timings(r["log_tail"]),
                      flags=" ".join(scaling._gen_flags(args)))
@@ -200,12 +259,19 @@ def hosts_report(results: list[dict], command: str) -> str:
              f"the launcher process tree's peak resident memory (PSS; the "
              f"workers live on the hosts); Amdahl f = "
              f"(N/S - 1)/(N - 1) (N = 2: 2/S(2) - 1); load = 1-min load "
-             f"average before / after the run.", "",
+             f"average before / after the run. CPU s during the run's "
+             f"process (wall {first['wall_s']:.0f} s and so on): the "
+             f"machine's (all cores) / the emulator's / the worker hosts' / "
+             f"the scheduler's; busy cores = machine CPU s / wall s; CPU "
+             f"bound = the most this run could gain over the same repeat's "
+             f"fewest-hosts run on {os.cpu_count()} cores (cores x wall of "
+             f"that run / this run's machine CPU s; -: not measured).", "",
              "| hosts | repeat | job s | plan s | phase 1 s | pipeline s | "
              "launcher s | publish s | launcher peak MB | job speed-up (f) | "
-             "pipeline speed-up (f) | load |",
+             "pipeline speed-up (f) | CPU s machine / emulator / hosts / "
+             "scheduler | busy cores | CPU bound | load |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-             "| --- | --- |"]
+             "| --- | --- | --- | --- | --- |"]
     fewest = min(r["hosts"] for r in ok)
     for r in ok:
         t = r["timings"]
@@ -220,10 +286,24 @@ def hosts_report(results: list[dict], command: str) -> str:
             f"{r.get('peak_rss_sum', 0) / 2 ** 20:.0f} | "
             f"{_speedup(base, r, 'total', fewest)} | "
             f"{_speedup(base, r, 'pipeline', fewest)} | "
-            f"{scaling._load(r)} |")
+            f"{_cpu(r)} | {_bound(base, r)} | {scaling._load(r)} |")
     lines += ["", f"Releases (the manifest's writer digests of the data files "
               f"and mixture): {len(ok)} runs, {_identity(ok)}"]
     return "\n".join(lines) + "\n"
+
+
+def _cpu(r: dict) -> str:
+    """The run's CPU seconds and busy cores (two cells)."""
+    c = r.get("cpu")
+    if not c:
+        return "- | -"
+    return (f"{c['machine']:.0f} / {c['emulator']:.0f} / {c['workers']:.0f} "
+            f"/ {c['scheduler']:.0f} | {c['machine'] / r['wall_s']:.2f}")
+
+
+def _bound(base: Optional[dict], r: dict) -> str:
+    bound = None if base is None else cpu_bound(base, r, os.cpu_count() or 1)
+    return "-" if bound is None else f"{bound:.2f}x"
 
 
 def _identity(runs: list[dict]) -> str:

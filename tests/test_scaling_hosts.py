@@ -6,6 +6,8 @@ measured run: benchmarks/results/scaling.md, section "Hosts"."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from benchmarks import scaling, scaling_hosts
@@ -69,6 +71,34 @@ def test_timings_and_table():
     assert "| 10.5 | 2.0 |" in row  # pipeline s, launcher s = job - it
     assert "300 MB/s" in text
     assert "2 runs, 2 without a release digest." in text
+
+
+def test_the_cpu_bound_is_cores_times_the_base_wall_over_cpu_spent():
+    """A 2-host run that kept the machine's cores busy for 150 CPU s could
+    not end before 150 / cores s: over a 1-host run of 100 s wall its
+    speed-up is at most cores x 100 / 150."""
+    base = {"wall_s": 100.0, "cpu": {"machine": 110.0}}
+    run = {"wall_s": 80.0, "cpu": {"machine": 150.0}}
+    assert scaling_hosts.cpu_bound(base, run, 2) == pytest.approx(4 / 3)
+    assert scaling_hosts.cpu_bound(base, {"wall_s": 1.0}, 2) is None
+    spent = scaling_hosts.cpu_spent(
+        {"machine": 10.0, "emulator": 1.0, "workers": 2.0, "scheduler": 0.5},
+        {"machine": 60.0, "emulator": 21.0, "workers": 27.0,
+         "scheduler": 1.0})
+    assert spent == {"machine": 50.0, "emulator": 20.0, "workers": 25.0,
+                     "scheduler": 0.5}
+    io = {"files": 1, "bytes": 1e6, "upload_s": 1.0, "read_s": 1.0}
+    runs = [{"rc": 0, "hosts": h, "repeat": 0, "n": 10, "d": 8,
+             "format": "npz", "flags": "", "io": io, "wall_s": w,
+             "load": (0.1, 0.2), "cpu": {"machine": c, "emulator": 1.0,
+                                         "workers": 2.0, "scheduler": 0.0},
+             "timings": {"total": w - 1, "pipeline": w - 3}}
+            for h, w, c in ((1, 100.0, 110.0), (2, 80.0, 150.0))]
+    text = scaling_hosts.hosts_report(runs, "cmd")
+    row = next(line for line in text.splitlines() if line.startswith("| 2 "))
+    cores = os.cpu_count() or 1
+    assert f"| {cores * 100 / 150:.2f}x |" in row
+    assert "| 150 / 1 / 2 / 0 | 1.88 |" in row  # busy cores = 150 / 80
 
 
 def test_a_tiny_sweep_on_one_and_two_hosts(tmp_path):
