@@ -263,9 +263,12 @@ def hosts_report(results: list[dict], command: str) -> str:
              f"process (wall {first['wall_s']:.0f} s and so on): the "
              f"machine's (all cores) / the emulator's / the worker hosts' / "
              f"the scheduler's; busy cores = machine CPU s / wall s; CPU "
-             f"bound = the most this run could gain over the same repeat's "
-             f"fewest-hosts run on {os.cpu_count()} cores (cores x wall of "
-             f"that run / this run's machine CPU s; -: not measured).", "",
+             f"bound = cores x the wall s of the same repeat's fewest-hosts "
+             f"run / this run's machine CPU s: a run cannot end before its "
+             f"CPU s are spent on the {os.cpu_count()} cores, so that is the "
+             f"most it could gain over that run (on the fewest-hosts row: "
+             f"the most any run doing that run's work could gain; -: not "
+             f"measured).", "",
              "| hosts | repeat | job s | plan s | phase 1 s | pipeline s | "
              "launcher s | publish s | launcher peak MB | job speed-up (f) | "
              "pipeline speed-up (f) | CPU s machine / emulator / hosts / "
