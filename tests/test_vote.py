@@ -75,3 +75,20 @@ def test_identical_candidates_vote_for_the_lowest_id():
     c = np.tile(rng.normal(size=(1, 16)).astype(np.float32), (20000, 1))
     x = rng.normal(size=(300, 16)).astype(np.float32)
     assert set(vote.CandidateIndex(c).nearest(x).tolist()) == {0}
+
+
+def test_half_squares_by_chunks_equal_one_float64_copy():
+    """The index's |c|^2 / 2, computed a chunk of rows at a time (no
+    float64 copy of every candidate), has the same bits as from one copy
+    of them all, whatever the chunk."""
+    from dpsynth.dp_ops import vote
+    rng = np.random.default_rng(7)
+    for m, d in ((1, 3), (1000, 384), (4097, 65)):
+        c = (rng.standard_normal((m, d)) * rng.uniform(0.1, 10, (m, 1))
+             ).astype(np.float32)
+        whole = c.astype(np.float64)
+        expected = 0.5 * np.einsum("ij,ij->i", whole, whole)
+        for chunk in (1, 7, 4096, 65536):
+            got = vote.half_squares(c, chunk)
+            assert got.tobytes() == expected.tobytes(), (m, d, chunk)
+    assert vote.half_squares(np.zeros((0, 4), np.float32)).shape == (0,)
