@@ -19,10 +19,10 @@ benchmarks/results/studies/goal_noise_issue61.md.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
@@ -30,9 +30,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from benchmarks.studies import covariance_sweep as sweep  # noqa: E402
 from benchmarks.studies.study_data import RESULTS  # noqa: E402
 
-SWEEP = os.path.join(RESULTS, "covariance_sweep.jsonl")
 REPORT = os.path.join(RESULTS, "goal_noise_issue61.md")
 MENU = ("shared", "subspace", "per-class", "per-class+spiked")
 SETS = ("20news", "20news-binary", "20news-topics", "cifar10-full",
@@ -103,11 +103,8 @@ def report(records: list[dict], seed: int = 0) -> str:
 
 
 def main() -> int:
-    with open(SWEEP) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    text = report(records)
-    with open(REPORT, "w") as out:
-        out.write(text)
+    text = report(sweep.load_log())
+    Path(REPORT).write_text(text)
     print(text)
     return 0
 
