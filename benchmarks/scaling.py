@@ -1069,6 +1069,10 @@ def parser() -> argparse.ArgumentParser:
                    "output on its GCS emulator (--dims[0] x --sizes[0]); "
                    "report the speed-up and the emulator's I/O (section "
                    "`hosts` of --out)")
+    p.add_argument("--warmup", action="store_true",
+                   help="with --hosts: one unrecorded job on the fewest "
+                   "hosts before the sweep (the emulator's first job after "
+                   "the upload ran 29 s slower at 2M x 384: its collector)")
     p.add_argument("--vote-bench", action="store_true")
     p.add_argument("--vote-bench-rows", type=int, default=20_000)
     p.add_argument("--vote-bench-candidates", type=_ints,

@@ -198,28 +198,14 @@ def run_hosts(args: argparse.Namespace) -> list[dict]:
         print(f"input {n:,} x {d}: {io['bytes'] / 1e6:.0f} MB in "
               f"{io['files']} files; upload {io['upload_s']:.1f} s, read "
               f"back {io['read_s']:.1f} s", flush=True)
+        if args.warmup:
+            warm = _job(args, cluster, client, bucket, counts[0], d, -1)
+            print(f"  warm-up hosts={counts[0]} job "
+                  f"{warm['timings'].get('total', 0):.1f} s (not recorded)",
+                  flush=True)
         for rep, hosts in sweep_order(counts, args.repeat):
-            while len(cluster.hosts) < hosts:
-                cluster.add_worker()
-            while len(cluster.hosts) > hosts:  # a host leaves: gone for good
-                cluster.kill(cluster.hosts[-1])
-            cluster.wait_workers(hosts)
-            cmd = job_command(args, bucket, cluster.address, hosts, d,
-                              rep)
-            cmd = ["nice", "-n", str(args.nice), *cmd] if args.nice else cmd
-            before = cpu_use(cluster)
-            r = scaling.measure(cmd, args.timeout, args.max_rss_gb * 2 ** 30,
-                                env=cluster.launcher_env())
-            r["cpu"] = cpu_spent(before, cpu_use(cluster))
-            r.update(hosts=hosts, repeat=rep, n=n, format=args.format, d=d, io=io,
-                     timings=parse_timings(r["log_tail"]),
-                     flags=" ".join(scaling._gen_flags(args)))
-            prefix = f"out-h{hosts}-r{rep}"
-            r["release_sha256"] = release_digest(client, bucket, prefix)
-            # The emulator keeps every object in memory: 3 GB a release at
-            # 2M x 384 (two kept took it past 19 GB: killed).
-            for blob in client.list_blobs(bucket, prefix=prefix):
-                blob.delete()
+            r = _job(args, cluster, client, bucket, hosts, d, rep)
+            r.update(n=n, io=io)
             results.append(r)
             if args.save:  # one JSON line per run (--report-from)
                 with open(args.save, "a") as out:
@@ -230,6 +216,34 @@ def run_hosts(args: argparse.Namespace) -> list[dict]:
             if r["rc"]:
                 print(r["log_tail"], flush=True)
     return results
+
+
+def _job(args: argparse.Namespace, cluster: harness.Cluster, client,
+         bucket: str, hosts: int, d: int, rep: int) -> dict:
+    """One job on ``hosts`` worker hosts (added or killed to that count);
+    its measurement, timings, CPU seconds and release digest (the release
+    is then deleted)."""
+    while len(cluster.hosts) < hosts:
+        cluster.add_worker()
+    while len(cluster.hosts) > hosts:  # a host leaves: gone for good
+        cluster.kill(cluster.hosts[-1])
+    cluster.wait_workers(hosts)
+    cmd = job_command(args, bucket, cluster.address, hosts, d, rep)
+    cmd = ["nice", "-n", str(args.nice), *cmd] if args.nice else cmd
+    before = cpu_use(cluster)
+    r = scaling.measure(cmd, args.timeout, args.max_rss_gb * 2 ** 30,
+                        env=cluster.launcher_env())
+    r["cpu"] = cpu_spent(before, cpu_use(cluster))
+    r.update(hosts=hosts, repeat=rep, format=args.format, d=d,
+             timings=parse_timings(r["log_tail"]),
+             flags=" ".join(scaling._gen_flags(args)))
+    prefix = f"out-h{hosts}-r{rep}"
+    r["release_sha256"] = release_digest(client, bucket, prefix)
+    # The emulator keeps every object in memory: 3 GB a release at
+    # 2M x 384 (two kept took it past 19 GB: killed).
+    for blob in client.list_blobs(bucket, prefix=prefix):
+        blob.delete()
+    return r
 
 
 def hosts_report(results: list[dict], command: str) -> str:
