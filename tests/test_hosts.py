@@ -350,16 +350,22 @@ def _host_functions():
 
 
 def _refusal(place: str) -> str:
-    """How a host's write into the launcher's ``place`` fails: read-only,
-    or, for a checkout under /tmp, /var/tmp or /dev/shm (a clean clone made
+    """How a host's write into the launcher's ``place`` ends: read-only,
+    or, for a place under /tmp, /var/tmp or /dev/shm (a clean clone made
     with mktemp -d), not there at all (those are the host's own tmpfs; only
-    the interpreter's folders are bound back in)."""
+    the interpreter's folders are bound back in). A place that holds an
+    interpreter folder (a HOME under /tmp whose ~/.cache holds the CI
+    venv) is, on the host, a folder of its own tmpfs made for that bind
+    mount: the write lands there, where the launcher never sees it (the
+    test checks that next)."""
     under_private = any(place.startswith(f"{top}/")
                         for top in ("/tmp", "/var/tmp", "/dev/shm"))
-    kept = any(place == k or place.startswith(f"{k}/")
-               for k in hosts_harness.interpreter_folders())
-    return ("No such file or directory" if under_private and not kept
-            and place != hosts_harness.SITE else "Read-only file system")
+    folders = hosts_harness.interpreter_folders()
+    kept = any(place == k or place.startswith(f"{k}/") for k in folders)
+    holds_one = any(k.startswith(place.rstrip("/") + "/") for k in folders)
+    if not under_private or kept or place == hosts_harness.SITE:
+        return "Read-only file system"
+    return "written" if holds_one else "No such file or directory"
 
 
 def test_hosts_share_nothing_but_the_bucket(cluster, bucket):
