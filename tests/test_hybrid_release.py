@@ -1,0 +1,90 @@
+"""benchmarks/studies/hybrid_release.py (issue 61): a global matrix and the
+class matrices from one release, post-processed into each menu branch."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks.studies import covariance_sweep as sweep
+from benchmarks.studies import hybrid_release as hybrid
+from dpsynth.dp_ops import adaptive, covariance, plan
+
+
+def test_the_noise_is_the_isometric_upper_triangle_mechanisms():
+    """Each entry of upper(E) (what the mechanism adds noise to) has std
+    sigma, the entries are uncorrelated and E is symmetric."""
+    rng = np.random.default_rng(0)
+    draws = np.stack([covariance.upper(hybrid.symmetric_noise(6, 2.0, rng))
+                      for _ in range(20000)])
+    assert np.allclose(draws.std(axis=0), 2.0, rtol=0.03)
+    corr = np.corrcoef(draws.T) - np.eye(draws.shape[1])
+    assert np.abs(corr).max() < 0.04
+    e = hybrid.symmetric_noise(5, 1.0, rng)
+    assert np.array_equal(e, e.T)
+
+
+def test_a_block_of_the_class_matrix_has_the_subspace_modes_noise():
+    """P^T E P for an orthonormal [d, r] basis P is distributed as an
+    r x r release of the same sigma: the subspace branch at share 0.5 is
+    the subspace mode's release in distribution."""
+    rng = np.random.default_rng(1)
+    p = np.linalg.qr(rng.standard_normal((12, 3)))[0]
+    blocks = np.stack([covariance.upper(p.T @ hybrid.symmetric_noise(
+        12, 1.5, rng) @ p) for _ in range(20000)])
+    assert np.allclose(blocks.std(axis=0), 1.5, rtol=0.03)
+
+
+def test_the_branches_come_from_one_release_at_the_split_sigmas():
+    split = sweep.simulate(sweep.Shape("tiny", 3, 200, 8, "own"))
+    rel = hybrid.release(split, 4.0, 0, 0.5)
+    assert rel.sigma_global == pytest.approx(rel.sigma_class)
+    quarter = hybrid.release(split, 4.0, 0, 0.25)
+    assert quarter.sigma_global == pytest.approx(
+        rel.sigma_global * math.sqrt(2.0))
+    assert quarter.sigma_class == pytest.approx(
+        rel.sigma_class * math.sqrt(0.5 / 0.75))
+    for branch in hybrid.BRANCHES:
+        mixes = hybrid.branch_mixtures(rel, branch)
+        assert sorted(mixes) == [0, 1, 2]
+    shared = hybrid.branch_mixtures(rel, "shared")
+    assert np.array_equal(shared[0].factors, shared[1].factors)
+    raw = hybrid.branch_mixtures(rel, "raw")
+    assert not np.array_equal(raw[0].factors, raw[1].factors)
+    assert np.isfinite(hybrid.excess(rel))
+    # At share 0.5 both sigmas are the subspace mode's (its global matrix
+    # and its class blocks share the covariance part equally).
+    rc = adaptive.RuleConstants(force_mode="subspace")
+    mu = adaptive.calibrate_mu(rel.cfg, 8, rc)
+    sub = adaptive.choose_structure(4.0, rel.cfg.delta, 8, rel.noisy_n, rc,
+                                    mu)
+    sigmas = {m.name: m.sigma for m in adaptive.mechanisms(rel.cfg, sub, mu)}
+    assert sigmas[plan.COVARIANCE] == pytest.approx(rel.sigma_global)
+    assert sigmas[adaptive.class_matrix_name(0)] == pytest.approx(
+        rel.sigma_class)
+    with pytest.raises(ValueError, match="share"):
+        hybrid.release(split, 4.0, 0, 1.0)
+
+
+def test_a_cell_needs_every_branch_on_three_seeds():
+    recs = [{"shape": "20news", "epsilon": 4.0, "seed": s, "share": 0.5,
+             "branch": b, "accuracy": 0.7, "excess": 0.01}
+            for b in hybrid.BRANCHES for s in (0, 1, 2)]
+    cells = hybrid.hybrid_cells(recs, 0.5)
+    assert list(cells) == [("20news", 4.0)]
+    assert cells[("20news", 4.0)][0]["raw"] == pytest.approx(70.0)
+    assert hybrid.hybrid_cells(recs[1:], 0.5) == {}
+    assert hybrid.hybrid_cells(recs, 0.25) == {}
+
+
+def test_the_threshold_selector_is_fitted_on_the_cells():
+    cells = {("a", 1.0): ({"raw": 70.0, "subspace": 72.0}, 0.01),
+             ("b", 1.0): ({"raw": 80.0, "subspace": 78.0}, 0.10)}
+    best = {("a", 1.0): 72.0, ("b", 1.0): 80.0}
+    assert hybrid.best_threshold(cells, best) == (0.10, 0.0, 0.0)
+    cells[("b", 1.0)] = ({"raw": 80.0, "subspace": 78.0}, 0.001)
+    t, mean_gap, worst = hybrid.best_threshold(cells, best)
+    assert mean_gap == pytest.approx(-1.0) and worst == pytest.approx(-2.0)
+    assert hybrid.best_threshold({}, {}) is None
