@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -58,7 +57,8 @@ if ROOT not in sys.path:
 
 from benchmarks.studies import covariance_sweep as sweep  # noqa: E402
 from benchmarks.studies import goal_noise  # noqa: E402
-from benchmarks.studies.study_data import RESULTS  # noqa: E402
+from benchmarks.studies.study_data import (  # noqa: E402
+    RESULTS, append_record, write_report)
 from dpsynth.dp_ops import adaptive, clipping, covariance, generator, plan  # noqa: E402
 from dpsynth.dp_ops.config import GeneratorConfig  # noqa: E402
 from dpsynth.dp_ops.noise import SeededNoise  # noqa: E402
@@ -194,7 +194,7 @@ def probe(split, rel: Release, branch: str) -> float:
 
 def measure(names, epsilons, seeds, share: float) -> None:
     done = {(r["shape"], r["epsilon"], r["seed"], r["share"], r["branch"])
-            for r in load(LOG)}
+            for r in sweep.load_log(LOG)}
     for name in names:
         split = sweep.load_shape(name)
         for eps in epsilons:
@@ -212,16 +212,7 @@ def measure(names, epsilons, seeds, share: float) -> None:
                            "accuracy": probe(split, rel, b),
                            "excess": stat,
                            "seconds": round(time.time() - t, 1)}
-                    print(json.dumps(rec), flush=True)
-                    with open(LOG, "a") as fh:
-                        fh.write(json.dumps(rec) + "\n")
-
-
-def load(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+                    append_record(LOG, rec)
 
 
 def hybrid_cells(records: list[dict], share: float) -> dict:
@@ -261,7 +252,7 @@ def best_threshold(cells: dict, best_menu: dict):
 
 def report(share: float = 0.5) -> str:
     menu = goal_noise.menu_cells(sweep.load_log())
-    mine = hybrid_cells(load(LOG), share)
+    mine = hybrid_cells(sweep.load_log(LOG), share)
     head = ("| set | eps | " + " | ".join(MENU_NAMES)
             + " | hybrid " + " | hybrid ".join(BRANCHES)
             + " | best hybrid - best menu | excess |")
@@ -352,9 +343,7 @@ def main() -> int:
                 "splits; menu columns: covariance_sweep.jsonl; hybrid "
                 "columns: hybrid_issue61.jsonl, every branch from the same "
                 "release per seed).\n\n" + report(args.share) + "\n" + NOTES)
-        with open(REPORT, "w") as fh:
-            fh.write(text)
-        print(text)
+        write_report(REPORT, text)
         return 0
     measure(args.shapes.split(","), [float(e) for e in
                                       args.epsilons.split(",")],

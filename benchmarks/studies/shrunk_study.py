@@ -34,7 +34,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.studies import covariance_sweep as sweep  # noqa: E402
-from benchmarks.studies.study_data import RESULTS  # noqa: E402
+from benchmarks.studies.study_data import RESULTS, write_report  # noqa: E402
 from dpsynth.dp_ops import adaptive  # noqa: E402
 
 LOG = os.path.join(RESULTS, "shrunk_issue61.jsonl")
@@ -170,9 +170,7 @@ def main() -> int:
                 "covariance_sweep.jsonl's 3-seed means; shrunk is the mean "
                 "over the seeds listed, so a one-seed cell is one seed).\n\n"
                 + report() + "\n" + NOTES)
-        with open(REPORT, "w") as fh:
-            fh.write(text)
-        print(text)
+        write_report(REPORT, text)
         return 0
     measure(args.shapes.split(","), [float(e) for e in
                                       args.epsilons.split(",")],

@@ -170,6 +170,13 @@ def append_record(path: str, rec: dict, shown: dict | None = None) -> None:
         fh.write(json.dumps(rec) + "\n")
 
 
+def write_report(path: str, text: str) -> None:
+    """Writes a study's markdown report and prints it."""
+    with open(path, "w") as fh:
+        fh.write(text)
+    print(text)
+
+
 def save_rows(filename: str, rows: list) -> str:
     """A study's result rows as JSON under benchmarks/results/studies."""
     os.makedirs(RESULTS, exist_ok=True)
