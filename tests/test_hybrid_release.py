@@ -88,3 +88,15 @@ def test_the_threshold_selector_is_fitted_on_the_cells():
     t, mean_gap, worst = hybrid.best_threshold(cells, best)
     assert mean_gap == pytest.approx(-1.0) and worst == pytest.approx(-2.0)
     assert hybrid.best_threshold({}, {}) is None
+
+
+def test_subspace_branches_of_other_ranks_are_reported_apart():
+    recs = [{"shape": "s", "epsilon": 8.0, "seed": seed, "share": 0.5,
+             "branch": b, "accuracy": 0.5, "excess": 0.1}
+            for b in hybrid.BRANCHES + ("subspace@256",) for seed in (0, 1, 2)]
+    assert list(hybrid.hybrid_cells(recs, 0.5)) == [("s", 8.0)]
+    assert hybrid.rank_rows(recs, 0.5) == ["| s | 8 | 256: 50.00 |"]
+    split = sweep.simulate(sweep.Shape("tiny", 2, 200, 8, "own"))
+    rel = hybrid.release(split, 4.0, 0, 0.5)
+    full = hybrid.branch_mixtures(rel, "subspace@99")  # capped at d
+    assert full[0].factors.shape[1] >= 8 - 1
