@@ -3,6 +3,8 @@ class matrices from one release, post-processed into each menu branch."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -100,3 +102,108 @@ def test_subspace_branches_of_other_ranks_are_reported_apart():
     rel = hybrid.release(split, 4.0, 0, 0.5)
     full = hybrid.branch_mixtures(rel, "subspace@99")  # capped at d
     assert full[0].factors.shape[1] >= 8 - 1
+
+
+@functools.lru_cache(maxsize=1)
+def _tiny_release() -> hybrid.Release:
+    split = sweep.simulate(sweep.Shape("tiny", 2, 200, 8, "own"))
+    return hybrid.release(split, 4.0, 0, 0.5)
+
+
+def _known_release(deviation: np.ndarray, sigma: float, n: float,
+                   rng: np.random.Generator) -> hybrid.Release:
+    """A release around a noiseless W = diag(d .. 1) and one class whose
+    covariance is W + deviation, released with noise of std sigma / n."""
+    rel = _tiny_release()
+    d = deviation.shape[0]
+    w = np.diag(np.arange(d, 0, -1, dtype=float))
+    c = w + deviation + hybrid.symmetric_noise(d, sigma, rng) / n
+    return dataclasses.replace(rel, within=w, classes=[c], n=np.array([n]),
+                               sigma_class=sigma)
+
+
+def test_the_rank_gain_is_unbiased_for_the_frobenius_gain():
+    """With W known, E[A_ij^2 - 2 v_ij] = D_ij^2 - v_ij: the true drop in
+    squared error from using the class's own entry instead of W's."""
+    d, sigma, n = 6, 3.0, 10.0
+    dev = np.zeros((d, d))
+    dev[:2, :2] = [[0.8, 0.3], [0.3, -0.5]]
+    v = np.full((d, d), sigma ** 2 / (2 * n ** 2))
+    v[np.diag_indices(d)] *= 2
+    truth = np.concatenate([[0.0], np.diagonal(np.cumsum(np.cumsum(
+        dev ** 2 - v, 0), 1))])
+    rng = np.random.default_rng(5)
+    gains = np.mean([hybrid.rank_gains(_known_release(dev, sigma, n, rng))[0]
+                     for _ in range(4000)], axis=0)
+    assert np.allclose(gains, truth, atol=0.02)
+    assert int(np.argmax(truth)) == 2
+
+
+def test_the_risk_rank_keeps_what_rises_above_the_noise():
+    rng = np.random.default_rng(6)
+    dev = np.zeros((8, 8))
+    dev[:3, :3] = np.diag([4.0, -3.0, 2.5])
+    rel = _known_release(dev, 1.0, 20.0, rng)
+    assert hybrid.chosen_ranks(rel, "risk") == [3]
+    assert hybrid.chosen_ranks(rel, "riskc") == [3]
+    assert hybrid.branch_ranks(rel, "subspace@risk") == [3]
+    assert hybrid.branch_ranks(rel, "subspace@5") == [5]
+    # No deviation: every expected gain is negative, so the (noisy) argmax
+    # stays at rank 0 in most releases.
+    picks = [hybrid.chosen_ranks(_known_release(np.zeros((8, 8)), 1.0, 20.0,
+                                                rng), "risk")[0]
+             for _ in range(50)]
+    assert np.median(picks) == 0
+    mixes = hybrid.branch_mixtures(rel, "subspace@risk")
+    assert sorted(mixes) == [0]
+    recs = [{"shape": "s", "epsilon": 8.0, "seed": seed, "share": 0.5,
+             "branch": "subspace@risk", "accuracy": 0.5, "excess": 0.1,
+             "ranks": [3]} for seed in (0, 1, 2)]
+    assert hybrid.rank_rows(recs, 0.5) == []
+    assert hybrid.risk_rows(recs, 0.5) == [
+        "| s | 8 | subspace@risk: 50.00 (median rank 3) |"]
+
+
+def test_the_pooled_bulk_branches_fall_back_to_each_side():
+    """Edge 0: every direction is the class's own; an edge above every
+    eigenvalue: the pooled matrix everywhere."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((6, 6))
+    b = rng.standard_normal((6, 6))
+    within, pooled = a @ a.T + np.eye(6), b @ b.T + np.eye(6)
+    for post in (hybrid.spiked_pooled, hybrid.pooled_rank):
+        assert np.allclose(post(within, pooled, 0.0), within)
+        assert np.allclose(post(within, pooled, 1e6), pooled)
+    mid = hybrid.spiked_pooled(within, pooled, np.linalg.eigvalsh(within)[3])
+    assert np.allclose(mid, mid.T)
+    rel = _tiny_release()
+    for branch in ("spiked+pooled", "rank+pooled"):
+        assert sorted(hybrid.branch_mixtures(rel, branch)) == [0, 1]
+
+
+def test_a_union_draws_half_its_rows_from_each_branch():
+    rel = _tiny_release()
+    plain = hybrid.synthetic_rows(rel, "shared")
+    union = hybrid.synthetic_rows(rel, "union:shared+raw")
+    for p, u in zip(plain, union):
+        assert abs(len(p) - len(u)) <= 1
+        assert not np.array_equal(p[:len(p) // 2], u[:len(p) // 2])
+    assert hybrid.branch_list("", "union:shared+raw,raw") == (
+        "union:shared+raw", "raw")
+    assert hybrid.branch_list("64,risk", "") == ("subspace@64",
+                                                 "subspace@risk")
+    assert hybrid.branch_list("", "") == hybrid.BRANCHES
+
+
+def test_every_branch_is_summarised_against_the_best_menu_structure():
+    recs = [{"shape": "s", "epsilon": e, "seed": seed, "share": 0.5,
+             "branch": b, "accuracy": acc, "excess": 0.1}
+            for b, acc in (("subspace@64", 0.70), ("raw", 0.69))
+            for e in (4.0, 8.0) for seed in (0, 1, 2)]
+    best = {("s", 4.0): 70.0, ("s", 8.0): 69.5}
+    gaps = hybrid.branch_gaps(recs, 0.5, best)
+    assert gaps["raw"] == pytest.approx({("s", 4.0): -1.0, ("s", 8.0): -0.5})
+    assert hybrid.gap_rows(recs, 0.5, best) == [
+        "| 0.5 | raw | 2 | -0.75 | -1.00 | 0 |",
+        "| 0.5 | subspace@64 | 2 | +0.25 | +0.00 | 2 |"]
+    assert hybrid.gap_rows(recs, 0.25, best) == []

@@ -153,26 +153,113 @@ def excess(rel: Release) -> float:
     return float(np.mean(out))
 
 
+def rank_gains(rel: Release, weighted: bool = False) -> np.ndarray:
+    """[K, d + 1]: for each class and r = 0..d, the estimated drop in the
+    squared Frobenius error of the class's covariance when its own block
+    replaces W's in the top r x r corner of W's eigenbasis U (post-
+    processing: released matrices and the ledger's sigma only).
+
+    With A = U^T (C_c - W) U, D the true deviation, v_ij the variance of
+    C_c's noise in entry ij (sigma_c^2 / n_c^2 on the diagonal, half that
+    off it; U^T E U is distributed as E since U comes from W's
+    independent noise), E[A_ij^2] = D_ij^2 + v_ij + (W's noise). Keeping
+    W in entry ij costs D_ij^2 + (W's noise), keeping C_c costs v_ij, so
+    the gain of entry ij is estimated by A_ij^2 - 2 v_ij, and the gain of
+    rank r is its sum over the corner. ``weighted`` divides entry ij by
+    lambda_i lambda_j (W's eigenvalues, floored): the error measured in
+    W-whitened units."""
+    d = rel.within.shape[0]
+    vals, vecs = adaptive.eigen(rel.within)
+    floor = adaptive.variance_floor(rel.cfg, d)
+    scale = np.maximum(vals, floor)
+    out = np.zeros((len(rel.classes), d + 1))
+    for i, c in enumerate(rel.classes):
+        a = vecs.T @ (c - rel.within) @ vecs
+        v = np.full((d, d), rel.sigma_class ** 2 / (2 * rel.n[i] ** 2))
+        v[np.diag_indices(d)] *= 2
+        g = a * a - 2 * v
+        if weighted:
+            g = g / np.outer(scale, scale)
+        out[i, 1:] = np.diagonal(np.cumsum(np.cumsum(g, 0), 1))
+    return out
+
+
+def chosen_ranks(rel: Release, how: str) -> list[int]:
+    """Each class's rank for "risk" (one rank for all classes: the
+    argmax of the summed gains), "riskc" (each class its own argmax) and
+    their W-whitened forms "riskw" / "riskwc"."""
+    gains = rank_gains(rel, weighted=how.startswith("riskw"))
+    if how.endswith("c"):
+        return [int(np.argmax(g)) for g in gains]
+    return [int(np.argmax(gains.sum(0)))] * len(gains)
+
+
+def branch_ranks(rel: Release, branch: str) -> list[int]:
+    d = rel.within.shape[0]
+    k = len(rel.classes)
+    if "@" not in branch:
+        return [rel.class_rank] * k
+    tag = branch.split("@")[1]
+    if tag.startswith("risk"):
+        return chosen_ranks(rel, tag)
+    return [min(int(tag), d)] * k
+
+
+def spiked_pooled(within: np.ndarray, pooled: np.ndarray,
+                  edge: float) -> np.ndarray:
+    """The class's eigenpairs above its noise edge as debiased spikes (as
+    ``adaptive.spiked_within``), and outside their span the pooled matrix
+    instead of the bulk's mean: the bulk keeps the shared anisotropy."""
+    vals, vecs = np.linalg.eigh((within + within.T) / 2)
+    keep = vals > edge
+    v = vecs[:, keep]
+    spikes = (v * adaptive.spike_shrink(vals[keep], edge)) @ v.T
+    out = np.eye(len(vals)) - v @ v.T
+    return spikes + out @ pooled @ out
+
+
+def pooled_rank(within: np.ndarray, pooled: np.ndarray, edge: float
+                ) -> np.ndarray:
+    """The class's own block inside the top r eigenvectors of the pooled
+    matrix, r = how many of its eigenvalues clear the class's noise edge;
+    the pooled matrix elsewhere (a subspace branch without W)."""
+    vals, vecs = adaptive.eigen(pooled)
+    u = vecs[:, :int(np.sum(vals > edge))]
+    inside = u @ (u.T @ within @ u) @ u.T
+    out = np.eye(len(vals)) - u @ u.T
+    return inside + out @ pooled @ out
+
+
 def branch_mixtures(rel: Release, branch: str) -> dict:
-    """One Gaussian per class for ``branch`` (BRANCHES, or "subspace@<r>":
-    the subspace branch with class rank r instead of the rule's)."""
+    """One Gaussian per class for ``branch`` (BRANCHES, "subspace@<r>":
+    the subspace branch with class rank r instead of the rule's, or
+    "subspace@risk[w][c]": ranks from ``chosen_ranks``)."""
     d = rel.within.shape[0]
     floor = adaptive.variance_floor(rel.cfg, d)
     labels = list(rel.cfg.labels)
     if branch.startswith("subspace"):
-        rank = (min(int(branch.split("@")[1]), d) if "@" in branch
-                else rel.class_rank)
-        sm = adaptive.shared_model(rel.within, rank,
-                                   rel.structure.shared_rank, floor)
-        return {c: adaptive._mixture(
-            c, rel.noisy_n[i], rel.means[i], sm.residual,
-            adaptive.class_factors(sm, sm.basis.T @ rel.classes[i]
-                                   @ sm.basis), rel.centre)
-            for i, c in enumerate(labels)}
+        models = {}
+        out = {}
+        for i, (c, rank) in enumerate(zip(labels, branch_ranks(rel, branch))):
+            if rank not in models:
+                models[rank] = adaptive.shared_model(
+                    rel.within, rank, rel.structure.shared_rank, floor)
+            sm = models[rank]
+            out[c] = adaptive._mixture(
+                c, rel.noisy_n[i], rel.means[i], sm.residual,
+                adaptive.class_factors(sm, sm.basis.T @ rel.classes[i]
+                                       @ sm.basis), rel.centre)
+        return out
     if branch == "shared":
         withins = [rel.within] * len(labels)
     elif branch == "raw":
         withins = rel.classes
+    elif branch in ("spiked+pooled", "rank+pooled"):
+        pooled = adaptive.pooled_within(rel.classes, rel.n)
+        post = spiked_pooled if branch == "spiked+pooled" else pooled_rank
+        withins = [post(c, pooled, adaptive.noise_edge(
+            rel.sigma_class, float(rel.n[i]), d))
+            for i, c in enumerate(rel.classes)]
     elif branch == "spiked":
         withins = [adaptive.spiked_within(c, adaptive.noise_edge(
             rel.sigma_class, float(rel.n[i]), d))
@@ -185,10 +272,25 @@ def branch_mixtures(rel: Release, branch: str) -> dict:
             for i, c in enumerate(labels)}
 
 
+def synthetic_rows(rel: Release, branch: str) -> list[np.ndarray]:
+    """Each class's synthetic rows for ``branch``; "union:<a>+<b>" draws
+    half of them from branch a's mixture and half from b's (independent
+    streams), so the rows' covariance is the two branches' average."""
+    if not branch.startswith("union:"):
+        mixes = branch_mixtures(rel, branch)
+        return [generator.sample(mixes[c], rel.cfg) for c in rel.cfg.labels]
+    parts = []
+    for j, b in enumerate(branch[len("union:"):].split("+")):
+        cfg = dataclasses.replace(rel.cfg, seed=rel.cfg.seed + 7919 * j)
+        mixes = branch_mixtures(rel, b)
+        parts.append([generator.sample(mixes[c], cfg, oversample=0.5)
+                      for c in rel.cfg.labels])
+    return [np.vstack(rows) for rows in zip(*parts)]
+
+
 def probe(split, rel: Release, branch: str) -> float:
     from benchmarks.studies import fast_probe
-    mixes = branch_mixtures(rel, branch)
-    xs = [generator.sample(mixes[c], rel.cfg) for c in rel.cfg.labels]
+    xs = synthetic_rows(rel, branch)
     ys = [np.full(len(x), i) for i, x in enumerate(xs)]
     return fast_probe.accuracy(np.vstack(xs), np.concatenate(ys),
                                split.x_val, split.y_val, split.classes,
@@ -216,6 +318,8 @@ def measure(names, epsilons, seeds, share: float,
                            "accuracy": probe(split, rel, b),
                            "excess": stat,
                            "seconds": round(time.time() - t, 1)}
+                    if "@risk" in b:
+                        rec["ranks"] = branch_ranks(rel, b)
                     append_record(LOG, rec)
 
 
@@ -258,7 +362,8 @@ def rank_rows(records: list[dict], share: float) -> list[str]:
     """Table rows of the subspace@<r> branches' 3-seed means per cell."""
     acc: dict = defaultdict(lambda: defaultdict(dict))
     for r in records:
-        if r["share"] == share and r["branch"].startswith("subspace@"):
+        if (r["share"] == share and r["branch"].startswith("subspace@")
+                and r["branch"].split("@")[1].isdigit()):
             key = (r["shape"], float(r["epsilon"]))
             acc[key][int(r["branch"].split("@")[1])][r["seed"]] = \
                 100 * r["accuracy"]
@@ -268,6 +373,57 @@ def rank_rows(records: list[dict], share: float) -> list[str]:
                  for r, v in sorted(by.items()) if len(v) >= 3]
         if ranks:
             rows.append(f"| {shape} | {eps:g} | {', '.join(ranks)} |")
+    return rows
+
+
+def risk_rows(records: list[dict], share: float) -> list[str]:
+    """Table rows of the subspace@risk* branches: 3-seed mean and the
+    median of the ranks they chose (every class, every seed)."""
+    acc: dict = defaultdict(lambda: defaultdict(dict))
+    ranks: dict = defaultdict(list)
+    for r in records:
+        if r["share"] == share and "@risk" in r["branch"]:
+            key = (r["shape"], float(r["epsilon"]))
+            acc[key][r["branch"]][r["seed"]] = 100 * r["accuracy"]
+            ranks[key, r["branch"]] += r["ranks"]
+    rows = []
+    for (shape, eps), by in sorted(acc.items()):
+        cells = [f"{b}: {np.mean(list(v.values())):.2f} (median rank "
+                 f"{np.median(ranks[(shape, eps), b]):g})"
+                 for b, v in sorted(by.items()) if len(v) >= 3]
+        if cells:
+            rows.append(f"| {shape} | {eps:g} | {', '.join(cells)} |")
+    return rows
+
+
+def branch_gaps(records: list[dict], share: float, best: dict) -> dict:
+    """branch -> {(set, epsilon): its 3-seed mean minus the best menu
+    structure's}, over the cells where the branch has 3 seeds."""
+    acc: dict = defaultdict(lambda: defaultdict(dict))
+    for r in records:
+        if r["share"] == share:
+            key = (r["shape"], float(r["epsilon"]))
+            acc[r["branch"]][key][r["seed"]] = 100 * r["accuracy"]
+    return {b: {k: float(np.mean(list(v.values()))) - best[k]
+                for k, v in cells.items() if len(v) >= 3 and k in best}
+            for b, cells in acc.items()}
+
+
+def gap_rows(records: list[dict], share: float, best: dict) -> list[str]:
+    """One row per branch at ``share``: cells, mean and worst gap to the
+    best menu structure, cells within the goal's tolerance."""
+    rows = []
+    def order(b: str) -> tuple:
+        tag = b.split("@")[-1]
+        return (b.split("@")[0], int(tag) if tag.isdigit() else 1 << 30, b)
+
+    for b, gaps in sorted(branch_gaps(records, share, best).items(),
+                          key=lambda kv: order(kv[0])):
+        if gaps:
+            g = np.array(list(gaps.values()))
+            rows.append(f"| {share:g} | {b} | {len(g)} | {g.mean():+.2f} | "
+                        f"{g.min():+.2f} | "
+                        f"{int(np.sum(g >= -goal_noise.TOLERANCE))} |")
     return rows
 
 
@@ -310,6 +466,21 @@ def report(share: float = 0.5) -> str:
                   "(``--ranks``; the rule's rank, min(128, d // 6), is the "
                   "hybrid subspace column above):", "",
                   "| set | eps | rank: 3-seed mean |", "|---|---|---|"] + ranks
+    risks = risk_rows(sweep.load_log(LOG), share)
+    if risks:
+        lines += ["", "Class ranks chosen from the release "
+                  "(``rank_gains``: the estimated Frobenius gain):", "",
+                  "| set | eps | branch: 3-seed mean (median rank) |",
+                  "|---|---|---|"] + risks
+    best = {k: float(v.mean(axis=1).max()) for k, v in menu.items()}
+    records = sweep.load_log(LOG)
+    rows = [r for a in sorted({r["share"] for r in records})
+            for r in gap_rows(records, a, best)]
+    lines += ["", "Every branch against the best menu structure (3-seed "
+              "means; share 0.01: the class matrices at about the per-class "
+              "mode's sigma, x 1.005):", "",
+              "| share | branch | cells | mean gap | worst gap | within "
+              f"{goal_noise.TOLERANCE} |", "|---|---|---|---|---|---|"] + rows
     return "\n".join(lines) + "\n"
 
 
@@ -369,6 +540,16 @@ rule refitted on the issue-30 sweep, is untested.
 """
 
 
+def branch_list(ranks: str, branches: str) -> tuple:
+    """The branches a run measures: ``--branches`` as given, else the
+    subspace branch at each of ``--ranks``, else BRANCHES."""
+    if branches:
+        return tuple(branches.split(","))
+    if ranks:
+        return tuple(f"subspace@{r}" for r in ranks.split(","))
+    return BRANCHES
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="20news")
@@ -379,6 +560,9 @@ def main() -> int:
     ap.add_argument("--ranks", default="",
                     help="comma-separated class ranks: run only subspace "
                          "branches of these ranks (subspace@<r>)")
+    ap.add_argument("--branches", default="",
+                    help="comma-separated branches to run instead (e.g. "
+                         "subspace@risk, union:shared+subspace)")
     ap.add_argument("--report", action="store_true")
     args = ap.parse_args()
     if args.report:
@@ -393,8 +577,7 @@ def main() -> int:
     measure(args.shapes.split(","), [float(e) for e in
                                       args.epsilons.split(",")],
             [int(s) for s in args.seeds.split(",")], args.share,
-            tuple(f"subspace@{int(r)}" for r in args.ranks.split(","))
-            if args.ranks else BRANCHES)
+            branch_list(args.ranks, args.branches))
     return 0
 
 
