@@ -509,7 +509,7 @@ CIFAR-10 at 1,500 rows a class, full, and its 4 vehicle classes), eps 1-8,
 * So even an oracle that picks the best branch per cell (it knows the
   test accuracy) is -0.22 points from the best menu structure on average
   and -0.75 at worst, within 0.3 on 14 of 24 cells. The current rule
-  (covariance_rule_issue53.md), which needs no test accuracy, is -0.33
+  (covariance_rule_issue53.md), which needs no test accuracy, is -0.29
   on average and -1.05 at worst, also within 0.3 on 14: the split costs
   about what perfect selection would gain.
 * The released statistics do not tell the cells apart. The one cell
