@@ -207,3 +207,43 @@ def test_every_branch_is_summarised_against_the_best_menu_structure():
         "| 0.5 | raw | 2 | -0.75 | -1.00 | 0 |",
         "| 0.5 | subspace@64 | 2 | +0.25 | +0.00 | 2 |"]
     assert hybrid.gap_rows(recs, 0.25, best) == []
+
+
+def test_a_held_out_pick_never_sees_its_own_set():
+    # Set "a" alone favours option X (its own noise); the other set of the
+    # same d favours Y, and a set of another d (which must be ignored)
+    # favours X strongly. The pick for "a" is Y, scored on a's own means.
+    x, y = (0.9, "shared"), (0.5, "subspace@64")
+    cells = {("a", 1.0): {x: 71.0, y: 70.0},
+             ("b", 1.0): {x: 60.0, y: 61.0},
+             ("c", 1.0): {x: 90.0, y: 80.0}}
+    best = {k: 70.0 for k in cells}
+    dims = {"a": 384, "b": 384, "c": 1280}
+    assert hybrid.held_out_pick(cells, best, dims, ("a", 1.0)) == y
+    assert hybrid.held_out_pick(cells, best, dims, ("c", 1.0)) is None
+    recs = [{"shape": s, "epsilon": 1.0, "seed": seed, "share": a,
+             "branch": b, "accuracy": acc / 100}
+            for (s, _), by in cells.items() for (a, b), acc in by.items()
+            for seed in (0, 1, 2)]
+    rows = hybrid.family_rows(recs, best, dims)
+    assert rows[0] == "| a | 1 | 2 | 0.9 / shared | +1.00 | 0.5 / subspace@64 | +0.00 |"
+    assert rows[2] == "| c | 1 | 2 | 0.9 / shared | +20.00 | - | - |"
+    assert rows[-1].startswith("| leave-one-set-out pick on (d, eps) | | 2 cells")
+
+
+def test_fresh_seeds_score_what_the_fit_seeds_picked(monkeypatch):
+    menu = {m: 70.0 for m in hybrid.goal_noise.MENU}
+    menu["per-class"] = 71.0
+    sweep_recs = [{"shape": "s", "mode": m, "epsilon": 8.0, "seed": seed,
+                   "accuracy": (acc + (seed >= 3) * (m == "shared") * 2)
+                   / 100} for m, acc in menu.items() for seed in range(6)]
+    # Rank 512 looks best on seeds 0-2 only; rank 256 holds on 3-5.
+    hyb = [{"shape": "s", "epsilon": 8.0, "seed": seed, "share": 0.5,
+            "branch": f"subspace@{r}",
+            "accuracy": (72.0 if (r == 512) == (seed < 3) else 70.5) / 100}
+           for r in (256, 512) for seed in range(6)]
+    monkeypatch.setattr(hybrid.sweep, "load_log",
+                        lambda path=None: hyb if path else sweep_recs)
+    assert hybrid.confirm_rows("s", (3, 4, 5)) == [
+        "| 8 | 256: 70.50 / 72.00, 512: 72.00 / 70.50 | shared 72.00 | "
+        "per-class: -1.00 | 512: -1.50 |"]
