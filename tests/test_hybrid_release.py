@@ -232,18 +232,24 @@ def test_a_held_out_pick_never_sees_its_own_set():
 
 
 def test_fresh_seeds_score_what_the_fit_seeds_picked(monkeypatch):
+    # Per-class is best on seeds 0-2 but shared on 3-5; rank 512 looks
+    # best on seeds 0-2 only, rank 256 holds on 3-5.
     menu = {m: 70.0 for m in hybrid.goal_noise.MENU}
     menu["per-class"] = 71.0
     sweep_recs = [{"shape": "s", "mode": m, "epsilon": 8.0, "seed": seed,
                    "accuracy": (acc + (seed >= 3) * (m == "shared") * 2)
                    / 100} for m, acc in menu.items() for seed in range(6)]
-    # Rank 512 looks best on seeds 0-2 only; rank 256 holds on 3-5.
     hyb = [{"shape": "s", "epsilon": 8.0, "seed": seed, "share": 0.5,
             "branch": f"subspace@{r}",
             "accuracy": (72.0 if (r == 512) == (seed < 3) else 70.5) / 100}
            for r in (256, 512) for seed in range(6)]
+    hyb += [{"shape": "s", "epsilon": 8.0, "seed": seed, "share": 0.5,
+             "branch": "subspace@risk", "accuracy": 0.99} for seed in range(6)]
     monkeypatch.setattr(hybrid.sweep, "load_log",
                         lambda path=None: hyb if path else sweep_recs)
-    assert hybrid.confirm_rows("s", (3, 4, 5)) == [
-        "| 8 | 256: 70.50 / 72.00, 512: 72.00 / 70.50 | shared 72.00 | "
-        "per-class: -1.00 | 512: -1.50 |"]
+    rows = hybrid.confirm_rows(["s", "absent"], (3, 4, 5))
+    assert rows[0] == ("| s | 8 | 2 | shared 72.00 | per-class: -1.00 | "
+                       "0.5/subspace@512: +1.00 / -1.50 |")
+    assert rows[1].endswith("mean -1.00, worst -1.00, within 0.3: 0 |")
+    assert rows[2].endswith("mean -1.50, worst -1.50, within 0.3: 0 |")
+    assert len(rows) == 3
