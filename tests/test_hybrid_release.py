@@ -247,9 +247,13 @@ def test_fresh_seeds_score_what_the_fit_seeds_picked(monkeypatch):
              "branch": "subspace@risk", "accuracy": 0.99} for seed in range(6)]
     monkeypatch.setattr(hybrid.sweep, "load_log",
                         lambda path=None: hyb if path else sweep_recs)
+    # The default: the rule's pick on each seed (here spiked on seed 4).
+    monkeypatch.setattr(hybrid.sweep, "rule_mode", lambda r: (
+        "per-class+spiked" if r["seed"] == 4 else "shared"))
     rows = hybrid.confirm_rows(["s", "absent"], (3, 4, 5))
-    assert rows[0] == ("| s | 8 | 2 | shared 72.00 | per-class: -1.00 | "
-                       "0.5/subspace@512: +1.00 / -1.50 |")
-    assert rows[1].endswith("mean -1.00, worst -1.00, within 0.3: 0 |")
-    assert rows[2].endswith("mean -1.50, worst -1.50, within 0.3: 0 |")
-    assert len(rows) == 3
+    assert rows[0] == ("| s | 8 | 2 | shared 72.00 | -0.67 | "
+                       "per-class: -1.00 | 0.5/subspace@512: +1.00 / -1.50 |")
+    assert rows[1].endswith("| mean -0.67, worst -0.67, within 0.3: 0 |")
+    assert rows[2].endswith("| mean -1.00, worst -1.00, within 0.3: 0 |")
+    assert rows[3].endswith("| mean -1.50, worst -1.50, within 0.3: 0 |")
+    assert len(rows) == 4

@@ -75,6 +75,7 @@ REPORT = os.path.join(RESULTS, "hybrid_issue61.md")
 BRANCHES = ("shared", "subspace", "raw", "spiked")
 MENU_NAMES = ("shared", "subspace", "per-class", "spiked")
 FIT_SEEDS = (0, 1, 2)
+DEFAULT = "default"  # the current rule's pick, seed by seed
 CONFIRM_SEEDS = (3, 4, 5)
 
 
@@ -508,10 +509,18 @@ def fresh_options(shape: str) -> dict:
     structures (covariance_sweep.jsonl) and the family's options
     ("<share>/<branch>", ``family_means``'s branches), every seed."""
     acc: dict = defaultdict(lambda: defaultdict(dict))
+    shared_runs = []
     for r in sweep.load_log():
         if r.get("shape") == shape and r.get("mode") in goal_noise.MENU:
             acc[float(r["epsilon"])][r["mode"]][r["seed"]] = \
                 100 * r["accuracy"]
+            if r["mode"] == "shared":
+                shared_runs.append(r)
+    for r in shared_runs:  # the rule's pick from each run's public inputs
+        eps = float(r["epsilon"])
+        pick = acc[eps][sweep.rule_mode(r)]
+        if r["seed"] in pick:
+            acc[eps][DEFAULT][r["seed"]] = pick[r["seed"]]
     for r in sweep.load_log(LOG):
         b = r["branch"]
         if r["shape"] == shape and (b == "shared" or (
@@ -534,7 +543,8 @@ def confirm_rows(shapes, fresh: tuple) -> list[str]:
             opts = [o for o in by if fit[o] is not None
                     and new[o] is not None]
             menu = [o for o in opts if o in goal_noise.MENU]
-            family = [o for o in opts if o not in goal_noise.MENU]
+            family = [o for o in opts
+                      if o not in goal_noise.MENU and o != DEFAULT]
             if len(menu) < len(goal_noise.MENU) or not family:
                 continue
             top = max(new[o] for o in menu)
@@ -543,16 +553,22 @@ def confirm_rows(shapes, fresh: tuple) -> list[str]:
             pick = max(family, key=fit.get)
             gaps["menu"].append(new[pick_menu] - top)
             gaps["family"].append(new[pick] - top)
+            rule = new.get(DEFAULT)
+            if rule is not None:
+                gaps[DEFAULT].append(rule - top)
             rows.append(f"| {shape} | {eps:g} | {len(family)} | "
                         f"{max(menu, key=new.get)} {top:.2f} | "
+                        + ("-" if rule is None else f"{rule - top:+.2f}")
+                        + " | "
                         f"{pick_menu}: {new[pick_menu] - top:+.2f} | "
                         f"{pick}: {fit[pick] - top_fit:+.2f} / "
                         f"{new[pick] - top:+.2f} |")
-    for name, label in (("menu", "the best menu structure of seeds 0-2"),
+    for name, label in ((DEFAULT, "the current default"),
+                        ("menu", "the best menu structure of seeds 0-2"),
                         ("family", "the best family option of seeds 0-2")):
         if gaps[name]:
             g = np.array(gaps[name])
-            rows.append(f"| {label} | | {len(g)} cells | | | mean "
+            rows.append(f"| {label} | | {len(g)} cells | | | | mean "
                         f"{g.mean():+.2f}, worst {g.min():+.2f}, within "
                         f"{goal_noise.TOLERANCE}: "
                         f"{int(np.sum(g >= -goal_noise.TOLERANCE))} |")
@@ -631,13 +647,15 @@ def report(share: float = 0.5) -> str:
     confirm = confirm_rows(goal_noise.SETS, CONFIRM_SEEDS)
     if confirm:
         lines += ["", "Fresh seeds (3-5; the menu from covariance_sweep.jsonl): "
-                  "per cell, the best menu structure on seeds 3-5, then the "
+                  "per cell, the best menu structure on seeds 3-5, the current "
+                  "default (the rule's pick on each seed) against it, then the "
                   "menu structure and the family option (share / branch) "
                   "with the best mean on seeds 0-2, scored on 3-5 against "
                   "it (for the family option: its seeds 0-2 gap / its "
                   "seeds 3-5 gap; selection on noise shows as a drop):", "",
-                  "| set | eps | family options | best menu, 3-5 | menu pick "
-                  "| family pick |", "|---|---|---|---|---|---|"] + confirm
+                  "| set | eps | family options | best menu, 3-5 | default "
+                  "| menu pick | family pick |", "|---|---|---|---|---|---|---|"
+                  ] + confirm
     return "\n".join(lines) + "\n"
 
 
@@ -730,6 +748,42 @@ neither a Frobenius risk nor any fixed rank reaches the goal; nothing
 measured here beats the best menu structure on average, and the issue's
 goal asks for that (goal_noise_issue61.md: the best of four 3-seed means
 is itself biased up by the seeds' spread). Nothing in the product
+changed.
+
+The global matrix's share as a second knob (stop 67; ``--share 0.25 /
+0.75 / 0.9``, the shared branch and subspace@<r>, 16-19 options a
+cell). Picked per cell on the very seeds it is scored on, the best
+option is +0.03 above the best menu structure on average (22 of 24
+within 0.3); a public rule on (d, eps) that takes, for each set, the
+option best on the other sets of the same d is -0.31 (12 of 24), no
+better than the current rule (-0.29). So the in-sample figure is the
+seeds' noise, selected.
+
+Fresh seeds (3-5 for every menu structure and the options above; the
+menu runs are covariance_sweep's, the product path) say the same, and
+where the one real lever is:
+* the current default, scored on seeds 3-5 against the best of the four
+  structures there: -0.27 on average, -1.22 at worst (20 Newsgroups, eps
+  8), within 0.3 on 15 of 24 (on seeds 0-2: -0.29, 14);
+* the menu structure best on seeds 0-2 (an oracle selector with 3
+  seeds of hindsight): -0.08, 21 of 24; the best family option of seeds
+  0-2: -0.10, 18 of 24. On the text sets its in-sample edge vanishes
+  (20 Newsgroups eps 1: +0.01 on seeds 0-2, -1.06 on 3-5);
+* full CIFAR-10 is the exception: the ranks seeds 0-2 pick (256, 256,
+  384, 512 at eps 1, 2, 4, 8) score +0.21, +0.27, +0.13, -0.23 on seeds
+  3-5, where the default scores -0.42, -0.61, -0.27, -0.09. On
+  CIFAR-10 1.5k the default (shared at every eps there) is -0.71 / -0.69
+  at eps 4 / 8, where the subspace mode is best on both seed sets.
+
+So the goal as written (above the best of four 3-seed means on average)
+is below what 3 seeds resolve: even the oracle selector with hindsight
+is below it on fresh seeds. What the fresh seeds do resolve is a gain
+for the default of about 0.3-0.9 points where it now picks shared or
+spiked and a class subspace of a larger rank wins (full CIFAR-10 eps
+1-2, CIFAR-10 1.5k eps 4-8, 20 Newsgroups eps 8). Taking it needs the
+subspace mode's threshold and a rank that grows with the class signal,
+refitted on the issue-30 simulated sweep, whose shapes lose up to 10
+points to a class subspace at low signal. Nothing in the product
 changed.
 """
 
