@@ -245,8 +245,12 @@ def test_fresh_seeds_score_what_the_fit_seeds_picked(monkeypatch):
            for r in (256, 512) for seed in range(6)]
     hyb += [{"shape": "s", "epsilon": 8.0, "seed": seed, "share": 0.5,
              "branch": "subspace@risk", "accuracy": 0.99} for seed in range(6)]
+    # Seeds 3-5 of the menu live in the sweep's fresh log.
+    logs = {hybrid.LOG: hyb,
+            None: [r for r in sweep_recs if r["seed"] < 3],
+            hybrid.sweep.FRESH_LOG: [r for r in sweep_recs if r["seed"] >= 3]}
     monkeypatch.setattr(hybrid.sweep, "load_log",
-                        lambda path=None: hyb if path else sweep_recs)
+                        lambda path=None: logs[path])
     # The default: the rule's pick on each seed (here spiked on seed 4).
     monkeypatch.setattr(hybrid.sweep, "rule_mode", lambda r: (
         "per-class+spiked" if r["seed"] == 4 else "shared"))
