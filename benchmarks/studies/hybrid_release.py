@@ -373,12 +373,22 @@ def best_threshold(cells: dict, best_menu: dict):
     return result
 
 
+def fixed_rank(branch: str) -> bool:
+    """True for "subspace@<r>" with a number r (not a rank from the
+    release, "subspace@risk...")."""
+    return branch.startswith("subspace@") and branch.split("@")[1].isdigit()
+
+
+def in_family(branch: str) -> bool:
+    """The share x rank family: the shared branch and fixed ranks."""
+    return branch == "shared" or fixed_rank(branch)
+
+
 def rank_rows(records: list[dict], share: float) -> list[str]:
     """Table rows of the subspace@<r> branches' 3-seed means per cell."""
     acc: dict = defaultdict(lambda: defaultdict(dict))
     for r in records:
-        if (r["share"] == share and r["branch"].startswith("subspace@")
-                and r["branch"].split("@")[1].isdigit()):
+        if r["share"] == share and fixed_rank(r["branch"]):
             key = (r["shape"], float(r["epsilon"]))
             acc[key][int(r["branch"].split("@")[1])][r["seed"]] = \
                 100 * r["accuracy"]
@@ -447,10 +457,8 @@ def family_means(records: list[dict]) -> dict:
     branch and the subspace branch at fixed ranks, every share."""
     acc: dict = defaultdict(lambda: defaultdict(dict))
     for r in records:
-        b = r["branch"]
-        if b == "shared" or (b.startswith("subspace@")
-                             and b.split("@")[1].isdigit()):
-            acc[(r["shape"], float(r["epsilon"]))][r["share"], b][
+        if in_family(r["branch"]):
+            acc[(r["shape"], float(r["epsilon"]))][r["share"], r["branch"]][
                 r["seed"]] = 100 * r["accuracy"]
     return {k: {c: float(np.mean(list(v.values())))
                 for c, v in by.items() if len(v) >= 3}
@@ -509,29 +517,27 @@ def seed_means(by_seed: dict, seeds: tuple) -> Optional[float]:
     return float(np.mean([by_seed[s] for s in seeds]))
 
 
-def fresh_options(shape: str) -> dict:
-    """epsilon -> {option: {seed: accuracy %}} for one set: the menu
-    structures (covariance_sweep.jsonl) and the family's options
-    ("<share>/<branch>", ``family_means``'s branches), every seed."""
+def fresh_options(shape: str, menu_runs: list[dict],
+                  hybrid_runs: list[dict]) -> dict:
+    """epsilon -> {option: {seed: accuracy %}} for one set, every seed:
+    the menu structures (``menu_runs``: covariance_sweep's log and its
+    fresh log), DEFAULT (the rule's pick from each run's public inputs)
+    and the family's options ("<share>/<branch>", ``in_family``)."""
     acc: dict = defaultdict(lambda: defaultdict(dict))
-    shared_runs = []
-    for r in sweep.load_log() + sweep.load_log(sweep.FRESH_LOG):
-        if r.get("shape") == shape and r.get("mode") in goal_noise.MENU:
-            acc[float(r["epsilon"])][r["mode"]][r["seed"]] = \
-                100 * r["accuracy"]
-            if r["mode"] == "shared":
-                shared_runs.append(r)
-    for r in shared_runs:  # the rule's pick from each run's public inputs
-        eps = float(r["epsilon"])
-        pick = acc[eps][sweep.rule_mode(r)]
-        if r["seed"] in pick:
-            acc[eps][DEFAULT][r["seed"]] = pick[r["seed"]]
-    for r in sweep.load_log(LOG):
-        b = r["branch"]
-        if r["shape"] == shape and (b == "shared" or (
-                b.startswith("subspace@") and b.split("@")[1].isdigit())):
-            acc[float(r["epsilon"])][f"{r['share']:g}/{b}"][r["seed"]] = \
-                100 * r["accuracy"]
+    mine = [r for r in menu_runs if r.get("shape") == shape
+            and r.get("mode") in goal_noise.MENU]
+    for r in mine:
+        acc[float(r["epsilon"])][r["mode"]][r["seed"]] = 100 * r["accuracy"]
+    for r in mine:
+        if r["mode"] == "shared":
+            eps = float(r["epsilon"])
+            pick = acc[eps][sweep.rule_mode(r)]
+            if r["seed"] in pick:
+                acc[eps][DEFAULT][r["seed"]] = pick[r["seed"]]
+    for r in hybrid_runs:
+        if r["shape"] == shape and in_family(r["branch"]):
+            acc[float(r["epsilon"])][f"{r['share']:g}/{r['branch']}"][
+                r["seed"]] = 100 * r["accuracy"]
     return acc
 
 
@@ -541,8 +547,11 @@ def confirm_rows(shapes, fresh: tuple) -> list[str]:
     ``fresh`` seeds against the best menu structure's fresh mean (an
     honest score for a pick made on noisy means); then the summaries."""
     rows, gaps = [], defaultdict(list)
+    menu_runs = sweep.load_log() + sweep.load_log(sweep.FRESH_LOG)
+    hybrid_runs = sweep.load_log(LOG)
     for shape in shapes:
-        for eps, by in sorted(fresh_options(shape).items()):
+        for eps, by in sorted(fresh_options(shape, menu_runs,
+                                            hybrid_runs).items()):
             fit = {o: seed_means(v, FIT_SEEDS) for o, v in by.items()}
             new = {o: seed_means(v, fresh) for o, v in by.items()}
             opts = [o for o in by if fit[o] is not None
@@ -587,7 +596,8 @@ def fit_records() -> list[dict]:
 
 
 def report(share: float = 0.5) -> str:
-    menu = goal_noise.menu_cells(sweep.load_log())
+    sweep_log = sweep.load_log()
+    menu = goal_noise.menu_cells(sweep_log)
     records = fit_records()
     mine = hybrid_cells(records, share)
     head = ("| set | eps | " + " | ".join(MENU_NAMES)
@@ -640,7 +650,7 @@ def report(share: float = 0.5) -> str:
               "mode's sigma, x 1.005):", "",
               "| share | branch | cells | mean gap | worst gap | within "
               f"{goal_noise.TOLERANCE} |", "|---|---|---|---|---|---|"] + rows
-    dims = {r["shape"]: r["d"] for r in sweep.load_log() if "d" in r}
+    dims = {r["shape"]: r["d"] for r in sweep_log if "d" in r}
     lines += ["", "The global matrix's share and the class rank together "
               "(the shared branch and subspace@<r> at every share measured; "
               "columns: options with 3 seeds, the in-sample best share / "
@@ -651,7 +661,7 @@ def report(share: float = 0.5) -> str:
               ] + family_rows(records, best, dims)
     confirm = confirm_rows(goal_noise.SETS, CONFIRM_SEEDS)
     if confirm:
-        lines += ["", "Fresh seeds (3-5; the menu from covariance_sweep.jsonl): "
+        lines += ["", "Fresh seeds (3-5; the menu's from covariance_sweep_fresh.jsonl): "
                   "per cell, the best menu structure on seeds 3-5, the current "
                   "default (the rule's pick on each seed) against it, then the "
                   "menu structure and the family option (share / branch) "
