@@ -573,7 +573,7 @@ def measure(cmd: list[str], timeout: float, max_rss: float = float("inf"),
                             stderr=subprocess.STDOUT, text=True, env=env)
     root = psutil.Process(proc.pid)
     peak_one = peak_sum = 0
-    procs = peak_procs = 0
+    peak_procs = 0
     per_proc: dict[int, int] = {}  # pid -> peak PSS, workers included
     load_before = os.getloadavg()[0]
     timed_out = over_memory = False
@@ -763,7 +763,7 @@ def report(results: list[dict], votes: list[dict], profile_text: str,
             continue
         ok = not r.get("failed") and r["rc"] == 0
         note = ("timed out" if r["timed_out"] else
-                f"killed at --max-rss-gb" if r.get("over_memory") else
+                "killed at --max-rss-gb" if r.get("over_memory") else
                 "" if ok else f"failed rc={r['rc']}")
         work = r.get("work_s")
         work = "-" if work is None else f"{work:.1f}"
@@ -816,7 +816,7 @@ def report(results: list[dict], votes: list[dict], profile_text: str,
                          f"{v['gflops']:.1f} |")
     if profile_text:
         lines += ["", "cProfile of the in-process DirectRunner run "
-                  f"(top functions by cumulative time):", "", "```",
+                  "(top functions by cumulative time):", "", "```",
                   profile_text.rstrip(), "```"]
     return "\n".join(lines) + "\n"
 

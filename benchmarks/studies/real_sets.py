@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
-import io
 import json
 import math
 import os

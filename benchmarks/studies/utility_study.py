@@ -29,7 +29,6 @@ the test suite checks equal to the Beam pipeline.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
