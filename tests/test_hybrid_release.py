@@ -261,3 +261,24 @@ def test_fresh_seeds_score_what_the_fit_seeds_picked(monkeypatch):
     assert rows[2].endswith("| mean -1.00, worst -1.00, within 0.3: 0 |")
     assert rows[3].endswith("| mean -1.50, worst -1.50, within 0.3: 0 |")
     assert len(rows) == 4
+
+
+def test_the_js_block_keeps_a_real_deviation_and_drops_pure_noise():
+    """js_weight's v is the noise energy of an r x r block at the class
+    sigma and count: a deviation that is only that noise gets lambda
+    near 1 (the shared block), one far above it near 0 (the class's own
+    block)."""
+    rng = np.random.default_rng(3)
+    r, sigma, n = 20, 50.0, 400.0
+    noise = [hybrid.symmetric_noise(r, sigma, rng) / n for _ in range(200)]
+    weights = [hybrid.js_weight(e, sigma, n) for e in noise]
+    assert min(weights) > 0.8
+    signal = np.diag(np.linspace(4.0, 0.4, r))  # energy ~36 v
+    v = adaptive.noise_energy(sigma, n, r)
+    lam = hybrid.js_weight(signal + noise[0], sigma, n)
+    assert lam == pytest.approx(v / np.sum((signal + noise[0]) ** 2))
+    assert lam < 0.05
+    shared = np.linspace(2.0, 1.0, r)
+    block = np.diag(shared) + signal + noise[0]
+    out = hybrid.js_block(block, shared, sigma, n)
+    assert np.allclose(out, np.diag(shared) + (1 - lam) * (signal + noise[0]))
