@@ -176,10 +176,10 @@ def report(main_runs: list[dict], fresh_runs: list[dict]) -> str:
     lines += [row(a) for a in frontier(scores) if a["constants"] != now["constants"]]
     lines += ["", f"Reading: the best rule on the fresh seeds moves the "
               f"fitting sets' mean gap from {now['fresh_mean']:+.2f} to "
-              f"{best['fresh_mean']:+.2f} points and costs the simulated "
-              f"shapes {now['sim_mean'] - best['sim_mean']:.2f} points on "
-              f"average ({now['sim_misses']} -> {best['sim_misses']} "
-              f"misses). " + goal_line(scores)]
+              f"{best['fresh_mean']:+.2f} points and the simulated "
+              f"shapes' from {now['sim_mean']:+.2f} to "
+              f"{best['sim_mean']:+.2f} ({now['sim_misses']} -> "
+              f"{best['sim_misses']} misses). " + goal_line(scores)]
     return "\n".join(lines) + "\n"
 
 
