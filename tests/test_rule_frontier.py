@@ -43,7 +43,7 @@ def test_a_seed_without_every_menu_structure_is_left_out():
     assert all(sorted(by) == [0] for by in cells.values())
 
 
-def test_the_report_marks_the_current_rule_and_reads_no_new_runs():
+def test_the_report_marks_the_current_rule_and_counts_the_grid():
     text = frontier.report(runs((0, 1, 2)), [r for r in runs((3, 4, 5))
                                               if frontier.fitting(r["shape"])])
     assert "| * 1.35 | 0.6 | 3 |" in text
