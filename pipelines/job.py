@@ -234,6 +234,10 @@ def _check_workers(spec: GenerateSpec) -> None:
     from dpsynth.pipelines.runners import runner_names
     if not runner_names.is_dask(runner_names.runner_flag(spec.run.beam_args)):
         return
+    from dpsynth.pipelines.runners import dask_compat
+    refusal = dask_compat.refusal()  # an untested Beam: one line, uncharged
+    if refusal is not None:
+        raise UsageError(refusal)
     from dpsynth.pipelines.runners import dask_runner
     options = beam_options(spec.run.beam_args)
     dask_runner.check_cluster(options, locality.local_paths(

@@ -1,7 +1,15 @@
-"""The declared Beam floor (pyproject's ``apache-beam>=FLOOR``) in a venv of
-its own, for CI's floor run (issue 51 item 2).
+"""The Beam range CI tests (pyproject's ``apache-beam>=FLOOR,<CEILING``):
+the floor in a venv of its own for CI's floor run, and the one command that
+moves the ceiling.
 
-    python tests/beam_floor.py setup    # prints the venv's python
+    python tests/beam_floor.py setup            # prints the floor venv's python
+    python tests/beam_floor.py range            # prints FLOOR CEILING
+    python tests/beam_floor.py ceiling 2.80     # admit Beam up to 2.79.x
+
+CI installs the newest Beam the range admits for the whole suite and runs the
+engine tests on the floor, so moving the ceiling is that command plus a CI
+run (and, where a Dask internal changed shape, its new shape in
+pipelines/runners/dask_compat.py: the Dask tests then say so in one line).
 
 The venv sees this environment (a ``.pth`` file naming its site-packages:
 job_graph.py's ``overlay_venv``; ``--system-site-packages`` would reach the
@@ -31,14 +39,37 @@ from typing import Optional
 REPO = Path(__file__).resolve().parent.parent
 
 
-def floor() -> str:
-    """The lowest Beam pyproject.toml declares (``apache-beam>=X,<3``), as
-    Beam spells its version (2.71 -> 2.71.0)."""
+def _beam_spec() -> str:
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())[
         "project"]["dependencies"]
     (spec,) = [d for d in deps if d.startswith("apache-beam")]
-    parts = re.search(r">=\s*([0-9.]+)", spec).group(1).split(".")
+    return spec
+
+
+def floor() -> str:
+    """The lowest Beam pyproject.toml declares (``apache-beam>=X,<Y``), as
+    Beam spells its version (2.71 -> 2.71.0)."""
+    parts = re.search(r">=\s*([0-9.]+)", _beam_spec()).group(1).split(".")
     return ".".join(parts + ["0"] * (3 - len(parts)))
+
+
+def ceiling() -> str:
+    """The first Beam release pyproject.toml no longer admits (``<Y``)."""
+    return re.search(r"<\s*([0-9.]+)", _beam_spec()).group(1)
+
+
+def set_ceiling(new: str) -> int:
+    """Rewrites every ``apache-beam...>=FLOOR,<OLD`` in pyproject.toml to
+    ``<new``; returns how many specs changed."""
+    if not re.fullmatch(r"2\.[0-9]+", new):
+        raise SystemExit(f"beam_floor.py ceiling: {new!r} is not 2.N")
+    path = REPO / "pyproject.toml"
+    text, old = path.read_text(), ceiling()
+    pattern = re.compile(r'(apache-beam(?:\[[a-z]+\])?>=[0-9.]+,<)'
+                         + re.escape(old) + '"')
+    text, count = pattern.subn(lambda m: m.group(1) + new + '"', text)
+    path.write_text(text)
+    return count
 
 
 def venv_dir() -> Path:
@@ -93,7 +124,19 @@ def ensure() -> Path:
     return python
 
 
+USAGE = "usage: python tests/beam_floor.py setup | range | ceiling 2.N"
+
 if __name__ == "__main__":
-    if sys.argv[1:] != ["setup"]:
-        sys.exit("usage: python tests/beam_floor.py setup")
-    print(ensure())
+    args = sys.argv[1:]
+    if args == ["setup"]:
+        try:
+            print(ensure())
+        except (RuntimeError, subprocess.CalledProcessError) as err:
+            sys.exit(f"beam_floor.py setup: the floor venv: {err}")
+    elif args == ["range"]:
+        print(floor(), ceiling())
+    elif len(args) == 2 and args[0] == "ceiling":
+        print(f"apache-beam <{args[1]}: {set_ceiling(args[1])} specs in "
+              "pyproject.toml; now push it and let CI run the suite there")
+    else:
+        sys.exit(USAGE)

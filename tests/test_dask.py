@@ -561,6 +561,40 @@ def test_secure_noise_release_is_self_consistent(scheduler, tmp_path):
     assert manifest["samples_total"] == len(y)
 
 
+def _left_in_worker():
+    """What a worker process still holds of the runs before (run there)."""
+    import gc
+    from dpsynth.dp_ops.noise import KeyedNoise
+    from dpsynth.pipelines.runners import dask_runner
+    gc.collect()
+    return (len(dask_runner._STEP_ARGS), len(dask_runner._SIDE_VALUES),
+            sum(isinstance(o, KeyedNoise) for o in gc.get_objects()))
+
+
+def test_no_key_or_step_argument_is_left_in_the_workers_after_a_run(
+        scheduler, tmp_path):
+    """A long-lived worker kept the run's step arguments (the DoFns and
+    their noise, its key) and side inputs "until the next run": a client
+    connecting later read the key back. The run's end wipes them."""
+    _generate(tmp_path / "rel", *_dask(scheduler))
+    with distributed.Client(scheduler, set_as_default=False) as client:
+        left = client.run(_left_in_worker)
+    assert left and set(left.values()) == {(0, 0, 0)}, left
+
+
+def test_a_failed_run_leaves_no_step_argument_in_the_workers(
+        scheduler, tmp_path):
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=np.ones((40, 4), np.float32),
+             y=np.array([0, 1] * 19 + [7, 7]))  # a label outside 0..1
+    assert cli.main(["generate", "--input", str(bad), "--num-classes", "2",
+                     "--output", str(tmp_path / "rel"),
+                     *_dask(scheduler)]) != 0
+    with distributed.Client(scheduler, set_as_default=False) as client:
+        left = client.run(_left_in_worker)
+    assert set(left.values()) == {(0, 0, 0)}, left
+
+
 # ---------------------------------------------------------- local cluster
 
 def _profile_enabled() -> bool:
@@ -574,6 +608,55 @@ def test_the_profiler_stays_on_when_a_dashboard_is_asked_for():
         "distributed.worker.profile.enabled"]
     assert "distributed.worker.profile.enabled" not in \
         dask_runner._cluster_config("127.0.0.1:8787")
+
+
+_OTHER_CLIENT = """
+import sys
+import distributed
+from distributed.security import Security
+where, own = sys.argv[1], sys.argv[2] == "own"
+try:
+    distributed.Client(where, timeout=3, set_as_default=False,
+                       security=Security.temporary() if own else None)
+except Exception as err:
+    print("refused", type(err).__name__)
+else:
+    print("CONNECTED")
+"""
+
+
+def _other_client(address: str, own_certificate: bool) -> str:
+    """Another process, holding what another local account could (not the
+    cluster's certificate: it lives in the launcher's memory), connecting.
+    (Not run as another uid: the suite's venv lives under a 0700 HOME.)"""
+    done = subprocess.run(
+        [sys.executable, "-c", _OTHER_CLIENT, address,
+         "own" if own_certificate else "none"], capture_output=True,
+        text=True, timeout=120, cwd="/")
+    return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
+
+
+def test_the_local_cluster_refuses_a_client_without_its_certificate():
+    """The cluster dpsynth starts speaks TLS with a certificate made for it
+    and held in memory: another local account (no certificate, one of its
+    own, or plain TCP to the same port) cannot connect, run code in the
+    workers or read the run's key; the launcher's own client can."""
+    import dask
+    from dpsynth.pipelines.runners import dask_runner
+    try:
+        cluster = dask_runner.local_cluster(workers=1)
+        address = cluster.scheduler_address
+        assert address.startswith("tls://127.0.0.1:")
+        for where, own in ((address, False), (address, True),
+                           (address.replace("tls://", "tcp://"), False)):
+            assert _other_client(where, own).startswith("refused"), where
+        with dask.config.set(dask_runner.local_security(address)):
+            with distributed.Client(address, timeout=10,
+                                    set_as_default=False) as client:
+                assert set(client.run(lambda: 1).values()) == {1}
+        assert dask_runner.local_security("tls://127.0.0.1:1") == {}
+    finally:
+        dask_runner.close_local_cluster()
 
 
 def test_local_cluster_is_started_once_and_cleaned_up():

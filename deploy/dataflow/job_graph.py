@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent.parent
-STAMP_PREFIX = ".dpsynth-gcp-v2-beam-"  # v2: setuptools pinned too
+STAMP_PREFIX = ".dpsynth-gcp-v3-beam-"  # v3: only what must match pinned
 DEFAULT_COUNT = 1000.0
 # Pins of the project's environment that pip could not keep: the gcp extra
 # requires another version (reported once by `setup`).
@@ -169,41 +169,94 @@ def overlay_current(venv: Path) -> bool:
     return True
 
 
+# What a helper venv must keep at the project's versions: the project's own
+# requirements (the base install and the extras the suite installs) and what
+# TensorFlow is built against. Everything else the helper's extra brings
+# resolves freely: pinning the whole `pip freeze` (opentelemetry-api 1.45.3,
+# which no opentelemetry-sdk that the gcp extra wants matches) sent pip's
+# resolver backtracking for 46+ minutes on Beam 2.78.
+MUST_MATCH_EXTRAS = ("tf", "dask")
+MUST_MATCH_ALSO = ("numpy", "protobuf", "tensorflow", "keras", "ml-dtypes",
+                   "grpcio", "h5py", "apache-beam", "setuptools")
+# A helper venv's pip install gives up after this long (one line naming the
+# step), instead of holding CI until its own limit.
+PIP_TIMEOUT_S = int(os.environ.get("DPSYNTH_HELPER_PIP_TIMEOUT", "900"))
+
+
+def _name(requirement: str) -> str:
+    """A requirement's distribution name, normalised (PEP 503)."""
+    head = re.split(r"[\s;\[<>=!~(]", requirement.strip(), maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", head).lower()
+
+
+def must_match() -> set[str]:
+    """The distributions a helper venv keeps at this environment's
+    versions (normalised names)."""
+    from importlib.metadata import PackageNotFoundError, requires
+    names = {_name(n) for n in MUST_MATCH_ALSO}
+    try:
+        reqs = requires("dpsynth") or []
+    except PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
+        reqs = []
+    for req in reqs:
+        marker = req.split(";", 1)[1] if ";" in req else ""
+        extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)", marker)
+        if extra is None or extra.group(1) in MUST_MATCH_EXTRAS:
+            names.add(_name(req))
+    names.discard("dpsynth")
+    return names
+
+
 def _constraints(path: Path, dropped: set[str]) -> None:
-    """The project's environment as pins (editable/local installs out)."""
+    """The pins of this environment that a helper venv must keep
+    (``must_match``; editable/local installs out)."""
     frozen = subprocess.run(
         [sys.executable, "-m", "pip", "freeze", "--all", "--exclude-editable"],
         capture_output=True, text=True, check=True).stdout.splitlines()
+    keep_names = must_match()
     keep = [line for line in frozen
             if "==" in line and " @ " not in line
-            and line.split("==")[0].lower() not in dropped]
+            and _name(line.split("==")[0]) in keep_names
+            and _name(line.split("==")[0]) not in dropped]
     path.write_text("\n".join(keep) + "\n")
+
+
+class HelperVenvFailed(RuntimeError):
+    """A helper venv's install failed or ran past ``PIP_TIMEOUT_S``."""
 
 
 def install_keeping_pins(python: str, constraints: Path,
                          requirements: Sequence[str],
                          unpinned: Sequence[str] = ()) -> set[str]:
     """pip-installs ``requirements`` into the venv of ``python`` (one made
-    by ``overlay_venv`` over this environment) under a
-    constraints file of this environment's pins but ``unpinned``, dropping
-    each pin the requirements refuse; returns the dropped pins."""
-    dropped: set[str] = {name.lower() for name in unpinned}
+    by ``overlay_venv`` over this environment) under a constraints file of
+    this environment's pins that must match (``must_match``) but
+    ``unpinned``, dropping each pin the requirements refuse; returns the
+    dropped pins. Each pip call gives up after ``PIP_TIMEOUT_S``."""
+    dropped: set[str] = {_name(name) for name in unpinned}
+    what = " ".join(requirements)
     for _ in range(10):  # each round drops the pins the extra refuses
         _constraints(constraints, dropped)
-        proc = subprocess.run(
-            [python, "-m", "pip", "install", "--disable-pip-version-check",
-             "-c", str(constraints), *requirements],
-            capture_output=True, text=True)
+        try:
+            proc = subprocess.run(
+                [python, "-m", "pip", "install", "--disable-pip-version-check",
+                 "-c", str(constraints), *requirements],
+                capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise HelperVenvFailed(
+                f"pip install {what} into {python} was still resolving after "
+                f"{PIP_TIMEOUT_S} s (DPSYNTH_HELPER_PIP_TIMEOUT): stopped"
+            ) from None
         if proc.returncode == 0:
             return dropped
-        refused = {m.lower() for m in
+        refused = {_name(m) for m in
                    _REFUSED_PIN.findall(proc.stdout + proc.stderr)}
         if not refused - dropped:
-            raise RuntimeError(f"pip install {' '.join(requirements)} into "
-                               f"{python} failed:\n"
-                               f"{(proc.stdout + proc.stderr)[-3000:]}")
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:]
+            raise HelperVenvFailed(f"pip install {what} into {python} failed: "
+                                   f"{tail[0] if tail else proc.returncode}")
         dropped |= refused
-    raise RuntimeError(f"pip install {' '.join(requirements)}: gave up")
+    raise HelperVenvFailed(f"pip install {what}: gave up after 10 rounds")
 
 
 def ensure_venv(venv: Optional[Path] = None, quiet: bool = False) -> Path:
@@ -514,7 +567,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     if argv[0] == "setup":
-        print(ensure_venv())
+        try:
+            print(ensure_venv())
+        except (HelperVenvFailed, subprocess.CalledProcessError) as err:
+            print(f"job_graph.py setup: the gcp venv: {err}", file=sys.stderr)
+            return 1
         return 0
     parser = argparse.ArgumentParser(
         prog="job_graph.py print", add_help=False,

@@ -121,6 +121,7 @@ from dpsynth.pipelines.runners.machine import usable_cores
 from dpsynth.pipelines.runners import locality, source_digest
 from dpsynth.pipelines.runners.errors import ClusterLost, ClusterMismatch
 from dpsynth.pipelines.runners.beam_patch import kept, replace_once, takes
+from dpsynth.pipelines.runners import dask_compat as compat
 from dpsynth.transforms.progress import trace, trace_path
 
 log = logging.getLogger("dpsynth")
@@ -445,22 +446,42 @@ def _cluster_config(dashboard: Optional[str]) -> dict:
     return {**CLUSTER_CONFIG, **({} if dashboard else NO_DASHBOARD_CONFIG)}
 
 
+def tls_config(security) -> dict:
+    """Dask settings under which a Client that this process opens (Beam's
+    DaskRunner opens its own from the address alone) presents the local
+    cluster's certificate and refuses a connection without TLS."""
+    return {"distributed.comm.require-encryption": True,
+            "distributed.comm.tls.ca-file": security.tls_ca_file,
+            "distributed.comm.tls.client.cert": security.tls_client_cert,
+            "distributed.comm.tls.client.key": security.tls_client_key}
+
+
 class _LocalCluster:
-    """The LocalCluster of this process and its scratch folder."""
+    """The LocalCluster of this process and its scratch folder.
+
+    Its scheduler and workers speak TLS with a certificate and key made
+    for this cluster (``Security.temporary``: held in memory by this
+    process and the cluster's own processes, never written where another
+    account can read it), and require it of every connection: on loopback
+    any local account could otherwise connect, run code in the workers and
+    read the run's key (a 0700 --noise-key-location included)."""
 
     def __init__(self, workers: int, dashboard: Optional[str],
                  by_run: bool) -> None:
         import dask
         from distributed import LocalCluster
+        from distributed.security import Security
         # started by a job's pipeline (the job closes it) or by the caller
         self.by_run = by_run
+        self.security = Security.temporary()
         self.directory = tempfile.mkdtemp(prefix="dpsynth-dask-")
         known = _clusters(), set(multiprocessing.active_children())
         try:
             with dask.config.set(_cluster_config(dashboard)):  # read at start
                 self.cluster = LocalCluster(
                     n_workers=workers, threads_per_worker=1, processes=True,
-                    host="127.0.0.1", dashboard_address=dashboard,
+                    host="127.0.0.1", protocol="tls://",
+                    security=self.security, dashboard_address=dashboard,
                     local_directory=self.directory,
                     scheduler_kwargs=_scheduler_kwargs(self.directory,
                                                        dashboard),
@@ -556,6 +577,16 @@ def local_cluster(workers: Optional[int] = None,
         return _LOCAL.cluster
 
 
+def local_security(address: Optional[str]) -> dict:
+    """``tls_config`` of this process's local cluster when ``address`` is
+    its scheduler's; nothing for any other cluster."""
+    with _LOCAL_GUARD:
+        local = _LOCAL
+    if local is None or address != local.cluster.scheduler_address:
+        return {}
+    return tls_config(local.security)
+
+
 def close_local_cluster() -> None:
     """Closes the LocalCluster ``local_cluster`` started, if any, and
     removes its scratch folder. Idempotent; also registered with atexit."""
@@ -633,7 +664,34 @@ class DaskRunResult(PipelineResult):
 
     def close(self) -> None:
         self._stored.drop(self._inner.client)
+        forget_on_workers(self._inner.client)
         self._inner.client.close()
+
+
+def forget_on_workers(client) -> None:
+    """``forget_run`` on every worker of ``client``'s cluster (the end of
+    a pipeline, a failed one too). A worker that cannot be reached keeps
+    nothing of a later run either: quietly skipped."""
+    with contextlib.suppress(Exception):
+        client.run(forget_run)
+
+
+def forget_run() -> int:
+    """Drops what a pipeline left in this worker process: the step
+    arguments (DoFns holding the run's noise, its key once read from
+    --noise-key-location) and the side inputs it fetched, then collects
+    them. Long-lived workers kept them "until the next run": a client
+    connecting later read the key back. Returns the noise objects still
+    alive in the process (tests)."""
+    import gc
+    with _STEP_LOCK:
+        _STEP_ARGS.clear()
+    with _SIDE_LOCK:
+        _SIDE_VALUES.clear()
+        _SIDE_FETCH_LOCKS.clear()
+    gc.collect()
+    from dpsynth.dp_ops.noise import KeyedNoise
+    return sum(isinstance(o, KeyedNoise) for o in gc.get_objects())
 
 
 @contextlib.contextmanager
@@ -753,12 +811,15 @@ class DaskRunner(beam_dask.DaskRunner):
                         "starts; the cluster at --dask_client_address / "
                         "--dask_scheduler_file serves its own")
         self._pipeline, self._stored = pipeline, _Stored()
+        import dask
         try:
             beam_dask.DaskBagWindowedIterator = self._stored.side_input
-            with _cluster_loss_as_one_line(dask_options.address):
+            with _cluster_loss_as_one_line(dask_options.address), \
+                    dask.config.set(local_security(dask_options.address)):
                 inner = super().run_pipeline(pipeline, options)
         except BaseException:
             self._stored.drop()
+            _forget_on_default_client()
             _close_default_client()
             raise
         finally:
@@ -768,10 +829,13 @@ class DaskRunner(beam_dask.DaskRunner):
                 dask_options.address = given
         return DaskRunResult(inner, self._stored)
 
-    def to_dask_bag_visitor(self, bag_kwargs=None):
+    def to_dask_bag_visitor(self, bag_kwargs=None, lazy_side_inputs=False):
         """Beam's visitor, computing each shared collection once and, at
-        the end, every output of the graph (see _Readers, _Pending)."""
-        base = beam_dask.DaskRunner.to_dask_bag_visitor(bag_kwargs)
+        the end, every output of the graph (see _Readers, _Pending).
+        ``lazy_side_inputs`` (Beam 2.78's ``--dask_lazy_side_inputs``) has
+        nothing to change here: every side input is computed once and
+        stored (``_Stored``), never recomputed per reading task."""
+        base = compat.beam_visitor(bag_kwargs, lazy_side_inputs)
         readers = _Readers(self._pipeline)
         pending = _Pending(readers, self._stored)
 
@@ -1036,11 +1100,14 @@ class _Stored:
                 self._names.add(name)
         return [persisted.get(b.name, b) for b in bags]
 
-    def side_input(self, bag, window_fn):
-        """Replaces Beam's DaskBagWindowedIterator for stored bags."""
+    def side_input(self, bag, window_fn, *beam_args):
+        """Replaces Beam's DaskBagWindowedIterator for stored bags (Beam
+        2.78 passes a third argument, ``lazy_side_inputs``: a stored bag is
+        read once per worker process either way)."""
         name = _dataset_name(bag)
         if name not in self._names:  # cannot happen: side inputs are shared
-            return transform_evaluator.DaskBagWindowedIterator(bag, window_fn)
+            return transform_evaluator.DaskBagWindowedIterator(
+                bag, window_fn, *beam_args)
         return _StoredSideInput(name, window_fn)
 
     def drop(self, client=None) -> None:
@@ -1181,6 +1248,12 @@ def _all_of(bags: list):
 
 def _nothing(partition) -> list:
     return []
+
+
+def _forget_on_default_client() -> None:
+    import distributed
+    with contextlib.suppress(ValueError):  # no client was opened
+        forget_on_workers(distributed.default_client())
 
 
 def _close_default_client() -> None:
