@@ -240,8 +240,11 @@ def _check_workers(spec: GenerateSpec) -> None:
         raise UsageError(refusal)
     from dpsynth.pipelines.runners import dask_runner
     options = beam_options(spec.run.beam_args)
-    dask_runner.check_cluster(options, locality.local_paths(
-        spec, options.get_all_options()))
+    dask_runner.check_cluster(
+        options, locality.local_paths(spec, options.get_all_options()),
+        secure=(spec.generator.noise_seed is None
+                and not math.isinf(spec.generator.epsilon)),
+        key_location=spec.run.noise_key_location)
 
 
 def store_noise_key(job: Job, spec: GenerateSpec) -> Optional[str]:

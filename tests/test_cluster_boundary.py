@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -321,38 +322,83 @@ def test_an_unknown_runner_is_elsewhere():
 # ---------------------------------------------------- the workers' dpsynth
 
 class _FakeClient:
-    def __init__(self, answers: dict) -> None:
+    def __init__(self, answers: dict,
+                 scheduler: str = "tcp://127.0.0.1:8786") -> None:
         self.answers = answers
+        self.scheduler = types.SimpleNamespace(address=scheduler)
 
     def run(self, fn):
         return self.answers
 
 
+def _ours() -> dict:
+    pytest.importorskip("distributed")
+    from dpsynth.pipelines.runners import dask_runner
+    return dask_runner.worker_identity()
+
+
 def test_workers_on_another_dpsynth_are_refused():
-    from dpsynth.pipelines.runners import source_digest
     from dpsynth.pipelines.runners.options import ClusterMismatch
     from dpsynth.pipelines.runners import dask_runner
-    ours = source_digest.identity()
+    ours = _ours()
     dask_runner.check_workers(_FakeClient({"tcp://127.0.0.1:1": ours}))
     other = {**ours, "source_sha256": "0" * 64}
     with pytest.raises(ClusterMismatch) as err:
         dask_runner.check_workers(_FakeClient({"tcp://127.0.0.1:1": ours,
                                                "tcp://127.0.0.1:2": other}))
-    assert str(err.value) == (
+    assert str(err.value).startswith(
         f"Dask worker tcp://127.0.0.1:2 runs dpsynth {ours['version']} "
-        "(source sha256 000000000000), this launcher dpsynth "
-        f"{ours['version']} (source sha256 {ours['source_sha256'][:12]}): "
-        "install the launcher's dpsynth on every worker (or launch from "
-        "theirs)")
+        "(source sha256 000000000000), Beam ")
+    assert "install the launcher's dpsynth and versions on every worker" \
+        in str(err.value)
+
+
+@pytest.mark.parametrize("field", ["beam", "distributed", "python"])
+def test_workers_on_another_beam_distributed_or_python_are_refused(field):
+    from dpsynth.pipelines.runners.options import ClusterMismatch
+    from dpsynth.pipelines.runners import dask_runner
+    ours = _ours()
+    other = {**ours, field: "0.0.1"}
+    with pytest.raises(ClusterMismatch, match="0.0.1"):
+        dask_runner.check_workers(_FakeClient({"tcp://127.0.0.1:2": other}))
+
+
+def test_a_secure_run_with_a_worker_elsewhere_needs_the_key_and_tls():
+    """However the scheduler's address looks (here: loopback), a worker
+    off this machine makes a secure run need --noise-key-location, and
+    its traffic TLS; a seeded (not private) run needs neither."""
+    from dpsynth.pipelines.runners.options import ClusterMismatch
+    from dpsynth.pipelines.runners import dask_runner
+    ours = _ours()
+    workers = {"tcp://127.0.0.1:1": ours, f"tcp://{FAR}:40000": ours}
+    plain = _FakeClient(workers)
+    dask_runner.check_workers(plain)  # seeded: fine
+    with pytest.raises(ClusterMismatch, match=(
+            f"^Dask worker tcp://{FAR}:40000 is not on this machine: .*"
+            "--noise-key-location")):
+        dask_runner.check_workers(plain, secure=True)
+    with pytest.raises(ClusterMismatch, match="plain TCP.*clear text"):
+        dask_runner.check_workers(plain, secure=True, key_location="gs://k/")
+    tls = _FakeClient(workers, scheduler="tls://127.0.0.1:8786")
+    dask_runner.check_workers(tls, secure=True, key_location="gs://k/")
+
+
+def test_a_secure_run_on_a_scheduler_elsewhere_without_tls_is_refused():
+    from dpsynth.pipelines.runners.options import ClusterMismatch
+    from dpsynth.pipelines.runners import dask_runner
+    ours = _ours()
+    far = _FakeClient({f"tcp://{FAR}:40000": ours},
+                      scheduler=f"tcp://{FAR}:8786")
+    with pytest.raises(ClusterMismatch, match=f"tcp://{FAR}:8786.*plain TCP"):
+        dask_runner.check_workers(far, secure=True, key_location="gs://k/")
 
 
 def test_a_worker_elsewhere_refuses_local_paths():
     """A scheduler on this machine may have workers elsewhere: local paths
     are refused once the workers are known, before any work is sent."""
-    from dpsynth.pipelines.runners import source_digest
     from dpsynth.pipelines.runners.options import ClusterMismatch
     from dpsynth.pipelines.runners import dask_runner
-    ours = source_digest.identity()
+    ours = _ours()
     client = _FakeClient({"tcp://127.0.0.1:1": ours,
                           f"tcp://{FAR}:40000": ours})
     dask_runner.check_workers(client)  # gs:// only: fine
@@ -373,6 +419,14 @@ def test_the_source_digest_follows_the_files(tmp_path):
     assert _digest_in(copy) == base
     with open(copy / "dp_ops" / "noise.py", "a") as f:
         f.write("# edited\n")
+    assert _digest_in(copy) != base
+    # an edit that keeps every file's size (one letter for another)
+    copy = _copy_of_the_code(tmp_path / "c")
+    path = copy / "dp_ops" / "clipping.py"
+    text = path.read_bytes()
+    i = text.index(b"return")
+    path.write_bytes(text[:i] + b"Return" + text[i + 6:])
+    assert len(path.read_bytes()) == len(text)
     assert _digest_in(copy) != base
     from dpsynth.pipelines.runners import source_digest
     assert _digest_in(_copy_of_the_code(tmp_path / "b")) == \
@@ -431,7 +485,7 @@ def test_a_real_worker_on_edited_code_stops_the_run_uncharged(tmp_path,
             proc.wait(30)
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("dpsynth: error: Dask worker tcp://127.0.0.1:")
-    assert "install the launcher's dpsynth on every worker" in err
+    assert "install the launcher's dpsynth and versions on every worker" in err
     from dpsynth.pipelines.release import budget_store
     assert budget_store.history(str(store), "d") == []  # nothing charged
     assert not (tmp_path / "out").exists()

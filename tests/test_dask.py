@@ -561,6 +561,38 @@ def test_secure_noise_release_is_self_consistent(scheduler, tmp_path):
     assert manifest["samples_total"] == len(y)
 
 
+def test_a_task_on_a_worker_unlike_the_launcher_refuses_before_its_rows():
+    """Every step's task carries the launcher's identity and checks it in
+    its worker process before it runs (a worker that joined after the
+    launcher's check, or restarted on other code)."""
+    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.options import ClusterMismatch
+    dask_runner.check_this_worker(dask_runner.launcher_identity())
+    other = {**dask_runner.launcher_identity(), "source_sha256": "1" * 64}
+    ran = []
+    with pytest.raises(ClusterMismatch, match="refused before reading a row"):
+        call = dask_runner._StepCall.__new__(dask_runner._StepCall)
+        call.identity = other
+        call([1, 2], lambda items, *a: ran.append(items), None)
+    assert ran == []
+
+
+def test_a_worker_that_joined_after_the_check_is_refused(scheduler, tmp_path,
+                                                        monkeypatch, capsys):
+    """A run whose tasks meet a worker unlike the launcher stops in one
+    line: simulated by tasks that carry another identity than the workers'
+    (the launcher's own check, before the run, passes)."""
+    from dpsynth.pipelines.runners import dask_runner
+    other = {**dask_runner.launcher_identity(), "beam": "0.0.1"}
+    monkeypatch.setattr(dask_runner, "launcher_identity", lambda: other)
+    rc = cli.main(["generate", "--output", str(tmp_path / "rel"),
+                   "--noise-seed", "1", *_dask(scheduler)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and not (tmp_path / "rel").exists()
+    assert err[-1].startswith("dpsynth: error: a Dask worker runs dpsynth")
+    assert "refused before reading a row" in err[-1]
+
+
 def _left_in_worker():
     """What a worker process still holds of the runs before (run there)."""
     import gc

@@ -93,6 +93,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import hashlib
 import logging
 import multiprocessing
@@ -307,11 +308,13 @@ class _StepCall:
         if label and not _ours(args[0]):
             name += "_" + hashlib.sha1(label.encode()).hexdigest()[:6]
         self.__name__ = name
+        self.identity = launcher_identity()
 
     def __dask_tokenize__(self):
         return self.__name__
 
     def __call__(self, items, fn, shared: "_StepArgs"):
+        check_this_worker(self.identity)  # a worker that joined late too
         args = shared.take()
         try:
             return fn(items, *args)
@@ -724,15 +727,19 @@ def _why_lost(err: BaseException) -> str:
     return (text.splitlines() or [type(err).__name__])[-1].strip()[:200]
 
 
-def check_workers(client, local_paths=()) -> None:
+def check_workers(client, local_paths=(), secure: bool = False,
+                  key_location: Optional[str] = None) -> None:
     """Before any work is submitted: every worker runs this launcher's
-    dpsynth (version and source digest, ``source_digest``), and, when the
+    dpsynth, Beam, distributed and Python (``worker_identity``); when the
     job uses local paths (``local_paths``: (flag, path or None) pairs), every
     worker is on this machine (a scheduler here may have workers
-    elsewhere). ``ClusterMismatch`` (one line) otherwise."""
-    ours = source_digest.identity()
+    elsewhere); a ``secure`` run (unseeded noise) with any worker or the
+    scheduler off this machine, whatever its address looks like, has its
+    key out of the job graph (``key_location``) and TLS.
+    ``ClusterMismatch`` (one line) otherwise."""
+    ours = worker_identity()
     try:
-        theirs = client.run(source_digest.identity)
+        theirs = client.run(worker_identity)
     except Exception as err:  # e.g. a worker without this module
         raise ClusterMismatch(
             f"the Dask workers could not report their dpsynth version "
@@ -742,18 +749,78 @@ def check_workers(client, local_paths=()) -> None:
     for worker, ident in sorted(theirs.items()):
         if ident != ours:
             raise ClusterMismatch(
-                f"Dask worker {worker} runs {source_digest.describe(ident)}, "
-                f"this launcher {source_digest.describe(ours)}: install the "
-                "launcher's dpsynth on every worker (or launch from theirs)")
-    for worker in sorted(theirs):
-        if local_paths and not locality.on_this_machine(
-                locality.address_host(worker)):
-            flag, path = local_paths[0]
-            raise ClusterMismatch(locality.local_path_refusal(
-                flag, path, f"Dask worker {worker} is not on this machine"))
+                f"Dask worker {worker} runs {describe_identity(ident)}, "
+                f"this launcher {describe_identity(ours)}: install the "
+                "launcher's dpsynth and versions on every worker (or launch "
+                "from theirs)")
+    off = [w for w in sorted(theirs)
+           if not locality.on_this_machine(locality.address_host(w))]
+    if off and local_paths:
+        flag, path = local_paths[0]
+        raise ClusterMismatch(locality.local_path_refusal(
+            flag, path, f"Dask worker {off[0]} is not on this machine"))
+    scheduler = str(getattr(getattr(client, "scheduler", None), "address",
+                            "") or "")
+    if scheduler and not locality.on_this_machine(
+            locality.address_host(scheduler)):
+        off.insert(0, scheduler)
+    if not (secure and off):
+        return
+    clause = f"Dask worker {off[0]} is not on this machine"
+    if key_location is None:
+        raise ClusterMismatch(locality.noise_key_message(clause))
+    if not scheduler.startswith("tls://"):
+        raise ClusterMismatch(locality.cleartext_refusal(clause, scheduler))
 
 
-def check_cluster(options: PipelineOptions, local_paths=()) -> None:
+def worker_identity() -> dict:
+    """What must match between the launcher and every worker: dpsynth
+    (version and source digest) and the versions of Beam, distributed and
+    Python that unpickle and run its tasks."""
+    import platform
+    import distributed
+    from apache_beam.version import __version__ as beam_version
+    return {**source_digest.identity(), "beam": beam_version,
+            "distributed": distributed.__version__,
+            "python": platform.python_version()}
+
+
+@functools.lru_cache(maxsize=1)
+def launcher_identity() -> dict:
+    """``worker_identity`` of the launcher, carried by every step's tasks."""
+    return worker_identity()
+
+
+_CHECKED: dict = {}  # identities this worker process was checked against
+
+
+def check_this_worker(expected: dict) -> None:
+    """In a worker, before a step's task touches a row: this process runs
+    what the launcher runs (``worker_identity``), else ``ClusterMismatch``.
+    The launcher checks the workers it sees before the run; a worker that
+    joins later (or restarts on other code) is checked by its first task.
+    Once per process and launcher identity."""
+    key = tuple(sorted(expected.items()))
+    ok = _CHECKED.get(key)
+    if ok is None:
+        ok = _CHECKED[key] = worker_identity() == expected
+    if not ok:
+        raise ClusterMismatch(
+            f"a Dask worker runs {describe_identity(worker_identity())}, "
+            f"the launcher {describe_identity(expected)}: refused before "
+            "reading a row; install the launcher's dpsynth and versions on "
+            "every worker")
+
+
+def describe_identity(ident: dict) -> str:
+    return (f"{source_digest.describe(ident)}, Beam {ident.get('beam')}, "
+            f"distributed {ident.get('distributed')}, Python "
+            f"{ident.get('python')}")
+
+
+def check_cluster(options: PipelineOptions, local_paths=(),
+                  secure: bool = False,
+                  key_location: Optional[str] = None) -> None:
     """``check_workers`` on the cluster ``--dask_client_address`` /
     ``--dask_scheduler_file`` name (nothing for the local cluster dpsynth
     starts: its workers run this interpreter's dpsynth). The launcher runs
@@ -777,7 +844,7 @@ def check_cluster(options: PipelineOptions, local_paths=()) -> None:
             f"({str(err).splitlines()[-1].strip()[:200]}); nothing was "
             "submitted") from None
     try:
-        check_workers(client, local_paths)
+        check_workers(client, local_paths, secure, key_location)
     finally:
         client.close()
 

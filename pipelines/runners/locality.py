@@ -298,11 +298,24 @@ def noise_key_refusal(opts: dict) -> Optional[str]:
     """Why ``--noise-key-location`` is needed (a secure run on a cluster
     elsewhere), or None. Dataflow has its own line (``job``)."""
     clause = elsewhere(opts)
-    if clause is None:
-        return None
+    return None if clause is None else noise_key_message(clause)
+
+
+def noise_key_message(clause: str) -> str:
+    """The one line asking for ``--noise-key-location``, after ``clause``
+    (what runs elsewhere)."""
     return (f"{clause}: the job graph travels to it over the network and "
             "stays in its memory, and a noise key pickled into it would let "
             "whoever reads either remove the noise: pass "
             f"--noise-key-location {SHARED_EXAMPLE}, readable only by the "
             "workers (the key is written there for the run and deleted "
             "after it)")
+
+
+def cleartext_refusal(clause: str, address: str) -> str:
+    """The one line refusing a secure run's traffic in clear text."""
+    return (f"{clause}, and the scheduler ({address}) speaks plain TCP: the "
+            "run's partial sums and counts would cross the network in clear "
+            "text; give the cluster TLS (a tls:// scheduler; the launcher's "
+            "certificate in Dask's distributed.comm.tls settings, "
+            "deploy/README.md \"Dask\")")
