@@ -38,9 +38,9 @@ _ENDPOINT = "names a service the job talks to (code or data go there)"
 _CLUSTER = "names the cluster, project or account the job runs in"
 _RUNNER = "chooses the engine that runs the job"
 
-# Beam pipeline option (its dest, as in apache_beam/options/
-# pipeline_options.py, plus dpsynth's --dask_* options) -> why only the
-# operator may set it.
+# Beam pipeline option (its flag without dashes, as in apache_beam/options/
+# pipeline_options.py and apache_beam/runners/dask/dask_runner.py, plus
+# dpsynth's --dask_dashboard) -> why only the operator may set it.
 OPERATOR_ONLY: dict[str, str] = {
     "runner": _RUNNER,
     # binaries and the jars/launchers that start job servers
@@ -102,7 +102,7 @@ OPERATOR_ONLY: dict[str, str] = {
     "use_transform_service": _ENDPOINT,
     "dataflow_endpoint": _ENDPOINT,
     "big_query_endpoint": _ENDPOINT,
-    "pubsubRootUrl": _ENDPOINT,
+    "pubsub_root_url": _ENDPOINT,
     "blob_service_endpoint": _ENDPOINT,
     "azure_connection_string": _ENDPOINT,
     "aws_endpoint_url": _ENDPOINT,
@@ -120,6 +120,7 @@ OPERATOR_ONLY: dict[str, str] = {
     "spark_rest_url": _CLUSTER,
     "dask_client_address": _CLUSTER,
     "dask_scheduler_file": _CLUSTER,
+    "dask_dashboard": _ENDPOINT,  # serves the local cluster's tasks
     "project": _CLUSTER,
     "region": _CLUSTER,
     "worker_region": _CLUSTER,
@@ -135,6 +136,11 @@ OPERATOR_ONLY: dict[str, str] = {
     "application_id": _CLUSTER,
 }
 
+# Names other Beam versions or SDKs give such options (not options of the
+# Beam this project pins; kept so that an upgrade cannot open them).
+FOR_OTHER_BEAM_VERSIONS = ("expansion_service", "expansion_services",
+                           "dataflow_worker_jar")
+
 # Other spellings of the same options: Beam's second option strings and the
 # parameters of dpsynth.deploy.runners.*_args that set them.
 ALIASES: dict[str, str] = {
@@ -147,7 +153,6 @@ ALIASES: dict[str, str] = {
     "job_server_jvm_property": "job_server_jvm_properties",
     "gcp_oauth_scope": "gcp_oauth_scopes",
     "bigquery_endpoint": "big_query_endpoint",
-    "pubsub_root_url": "pubsubRootUrl",
     "no_use_public_ips": "use_public_ips",
     "no_save_main_session": "save_main_session",
     "master_url": "spark_master_url",  # spark_args
@@ -266,7 +271,10 @@ def beam_option_args(options: object) -> list[str]:
                          "JSON object")
     args = []
     for key, value in options.items():
-        name = option_name(key)
+        name = str(key).strip().lstrip("-")  # as written: Beam's spelling
+        if not name or "=" in name or " " in name:
+            raise ValueError(f"DPSYNTH_OPERATOR_CONFIG beam_options: "
+                             f"{str(key)!r} is not an option name")
         args.append(f"--{name}" if value is True else f"--{name}={value}")
     return args
 
