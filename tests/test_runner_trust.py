@@ -188,7 +188,9 @@ def test_an_input_under_the_pinned_prefix_is_read(nightly, monkeypatch,
 def test_a_large_or_bad_delta_from_the_variable_is_refused(nightly,
                                                           monkeypatch, delta):
     _variables(nightly, monkeypatch, {"input": INPUT, "delta": delta})
-    assert "delta" in _refused(nightly, {}, OPERATOR)
+    message = _refused(nightly, {}, OPERATOR)
+    assert message.startswith("Variable dpsynth_config: ") \
+        and "delta" in message, message
 
 
 def test_a_usual_delta_from_the_variable_is_taken(nightly, monkeypatch):
