@@ -42,11 +42,17 @@ epsilon a release may ask for -- come from the Airflow workers' environment
 (``DPSYNTH_OPERATOR_CONFIG``), which whoever edits the dataset's Variable or
 triggers a run cannot change: a key location they could read would let them
 remove the noise, an empty store would reset the lifetime budget. The
-dataset team's settings come from two Airflow Variables, overridden per run
-by the DAG params (``airflow dags trigger dpsynth_nightly -c '{"runner":
-"DataflowRunner"}'``; params may set only ``runner`` and ``epsilon``, the
-latter within the operator's range). An operator key in the Variable or the
-params fails the run in budget_check with one line naming it.
+dataset team's settings come from the Airflow Variable ``dpsynth_config``,
+overridden per run by the DAG params (``airflow dags trigger
+dpsynth_nightly -c '{"epsilon": 2.0}'``; params may set only ``epsilon``,
+within the operator's range). The runner, and every runner option that
+names a binary, package, image, command, endpoint or cluster
+(``dpsynth.deploy.runner_trust.OPERATOR_ONLY``, matched however spelled),
+are the operator's: the dataset team once ran its own Prism binary as the
+operator that way. So is where each dataset id's input may be read from
+(``inputs``): dataset B's records were released under A's id and budget.
+An operator key or option in the Variable or the params fails the run in
+budget_check with one line naming it, before the store is asked.
 
   DPSYNTH_OPERATOR_CONFIG   JSON object in the workers' environment; keys
                   (defaults in OPERATOR_DEFAULTS below):
@@ -60,10 +66,8 @@ params fails the run in budget_check with one line naming it.
                       account, or a local folder of the operator's own, mode
                       0700: dpsynth refuses one others can read or write)
     epsilon_range     [min, max]: the epsilon a release may ask for
-
-  dpsynth_runner   DirectRunner (default) | DataflowRunner | FlinkRunner |
-                   SparkRunner | PrismRunner | DaskRunner
-  dpsynth_config   JSON object; keys (defaults in DEFAULTS below):
+    runner            DirectRunner (default) | DataflowRunner | FlinkRunner |
+                      SparkRunner | PrismRunner | DaskRunner
     runner_params     keyword args of dpsynth.deploy.runners.<runner>_args, e.g.
                       {"project": "p", "region": "europe-west4",
                        "temp_location": "gs://b/tmp"} or
@@ -71,9 +75,22 @@ params fails the run in budget_check with one line naming it.
                       or {"master_url": "spark://host:7077"} (SparkRunner)
                       or {"job_endpoint": "prism:8073"} (PrismRunner)
                       or {"client_address": "tcp://dask-scheduler:8786"}
-    input             input glob ("" = the embedded digits demo)
+    beam_options      more Beam options {name: value}, e.g. {"sdk_location":
+                      "container"}
+    inputs            {dataset_id: prefix}: the only folder (local or
+                      gs://...) its input may lie under; "" = the demo. A
+                      dataset id without one is refused.
+
+  dpsynth_config   JSON object; keys (defaults in DEFAULTS below):
+    runner_params     sizes of the operator's runner only (dpsynth.deploy.
+                      runner_trust.DATASET_RUNNER_PARAMS: num_workers,
+                      running_mode, machine_type, max_num_workers, job_name,
+                      parallelism, npartitions, partition_size)
+    input             input glob under the operator's ``inputs`` prefix of
+                      the dataset id ("" = the embedded digits demo)
     num_classes       labels are 0..N-1 (10 for the demo)
-    epsilon, delta    of each release (epsilon within the operator's range)
+    epsilon, delta    of each release (epsilon within the operator's range;
+                      delta at most dpsynth's 1e-4, as ``--delta``)
     extra_args        JSON object of more `dpsynth generate` flags, only
                       those in EXTRA_ARGS_ALLOWED (another fails the run
                       in budget_check with one line naming it)
@@ -89,7 +106,8 @@ Environment of the Airflow workers (read when the DAG is parsed):
                   its own (``models/``...) does not collide with dpsynth's,
                   which all live under ``dpsynth``.
   DPSYNTH_WORKER_PACKAGE  DataflowRunner: a dpsynth wheel for the workers
-                  (or ``runner_params`` {"extra_package": PATH}); without it
+                  (or the operator's ``runner_params`` {"extra_package":
+                  PATH}); without it
                   the wheel pip installed dpsynth from, or
                   ``sdk_container_image``; with none, budget_check fails in
                   one line (deploy/README.md, Dataflow).
