@@ -33,6 +33,8 @@ def nightly():
                                                       DAG_FILE)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+    # the DAG's checks run dpsynth with this interpreter (it has dpsynth)
+    module.DPSYNTH_PYTHON = sys.executable
     return module
 
 
@@ -159,7 +161,8 @@ OPERATOR = {"output_root": "gs://releases/nightly",
             "dataset_id": "patients",
             "lifetime_epsilon": 6.0, "lifetime_delta": 1e-6,
             "noise_key_location": "gs://ops-only/keys",
-            "epsilon_range": [0.5, 2.0]}
+            "epsilon_range": [0.5, 2.0],
+            "inputs": {"patients": "gs://private/patients/"}}
 
 
 def _env(**operator) -> dict:
@@ -206,7 +209,7 @@ def test_trigger_params_cannot_set_what_is_not_theirs(nightly, monkeypatch,
 def test_the_operator_settings_come_from_the_environment(nightly,
                                                          monkeypatch):
     _variables(nightly, monkeypatch, {"epsilon": 1.5, "extra_args": {
-        "clusters": 2}})
+        "clusters": 2}, "input": "gs://private/patients/2026/*.npz"})
     cfg = nightly.settings({"epsilon": None, "runner": None},
                            _env(**OPERATOR))
     for key, value in OPERATOR.items():

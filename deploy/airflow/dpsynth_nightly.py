@@ -42,11 +42,17 @@ epsilon a release may ask for -- come from the Airflow workers' environment
 (``DPSYNTH_OPERATOR_CONFIG``), which whoever edits the dataset's Variable or
 triggers a run cannot change: a key location they could read would let them
 remove the noise, an empty store would reset the lifetime budget. The
-dataset team's settings come from two Airflow Variables, overridden per run
-by the DAG params (``airflow dags trigger dpsynth_nightly -c '{"runner":
-"DataflowRunner"}'``; params may set only ``runner`` and ``epsilon``, the
-latter within the operator's range). An operator key in the Variable or the
-params fails the run in budget_check with one line naming it.
+dataset team's settings come from the Airflow Variable ``dpsynth_config``,
+overridden per run by the DAG params (``airflow dags trigger
+dpsynth_nightly -c '{"epsilon": 2.0}'``; params may set only ``epsilon``,
+within the operator's range). The runner, and every runner option that
+names a binary, package, image, command, endpoint or cluster
+(``dpsynth.deploy.runner_trust.OPERATOR_ONLY``, matched however spelled),
+are the operator's: the dataset team once ran its own Prism binary as the
+operator that way. So is where each dataset id's input may be read from
+(``inputs``): dataset B's records were released under A's id and budget.
+An operator key or option in the Variable or the params fails the run in
+budget_check with one line naming it, before the store is asked.
 
   DPSYNTH_OPERATOR_CONFIG   JSON object in the workers' environment; keys
                   (defaults in OPERATOR_DEFAULTS below):
@@ -60,10 +66,8 @@ params fails the run in budget_check with one line naming it.
                       account, or a local folder of the operator's own, mode
                       0700: dpsynth refuses one others can read or write)
     epsilon_range     [min, max]: the epsilon a release may ask for
-
-  dpsynth_runner   DirectRunner (default) | DataflowRunner | FlinkRunner |
-                   SparkRunner | PrismRunner | DaskRunner
-  dpsynth_config   JSON object; keys (defaults in DEFAULTS below):
+    runner            DirectRunner (default) | DataflowRunner | FlinkRunner |
+                      SparkRunner | PrismRunner | DaskRunner
     runner_params     keyword args of dpsynth.deploy.runners.<runner>_args, e.g.
                       {"project": "p", "region": "europe-west4",
                        "temp_location": "gs://b/tmp"} or
@@ -71,9 +75,22 @@ params fails the run in budget_check with one line naming it.
                       or {"master_url": "spark://host:7077"} (SparkRunner)
                       or {"job_endpoint": "prism:8073"} (PrismRunner)
                       or {"client_address": "tcp://dask-scheduler:8786"}
-    input             input glob ("" = the embedded digits demo)
+    beam_options      more Beam options {name: value}, e.g. {"sdk_location":
+                      "container"}
+    inputs            {dataset_id: prefix}: the only folder (local or
+                      gs://...) its input may lie under; "" = the demo. A
+                      dataset id without one is refused.
+
+  dpsynth_config   JSON object; keys (defaults in DEFAULTS below):
+    runner_params     sizes of the operator's runner only (dpsynth.deploy.
+                      runner_trust.DATASET_RUNNER_PARAMS: num_workers,
+                      running_mode, machine_type, max_num_workers, job_name,
+                      parallelism, npartitions, partition_size)
+    input             input glob under the operator's ``inputs`` prefix of
+                      the dataset id ("" = the embedded digits demo)
     num_classes       labels are 0..N-1 (10 for the demo)
-    epsilon, delta    of each release (epsilon within the operator's range)
+    epsilon, delta    of each release (epsilon within the operator's range;
+                      delta at most dpsynth's 1e-4, as ``--delta``)
     extra_args        JSON object of more `dpsynth generate` flags, only
                       those in EXTRA_ARGS_ALLOWED (another fails the run
                       in budget_check with one line naming it)
@@ -89,7 +106,8 @@ Environment of the Airflow workers (read when the DAG is parsed):
                   its own (``models/``...) does not collide with dpsynth's,
                   which all live under ``dpsynth``.
   DPSYNTH_WORKER_PACKAGE  DataflowRunner: a dpsynth wheel for the workers
-                  (or ``runner_params`` {"extra_package": PATH}); without it
+                  (or the operator's ``runner_params`` {"extra_package":
+                  PATH}); without it
                   the wheel pip installed dpsynth from, or
                   ``sdk_container_image``; with none, budget_check fails in
                   one line (deploy/README.md, Dataflow).
@@ -116,8 +134,7 @@ _DATA = os.path.join(os.path.expanduser("~"), "dpsynth")
 
 # The dataset team's settings (Variable dpsynth_config, DAG params).
 DEFAULTS = {
-    "runner": "DirectRunner",
-    "runner_params": {},
+    "runner_params": {},  # sizes only (runner_trust.DATASET_RUNNER_PARAMS)
     "input": "",
     "num_classes": 10,
     "epsilon": 1.0,
@@ -136,6 +153,16 @@ OPERATOR_DEFAULTS = {
     "lifetime_delta": 1e-5,
     "noise_key_location": os.path.join(_DATA, "noise-keys"),
     "epsilon_range": [0.1, 4.0],
+    # What runs: the engine, the parameters of its dpsynth.deploy.runners
+    # *_args function and more Beam options ({name: value}); the dataset
+    # team cannot set any option that names a binary, package, image,
+    # command, endpoint or cluster (dpsynth.deploy.runner_trust).
+    "runner": "DirectRunner",
+    "runner_params": {},
+    "beam_options": {},
+    # dataset_id -> the only place its input may be read from (a folder
+    # prefix, local or gs://...; "" = the embedded digits demo).
+    "inputs": {"digits-demo": ""},
 }
 RUNNERS = ("DirectRunner", "DataflowRunner", "FlinkRunner", "SparkRunner",
            "PrismRunner", "DaskRunner")
@@ -159,7 +186,10 @@ EXTRA_ARGS_ALLOWED = (
     "vote_threshold", "vote_oversample", "vote_max_candidates",
     "block_size", "split_bytes", "materialise_blocks")
 # What a trigger's params may override (never an operator setting).
-TRIGGER_KEYS = ("runner", "epsilon")
+TRIGGER_KEYS = ("epsilon",)
+# Checks the dataset team's settings against the table of operator-only
+# runner options (in dpsynth, where DPSYNTH_PYTHON has it installed).
+TRUST_MODULE = "dpsynth.deploy.runner_trust"
 
 
 def settings(params: dict, environ=os.environ) -> dict:
@@ -170,14 +200,18 @@ def settings(params: dict, environ=os.environ) -> dict:
     stored = Variable.get("dpsynth_config", default={}, deserialize_json=True)
     if not isinstance(stored, dict):
         raise ValueError("Variable dpsynth_config: must be a JSON object")
+    given = {k: v for k, v in (params or {}).items() if v not in (None, "")}
+    check_dataset_sources(stored, given)
     _refuse_operator_keys("Variable dpsynth_config", stored)
     unknown = set(stored) - set(DEFAULTS)
     if unknown:
         raise ValueError(f"Variable dpsynth_config: unknown keys {sorted(unknown)}"
                          f"; known: {sorted(DEFAULTS)}")
     cfg.update(stored)
-    cfg["runner"] = Variable.get("dpsynth_runner", default=cfg["runner"])
-    given = {k: v for k, v in (params or {}).items() if v not in (None, "")}
+    if Variable.get("dpsynth_runner", default=None) not in (None, ""):
+        raise ValueError(f"Variable dpsynth_runner: the runner is the "
+                         f"operator's setting ({OPERATOR_ENV} runner); "
+                         "delete the Variable")
     _refuse_operator_keys("the run's params", given)
     other = sorted(set(given) - set(TRIGGER_KEYS))
     if other:
@@ -185,15 +219,37 @@ def settings(params: dict, environ=os.environ) -> dict:
                          f"(only {list(TRIGGER_KEYS)})")
     cfg.update(given)
     check_extra_args(cfg["extra_args"])
+    # the dataset's sizes; "runner_params" becomes the operator's below
+    cfg["dataset_runner_params"] = cfg["runner_params"]
     cfg.update(operator_settings(environ))
     check_epsilon(cfg["epsilon"], cfg["epsilon_range"])
+    check_input(cfg["input"], cfg["dataset_id"], cfg["inputs"])
     return cfg
 
 
+def check_dataset_sources(stored: dict, given: dict) -> None:
+    """The dataset team's Variable and the run's params may set no
+    operator-only runner option (any spelling) and only a bounded delta:
+    checked by dpsynth.deploy.runner_trust, the one table of them."""
+    runner_params = stored.get("runner_params", {})
+    extra = stored.get("extra_args", {})
+    sources = {"Variable dpsynth_config": stored,
+               "Variable dpsynth_config runner_params": runner_params,
+               "Variable dpsynth_config extra_args": extra,
+               "the run's params": given}
+    proc = subprocess.run([DPSYNTH_PYTHON, "-m", TRUST_MODULE, "check",
+                           json.dumps(sources)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines() or ["no output"]
+        raise ValueError(lines[-1])
+
+
 def _refuse_operator_keys(where: str, given: dict) -> None:
-    """One line naming an operator setting the dataset team tried to set."""
+    """One line naming an operator setting the dataset team tried to set
+    (``runner_params`` is both's: the dataset's holds sizes only)."""
     for name in sorted(given):
-        if str(name) in OPERATOR_DEFAULTS:
+        if str(name) in OPERATOR_DEFAULTS and str(name) not in DEFAULTS:
             raise ValueError(
                 f"{where}: {name!r} is the operator's setting ({OPERATOR_ENV} "
                 "in the Airflow workers' environment, deploy/README.md); the "
@@ -221,7 +277,55 @@ def operator_settings(environ=os.environ) -> dict:
             and 0 < low_high[0] <= low_high[1] < float("inf")):
         raise ValueError(f"{OPERATOR_ENV}: epsilon_range must be [min, max] "
                          f"with 0 < min <= max, got {low_high!r}")
+    if out["runner"] not in RUNNERS:
+        raise ValueError(f"{OPERATOR_ENV}: runner must be one of {RUNNERS}, "
+                         f"got {out['runner']!r}")
+    for key in ("runner_params", "beam_options", "inputs"):
+        if not isinstance(out[key], dict):
+            raise ValueError(f"{OPERATOR_ENV}: {key} must be a JSON object")
+    if not all(isinstance(v, str) for v in out["inputs"].values()):
+        raise ValueError(f"{OPERATOR_ENV}: inputs must map each dataset id "
+                         "to a path prefix (a string)")
     return out
+
+
+def _path_parts(path: str) -> tuple[str, list[str]]:
+    """(scheme, segments) of a path; a local one made absolute with its
+    links resolved. A '..' segment is refused: no way out of a prefix."""
+    scheme, sep, rest = path.partition("://")
+    if not sep:
+        scheme, rest = "", os.path.realpath(path)
+    segments = rest.split("/")
+    if ".." in segments:
+        raise ValueError(f"input {path!r}: '..' is not allowed in a "
+                         "scheduled run's input")
+    return scheme, [s for s in segments if s not in ("", ".")]
+
+
+def check_input(path: str, dataset_id: str, inputs: dict) -> None:
+    """The dataset's input must lie under the prefix the operator pinned
+    for its dataset id (``inputs``), so one dataset's records are never
+    released or charged under another's id; refused in one line."""
+    if dataset_id not in inputs:
+        raise ValueError(f"{OPERATOR_ENV} inputs: no input location for "
+                         f"dataset {dataset_id!r}: the operator pins one per "
+                         "dataset id")
+    prefix = inputs[dataset_id]
+    if not isinstance(path, str):
+        raise ValueError(f"Variable dpsynth_config: input must be a string, "
+                         f"got {path!r}")
+    if path == "" or prefix == "":
+        if path == prefix:  # the embedded demo, pinned as ""
+            return
+        raise ValueError(f"input {path!r} is not under {prefix!r}, the "
+                         f"location {OPERATOR_ENV} inputs pins for dataset "
+                         f"{dataset_id!r}")
+    scheme, segments = _path_parts(path)
+    pinned_scheme, pinned = _path_parts(prefix)
+    if scheme != pinned_scheme or segments[:len(pinned)] != pinned:
+        raise ValueError(f"input {path!r} is not under {prefix!r}, the "
+                         f"location {OPERATOR_ENV} inputs pins for dataset "
+                         f"{dataset_id!r}")
 
 
 def check_epsilon(epsilon: object, allowed: list) -> None:
@@ -301,18 +405,19 @@ def check_budget(cfg: dict, run_id: str) -> str:
 
 # The runner's Beam options, built by dpsynth.deploy.runners where dpsynth
 # is installed (pure option builders; Airflow's venv has no dpsynth).
-_RUNNER_ARGS = ("import json, sys; from dpsynth.deploy import runners; "
-                "print(json.dumps(runners.runner_args(sys.argv[1], "
-                "**json.loads(sys.argv[2]))))")
-
-
-def runner_options(runner: str, params: dict) -> list[str]:
-    proc = subprocess.run([DPSYNTH_PYTHON, "-c", _RUNNER_ARGS, runner,
-                           json.dumps(params)], capture_output=True, text=True)
+def runner_options(cfg: dict) -> list[str]:
+    """The Beam options of the operator's runner: its ``runner_params`` and
+    ``beam_options``, and the sizes the dataset's ``runner_params`` set
+    (checked again there: nothing else passes)."""
+    operator = {k: cfg[k] for k in ("runner", "runner_params",
+                                    "beam_options")}
+    dataset = {"runner_params": cfg.get("dataset_runner_params", {})}
+    proc = subprocess.run([DPSYNTH_PYTHON, "-m", TRUST_MODULE, "args",
+                           json.dumps(operator), json.dumps(dataset)],
+                          capture_output=True, text=True)
     if proc.returncode != 0:
-        from airflow.exceptions import AirflowFailException
         lines = proc.stderr.strip().splitlines() or ["no output"]
-        raise AirflowFailException(f"runner_params of {runner}: {lines[-1]}")
+        raise ValueError(f"runner options of {cfg['runner']}: {lines[-1]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -363,9 +468,6 @@ with DAG(
     max_active_runs=1,  # releases of one dataset spend one budget in turn
     default_args={"retries": 1, "retry_delay": timedelta(minutes=10)},
     params={
-        "runner": Param(None, type=["null", "string"],
-                        enum=[None, *RUNNERS],
-                        description="overrides Variable dpsynth_runner"),
         "epsilon": Param(None, type=["null", "number"],
                          description="within the operator's epsilon_range"),
     },
@@ -378,15 +480,14 @@ with DAG(
         params = params or {}
         try:
             cfg = settings(params)
+            # before the pre-flight: the runner's options are refused or
+            # built before anything asks the store
+            runner_args = runner_options(cfg)
         except ValueError as err:  # configuration: retrying cannot help
             raise AirflowFailException(str(err)) from None
-        if cfg["runner"] not in RUNNERS:
-            raise AirflowFailException(f"runner {cfg['runner']!r} is not one "
-                                       f"of {RUNNERS}")
         run_id = f"{cfg['dataset_id']}-{ds}"
         print(check_budget(cfg, run_id))
-        return run_plan(cfg, ds, runner_options(cfg["runner"],
-                                                cfg["runner_params"]))
+        return run_plan(cfg, ds, runner_args)
 
     plan = budget_check()
 
