@@ -497,7 +497,7 @@ class Cluster:
                 self.address, "--host", f"{self.subnet}.{number}",
                 "--worker-port", str(WORKER_PORT), "--nanny-port",
                 str(NANNY_PORT), "--nthreads", "1", "--preload",
-                "dpsynth.pipelines.runners.dask_preload", *extra]
+                "dpsynth.pipelines.runners.dask.preload", *extra]
         host = self._make_host("w", number, argv, name, "worker")
         self.hosts.append(host)
         if wait:

@@ -32,7 +32,7 @@ $PY -m pip install -q --no-index --no-deps --no-cache-dir --upgrade \
     --target /tmp/site "$BUNDLE"/whl/*.whl || { echo "wheel install failed"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD
 # Imports (and their bytecode) once, before any timed run.
-$PY -c "import apache_beam, dask.distributed, pipeline_dp, dp_accounting, dpsynth.pipelines.cli.generate, dpsynth.pipelines.runners.dask_runner, benchmarks.scaling" \
+$PY -c "import apache_beam, dask.distributed, pipeline_dp, dp_accounting, dpsynth.pipelines.cli.generate, dpsynth.pipelines.runners.dask.runner, benchmarks.scaling" \
     || { echo "import check failed"; exit 1; }
 echo "wheels and imports ready in $(( $(date +%s) - t0 )) s; $(nproc) cores"
 $PY benchmarks/scaling.py --workers "${WORKERS:-16,1,2,4,8}" \

@@ -336,7 +336,7 @@ def child_beam(data: str, flags: Sequence[str], result: str,
     layout = [] if reread else ["--materialise-blocks"]
     out = tempfile.mkdtemp(prefix="dpsynth-bench-")
     if dask_workers:  # generate's own local cluster, started here
-        from dpsynth.pipelines.runners.dask_runner import local_cluster
+        from dpsynth.pipelines.runners.dask.runner import local_cluster
         local_cluster(dask_workers)
         layout += ["--runner", "dask"]
     try:
@@ -362,7 +362,7 @@ def child_beam(data: str, flags: Sequence[str], result: str,
                        "samples": manifest["samples_total"]})
     finally:
         if dask_workers:
-            from dpsynth.pipelines.runners.dask_runner import close_local_cluster
+            from dpsynth.pipelines.runners.dask.runner import close_local_cluster
             close_local_cluster()
         shutil.rmtree(out, ignore_errors=True)
 
@@ -1268,11 +1268,11 @@ class DaskEngine(Engine):
         return dask_args()
 
     def start(self, workers: int) -> None:
-        from dpsynth.pipelines.runners.dask_runner import local_cluster
+        from dpsynth.pipelines.runners.dask.runner import local_cluster
         local_cluster(workers)
 
     def stop(self) -> None:
-        from dpsynth.pipelines.runners.dask_runner import close_local_cluster
+        from dpsynth.pipelines.runners.dask.runner import close_local_cluster
         close_local_cluster()
 
 
@@ -1307,7 +1307,7 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
         # The cluster is started and stopped outside the job's time (the
         # issue's "cluster start excluded"; a deployment's cluster is up
         # already) and timed on its own: the job leaves a cluster it did
-        # not start running (pipelines/runners/dask_runner.py).
+        # not start running (pipelines/runners/dask/runner.py).
         t_start = time.time()
         eng.start(workers)
         t0 = time.time()

@@ -24,7 +24,7 @@ Runners:
   * PrismRunner: Beam's Go runner, ``--prism_location`` (the binary that
     ``dpsynth.deploy.install_engines`` builds) or a running Prism
     (``--job_endpoint``); the SDK harness runs in this process (LOOPBACK).
-  * DaskRunner (``dpsynth.pipelines.runners.dask_runner``): ``--dask_client_address`` of a
+  * DaskRunner (``dpsynth.pipelines.runners.dask.runner``): ``--dask_client_address`` of a
     running ``dask scheduler`` (or ``--dask_scheduler_file``); with neither,
     the job starts a local cluster for the run (for trying it).
 
@@ -374,7 +374,7 @@ def dask_args(client_address: Optional[str] = None,
               scheduler_file: Optional[str] = None,
               npartitions: Optional[int] = None,
               partition_size: Optional[int] = None) -> list[str]:
-    """DaskRunner (dpsynth's, ``dpsynth.pipelines.runners.dask_runner``).
+    """DaskRunner (dpsynth's, ``dpsynth.pipelines.runners.dask.runner``).
 
     ``client_address``: the scheduler, ``tcp://HOST:PORT`` (or a
     ``scheduler_file`` it wrote). With neither, ``dpsynth generate`` starts

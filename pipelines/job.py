@@ -32,7 +32,7 @@ from dpsynth.dp_ops.config import GeneratorConfig, check_delta, labels_from
 from dpsynth.dp_ops.ledger import PrivacyLedger
 from dpsynth.dp_ops.noise import NoiseSource, make_noise_source
 from dpsynth.pipelines import console, demo
-from dpsynth.pipelines.runners import collector, locality
+from dpsynth.pipelines.runners import collector, engine, locality, select
 from dpsynth.pipelines.release import consistency, release
 from dpsynth.pipelines.runners.beam_temp import pipeline_run
 from dpsynth.pipelines.runners.options import UsageError, beam_options, local_blas_threads
@@ -77,12 +77,15 @@ class Job:
     # PipelineDP's explain-computation text of each aggregation that ran
     # (public configuration and sigmas only), for the manifest and report.
     pipelinedp_explain: list = dataclasses.field(default_factory=list)
+    # The engine the flags chose (``runners.engine``), resolved once.
+    engine: Optional[engine.Engine] = None
 
 
 def prepare(spec: GenerateSpec) -> Job:
     """Validates the spec, calibrates the noise, checks the output: no data
     is read."""
-    _check_cluster_boundary(spec)  # before the demo's files or any input
+    chosen = select.resolve(spec.run.beam_args)  # the operator's flags
+    _check_cluster_boundary(spec, chosen)  # before the demo's files or input
     pattern, labels = _input_and_labels(spec)
     check_delta(spec.generator.delta, spec.generator.allow_large_delta)
     # Cheap checks first: calibration (below) takes seconds.
@@ -105,7 +108,8 @@ def prepare(spec: GenerateSpec) -> Job:
     staging = release.staging_dir(output, run_id, owner)
     if _published_by(output, run_id):
         return Job(cfg, PrivacyLedger(cfg.epsilon, cfg.delta), None, output,
-                   staging, run_id, owner, already_published=True)
+                   staging, run_id, owner, already_published=True,
+                   engine=chosen)
     release.check_output(output, out.overwrite)
     input_spec = io.InputSpec(pattern, inp.format, inp.embedding_feature,
                               inp.label_feature, tuple(labels), inp.non_finite,
@@ -118,7 +122,8 @@ def prepare(spec: GenerateSpec) -> Job:
               staging, run_id, owner,
               version=f"{release.VERSION_PREFIX}{uuid.uuid4().hex[:12]}",
               created_utc=_timestamp(),
-              noise=make_noise_source(spec.generator.noise_seed))
+              noise=make_noise_source(spec.generator.noise_seed),
+              engine=chosen)
     if cfg.covariance == "auto":  # phase 1 now, phase 2 after the rule
         constants = adaptive.constants_for(cfg)
         job.adaptive_mu = adaptive.calibrate_mu(cfg, inp.embedding_dim or 1,
@@ -190,61 +195,30 @@ def _check_budget_flags(spec: GenerateSpec) -> None:
                          f"{spec.budget.lifetime_delta}")
 
 
-# Runners whose service keeps the job graph (the pickled DoFns) where more
-# people may read it than the data: the noise key must not be in it.
-GRAPH_KEEPING_RUNNERS = ("dataflow",)
-
-
-def _runner_keeps_job_graph(opts: dict) -> bool:
-    runner = str(opts.get("runner") or "")
-    return any(name in runner.lower() for name in GRAPH_KEEPING_RUNNERS)
-
-
-def _check_cluster_boundary(spec: GenerateSpec) -> None:
+def _check_cluster_boundary(spec: GenerateSpec,
+                            chosen: Optional[engine.Engine] = None) -> None:
     """On a cluster elsewhere (``locality``): the noise key out of the job
     graph, and no local path; from the flags alone, no engine contacted."""
     opts = beam_options(spec.run.beam_args).get_all_options()
-    _check_noise_key_location(spec, opts)
+    _check_noise_key_location(
+        spec, opts, chosen or select.resolve(spec.run.beam_args))
     locality.check_paths(spec, opts)
     if spec.run.noise_key_location is not None:
         from dpsynth.transforms.noise import check_key_folder
         check_key_folder(spec.run.noise_key_location)  # 0700, yours
 
 
-def _check_noise_key_location(spec: GenerateSpec, opts: dict) -> None:
+def _check_noise_key_location(spec: GenerateSpec, opts: dict,
+                              chosen: engine.Engine) -> None:
     secure = (spec.generator.noise_seed is None
               and not math.isinf(spec.generator.epsilon))
     if not secure or spec.run.noise_key_location is not None:
         return
-    if _runner_keeps_job_graph(opts):
-        raise ValueError(
-            "DataflowRunner keeps the job graph in the staging location and "
-            "the job's metadata, and a noise key pickled into it would let "
-            "their readers remove the noise: pass --noise-key-location "
-            "gs://BUCKET/PREFIX, readable only by the job's service account "
-            "(the key is written there for the run and deleted after it)")
+    if chosen.keeps_job_graph:
+        raise ValueError(chosen.job_graph_refusal())
     refusal = locality.noise_key_refusal(opts)  # any cluster elsewhere
     if refusal is not None:
         raise ValueError(refusal)
-
-
-def _check_workers(spec: GenerateSpec) -> None:
-    """A given Dask cluster's workers run this dpsynth, and are on this
-    machine where the run uses local paths (issue 60)."""
-    from dpsynth.pipelines.runners import runner_names
-    if not runner_names.is_dask(runner_names.runner_flag(spec.run.beam_args)):
-        return
-    from dpsynth.pipelines.runners import dask_compat
-    refusal = dask_compat.refusal()  # an untested Beam: one line, uncharged
-    if refusal is not None:
-        raise UsageError(refusal)
-    from dpsynth.pipelines.runners import dask_runner
-    options = beam_options(spec.run.beam_args)
-    dask_runner.check_cluster(
-        options, locality.local_paths(spec, options.get_all_options()),
-        secure=(spec.generator.noise_seed is None
-                and not math.isinf(spec.generator.epsilon)),
-        key_location=spec.run.noise_key_location)
 
 
 def store_noise_key(job: Job, spec: GenerateSpec) -> Optional[str]:
@@ -678,7 +652,7 @@ def _stage(job: Job, spec: GenerateSpec, lease, timings: dict) -> str:
     returns the sha256 of the manifest bytes written. Stops
     (``AttemptLost``) at a pass boundary once another launch took the
     attempt over (``lease``: ``budget_store.Lease``)."""
-    options = beam_options(spec.run.beam_args)
+    options = beam_options(job.engine.beam_args)
     try:
         reader = make_reader(job, spec)
     except (io.InputError, release.ReleaseError):
@@ -762,20 +736,11 @@ def _run_pipelines(job: Job, spec: GenerateSpec, options,
                     _run_adaptive(job, spec, options, reader, progress,
                                   timings, lease)
             finally:  # its shutdown output stays in the captured log
-                _close_dask_cluster()
+                job.engine.close()
     finally:
         if progress.path:
             os.unlink(progress.path)
     return t1
-
-
-def _close_dask_cluster() -> None:
-    """Closes the local Dask cluster this run's pipelines started, if any
-    (one cluster serves both phases of the adaptive plan); one the caller
-    started stays up for its next job (see pipelines/runners/dask_runner.py)."""
-    dask_runner = sys.modules.get("dpsynth.pipelines.runners.dask_runner")  # never imports
-    if dask_runner is not None:
-        dask_runner.close_run_cluster()
 
 
 def _run_adaptive(job: Job, spec: GenerateSpec, options,
@@ -836,7 +801,8 @@ def _run(spec: GenerateSpec) -> str:
     if job.cfg.noiseless:
         log.warning("!!! --epsilon inf: running WITHOUT NOISE. The output is "
                     "NOT differentially private. Debugging only. !!!")
-    _check_workers(spec)  # before anything is charged
+    job.engine.check_before_charge(  # before anything is charged
+        spec, beam_options(job.engine.beam_args))
     from dpsynth.pipelines.release import budget_store
     _check_staged_leftovers(job, spec)
     staged = None  # the recorded staged release a retry re-publishes

@@ -9,7 +9,7 @@ moves the ceiling.
 CI installs the newest Beam the range admits for the whole suite and runs the
 engine tests on the floor, so moving the ceiling is that command plus a CI
 run (and, where a Dask internal changed shape, its new shape in
-pipelines/runners/dask_compat.py: the Dask tests then say so in one line).
+pipelines/runners/dask/compat.py: the Dask tests then say so in one line).
 
 The venv sees this environment (a ``.pth`` file naming its site-packages:
 job_graph.py's ``overlay_venv``; ``--system-site-packages`` would reach the

@@ -249,7 +249,7 @@ MUTATIONS: tuple[Mutation, ...] = (
               "test_a_shard_with_a_row_fewer_is_refused",
               "tests/test_consistency.py::test_a_missing_shard_is_refused")),
     # --- engines
-    Mutation("dask-reshuffle-noop", "pipelines/runners/dask_runner.py:to_dask_bag_visitor",
+    Mutation("dask-reshuffle-noop", "pipelines/runners/dask/runner.py:to_dask_bag_visitor",
              "                if isinstance(node.transform, _Reshuffle):",
              "                if False:",
              ("tests/test_dask.py::test_one_file_is_read_by_both_workers",)),

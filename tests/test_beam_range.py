@@ -66,13 +66,13 @@ distributed = pytest.importorskip(
 
 
 def test_the_installed_beam_has_the_shapes_the_dask_runner_was_written_for():
-    from dpsynth.pipelines.runners import dask_compat
+    from dpsynth.pipelines.runners.dask import compat as dask_compat
     assert dask_compat.refusal() is None, dask_compat.installed_shapes()
 
 
 def test_a_beam_with_other_internals_is_refused_in_one_line(monkeypatch):
     from apache_beam.runners.dask import dask_runner as beam_dask
-    from dpsynth.pipelines.runners import dask_compat
+    from dpsynth.pipelines.runners.dask import compat as dask_compat
 
     def visitor(bag_kwargs=None, lazy_side_inputs=False, spill=None):
         raise AssertionError("never called")
@@ -85,7 +85,7 @@ def test_a_beam_with_other_internals_is_refused_in_one_line(monkeypatch):
 
 def test_beams_visitor_is_called_with_what_its_release_takes(monkeypatch):
     from apache_beam.runners.dask import dask_runner as beam_dask
-    from dpsynth.pipelines.runners import dask_compat
+    from dpsynth.pipelines.runners.dask import compat as dask_compat
     seen = []
     monkeypatch.setattr(beam_dask.DaskRunner, "to_dask_bag_visitor",
                         staticmethod(lambda bag_kwargs=None: seen.append(

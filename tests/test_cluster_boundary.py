@@ -333,13 +333,13 @@ class _FakeClient:
 
 def _ours() -> dict:
     pytest.importorskip("distributed")
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     return dask_runner.worker_identity()
 
 
 def test_workers_on_another_dpsynth_are_refused():
     from dpsynth.pipelines.runners.options import ClusterMismatch
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     ours = _ours()
     dask_runner.check_workers(_FakeClient({"tcp://127.0.0.1:1": ours}))
     other = {**ours, "source_sha256": "0" * 64}
@@ -356,7 +356,7 @@ def test_workers_on_another_dpsynth_are_refused():
 @pytest.mark.parametrize("field", ["beam", "distributed", "python"])
 def test_workers_on_another_beam_distributed_or_python_are_refused(field):
     from dpsynth.pipelines.runners.options import ClusterMismatch
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     ours = _ours()
     other = {**ours, field: "0.0.1"}
     with pytest.raises(ClusterMismatch, match="0.0.1"):
@@ -368,7 +368,7 @@ def test_a_secure_run_with_a_worker_elsewhere_needs_the_key_and_tls():
     off this machine makes a secure run need --noise-key-location, and
     its traffic TLS; a seeded (not private) run needs neither."""
     from dpsynth.pipelines.runners.options import ClusterMismatch
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     ours = _ours()
     workers = {"tcp://127.0.0.1:1": ours, f"tcp://{FAR}:40000": ours}
     plain = _FakeClient(workers)
@@ -385,7 +385,7 @@ def test_a_secure_run_with_a_worker_elsewhere_needs_the_key_and_tls():
 
 def test_a_secure_run_on_a_scheduler_elsewhere_without_tls_is_refused():
     from dpsynth.pipelines.runners.options import ClusterMismatch
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     ours = _ours()
     far = _FakeClient({f"tcp://{FAR}:40000": ours},
                       scheduler=f"tcp://{FAR}:8786")
@@ -397,7 +397,7 @@ def test_a_worker_elsewhere_refuses_local_paths():
     """A scheduler on this machine may have workers elsewhere: local paths
     are refused once the workers are known, before any work is sent."""
     from dpsynth.pipelines.runners.options import ClusterMismatch
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     ours = _ours()
     client = _FakeClient({"tcp://127.0.0.1:1": ours,
                           f"tcp://{FAR}:40000": ours})

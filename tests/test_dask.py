@@ -1,7 +1,7 @@
 """dpsynth on a real Dask cluster: a scheduler and two worker processes on
 loopback (``distributed.LocalCluster``), driven by ``--runner dask``.
 
-* The Beam 2.77 bug that ``dpsynth.pipelines.runners.dask_runner`` works around is still
+* The Beam 2.77 bug that ``dpsynth.pipelines.runners.dask.runner`` works around is still
   there (when this test fails, Beam fixed it: drop the workaround, see
   deploy/README.md "Dask").
 * With ``--noise-seed`` a Dask release is byte-identical to DirectRunner's
@@ -79,7 +79,7 @@ def test_dask_flags_pass_the_strict_check(runner):
             "--dask_npartitions=4", "--dask_dashboard=127.0.0.1:8787"]
     check_beam_args(argv, generate.parser(), "generate")
     assert beam_options(argv).get_all_options()["runner"] == \
-        "dpsynth.pipelines.runners.dask_runner.DaskRunner"
+        "dpsynth.pipelines.runners.dask.runner.DaskRunner"
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -117,10 +117,10 @@ def _singleton_of_total(p):
 def test_beam_dask_bug_is_still_there_and_worked_around(scheduler):
     """Beam's own DaskRunner fails on CombineGlobally + AsSingleton of it;
     dpsynth's runner does not. If the first half fails, Beam fixed the bug:
-    drop dpsynth.pipelines.runners.dask_runner.install_workaround (deploy/README.md)."""
+    drop dpsynth.pipelines.runners.dask.runner.install_workaround (deploy/README.md)."""
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.runners.dask import transform_evaluator
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     patched = transform_evaluator.apply_dofn_to_bundle
     original = getattr(patched, "beam_original", patched)
     transform_evaluator.apply_dofn_to_bundle = original
@@ -235,7 +235,7 @@ def test_a_run_leaves_no_stored_collection_on_the_cluster(scheduler):
 def test_stored_collections_go_one_by_one_where_a_list_is_refused():
     """An older distributed unpublishes one name a call: the list is
     refused and every name still goes."""
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     gone = []
 
     class _OldClient:
@@ -273,7 +273,7 @@ def test_step_arguments_are_pickled_once_and_shared_in_a_process(
         monkeypatch):
     import pickle
 
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     monkeypatch.setattr(dask_runner, "_STEP_ARGS", {})
     step = dask_runner._StepArgs(([1, 2], {"k": 3}), "dpsynth-Client-a/s")
     blob = pickle.dumps(step)
@@ -319,7 +319,7 @@ def test_another_librarys_function_is_named_per_step():
     import operator
 
     from apache_beam.runners.common import DoFnSignature
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     from dpsynth.transforms.write import shard_tasks
 
     def name(fn, label: str) -> str:
@@ -337,7 +337,7 @@ def test_bundles_at_the_same_time_get_their_own_step_arguments():
     """A worker with several threads runs a step's bundles side by side:
     each running bundle holds its own copy of the arguments (one output
     list each), and a finished bundle's copy serves the next."""
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     step = dask_runner._StepArgs(([1], {}), "dpsynth-Client-a/s")
     first = step.take()
     second = step.take()  # while the first runs
@@ -349,7 +349,7 @@ def test_bundles_at_the_same_time_get_their_own_step_arguments():
 
 
 def test_side_values_keep_only_the_newest_runs(monkeypatch):
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     fetched = []
 
     class _Future:
@@ -432,7 +432,7 @@ def test_blocks_read_by_two_branches_are_not_stored(scheduler, tmp_path,
     Built before the side input, the main branch is computed with it, so
     the blocks themselves are not kept on the cluster (at 1M x 384 that
     held every block); built after it, the blocks are stored (fallback)."""
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     stored_labels: list[str] = []
     original = dask_runner._Pending.store_with
 
@@ -565,7 +565,7 @@ def test_a_task_on_a_worker_unlike_the_launcher_refuses_before_its_rows():
     """Every step's task carries the launcher's identity and checks it in
     its worker process before it runs (a worker that joined after the
     launcher's check, or restarted on other code)."""
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     from dpsynth.pipelines.runners.options import ClusterMismatch
     dask_runner.check_this_worker(dask_runner.launcher_identity())
     other = {**dask_runner.launcher_identity(), "source_sha256": "1" * 64}
@@ -582,7 +582,7 @@ def test_a_worker_that_joined_after_the_check_is_refused(scheduler, tmp_path,
     """A run whose tasks meet a worker unlike the launcher stops in one
     line: simulated by tasks that carry another identity than the workers'
     (the launcher's own check, before the run, passes)."""
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     other = {**dask_runner.launcher_identity(), "beam": "0.0.1"}
     monkeypatch.setattr(dask_runner, "launcher_identity", lambda: other)
     rc = cli.main(["generate", "--output", str(tmp_path / "rel"),
@@ -597,7 +597,7 @@ def _left_in_worker():
     """What a worker process still holds of the runs before (run there)."""
     import gc
     from dpsynth.dp_ops.noise import KeyedNoise
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     gc.collect()
     return (len(dask_runner._STEP_ARGS), len(dask_runner._SIDE_VALUES),
             sum(isinstance(o, KeyedNoise) for o in gc.get_objects()))
@@ -635,7 +635,7 @@ def _profile_enabled() -> bool:
 
 
 def test_the_profiler_stays_on_when_a_dashboard_is_asked_for():
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     assert not dask_runner._cluster_config(None)[
         "distributed.worker.profile.enabled"]
     assert "distributed.worker.profile.enabled" not in \
@@ -674,7 +674,7 @@ def test_the_local_cluster_refuses_a_client_without_its_certificate():
     own, or plain TCP to the same port) cannot connect, run code in the
     workers or read the run's key; the launcher's own client can."""
     import dask
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     try:
         cluster = dask_runner.local_cluster(workers=1)
         address = cluster.scheduler_address
@@ -694,7 +694,7 @@ def test_the_local_cluster_refuses_a_client_without_its_certificate():
 def test_local_cluster_is_started_once_and_cleaned_up():
     """One LocalCluster per process, its scratch space in a temporary
     folder removed at close, its HTTP routes off port 8787."""
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     started = dask_runner.local_clusters_started
     try:
         cluster = dask_runner.local_cluster(workers=1)
@@ -722,7 +722,7 @@ def test_local_cluster_is_started_once_and_cleaned_up():
 HALF_STARTED = """
 import os, signal
 import distributed.nanny as nanny
-from dpsynth.pipelines.runners import dask_runner
+from dpsynth.pipelines.runners.dask import runner as dask_runner
 
 real = nanny.Nanny.start_unsafe
 
@@ -792,7 +792,7 @@ def test_a_lost_scheduler_is_one_line_without_dasks_future_keys():
     """distributed's CancelledError lists every cancelled future by its
     internal key; the operator's line says what happened instead."""
     from concurrent.futures import CancelledError
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     from dpsynth.pipelines.runners.errors import ClusterLost
     keys = ("scheduler-connection-lost\n"
             "Futures: [('dpsynth__Phase2_class_mixture-0a1b', 0)]")

@@ -179,14 +179,14 @@ def test_dask_options_reach_beam():
     from dpsynth.pipelines.runners import options
     opts = runners.pipeline_options(runners.dask_args("tcp://10.0.0.5:8786"))
     assert opts.view_as(StandardOptions).runner == \
-        "dpsynth.pipelines.runners.dask_runner.DaskRunner"
+        "dpsynth.pipelines.runners.dask.runner.DaskRunner"
     assert opts.view_as(DaskOptions).address == "tcp://10.0.0.5:8786"
     for name in ("dask", "DaskRunner",
                  "apache_beam.runners.dask.dask_runner.DaskRunner"):
         assert runners.runner_args(name) == ["--runner=DaskRunner"]
         beam = options.beam_options(["--runner", name])
         assert beam.view_as(StandardOptions).runner == \
-            "dpsynth.pipelines.runners.dask_runner.DaskRunner"
+            "dpsynth.pipelines.runners.dask.runner.DaskRunner"
     parser = argparse.ArgumentParser()
     runners.add_runner_arguments(parser)
     assert runners.beam_args_from(parser.parse_args(

@@ -436,7 +436,7 @@ def test_hosts_import_the_wheel_in_a_minimal_environment(cluster):
     def where():
         import os as os_
         import sys as sys_
-        from dpsynth.pipelines.runners import dask_runner
+        from dpsynth.pipelines.runners.dask import runner as dask_runner
         return {"file": dask_runner.__file__, "path": sys_.path,
                 "env": sorted(os_.environ), "python": sys_.executable,
                 "cwd": os_.getcwd()}

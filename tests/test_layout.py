@@ -191,7 +191,7 @@ def test_no_circle_between_the_rooms_of_a_folder():
 def test_string_imports_are_seen():
     """``options`` imports the Dask runner by name: an arrow too."""
     graph = _graph()
-    assert ("dpsynth.pipelines.runners.dask_runner"
+    assert ("dpsynth.pipelines.runners.dask.runner"
             in graph["dpsynth.pipelines.runners.options"])
     assert any(n.startswith("benchmarks.") for n in graph)
 

@@ -136,7 +136,7 @@ def test_dask_workaround_keeps_beams_bundle_function(monkeypatch,
                         "installed")
     from apache_beam.runners.dask import transform_evaluator
 
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
     monkeypatch.setattr(transform_evaluator, "apply_dofn_to_bundle",
                         _other_shape)
     dask_runner.install_workaround()
@@ -149,7 +149,7 @@ def test_dask_translations_keep_beams_translation(monkeypatch, kept_lines):
     import apache_beam as beam
     from apache_beam.runners.dask import transform_evaluator
 
-    from dpsynth.pipelines.runners import dask_runner
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
 
     class OtherParDo:  # another Beam's translation
         pass

@@ -41,6 +41,7 @@ from dpsynth.pipelines.runners import runner_names
 from dpsynth.pipelines.runners import (parallel_shutdown, skip_empty_bundles,
                                        worker_fork)
 from dpsynth.pipelines.runners.beam_patch import reads, replace_once
+from dpsynth.pipelines.runners.engine import Engine
 
 _SDK_WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
 
@@ -131,3 +132,10 @@ class _ForkingSubprocess:
             log.warning("worker fork server unavailable (%s): starting the "
                         "worker as Beam does", err)
             return subprocess.Popen(args, **kwargs)
+
+
+class DirectEngine(Engine):
+    """Beam's local runner (run as its FnApiRunner: in memory, or worker
+    processes with ``--direct_num_workers``; ``options.beam_options``)."""
+
+    name = "direct"

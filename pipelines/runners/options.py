@@ -43,7 +43,7 @@ def resolve_dask(argv: Sequence[str]) -> list[str]:
     if importlib.util.find_spec("distributed") is None:
         raise ValueError("--runner dask needs Dask: pip install "
                          "'dpsynth[dask]' (apache-beam[dask])")
-    importlib.import_module("dpsynth.pipelines.runners.dask_runner")
+    importlib.import_module("dpsynth.pipelines.runners.dask.runner")
     out, skip = [], False
     for i, arg in enumerate(argv):
         if skip:
@@ -68,7 +68,7 @@ def beam_options(beam_argv: Sequence[str]) -> PipelineOptions:
     network here: it fails, and leaves temporary folders behind), then falls
     back to Beam's FnApiRunner; dpsynth asks for the FnApiRunner directly.
     ``--runner dask`` (or Beam's DaskRunner class path) selects dpsynth's
-    ``dpsynth.pipelines.runners.dask_runner`` (deploy/README.md "Dask").
+    ``dpsynth.pipelines.runners.dask.runner`` (deploy/README.md "Dask").
     """
     dofn_specs.install()  # ~1 s less of building each job's graph
     option_views.install()  # ~0.5 s less of it

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from dpsynth.pipelines.runners import runner_names
+from dpsynth.pipelines.runners.engine import Engine
 
 INSTALL_COMMAND = "python -m dpsynth.deploy.install_engines prism"
 PRISM_NAMES = frozenset({
@@ -59,3 +60,11 @@ def with_prism_location(argv: Sequence[str]) -> list[str]:
                          f"in {binary.parent}; run `{INSTALL_COMMAND}` "
                          f"(or pass --prism_location or --job_endpoint)")
     return argv + [f"--prism_location={binary}"]
+
+
+class PrismEngine(Engine):
+    """``--runner prism``: Beam's Prism job server, the binary the operator
+    names (``--prism_location``) or the one ``install_engines`` built for
+    the installed Beam (``with_prism_location``)."""
+
+    name = "prism"

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-# dpsynth's subclass of Beam's DaskRunner (pipelines/runners/dask_runner.py): it adds
+# dpsynth's subclass of Beam's DaskRunner (pipelines/runners/dask/runner.py): it adds
 # the workaround for the upstream bug and the local cluster for trying it.
-DASK_RUNNER = "dpsynth.pipelines.runners.dask_runner.DaskRunner"
+DASK_RUNNER = "dpsynth.pipelines.runners.dask.runner.DaskRunner"
 BEAM_DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 DASK_NAMES = frozenset({"dask", "daskrunner", BEAM_DASK_RUNNER.lower(),
                         DASK_RUNNER.lower()})

@@ -14,7 +14,7 @@ returned); with ``mark`` it waits 3 s (the test acts meanwhile) and runs.
 import os
 import time
 
-from dpsynth.pipelines.runners import dask_runner
+from dpsynth.pipelines.runners.dask import runner as dask_runner
 
 ARM = "/tmp/dpsynth-fault"
 HIT = "/tmp/dpsynth-fault-hit"

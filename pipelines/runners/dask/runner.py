@@ -2,7 +2,7 @@
 
 Selected by ``--runner dask`` (or ``DaskRunner``, or Beam's class path
 ``apache_beam.runners.dask.dask_runner.DaskRunner``: ``runner_names``
-rewrites all of them to ``dpsynth.pipelines.runners.dask_runner.DaskRunner``). Needs the
+rewrites all of them to ``dpsynth.pipelines.runners.dask.runner.DaskRunner``). Needs the
 ``dask`` extra (``pip install 'dpsynth[dask]'``) here and on every worker.
 
 * ``--dask_client_address tcp://HOST:PORT`` (Beam's option) points at an
@@ -24,7 +24,7 @@ rewrites all of them to ``dpsynth.pipelines.runners.dask_runner.DaskRunner``). N
   (``check_cluster``; the launcher runs it too, before the run is
   charged, with the run's local paths, which a worker elsewhere refuses).
 * The local cluster's workers import the modules dpsynth's tasks unpickle
-  as they start (``pipelines/runners/dask_preload.py``, distributed's ``preload``),
+  as they start (``pipelines/runners/dask/preload.py``, distributed's ``preload``),
   not inside the job's first task on every worker at once.
 * Dask's loggers follow Beam's (``distributed`` sets its own to INFO when
   it is imported): quiet unless ``dpsynth generate --verbose``.
@@ -82,7 +82,7 @@ rewrites all of them to ``dpsynth.pipelines.runners.dask_runner.DaskRunner``). N
 
 Measured on Beam 2.77 with distributed 2026.8 (each figure above, from
 benchmarks/results/scaling-workers.md and the commits of this file;
-``git log -- pipelines/dask_runner.py pipelines/runners/dask_runner.py``).
+``git log -- pipelines/dask_runner.py pipelines/runners/dask/runner.py``).
 The two module-level swaps (``install_workaround``,
 ``install_translations``) check what they replace: where Beam's function
 or translation is not the one measured, Beam's own stays, with one debug
@@ -122,7 +122,7 @@ from dpsynth.pipelines.runners.machine import usable_cores
 from dpsynth.pipelines.runners import locality, source_digest
 from dpsynth.pipelines.runners.errors import ClusterLost, ClusterMismatch
 from dpsynth.pipelines.runners.beam_patch import kept, replace_once, takes
-from dpsynth.pipelines.runners import dask_compat as compat
+from dpsynth.pipelines.runners.dask import compat
 from dpsynth.transforms.progress import trace, trace_path
 
 log = logging.getLogger("dpsynth")
@@ -488,7 +488,7 @@ class _LocalCluster:
                     local_directory=self.directory,
                     scheduler_kwargs=_scheduler_kwargs(self.directory,
                                                        dashboard),
-                    preload=["dpsynth.pipelines.runners.dask_preload"])
+                    preload=["dpsynth.pipelines.runners.dask.preload"])
         except BaseException:
             _close_half_started(known)
             shutil.rmtree(self.directory, ignore_errors=True)
