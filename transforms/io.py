@@ -1180,13 +1180,18 @@ def input_schema(paths: Sequence[str], spec: InputSpec) -> tuple[int, str]:
 
 def release_schema(paths: Sequence[str], spec: InputSpec
                    ) -> tuple[int, str]:
-    """(embedding dimension, file that records it) for a release without
-    ``--embedding-dim``: only what a file's schema records (.npz header,
-    fixed-size Parquet list, with or without rows), never a row. A format
-    that records no dimension (TFRecord, a Parquet column of variable-length
-    lists) is refused whatever the files hold: taking d from the first row
-    would release a one-row input and refuse an empty one, and that
-    difference tells n = 0 from n = 1 (neighbouring datasets)."""
+    """(embedding dimension, file it was read from) for a release without
+    ``--embedding-dim``: what a file's schema records (.npz header,
+    fixed-size Parquet list, with or without rows); for a Parquet column of
+    variable-length lists (pandas and pyarrow write arrays so) the first
+    row's length, every later row checked against it. TFRecord and CSV
+    list columns are refused whatever the files hold: they record no
+    dimension.
+
+    A dimension taken from a row is the encoder's width, the same for every
+    dataset of that input; only an input without any row then differs (it
+    is refused, naming --embedding-dim). ``--embedding-dim`` releases n = 0
+    and n = 1 alike."""
     fmt = detect_format(paths[0], spec.fmt)
     if fmt == "csv":  # a header without the expected columns, named first
         with _open(paths[0]) as f:
@@ -1195,35 +1200,16 @@ def release_schema(paths: Sequence[str], spec: InputSpec
         dim = _schema_dim(path, spec)
         if dim is not None:
             return dim, path
-    if fmt == "npz" or (fmt == "parquet"
-                        and not _variable_list_column(paths[0], spec)):
-        # Malformed (no such column, not a list...): reading names it.
+    if fmt in ("npz", "parquet"):
+        # Malformed files are named by reading; a variable-length Parquet
+        # list column gives its first row's length.
         return input_schema(paths, spec)
     what = ("TFRecord input does" if fmt == "tfrecord" else
-            f"a CSV list column {spec.embedding_feature!r} does"
-            if fmt == "csv" else
-            f"a Parquet column {spec.embedding_feature!r} of "
-            "variable-length lists does")
+            f"a CSV list column {spec.embedding_feature!r} does")
     raise InputError(f"--input {spec.pattern!r}: {what} not record the "
                      "embedding dimension; pass --embedding-dim (public "
                      "configuration: taken from the data, an empty input "
                      "would fail where a one-row input is released)")
-
-
-def _variable_list_column(path: str, spec: InputSpec) -> bool:
-    """Whether the file's embedding column is a variable-length list of
-    numbers (its schema, not its rows, says so)."""
-    import pyarrow as pa
-    try:
-        with _open(path) as f:
-            schema = _parquet_schema(f)
-    except Exception:  # noqa: BLE001  (the rows' reader names the problem)
-        return False
-    _check_parquet_schema(schema, path, spec)  # a missing column, named
-    kind = schema.field(spec.embedding_feature).type
-    return ((pa.types.is_list(kind) or pa.types.is_large_list(kind))
-            and (pa.types.is_floating(kind.value_type)
-                 or pa.types.is_integer(kind.value_type)))
 
 
 def load_arrays(pattern: str, fmt: Optional[str] = None,
@@ -1280,8 +1266,8 @@ class ReadEmbeddingBlocks(beam.PTransform):
     dimension from the input: every row is checked against it, and an
     input with no rows is still a valid (empty) dataset. Without it the
     dimension is the one the first file's schema records (.npz header,
-    fixed-size Parquet list, even with no rows: ``release_schema``); other
-    formats need ``dim``, never a row's width.
+    fixed-size Parquet list, even with no rows: ``release_schema``) or, for
+    a Parquet list column, its first row's; other formats need ``dim``.
     """
 
     def __init__(self, spec: InputSpec, dim: Optional[int] = None) -> None:

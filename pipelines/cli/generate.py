@@ -88,9 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--embedding-dim", type=int,
                       help="the embedding dimension (public). Every row must "
                       "have it, and an input with no rows is still released "
-                      "(default: the .npz header or a fixed-size Parquet "
-                      "list; REQUIRED for TFRecord and variable-length "
-                      "Parquet lists, whose schema does not say it). "
+                      "(default: the .npz header, a fixed-size Parquet "
+                      "list, or the first row of a Parquet list column, "
+                      "when an empty input is refused; REQUIRED for "
+                      "TFRecord and CSV list columns, which do not say it). "
                       "--images with a "
                       "keras:/onnx: encoder: its output dimension")
     data.add_argument("--non-finite", choices=NON_FINITE_POLICIES,
