@@ -59,6 +59,8 @@ class InputOptions:
     block_size: int = 4096
     split_bytes: int = DEFAULT_SPLIT_BYTES
     embedding_dim: Optional[int] = None  # default: from the files' schema
+    # CSV/Parquet: one column per dimension, by name or glob ("f*")
+    embedding_columns: Optional[tuple[str, ...]] = None
     num_classes: Optional[int] = None  # labels 0..N-1
     labels: Optional[tuple[int, ...]] = None  # or an explicit label set
     images: Optional[ImageOptions] = None

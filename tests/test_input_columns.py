@@ -71,3 +71,69 @@ def test_embedding_dim_still_checks_a_parquet_list(tmp_path, capsys):
                      tmp_path / "out", "--embedding-dim", DIM + 1) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert "row 0" in err[-1] and f"expected {DIM + 1}" in err[-1], err
+
+
+def _table(tmp_path, ext: str, x, y) -> str:
+    """Columns id, x0..x5 (dimensions), label: as SDV or a TFX schema
+    might name them."""
+    df = pd.DataFrame({"id": np.arange(len(y))})
+    for i in range(x.shape[1]):
+        df[f"x{i}"] = x[:, i]
+    df["label"] = y
+    path = tmp_path / f"train.{ext}"
+    if ext == "csv":
+        df.to_csv(path, index=False)
+    else:
+        df.to_parquet(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("ext", ["csv", "parquet"])
+@pytest.mark.parametrize("columns, picked", [
+    ("x*", [0, 1, 2, 3, 4, 5]),   # a prefix
+    ("x[1-3]", [1, 2, 3]),        # a pattern
+    ("x5,x0", [5, 0]),            # a list, in its order
+])
+def test_embedding_columns_pick_the_named_columns(tmp_path, ext, columns,
+                                                  picked):
+    from dpsynth.transforms import io
+    x, y = _rows()
+    path = _table(tmp_path, ext, x, y)
+    spec = io.InputSpec(path, embedding_columns=tuple(columns.split(",")))
+    dim, _ = io.release_schema([path], spec)  # from the header, no row read
+    assert dim == len(picked)
+    got = np.concatenate([b[0] for b in io.read_file_blocks(path, spec, dim)])
+    np.testing.assert_allclose(got, x[:, picked])
+
+
+@pytest.mark.parametrize("ext", ["csv", "parquet"])
+def test_generate_reads_embedding_columns(tmp_path, ext):
+    x, y = _rows()
+    out = tmp_path / "out"
+    assert _generate("--input", _table(tmp_path, ext, x, y), "--num-classes",
+                     2, "--embedding-columns", "x*", "--output", out) == 0
+    assert _manifest(out)["embedding_dim"] == DIM
+
+
+@pytest.mark.parametrize("ext", ["csv", "parquet"])
+def test_an_unmatched_column_pattern_is_refused_naming_the_flag(
+        tmp_path, capsys, ext):
+    x, y = _rows()
+    out = tmp_path / "out"
+    assert _generate("--input", _table(tmp_path, ext, x, y), "--num-classes",
+                     2, "--embedding-columns", "f*", "--output", out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--embedding-columns 'f*' matches no column" \
+        in err[0], err
+    assert not out.exists()
+
+
+def test_embedding_columns_are_refused_for_npz(tmp_path, capsys):
+    x, y = _rows()
+    path = tmp_path / "train.npz"
+    np.savez(path, embeddings=x, labels=y)
+    assert _generate("--input", path, "--num-classes", 2,
+                     "--embedding-columns", "x*", "--output",
+                     tmp_path / "out") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--embedding-columns" in err[0], err
