@@ -217,6 +217,6 @@ class EvaluateSpec:
     knn_k: int = 3
     mlp: MLPOptions = MLPOptions()
     logreg_c: Optional[float] = None  # None: LogRegConfig's; 1 on the demo
-    output: str = "evaluation.json"
+    output: Optional[str] = None  # None: <release>-evaluation.json beside it
     overwrite: bool = False
     verbose: bool = False
