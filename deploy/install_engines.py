@@ -53,7 +53,10 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def beam_version() -> str:
-    """The installed Beam (light import: only its version module)."""
+    """The installed Beam. Its version module loads the whole package, so
+    through import_beam: without Beam's "apitools not found" line."""
+    from dpsynth.pipelines.quiet_beam import import_beam
+    import_beam()
     from apache_beam.version import __version__
     return __version__
 

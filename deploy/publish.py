@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from typing import Optional
 
 LATEST = "LATEST.json"  # = release.LATEST, which load_latest reads
@@ -97,7 +96,9 @@ def write_latest(output_root: str, doc: dict) -> str:
             f.write(data)
     else:
         os.makedirs(output_root, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=output_root, prefix=".latest-")
+        # The shards' mode, not mkstemp's 0600: others read the pointer too
+        from dpsynth.pipelines.release.release import open_temp
+        fd, tmp = open_temp(output_root, ".latest-")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)

@@ -42,6 +42,13 @@ __all__ = ["BudgetOptions", "EncodeSpec", "EvaluateSpec", "GenerateSpec",
            "generate", "sample"]
 
 
+def _quiet_beam() -> None:
+    """Beam's import-time "apitools not found" line, dropped as the command
+    line drops it (importing this module stays free of Beam)."""
+    from dpsynth.pipelines.quiet_beam import import_beam
+    import_beam()
+
+
 @dataclasses.dataclass(frozen=True)
 class Release:
     """A published release: its path and its manifest."""
@@ -59,6 +66,7 @@ class Release:
 def generate(spec: GenerateSpec) -> Release:
     """Runs one dpsynth job (plan, DP pipeline, atomic publication) and
     returns the published release."""
+    _quiet_beam()
     from dpsynth.pipelines import job
     from dpsynth.pipelines.release import release
     path = job.run(spec)
@@ -81,6 +89,7 @@ def encode(spec: EncodeSpec) -> dict:
     ``BadImagesError`` past ``spec.max_bad_images`` unreadable images
     (nothing is written then), and ``dpsynth.models.encoders``' ``EncoderError`` /
     ``EncoderUnavailableError``."""
+    _quiet_beam()
     from dpsynth.pipelines import encode_job
     return encode_job.run(spec)
 
@@ -103,6 +112,7 @@ def evaluate(spec: EvaluateSpec,
     private: keep it with the data owner. Raises ``ValueError`` for a bad
     spec, ``dpsynth.transforms.io.InputError`` for unreadable rows and
     ``dpsynth.pipelines.release.release.ReleaseError``, before any report is written."""
+    _quiet_beam()
     from dpsynth.pipelines.cli import evaluate as command
     return command.run(spec, progress)
 
@@ -115,6 +125,7 @@ def sample(release_path: str, output: str, rows: int, seed: int = 1,
     processing: no private data is read and nothing is charged; the new
     manifest says ``"post_processing": true`` and names the source release.
     Raises ``dpsynth.pipelines.release.sample.SampleError`` or ``ReleaseError``."""
+    _quiet_beam()
     from dpsynth.pipelines.release import sample as command
     manifest = command.run(command.SampleSpec(release_path, output, rows,
                                               seed, overwrite))

@@ -27,9 +27,28 @@ def demo_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return x[train], y[train], x[test], y[test]
 
 
+def demo_folder() -> str:
+    """This user's folder for the demo's files: ``$XDG_CACHE_HOME`` (else
+    ``~/.cache``) ``/dpsynth-demo``. Never a fixed folder in /tmp, which the
+    first account to run the demo owns (the next one cannot write there)
+    and anyone can plant files in; a fresh private temporary folder where
+    the cache is not writable. The folder is always named dpsynth-demo
+    (``evaluate`` knows a demo release by it)."""
+    base = (os.environ.get("XDG_CACHE_HOME")
+            or os.path.join(os.path.expanduser("~"), ".cache"))
+    folder = os.path.join(base, "dpsynth-demo")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        if os.access(folder, os.W_OK):
+            return folder
+    except OSError:
+        pass
+    return os.path.join(tempfile.mkdtemp(prefix="dpsynth-"), "dpsynth-demo")
+
+
 def demo_files(directory: str | None = None) -> tuple[str, str]:
     """Writes (once) and returns the demo train/test .npz paths."""
-    directory = directory or os.path.join(tempfile.gettempdir(), "dpsynth-demo")
+    directory = directory or demo_folder()
     os.makedirs(directory, exist_ok=True)
     train = os.path.join(directory, "digits-train.npz")
     test = os.path.join(directory, "digits-test.npz")

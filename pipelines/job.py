@@ -113,7 +113,8 @@ def prepare(spec: GenerateSpec) -> Job:
     release.check_output(output, out.overwrite)
     input_spec = io.InputSpec(pattern, inp.format, inp.embedding_feature,
                               inp.label_feature, tuple(labels), inp.non_finite,
-                              inp.block_size, inp.split_bytes)
+                              inp.block_size, inp.split_bytes,
+                              _column_names(inp.embedding_columns))
     if cfg.covariance != "auto":
         validate_weights(cfg.weights(), cfg.stages)
     if not inp.images:
@@ -300,6 +301,13 @@ def _budget_manifest(job: Job, spec: GenerateSpec) -> Optional[dict]:
         return None
     return {"store": spec.budget.store, "dataset_id": spec.budget.dataset_id,
             "lifetime_cap": job.lifetime_cap}
+
+
+def _column_names(columns) -> Optional[tuple[str, ...]]:
+    """--embedding-columns as a tuple (the API may pass "f*" or a list)."""
+    if columns is None:
+        return None
+    return tuple(columns.split(",")) if isinstance(columns, str) else tuple(columns)
 
 
 def _timestamp() -> str:

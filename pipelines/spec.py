@@ -59,6 +59,8 @@ class InputOptions:
     block_size: int = 4096
     split_bytes: int = DEFAULT_SPLIT_BYTES
     embedding_dim: Optional[int] = None  # default: from the files' schema
+    # CSV/Parquet: one column per dimension, by name or glob ("f*")
+    embedding_columns: Optional[tuple[str, ...]] = None
     num_classes: Optional[int] = None  # labels 0..N-1
     labels: Optional[tuple[int, ...]] = None  # or an explicit label set
     images: Optional[ImageOptions] = None
@@ -215,6 +217,6 @@ class EvaluateSpec:
     knn_k: int = 3
     mlp: MLPOptions = MLPOptions()
     logreg_c: Optional[float] = None  # None: LogRegConfig's; 1 on the demo
-    output: str = "evaluation.json"
+    output: Optional[str] = None  # None: <release>-evaluation.json beside it
     overwrite: bool = False
     verbose: bool = False

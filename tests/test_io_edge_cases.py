@@ -282,14 +282,12 @@ def _one_row_list_parquet(path) -> str:
 
 
 @pytest.mark.parametrize("writers, ext", [
-    ((_empty_tfrecord, _one_row_tfrecord), "tfrecord"),
-    ((_empty_list_parquet, _one_row_list_parquet), "parquet")])
+    ((_empty_tfrecord, _one_row_tfrecord), "tfrecord")])
 def test_without_a_recorded_dimension_n0_and_n1_fail_alike(
         tmp_path, capsys, writers, ext):
-    """TFRecord and variable-length Parquet lists do not record d: without
-    --embedding-dim an empty input and a one-row input (neighbouring
-    datasets) are refused with the same line, before any row is read; with
-    it both are released alike."""
+    """TFRecord does not record d: without --embedding-dim an empty input
+    and a one-row input (neighbouring datasets) are refused with the same
+    line, before any row is read; with it both are released alike."""
     errors, manifests = [], []
     for n, write in enumerate(writers):
         path = write(tmp_path / f"n{n}.{ext}")
@@ -305,4 +303,26 @@ def test_without_a_recorded_dimension_n0_and_n1_fail_alike(
         capsys.readouterr()
         manifests.append(json.loads((out / "_manifest.json").read_text()))
     assert errors[0] == errors[1]
+    assert _structure(manifests[0]) == _structure(manifests[1])
+
+
+def test_a_parquet_list_column_gives_d_from_its_first_row(tmp_path, capsys):
+    """A variable-length Parquet list column (issue 72): d is the first
+    row's length, so one row is released without --embedding-dim and only
+    an empty input is refused, naming the flag; with it both are released
+    alike."""
+    empty = _empty_list_parquet(tmp_path / "n0.parquet")
+    one = _one_row_list_parquet(tmp_path / "n1.parquet")
+    assert _generate("--input", one, "--num-classes", 2, "--output",
+                     tmp_path / "a", "--noise-seed", 1) == 0
+    assert _generate("--input", empty, "--num-classes", 2, "--output",
+                     tmp_path / "b") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--embedding-dim" in err[-1] and not (tmp_path / "b").exists()
+    manifests = []
+    for n, path in enumerate((empty, one)):
+        out = tmp_path / f"dim{n}"
+        assert _generate("--input", path, "--num-classes", 2, "--output", out,
+                         "--embedding-dim", 6, "--noise-seed", 1) == 0
+        manifests.append(json.loads((out / "_manifest.json").read_text()))
     assert _structure(manifests[0]) == _structure(manifests[1])

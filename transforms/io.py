@@ -61,6 +61,9 @@ class InputSpec:
     non_finite: str = "reject"
     block_size: int = 4096
     split_bytes: int = SPLIT_BYTES  # read range size (TFRecord, Parquet)
+    # CSV/Parquet: one numeric column per dimension, named or matched by
+    # glob patterns ("f*", "dim_*", "x0,x1,x2"); None: embedding_feature
+    embedding_columns: Optional[tuple[str, ...]] = None
 
     def __post_init__(self) -> None:
         if self.fmt is not None and self.fmt not in FORMATS:
@@ -71,6 +74,37 @@ class InputSpec:
             raise InputError("--block-size must be >= 1")
         if self.split_bytes < 1:
             raise InputError("--split-bytes must be >= 1")
+        if self.embedding_columns is not None and (
+                not self.embedding_columns or not all(self.embedding_columns)):
+            raise InputError("--embedding-columns needs column names or "
+                             "patterns, e.g. 'f*' or x0,x1,x2")
+
+
+def match_columns(names: Sequence[str], path: str,
+                  spec: InputSpec) -> list[str]:
+    """The embedding columns ``--embedding-columns`` picks from a file's
+    columns: each entry a name or glob pattern (fnmatch), its matches in
+    the file's order, the label column never. An entry matching nothing is
+    refused: a typo must not silently drop dimensions."""
+    import fnmatch
+    found: list[str] = []
+    for entry in spec.embedding_columns or ():
+        hits = [n for n in names if n != spec.label_feature
+                and fnmatch.fnmatchcase(n, entry)]
+        if not hits:
+            raise InputError(f"{path}: --embedding-columns {entry!r} matches "
+                             f"no column (has {_column_names(names)})")
+        found += [n for n in hits if n not in found]
+    return found
+
+
+def check_columns_format(path: str, spec: InputSpec) -> None:
+    """--embedding-columns names table columns: CSV and Parquet only."""
+    fmt = detect_format(path, spec.fmt)
+    if spec.embedding_columns and fmt not in ("csv", "parquet"):
+        raise InputError(f"--embedding-columns: {path} is {fmt} input; the "
+                         f"flag picks CSV or Parquet columns (see "
+                         f"--embedding-feature)")
 
 
 def detect_format(path: str, fmt: Optional[str] = None) -> str:
@@ -242,7 +276,7 @@ def _parquet_blocks(r: FileRange, spec: InputSpec
         except Exception as err:
             raise InputError(f"{path}: not a readable Parquet file "
                              f"({err})") from None
-        _check_parquet_schema(pf.schema_arrow, path, spec)
+        embedding = _check_parquet_schema(pf.schema_arrow, path, spec)
         if r.start == 0 and pf.metadata.num_rows == 0:
             width = _fixed_list_size(pf.schema_arrow, spec) or 0
             yield Rows(0), np.zeros((0, width)), np.zeros(0, np.int64)
@@ -253,14 +287,15 @@ def _parquet_blocks(r: FileRange, spec: InputSpec
             if r.start <= offset and (r.stop is None or offset < r.stop):
                 groups.append((i, first))
             first += group.num_rows
-        columns = [spec.embedding_feature, spec.label_feature]
+        columns = embedding + [spec.label_feature]
         for index, start in groups:
             try:
                 for batch in pf.iter_batches(batch_size=spec.block_size,
                                              row_groups=[index],
                                              columns=columns):
-                    lab = batch.column(1).to_numpy(zero_copy_only=False)
-                    emb = _list_rows(batch.column(0), path, Rows(start))
+                    lab = batch.column(len(embedding)).to_numpy(
+                        zero_copy_only=False)
+                    emb = _embedding_rows(batch, spec, path, Rows(start))
                     yield Rows(start), emb, lab
                     start += len(lab)
             except InputError:
@@ -270,8 +305,12 @@ def _parquet_blocks(r: FileRange, spec: InputSpec
                                  f"{start} ({type(err).__name__})") from None
 
 
-def _check_parquet_schema(schema, path: str, spec: InputSpec) -> None:
+def _check_parquet_schema(schema, path: str, spec: InputSpec
+                          ) -> list[str]:
+    """The embedding column(s) to read, checked against the schema."""
     import pyarrow as pa
+    if spec.embedding_columns:
+        return _parquet_scalar_columns(schema, path, spec)
     for col in (spec.embedding_feature, spec.label_feature):
         if col not in schema.names:
             raise InputError(f"{path}: no column {col!r} (has {schema.names}); "
@@ -282,6 +321,35 @@ def _check_parquet_schema(schema, path: str, spec: InputSpec) -> None:
         raise InputError(f"{path}: column {spec.embedding_feature!r} must be a "
                          f"list of floats per row, got type {emb_type} (see "
                          f"--embedding-feature)")
+    return [spec.embedding_feature]
+
+
+def _parquet_scalar_columns(schema, path: str, spec: InputSpec
+                            ) -> list[str]:
+    """--embedding-columns of a Parquet schema: numeric, one per dimension."""
+    import pyarrow as pa
+    if spec.label_feature not in schema.names:
+        raise InputError(f"{path}: no column {spec.label_feature!r} (has "
+                         f"{_column_names(schema.names)}); see --label-feature")
+    columns = match_columns(schema.names, path, spec)
+    for col in columns:
+        kind = schema.field(col).type
+        if not (pa.types.is_floating(kind) or pa.types.is_integer(kind)):
+            raise InputError(f"{path}: column {col!r} (--embedding-columns) "
+                             f"must hold one number per row, got type {kind}")
+    return columns
+
+
+def _embedding_rows(batch, spec: InputSpec, path: str,
+                    where: Rows) -> np.ndarray:
+    """[b, d] rows of a Parquet batch (its embedding columns first): one
+    column per dimension (--embedding-columns; a null value becomes NaN,
+    so --non-finite decides), else its list column."""
+    if spec.embedding_columns:
+        return _float_rows(np.column_stack([
+            batch.column(i).to_numpy(zero_copy_only=False)
+            for i in range(batch.num_columns - 1)]))
+    return _list_rows(batch.column(0), path, where)
 
 
 def _list_rows(column, path: str, where: Rows) -> np.ndarray:
@@ -376,6 +444,8 @@ def csv_embedding_columns(names: Sequence[str], path: str,
     if label not in names:
         raise InputError(f"{path}: no column {label!r} (has "
                          f"{_column_names(names)}); see --label-feature")
+    if spec.embedding_columns:
+        return match_columns(names, path, spec), False
     if feature in names:
         return [feature], True
     dims = []
@@ -1148,6 +1218,8 @@ def _fixed_list_size(schema, spec: InputSpec) -> Optional[int]:
     """The embedding column's fixed list size (None: not a fixed-size list
     of numbers, or no such column)."""
     import pyarrow as pa
+    if spec.embedding_columns:  # one column per dimension
+        return len(_parquet_scalar_columns(schema, "", spec))
     if spec.embedding_feature not in schema.names:
         return None
     kind = schema.field(spec.embedding_feature).type
@@ -1180,13 +1252,18 @@ def input_schema(paths: Sequence[str], spec: InputSpec) -> tuple[int, str]:
 
 def release_schema(paths: Sequence[str], spec: InputSpec
                    ) -> tuple[int, str]:
-    """(embedding dimension, file that records it) for a release without
-    ``--embedding-dim``: only what a file's schema records (.npz header,
-    fixed-size Parquet list, with or without rows), never a row. A format
-    that records no dimension (TFRecord, a Parquet column of variable-length
-    lists) is refused whatever the files hold: taking d from the first row
-    would release a one-row input and refuse an empty one, and that
-    difference tells n = 0 from n = 1 (neighbouring datasets)."""
+    """(embedding dimension, file it was read from) for a release without
+    ``--embedding-dim``: what a file's schema records (.npz header,
+    fixed-size Parquet list, with or without rows); for a Parquet column of
+    variable-length lists (pandas and pyarrow write arrays so) the first
+    row's length, every later row checked against it. TFRecord and CSV
+    list columns are refused whatever the files hold: they record no
+    dimension.
+
+    A dimension taken from a row is the encoder's width, the same for every
+    dataset of that input; only an input without any row then differs (it
+    is refused, naming --embedding-dim). ``--embedding-dim`` releases n = 0
+    and n = 1 alike."""
     fmt = detect_format(paths[0], spec.fmt)
     if fmt == "csv":  # a header without the expected columns, named first
         with _open(paths[0]) as f:
@@ -1195,35 +1272,16 @@ def release_schema(paths: Sequence[str], spec: InputSpec
         dim = _schema_dim(path, spec)
         if dim is not None:
             return dim, path
-    if fmt == "npz" or (fmt == "parquet"
-                        and not _variable_list_column(paths[0], spec)):
-        # Malformed (no such column, not a list...): reading names it.
+    if fmt in ("npz", "parquet"):
+        # Malformed files are named by reading; a variable-length Parquet
+        # list column gives its first row's length.
         return input_schema(paths, spec)
     what = ("TFRecord input does" if fmt == "tfrecord" else
-            f"a CSV list column {spec.embedding_feature!r} does"
-            if fmt == "csv" else
-            f"a Parquet column {spec.embedding_feature!r} of "
-            "variable-length lists does")
+            f"a CSV list column {spec.embedding_feature!r} does")
     raise InputError(f"--input {spec.pattern!r}: {what} not record the "
                      "embedding dimension; pass --embedding-dim (public "
                      "configuration: taken from the data, an empty input "
                      "would fail where a one-row input is released)")
-
-
-def _variable_list_column(path: str, spec: InputSpec) -> bool:
-    """Whether the file's embedding column is a variable-length list of
-    numbers (its schema, not its rows, says so)."""
-    import pyarrow as pa
-    try:
-        with _open(path) as f:
-            schema = _parquet_schema(f)
-    except Exception:  # noqa: BLE001  (the rows' reader names the problem)
-        return False
-    _check_parquet_schema(schema, path, spec)  # a missing column, named
-    kind = schema.field(spec.embedding_feature).type
-    return ((pa.types.is_list(kind) or pa.types.is_large_list(kind))
-            and (pa.types.is_floating(kind.value_type)
-                 or pa.types.is_integer(kind.value_type)))
 
 
 def load_arrays(pattern: str, fmt: Optional[str] = None,
@@ -1280,8 +1338,8 @@ class ReadEmbeddingBlocks(beam.PTransform):
     dimension from the input: every row is checked against it, and an
     input with no rows is still a valid (empty) dataset. Without it the
     dimension is the one the first file's schema records (.npz header,
-    fixed-size Parquet list, even with no rows: ``release_schema``); other
-    formats need ``dim``, never a row's width.
+    fixed-size Parquet list, even with no rows: ``release_schema``) or, for
+    a Parquet list column, its first row's; other formats need ``dim``.
     """
 
     def __init__(self, spec: InputSpec, dim: Optional[int] = None) -> None:
@@ -1289,6 +1347,8 @@ class ReadEmbeddingBlocks(beam.PTransform):
         self.spec = spec
         sizes = _match(spec.pattern)
         self.paths = [path for path, _ in sizes]
+        for path in self.paths:
+            check_columns_format(path, spec)
         if dim is None:
             self.dim, first = release_schema(self.paths, spec)
             # Named by the pattern: the DoFns (the job graph) carry no

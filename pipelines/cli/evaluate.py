@@ -17,9 +17,9 @@ The demo: a release made by `dpsynth generate` without --input is scored on
 the embedded demo's split with no --real-* flags (or pass --demo): the
 digits bundled with scikit-learn (1,797 8x8 images, 64 pixels / 16); a fixed
 permutation (seed 0) puts 1,437 rows (80 %) in the train file the release is
-made from and 360 (20 %) in the held-out test file, written once to the
-temporary folder (on Linux /tmp/dpsynth-demo/digits-train.npz and
-digits-test.npz). There the logistic probe uses generate's utility-line
+made from and 360 (20 %) in the held-out test file, written once to your
+cache folder (~/.cache/dpsynth-demo/digits-train.npz and digits-test.npz,
+or under $XDG_CACHE_HOME). There the logistic probe uses generate's utility-line
 settings (C=1, all synthetic rows), so both commands print the same numbers.
 
 Real rows get the release's public per-record transform (``normalize``
@@ -177,10 +177,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        classifiers.LogRegConfig().C, DEMO_LOGREG_C))
     p.add_argument("--verbose", action="store_true",
                    help="show TensorFlow's own start-up and warning lines")
-    p.add_argument("--output", default="evaluation.json",
+    p.add_argument("--output", default=None,
                    help="JSON report path; an existing file is kept unless "
-                   "--overwrite (default: ./evaluation.json, not inside the "
-                   "release: the report is not DP)")
+                   "--overwrite (default: beside what it evaluates, "
+                   "<release>-evaluation.json, never inside the release: "
+                   "the report is not DP; a gs:// release's in "
+                   "~/.cache/dpsynth-evaluations)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing --output file")
 
@@ -487,6 +489,36 @@ def load_real(flag: str, path: str, **read) -> tuple[np.ndarray, np.ndarray]:
         raise _flag_error(flag, err) from None
 
 
+def output_path(spec: EvaluateSpec) -> str:
+    """--output, else a file beside what is evaluated: never the working
+    directory, where a second evaluation of another release would find the
+    first one's report."""
+    return spec.output or default_output(spec.synthetic)
+
+
+def default_output(synthetic: str) -> str:
+    """``<release>-evaluation.json`` beside a local release (a file's or
+    glob's stem: ``syn-*.npz`` -> ``syn-evaluation.json``); a remote one's
+    (gs://) in this user's cache folder, named by its last part."""
+    import glob
+    stem = synthetic.rstrip("/")
+    if "://" not in stem:  # "." names the folder, not "./-evaluation.json"
+        stem = os.path.abspath(stem)
+    if glob.has_magic(stem):
+        stem = stem[:min(stem.index(c) for c in "*?[" if c in stem)]
+        stem = stem.rstrip("-_./")
+    elif os.path.isfile(stem):
+        stem = os.path.splitext(stem)[0]
+    if "://" in stem or not os.path.basename(stem):
+        base = (os.environ.get("XDG_CACHE_HOME")
+                or os.path.join(os.path.expanduser("~"), ".cache"))
+        folder = os.path.join(base, "dpsynth-evaluations")
+        os.makedirs(folder, exist_ok=True)
+        stem = os.path.join(folder, stem.rstrip("/").rsplit("/", 1)[-1]
+                            or "synthetic")
+    return f"{stem}-evaluation.json"
+
+
 def check_output(path: str, overwrite: bool) -> None:
     """Refuses to replace a report unless asked, before any work is done."""
     if os.path.isdir(path):
@@ -736,7 +768,7 @@ def handle(args: argparse.Namespace) -> int:
             print(f"dpsynth: error: {err}", file=sys.stderr)
             return 2
         print(format_table(report))
-        print(f"report written to {spec.output}")
+        print(f"report written to {output_path(spec)}")
         return 0
 
 
@@ -747,7 +779,8 @@ def run(spec: EvaluateSpec,
     dpsynth.pipelines.release.release.ReleaseError (before the report is written).
     ``progress`` gets one line per step."""
     say = progress or (lambda message: None)
-    check_output(spec.output, spec.overwrite)
+    output = output_path(spec)
+    check_output(output, spec.overwrite)
     models = parse_models(None if spec.models is None
                           else ",".join(spec.models))
     seeds, _ = protocol_settings(spec)
@@ -807,7 +840,7 @@ def run(spec: EvaluateSpec,
                       "normalize": norm, "clip_norm": clip, "demo": demo}
     report["labels"] = labels
     report["timings_s"]["total"] = round(time.time() - t0, 2)
-    write_report(spec.output, report)
+    write_report(output, report)
     return report
 
 

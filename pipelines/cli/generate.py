@@ -57,6 +57,14 @@ def _labels(text: str) -> list[int]:
             f"expected comma-separated integers, got {text!r}") from None
 
 
+def _columns(text: str) -> tuple[str, ...]:
+    names = tuple(v.strip() for v in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated column names or patterns, got {text!r}")
+    return names
+
+
 def _weights(text: str) -> dict:
     try:
         return parse_weights(text)
@@ -82,15 +90,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--embedding-feature", default="embedding",
                       help="TFRecord feature / Parquet column of the vector "
                       "(CSV: a list column, or columns <name>_0, <name>_1, ...)")
+    data.add_argument("--embedding-columns", type=_columns, metavar="COLS",
+                      help="CSV/Parquet: one numeric column per dimension, "
+                      "named (x0,x1,x2) or by glob pattern ('f*', 'dim_*'; "
+                      "in the file's column order, the label column never); "
+                      "instead of --embedding-feature's column(s)")
     data.add_argument("--label-feature", default="label",
                       help="TFRecord feature / Parquet or CSV column of the label "
                       "(with --images: the image TFRecords' label feature)")
     data.add_argument("--embedding-dim", type=int,
                       help="the embedding dimension (public). Every row must "
                       "have it, and an input with no rows is still released "
-                      "(default: the .npz header or a fixed-size Parquet "
-                      "list; REQUIRED for TFRecord and variable-length "
-                      "Parquet lists, whose schema does not say it). "
+                      "(default: the .npz header, a fixed-size Parquet "
+                      "list, or the first row of a Parquet list column, "
+                      "when an empty input is refused; REQUIRED for "
+                      "TFRecord and CSV list columns, which do not say it). "
                       "--images with a "
                       "keras:/onnx: encoder: its output dimension")
     data.add_argument("--non-finite", choices=NON_FINITE_POLICIES,
@@ -266,7 +280,9 @@ def spec_from_args(args: argparse.Namespace,
             embedding_feature=args.embedding_feature,
             label_feature=args.label_feature, non_finite=args.non_finite,
             block_size=args.block_size, split_bytes=args.split_bytes,
-            embedding_dim=args.embedding_dim, num_classes=args.num_classes,
+            embedding_dim=args.embedding_dim,
+            embedding_columns=args.embedding_columns,
+            num_classes=args.num_classes,
             labels=tuple(args.labels) if args.labels else None,
             images=image_options),
         generator=GeneratorOptions(**{

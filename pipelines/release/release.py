@@ -66,8 +66,8 @@ import hashlib
 import json
 import os
 import posixpath
+import secrets
 import shutil
-import tempfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Mapping, Optional
@@ -264,6 +264,22 @@ def release_root(release: str, manifest: Optional[dict] = None) -> str:
     return io.join(release, root) if root else release
 
 
+def open_temp(folder: str, prefix: str) -> tuple[int, str]:
+    """A new file with a unique name in ``folder``, opened for writing:
+    (fd, path). Unlike mkstemp's 0600 it gets the mode a plain open gives
+    (0666 less the umask), the shards' mode: a release is written for
+    others to read, and a private manifest beside readable shards locks
+    every other account out of it."""
+    for _ in range(100):
+        path = os.path.join(folder, prefix + secrets.token_hex(8))
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                           0o666), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{folder}: no free temporary name ({prefix}...)")
+
+
 def write_manifest(folder: str, manifest: dict,
                    generation: Optional[int] = None) -> str:
     """Writes ``folder/_manifest.json`` in one atomic step; returns the
@@ -284,7 +300,7 @@ def write_manifest(folder: str, manifest: dict,
             f.write(data)
         return digest
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=folder)
+    fd, tmp = open_temp(folder, _TEMP_PREFIX)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
