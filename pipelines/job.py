@@ -626,7 +626,10 @@ def _checkpoint(step: str) -> None:
 def make_reader(job: Job, spec: GenerateSpec) -> beam.PTransform:
     if spec.input.images:
         return ImageSource(spec.input.images, spec.input.embedding_dim)
-    return io.ReadEmbeddingBlocks(job.spec, dim=spec.input.embedding_dim)
+    # A charged release (a budget store) takes no dimension from a row:
+    # whether it exists must not depend on n (an empty input would fail).
+    return io.ReadEmbeddingBlocks(job.spec, dim=spec.input.embedding_dim,
+                                  dim_from_rows=spec.budget.store is None)
 
 
 def pass_names(cfg: GeneratorConfig, spec: GenerateSpec) -> list[str]:

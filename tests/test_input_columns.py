@@ -47,6 +47,23 @@ def test_a_pandas_parquet_needs_no_embedding_dim(tmp_path):
     assert _manifest(out)["embedding_dim"] == DIM
 
 
+def test_a_charged_release_takes_no_dimension_from_a_row(tmp_path, capsys):
+    """With a budget store the dimension must be public configuration: an
+    empty input would be refused where a one-row input is released, so
+    whether a charged release exists would depend on n."""
+    x, y = _rows()
+    path = _pandas_parquet(tmp_path / "train.parquet", x.astype(np.float32), y)
+    store = tmp_path / "budgets"
+    common = ("--input", path, "--num-classes", 2, "--budget-store", store,
+              "--dataset-id", "d", "--lifetime-epsilon", 10)
+    assert _generate(*common, "--output", tmp_path / "a") != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--embedding-dim" in err[0], err
+    assert "budget store" in err[0] and not (tmp_path / "a").exists()
+    assert _generate(*common, "--embedding-dim", DIM,
+                     "--output", tmp_path / "b") == 0
+
+
 @pytest.mark.parametrize("row_group_size", [None, 8])
 def test_a_parquet_row_of_another_length_is_refused_naming_it(
         tmp_path, capsys, row_group_size):

@@ -1263,7 +1263,9 @@ def release_schema(paths: Sequence[str], spec: InputSpec
     A dimension taken from a row is the encoder's width, the same for every
     dataset of that input; only an input without any row then differs (it
     is refused, naming --embedding-dim). ``--embedding-dim`` releases n = 0
-    and n = 1 alike."""
+    and n = 1 alike. ``from_rows`` False (a charged release, with a budget
+    store) takes no dimension from a row: whether such a release exists
+    then never depends on n, as for TFRecord."""
     fmt = detect_format(paths[0], spec.fmt)
     if fmt == "csv":  # a header without the expected columns, named first
         with _open(paths[0]) as f:
@@ -1272,11 +1274,13 @@ def release_schema(paths: Sequence[str], spec: InputSpec
         dim = _schema_dim(path, spec)
         if dim is not None:
             return dim, path
-    if fmt in ("npz", "parquet"):
+    if fmt == "npz" or (fmt == "parquet" and from_rows):
         # Malformed files are named by reading; a variable-length Parquet
         # list column gives its first row's length.
         return input_schema(paths, spec)
     what = ("TFRecord input does" if fmt == "tfrecord" else
+            "a Parquet column of variable-length lists charged to a budget "
+            "store does" if fmt == "parquet" else
             f"a CSV list column {spec.embedding_feature!r} does")
     raise InputError(f"--input {spec.pattern!r}: {what} not record the "
                      "embedding dimension; pass --embedding-dim (public "
@@ -1342,7 +1346,8 @@ class ReadEmbeddingBlocks(beam.PTransform):
     a Parquet list column, its first row's; other formats need ``dim``.
     """
 
-    def __init__(self, spec: InputSpec, dim: Optional[int] = None) -> None:
+    def __init__(self, spec: InputSpec, dim: Optional[int] = None,
+                 dim_from_rows: bool = True) -> None:
         super().__init__()
         self.spec = spec
         sizes = _match(spec.pattern)
@@ -1350,7 +1355,8 @@ class ReadEmbeddingBlocks(beam.PTransform):
         for path in self.paths:
             check_columns_format(path, spec)
         if dim is None:
-            self.dim, first = release_schema(self.paths, spec)
+            self.dim, first = release_schema(self.paths, spec,
+                                             dim_from_rows)
             # Named by the pattern: the DoFns (the job graph) carry no
             # private file name.
             self.dim_source = (f"the first file matching --input "
