@@ -623,6 +623,20 @@ def _checkpoint(step: str) -> None:
     inject crashes here)."""
 
 
+def _check_input_schema(job: Job, spec: GenerateSpec) -> None:
+    """The input's files and embedding dimension (what ``make_reader``
+    checks), before the budget is reserved: a refusal there charged the
+    run's epsilon for a run that read no row."""
+    if spec.input.images:
+        return
+    try:
+        make_reader(job, spec)
+    except (io.InputError, release.ReleaseError):
+        raise
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
 def make_reader(job: Job, spec: GenerateSpec) -> beam.PTransform:
     if spec.input.images:
         return ImageSource(spec.input.images, spec.input.embedding_dim)
@@ -814,6 +828,7 @@ def _run(spec: GenerateSpec) -> str:
                     "NOT differentially private. Debugging only. !!!")
     job.engine.check_before_charge(  # before anything is charged
         spec, beam_options(job.engine.beam_args))
+    _check_input_schema(job, spec)
     from dpsynth.pipelines.release import budget_store
     _check_staged_leftovers(job, spec)
     staged = None  # the recorded staged release a retry re-publishes

@@ -54,14 +54,17 @@ def test_a_charged_release_takes_no_dimension_from_a_row(tmp_path, capsys):
     x, y = _rows()
     path = _pandas_parquet(tmp_path / "train.parquet", x.astype(np.float32), y)
     store = tmp_path / "budgets"
-    common = ("--input", path, "--num-classes", 2, "--budget-store", store,
-              "--dataset-id", "d", "--lifetime-epsilon", 10)
-    assert _generate(*common, "--output", tmp_path / "a") != 0
+    common = ["generate", "--input", path, "--num-classes", "2",
+              "--budget-store", str(store), "--dataset-id", "d",
+              "--lifetime-epsilon", "10", "--accountant", "rdp"]
+    assert cli.main([*common, "--output", str(tmp_path / "a")]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--embedding-dim" in err[0], err
     assert "budget store" in err[0] and not (tmp_path / "a").exists()
-    assert _generate(*common, "--embedding-dim", DIM,
-                     "--output", tmp_path / "b") == 0
+    from dpsynth.pipelines.release import budget_store
+    assert budget_store.history(str(store), "d") == []  # nothing charged
+    assert cli.main([*common, "--embedding-dim", str(DIM),
+                     "--output", str(tmp_path / "b")]) == 0
 
 
 @pytest.mark.parametrize("row_group_size", [None, 8])

@@ -1250,8 +1250,8 @@ def input_schema(paths: Sequence[str], spec: InputSpec) -> tuple[int, str]:
                      f"noisy outputs like any other)")
 
 
-def release_schema(paths: Sequence[str], spec: InputSpec
-                   ) -> tuple[int, str]:
+def release_schema(paths: Sequence[str], spec: InputSpec,
+                   from_rows: bool = True) -> tuple[int, str]:
     """(embedding dimension, file it was read from) for a release without
     ``--embedding-dim``: what a file's schema records (.npz header,
     fixed-size Parquet list, with or without rows); for a Parquet column of
