@@ -1,0 +1,237 @@
+"""Issue 71 (release integrity, round 5), tried as an attacker would.
+
+1. A budget document older than the label rule (releases, no
+   ``label_rule``) pinned whatever rule the next run brought, so a
+   relabelling of the same records passed the cap again: it now pins
+   only a rule it can check (no class partition recorded) and otherwise
+   refuses in one line naming the admin command that sets the rule.
+4. ``load_release`` hashed each file, then opened it again to parse it: a
+   shard swapped between the two reads was returned. Each shard is now
+   read once, and the bytes hashed are the bytes parsed.
+7. The lifetime cap's delta and epsilon are bounded like a run's
+   (``MAX_DELTA``, ``MAX_EPSILON``), also when read from a document.
+8. ``dpsynth sample``: ``--rows`` bounded by what the source states; the
+   source reached through another path (a bind mount, a link) is found
+   by device and inode, not by its spelling.
+Gap: the writers' digest record rewritten with no tag at all is refused.
+Local, and gs:// on the emulator where the item touches storage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from apache_beam.io.filesystems import FileSystems
+
+from dpsynth.dp_ops.ledger import Mechanism
+from dpsynth.pipelines.release import budget_store as bs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
+
+DELTA = 1e-5
+
+
+@pytest.fixture(params=["local", "gcs"])
+def store(request, tmp_path) -> str:
+    if request.param == "local":
+        return str(tmp_path / "budgets")
+    return request.getfixturevalue("gcs").uri("budgets")
+
+
+def _mech(label: int) -> list[Mechanism]:
+    """One class's mechanism of epsilon 0.93 at delta 1e-5; two of one
+    class compose to 1.36, over the cap of 1.2 the tests use."""
+    return [Mechanism(f"class={label}/count", "moments", f"class={label}",
+                      1.0, 4.0)]
+
+
+def _document(store: str, dataset_id: str) -> dict:
+    return bs._backend(store, dataset_id).read()
+
+
+def _put_document(store: str, dataset_id: str, doc: dict) -> None:
+    """The document as an older dpsynth (or the test) left it."""
+    uri = bs._document_uri(store, dataset_id)
+    if not uri.startswith("gs://"):
+        os.makedirs(os.path.dirname(uri), exist_ok=True)
+    with FileSystems.create(uri) as f:
+        f.write(bs._dumps(doc).encode())
+
+
+# ----------------------------------------- 7. the lifetime cap's bounds
+
+@pytest.mark.parametrize("eps,delta,flag", [
+    (1.0, 0.5, "--lifetime-delta"), (1.0, 1e-3, "--lifetime-delta"),
+    (1e300, DELTA, "--lifetime-epsilon"), (1001.0, DELTA, "--lifetime-epsilon")])
+def test_a_cap_out_of_the_run_bounds_is_refused(store, eps, delta, flag):
+    with pytest.raises(ValueError) as err:
+        bs.reserve(store, "d", "r1", _mech(0), 1.0, DELTA, eps, delta)
+    assert flag in str(err.value) and "\n" not in str(err.value)
+    assert _document(store, "d") is None  # nothing written
+    with pytest.raises(ValueError, match=flag):
+        bs.set_cap(store, "d", eps, delta, "widen")
+    assert _document(store, "d") is None
+
+
+def test_a_cap_of_delta_half_admits_no_release(store):
+    """The attack: three epsilon-1 releases under a store made with
+    --lifetime-delta 0.5 (each measured 0.0000 there)."""
+    with pytest.raises(ValueError, match="--lifetime-delta"):
+        for i in range(3):
+            bs.reserve(store, "d", f"r{i}", _mech(0), 1.0, DELTA, 1.2, 0.5)
+    assert _document(store, "d") is None
+
+
+def test_a_pinned_cap_out_of_bounds_is_not_trusted(store):
+    bs.reserve(store, "d", "r0", _mech(0), 1.0, DELTA, 1.2, DELTA)
+    doc = _document(store, "d")
+    doc["lifetime_cap"]["delta"] = 0.5  # pinned by an older dpsynth
+    _put_document(store, "d", doc)
+    for run in ("r1", "r2"):
+        with pytest.raises(bs.CapConflict) as err:
+            bs.reserve(store, "d", run, _mech(0), 1.0, DELTA, None, None)
+        assert "set-cap" in str(err.value) and "\n" not in str(err.value)
+    assert _document(store, "d") == doc  # nothing charged
+    bs.set_cap(store, "d", 1.2, DELTA, "the cap of the dataset's policy")
+    with pytest.raises(bs.BudgetExceeded):
+        bs.reserve(store, "d", "r1", _mech(0), 1.0, DELTA, None, None)
+
+
+def test_budget_check_refuses_a_cap_out_of_bounds(tmp_path, capsys):
+    store = str(tmp_path / "budgets")
+    code = bs.main(["check", "--budget-store", store, "--dataset-id", "d",
+                    "--lifetime-epsilon", "1", "--lifetime-delta", "0.5",
+                    "--num-classes", "2", "--epsilon", "1"])
+    err = capsys.readouterr().err
+    assert code == 3 and "--lifetime-delta" in err and "Traceback" not in err
+    code = bs.main(["set-cap", "--budget-store", store, "--dataset-id", "d",
+                    "--lifetime-epsilon", "1e300", "--lifetime-delta", "1e-5",
+                    "--reason", "x"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--lifetime-epsilon" in err and "Traceback" not in err
+    assert not os.path.exists(bs._document_uri(store, "d"))
+
+
+@pytest.mark.parametrize("flags", [["--lifetime-delta", "0.5"],
+                                   ["--lifetime-epsilon", "1e300"]])
+def test_generate_with_a_cap_out_of_bounds_reads_nothing(
+        tmp_path, capsys, monkeypatch, flags):
+    from dpsynth.pipelines import job
+    from dpsynth.pipelines.release import release
+    from test_release_integrity import _data, _generate, _one_line_error
+    data, out = _data(tmp_path), str(tmp_path / "out")
+    store = str(tmp_path / "budgets")
+    steps: list = []
+    monkeypatch.setattr(job, "_checkpoint", steps.append)
+    capsys.readouterr()
+    rc = _generate(data, out, "--epsilon", "1", "--run-id", "r",
+                   "--budget-store", store, "--dataset-id", "d",
+                   *(["--lifetime-epsilon", "1.2"] if "0.5" in flags else []),
+                   *flags)
+    err = _one_line_error(capsys)
+    assert rc == 2 and flags[0] in err, err
+    assert "running" not in steps  # no data read
+    assert not release.release_exists(out)
+    assert release.staging_folders(out, "r") == {}
+    assert not os.path.exists(bs._document_uri(store, "d"))
+
+
+# ------------------------- 1. a document older than the label rule
+
+RULE = {"label_feature": "label", "labels": [0, 1]}
+
+
+def _legacy_document(store: str, dataset_id: str = "d") -> dict:
+    """A document as dpsynth wrote it before rules were pinned: one
+    release of class 0, no ``label_rule``."""
+    bs.reserve(store, dataset_id, "r1", _mech(0), 1.0, DELTA, 1.2, DELTA,
+               label_rule=RULE)
+    doc = _document(store, dataset_id)
+    del doc["label_rule"]
+    _put_document(store, dataset_id, doc)
+    return doc
+
+
+@pytest.mark.parametrize("rule", [
+    {"label_feature": "label2", "labels": [0, 1]},  # the relabelling
+    {"label_feature": "label", "labels": [1]}, RULE])
+def test_an_unlabelled_document_pins_no_rule_it_cannot_check(store, rule):
+    doc = _legacy_document(store)
+    with pytest.raises(bs.LabelRuleConflict) as err:
+        bs.reserve(store, "d", "r2", _mech(1), 1.0, DELTA, None, None,
+                   label_rule=rule)
+    message = str(err.value)
+    assert "\n" not in message and "nothing charged" in message
+    assert "set-label-rule" in message and "--dataset-id d" in message
+    assert _document(store, "d") == doc  # nothing pinned, nothing charged
+
+
+def test_the_admin_command_sets_the_rule_once(store, capsys):
+    _legacy_document(store)
+    base = ["set-label-rule", "--budget-store", store, "--dataset-id", "d",
+            "--label-feature", "label"]
+    # A rule missing a recorded class cannot be the one its releases used.
+    assert bs.main([*base, "--labels", "1", "--reason", "x"]) == 2
+    assert "class(es) [0]" in capsys.readouterr().err
+    assert "label_rule" not in _document(store, "d")
+    assert bs.main([*base, "--labels", "0,1", "--reason", "audit"]) == 0
+    doc = _document(store, "d")
+    assert doc["label_rule"]["label_feature"] == "label"
+    assert doc["label_rule_changes"][0]["reason"] == "audit"
+    # Now the relabelling is refused as for any pinned rule ...
+    with pytest.raises(bs.LabelRuleConflict, match="pinned"):
+        bs.reserve(store, "d", "r2", _mech(1), 1.0, DELTA, None, None,
+                   label_rule={"label_feature": "label2", "labels": [0, 1]})
+    # ... the rule is never changed by the command ...
+    assert bs.main([*base[:-1], "label2", "--labels", "0,1",
+                    "--reason", "x"]) == 2
+    assert "never changed" in capsys.readouterr().err
+    # ... and a run under the recorded rule is accounted as before.
+    bs.reserve(store, "d", "r2", _mech(1), 1.0, DELTA, None, None,
+               label_rule=dict(RULE))
+    with pytest.raises(bs.BudgetExceeded):
+        bs.reserve(store, "d", "r3", _mech(0), 1.0, DELTA, None, None,
+                   label_rule=dict(RULE))
+    # A document whose releases spent on no class can pin a rule: nothing
+    # recorded relied on one.
+    glob = [Mechanism("global/centre", "centre", "global", 1.0, 8.0)]
+    bs.reserve(store, "e", "r1", glob, 1.0, DELTA, 1.2, DELTA)
+    assert "label_rule" not in _document(store, "e")
+    bs.reserve(store, "e", "r2", _mech(0), 1.0, DELTA, None, None,
+               label_rule=RULE)
+    assert _document(store, "e")["label_rule"]["labels"] == [0, 1]
+
+
+def test_generate_relabelling_an_unlabelled_document_is_refused(
+        store, tmp_path, capsys, monkeypatch):
+    """Round 3's attack on a document older than the rule: 1.0071
+    accounted, 1.4650 true, cap 1.2."""
+    from dpsynth.pipelines import job
+    from dpsynth.pipelines.release import release
+    from test_label_rule import _generate, _two_label_table
+    data = _two_label_table(tmp_path)
+    assert _generate(data, str(tmp_path / "first"), store, "--labels", "0",
+                     "--label-feature", "label") == 0
+    doc = _document(store, "patients")
+    del doc["label_rule"]  # as an older dpsynth left it
+    _put_document(store, "patients", doc)
+    steps: list = []
+    monkeypatch.setattr(job, "_checkpoint", steps.append)
+    capsys.readouterr()
+    second = str(tmp_path / "second")
+    code = _generate(data, second, store, "--labels", "1",
+                     "--label-feature", "label2")
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "set-label-rule" in lines[0]
+    assert _document(store, "patients") == doc  # nothing charged
+    assert "running" not in steps
+    assert not release.release_exists(second)
+    assert not [p for p in os.listdir(tmp_path) if ".staging-" in p]
