@@ -235,3 +235,128 @@ def test_generate_relabelling_an_unlabelled_document_is_refused(
     assert "running" not in steps
     assert not release.release_exists(second)
     assert not [p for p in os.listdir(tmp_path) if ".staging-" in p]
+
+
+# ------------------------------------------------------ 8. dpsynth sample
+
+@pytest.fixture(scope="module")
+def sample_source(tmp_path_factory) -> str:
+    from dpsynth.pipelines import cli
+    out = str(tmp_path_factory.mktemp("round5-sample") / "source")
+    assert cli.main(["generate", "--output", out, "--noise-seed", "3"]) == 0
+    return out
+
+
+def _tree(path) -> dict:
+    out = {}
+    for folder, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(folder, name)
+            with open(full, "rb") as f:
+                out[os.path.relpath(full, path)] = f.read()
+    return out
+
+
+def _no_huge_draw(monkeypatch) -> None:
+    """The old code listed 1e20 rows' shards until memory ran out: fail
+    fast instead of growing."""
+    from dpsynth.transforms import write
+    real = write.shard_bounds
+
+    def bounds(total, rows_per_shard):
+        assert total <= 10**9, f"drew {total} rows of one class"
+        return real(total, rows_per_shard)
+    monkeypatch.setattr(write, "shard_bounds", bounds)
+
+
+def test_sample_rows_are_bounded_in_one_line(sample_source, tmp_path,
+                                             capsys, monkeypatch):
+    from dpsynth.dp_ops import config
+    from dpsynth.pipelines import cli
+    from dpsynth.pipelines.release import sample
+    assert sample.MAX_SAMPLES_PER_CLASS == config.MAX_SAMPLES_PER_CLASS
+    assert sample.MAX_ROWS == config.MAX_SAMPLES_PER_CLASS * config.MAX_CLASSES
+    _no_huge_draw(monkeypatch)
+    out = tmp_path / "more"
+    classes = len(json.loads(Path(sample_source, "_manifest.json")
+                             .read_text())["classes"])
+    for rows in ("99999999999999999999",  # the report's
+                 str(10**9 * classes + 1)):  # more than the source holds
+        capsys.readouterr()
+        try:
+            code = cli.main(["sample", sample_source, "--rows", rows,
+                             "--output", str(out)])
+        except SystemExit as stop:  # argparse's own one line
+            code = stop.code
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and "--rows" in err, err
+        assert len(err.splitlines()) == 1 or err.splitlines()[-1].startswith(
+            "dpsynth sample: error: argument --rows"), err
+        assert not out.exists()
+        assert not [p for p in os.listdir(tmp_path) if ".staging-" in p]
+
+
+def _alias(monkeypatch, tmp_path: Path, target: Path) -> Path:
+    """A second path to ``target`` that its spelling does not reveal: a
+    link whose resolution the spelling check is not allowed to see (as a
+    bind mount, which realpath cannot see either)."""
+    from dpsynth.pipelines.release import release
+    alias = tmp_path / "alias"
+    alias.symlink_to(target)
+    real = release._path_forms
+    monkeypatch.setattr(release, "_path_forms", lambda p: {
+        os.path.abspath(p.removeprefix("file://"))}
+        if release.is_local(p) or p.startswith("file://") else real(p))
+    return alias
+
+
+@pytest.mark.parametrize("where", ["self", "parent", "inside"])
+def test_sample_output_through_another_path_to_the_source_is_refused(
+        sample_source, tmp_path, monkeypatch, where):
+    import shutil
+    from dpsynth.pipelines.release import sample
+    src = tmp_path / "area" / "rel"
+    src.parent.mkdir()
+    shutil.copytree(sample_source, src)
+    before = _tree(tmp_path / "area")
+    alias = _alias(monkeypatch, tmp_path, src.parent)
+    output = {"self": alias / "rel", "parent": alias,
+              "inside": alias / "rel" / "inside"}[where]
+    _no_huge_draw(monkeypatch)
+    with pytest.raises(sample.SampleError, match="source release") as err:
+        sample.run(sample.SampleSpec(str(src), str(output), 10,
+                                     overwrite=True))
+    assert "\n" not in str(err.value)
+    assert _tree(tmp_path / "area") == before  # the source is untouched
+    # A sibling through the same alias is fine.
+    sample.run(sample.SampleSpec(str(src), str(alias / "rel-2"), 10))
+
+
+def test_sample_through_a_real_bind_mount_is_refused(sample_source,
+                                                     tmp_path):
+    """The report's attack, with a real bind mount in a private mount
+    namespace (skipped where unshare/mount are not allowed)."""
+    import shutil
+    import subprocess
+    src = tmp_path / "area" / "rel"
+    src.parent.mkdir()
+    shutil.copytree(sample_source, src)
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    probe = subprocess.run(["unshare", "-m", "sh", "-c",
+                            f"mount --bind {src.parent} {mount}"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("no private mount namespace here")
+    before = _tree(tmp_path / "area")
+    code = ("import sys; from dpsynth.pipelines import cli; "
+            f"sys.exit(cli.main(['sample', {str(src)!r}, '--rows', '10', "
+            f"'--output', {str(mount / 'rel')!r}, '--overwrite']))")
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c",
+         f"mount --bind {src.parent} {mount} && exec {sys.executable} "
+         f"-c \"{code}\""], capture_output=True, text=True, timeout=300)
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr
+    assert "source release" in errors[0]
+    assert _tree(tmp_path / "area") == before
