@@ -360,3 +360,62 @@ def test_sample_through_a_real_bind_mount_is_refused(sample_source,
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr
     assert "source release" in errors[0]
     assert _tree(tmp_path / "area") == before
+
+
+# ------------------------- gap: the writers' record rewritten with no tag
+
+def test_a_record_without_its_tag_is_refused(tmp_path):
+    import hashlib
+    from dpsynth.transforms import digests
+    staging, key = str(tmp_path / "s"), os.urandom(32)
+    os.makedirs(staging)
+    files = {"data/a": {"bytes": 3,
+                        "sha256": hashlib.sha256(b"abc").hexdigest()}}
+    digests.put_record(staging, files, key)
+    record = json.loads(Path(staging, digests.RECORD).read_text())
+    for drop in ("hmac_sha256", None):
+        doc = dict(record, files={"data/a": {"bytes": 3, "sha256": "0" * 64}})
+        if drop:
+            del doc[drop]
+        else:
+            doc["hmac_sha256"] = None  # a tag of the wrong type
+        Path(staging, digests.RECORD).write_text(json.dumps(doc))
+        with pytest.raises(digests.ForgedRecord):
+            digests.read_record(staging, key)
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_shards_and_an_untagged_record_are_never_published(
+        monkeypatch, tmp_path, capsys, request, where):
+    """The attacker of test_written_digests, who kept the tag, here drops
+    it: the shards rewritten with real rows and the record rewritten to
+    list them, with no tag at all."""
+    from dpsynth.pipelines import job
+    from dpsynth.pipelines.release import release
+    from dpsynth.transforms import digests
+    from test_written_digests import (RUN, _data, _everything_under,
+                                      _generate, _one_line_error, _put,
+                                      _rewrite_shards, _store, _where)
+    data = _data(tmp_path)
+    out, store = _where(tmp_path, request, where)
+    planted: dict = {}
+
+    def checkpoint(step):
+        if step != "pipeline-done":
+            return
+        for folder in release.staging_folders(out, RUN).values():
+            planted.update(_rewrite_shards(folder, data))
+            files = release.file_digests(folder)
+            files.pop(digests.RECORD, None)
+            _put(folder, digests.RECORD, json.dumps(
+                {"format": digests._FORMAT, "files": files}).encode())
+    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    capsys.readouterr()
+    rc = _generate(data, out, *_store(store))
+    assert planted, "the attack found no staged shard"
+    err = _one_line_error(capsys)
+    assert rc == 2 and "not written by this run's workers" in err, err
+    assert not release.release_exists(out)
+    (entry,) = bs.history(store, "d")
+    assert entry["status"] == bs.FAILED  # refused, its spend stays
+    assert not set(planted.values()) & set(_everything_under(out))
