@@ -419,3 +419,72 @@ def test_shards_and_an_untagged_record_are_never_published(
     (entry,) = bs.history(store, "d")
     assert entry["status"] == bs.FAILED  # refused, its spend stays
     assert not set(planted.values()) & set(_everything_under(out))
+
+
+# ---------------------------- 4. readers parse the bytes they verified
+
+def _swap_between_check_and_parse(monkeypatch, where: str, root: str,
+                                  data: Path, planted: dict) -> None:
+    """The attacker swaps every shard (same size, real input rows) once
+    the reader has checked it: locally right after the first read of a
+    shard (which gets the release's own bytes), on gs:// right after the
+    listing whose md5s vouched for the objects."""
+    from dpsynth.pipelines.release import release
+    from test_written_digests import _rewrite_shards
+
+    started: list = []
+
+    def swap() -> None:
+        if not started:
+            started.append(True)
+            planted.update(_rewrite_shards(root, data))
+    if where == "gcs":
+        real_list = release._stored_md5s
+
+        def listed(folder):
+            found = real_list(folder)
+            swap()
+            return found
+        monkeypatch.setattr(release, "_stored_md5s", listed)
+        return
+    real_open = FileSystems.open
+
+    def open_(path, *args, **kwargs):
+        if "/data/" not in path or started:
+            return real_open(path, *args, **kwargs)
+        import io as stdio
+        with real_open(path, *args, **kwargs) as f:
+            body = f.read()
+        swap()
+        return stdio.BytesIO(body)
+    monkeypatch.setattr(FileSystems, "open", staticmethod(open_))
+
+
+@pytest.mark.parametrize("reader", ["load_release", "load_latest"])
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_shard_swapped_after_its_check_is_never_returned(
+        tmp_path, request, monkeypatch, where, reader):
+    from dpsynth.pipelines.release import release
+    from test_written_digests import _data, _generate, _put, _where
+    data = _data(tmp_path)
+    out, _ = _where(tmp_path, request, where)
+    assert _generate(data, out, "--epsilon", "1") == 0
+    x0, y0, _ = release.load_release(out)
+    base = out.rsplit("/", 1)[0]
+    _put(base, "LATEST.json", json.dumps(
+        {"release": out,
+         "manifest_sha256": release.manifest_digest(out)}).encode())
+    planted: dict = {}
+    _swap_between_check_and_parse(monkeypatch, where,
+                                  release.release_root(out), data, planted)
+    try:
+        if reader == "load_release":
+            x, y, _ = release.load_release(out)
+        else:
+            x, y, _ = release.load_latest(base)
+    except release.ReleaseChanged as err:
+        assert "differs" in str(err)
+    else:  # read: then exactly the release, never the swapped rows
+        np.testing.assert_array_equal(x, x0)
+        np.testing.assert_array_equal(y, y0)
+    assert planted, "the attack swapped nothing"
