@@ -423,39 +423,49 @@ def test_shards_and_an_untagged_record_are_never_published(
 
 # ---------------------------- 4. readers parse the bytes they verified
 
+def _same_size_fake(name: str, body: bytes, data: Path) -> bytes:
+    """``body`` (a TFRecord shard) as real input rows of its class, the
+    same number of rows: the same size, so only the sha256 tells."""
+    from dpsynth.transforms import write
+    from test_written_digests import _real_rows
+    x, y = _real_rows(data)
+    label = int(name.split("class")[1].split("-")[0])
+    per_row = write.record_bytes(x.shape[1], label)
+    rows = np.resize(x[y == label], (len(body) // per_row, x.shape[1]))
+    fake = write.tfrecord_bytes(rows, label)
+    assert len(fake) == len(body) and fake != body
+    return fake
+
+
 def _swap_between_check_and_parse(monkeypatch, where: str, root: str,
                                   data: Path, planted: dict) -> None:
-    """The attacker swaps every shard (same size, real input rows) once
-    the reader has checked it: locally right after the first read of a
-    shard (which gets the release's own bytes), on gs:// right after the
-    listing whose md5s vouched for the objects."""
+    """The attacker swaps shards (same size, real input rows) once the
+    reader has checked them: locally the first shard read, right after
+    that read (which gets the release's own bytes); on gs:// every shard,
+    right after the listing whose md5s vouched for the objects."""
     from dpsynth.pipelines.release import release
-    from test_written_digests import _rewrite_shards
-
-    started: list = []
-
-    def swap() -> None:
-        if not started:
-            started.append(True)
-            planted.update(_rewrite_shards(root, data))
+    from test_written_digests import _put, _rewrite_shards
     if where == "gcs":
         real_list = release._stored_md5s
 
         def listed(folder):
             found = real_list(folder)
-            swap()
+            if not planted:
+                planted.update(_rewrite_shards(root, data))
             return found
         monkeypatch.setattr(release, "_stored_md5s", listed)
         return
     real_open = FileSystems.open
 
     def open_(path, *args, **kwargs):
-        if "/data/" not in path or started:
+        if "/data/" not in path or planted:
             return real_open(path, *args, **kwargs)
         import io as stdio
         with real_open(path, *args, **kwargs) as f:
             body = f.read()
-        swap()
+        name = path[len(root.rstrip("/")) + 1:]
+        planted[name] = _same_size_fake(name, body, data)
+        _put(root, name, planted[name])
         return stdio.BytesIO(body)
     monkeypatch.setattr(FileSystems, "open", staticmethod(open_))
 
@@ -477,14 +487,13 @@ def test_a_shard_swapped_after_its_check_is_never_returned(
     planted: dict = {}
     _swap_between_check_and_parse(monkeypatch, where,
                                   release.release_root(out), data, planted)
-    try:
-        if reader == "load_release":
-            x, y, _ = release.load_release(out)
-        else:
-            x, y, _ = release.load_latest(base)
-    except release.ReleaseChanged as err:
-        assert "differs" in str(err)
-    else:  # read: then exactly the release, never the swapped rows
+    read = ((lambda: release.load_release(out)) if reader == "load_release"
+            else (lambda: release.load_latest(base)))
+    if where == "gcs":  # every object changed after the listing
+        with pytest.raises(release.ReleaseChanged, match="differs"):
+            read()
+    else:  # the bytes checked are the bytes parsed: exactly the release
+        x, y, _ = read()
         np.testing.assert_array_equal(x, x0)
         np.testing.assert_array_equal(y, y0)
     assert planted, "the attack swapped nothing"
