@@ -255,6 +255,42 @@ MUTATIONS: tuple[Mutation, ...] = (
              ("tests/test_dask.py::test_one_file_is_read_by_both_workers",)),
 )
 
+# Issue 71 (round 5): the store, the readers and `dpsynth sample`.
+ROUND5 = "tests/test_release_round5.py::"
+MUTATIONS += (
+    Mutation("unlabelled-store-pins-any-rule",
+             "pipelines/release/budget_store.py:_pin_label_rule",
+             "        _check_unlabelled(doc, store_uri, rule)\n", "",
+             (ROUND5 + "test_an_unlabelled_document_pins_no_rule_it_cannot_"
+              "check[local-rule0]",)),
+    Mutation("lifetime-delta-unbounded",
+             "pipelines/release/budget_store.py:_check_cap",
+             "    if not 0 < lifetime_delta <= MAX_DELTA:  # also rejects NaN\n",
+             "    if not 0 < lifetime_delta < 1:\n",
+             (ROUND5 + "test_a_cap_of_delta_half_admits_no_release[local]",)),
+    Mutation("lifetime-epsilon-unbounded",
+             "pipelines/release/budget_store.py:_check_cap",
+             "            and 0 < lifetime_epsilon <= MAX_EPSILON):",
+             "            and 0 < lifetime_epsilon):",
+             (ROUND5 + "test_a_cap_out_of_the_run_bounds_is_refused"
+              "[local-1001.0-1e-05---lifetime-epsilon]",)),
+    Mutation("reader-parses-a-second-read",
+             "pipelines/release/release.py:_all_blocks",
+             "                    for x, y in blocks_of(copy)]\n",
+             "                    for x, y in blocks_of(shard)]\n",
+             (ROUND5 + "test_a_shard_swapped_after_its_check_is_never_"
+              "returned[local-load_release]",)),
+    Mutation("sample-overlap-by-spelling-only",
+             "pipelines/release/sample.py:_check_apart",
+             "            or _same_tree(source, output)):", "            ):",
+             (ROUND5 + "test_sample_output_through_another_path_to_the_"
+              "source_is_refused[self]",)),
+    Mutation("sample-rows-unbounded-by-source",
+             "pipelines/release/sample.py:run",
+             "    _check_rows(spec, len(mixes))\n", "",
+             (ROUND5 + "test_sample_rows_are_bounded_in_one_line",)),
+)
+
 # Mutations whose catching tests are not written yet (none today).
 PENDING: tuple[Mutation, ...] = ()
 

@@ -22,7 +22,10 @@ Label rule. The rule that makes a record's class (the label feature, or
 the class folders in label order, and the label set) is pinned in the
 document by the dataset's first release; a run under another rule is
 refused (``LabelRuleConflict``), since classes of two rules are not
-disjoint.
+disjoint. A document written before rules were pinned, whose releases
+spent on classes, pins no rule a run brings (it could not be checked
+against those releases): the logged admin command ``... budget_store
+set-label-rule ... --reason`` records it once.
 
 Accounting. All recorded mechanisms plus the new ones are put in one
 ``dpsynth.dp_ops.ledger.PrivacyLedger`` and composed by its ``spent_epsilon``: within a
@@ -310,6 +313,7 @@ def _cap_for_run(doc: dict, store_uri: str, epsilon: Optional[float],
     if "lifetime_cap" not in doc:  # a document from before caps were pinned
         doc["lifetime_cap"] = dict(pinned, set_at=_now())
     cap_eps, cap_delta = pinned["epsilon"], pinned["delta"]
+    _check_pinned_cap(cap_eps, cap_delta, where)
     if delta is not None and not math.isclose(delta, cap_delta, rel_tol=1e-12):
         raise CapConflict(
             f"{where}: --lifetime-delta {delta:g} differs from the dataset's "
@@ -321,6 +325,18 @@ def _cap_for_run(doc: dict, store_uri: str, epsilon: Optional[float],
             f"pinned lifetime cap {cap_eps:g}; a run cannot widen it (an "
             "administrator can: `python -m dpsynth.pipelines.release.budget_store set-cap`)")
     return (cap_eps if epsilon is None else float(epsilon)), cap_delta
+
+
+def _check_pinned_cap(epsilon, delta, where: str) -> None:
+    """A cap pinned before the bounds (a lifetime delta of 0.5) or edited
+    is refused rather than trusted; the admin command replaces it."""
+    try:
+        _check_cap(float(epsilon), float(delta))
+    except (TypeError, CapConflict) as err:
+        raise CapConflict(
+            f"{where}: the pinned lifetime cap is out of bounds ({err}); "
+            "nothing was charged. Replace it with `python -m "
+            "dpsynth.pipelines.release.budget_store set-cap`") from None
 
 
 def _pin_label_rule(doc: dict, store_uri: str,
@@ -342,6 +358,7 @@ def _pin_label_rule(doc: dict, store_uri: str,
     rule = json.loads(json.dumps(rule, sort_keys=True))  # plain JSON
     pinned = doc.get("label_rule")
     if pinned is None:
+        _check_unlabelled(doc, store_uri, rule)
         doc["label_rule"] = dict(rule, set_at=_now())
         return
     if {k: v for k, v in pinned.items() if k != "set_at"} != rule:
@@ -351,6 +368,81 @@ def _pin_label_rule(doc: dict, store_uri: str,
             f"(pinned by its first release), not {_rule_text(rule)}; classes "
             "compose in parallel only under one label rule, so this run is "
             "refused and nothing was charged")
+
+
+def _check_unlabelled(doc: dict, store_uri: str, rule: dict) -> None:
+    """A document without a rule may pin one only if no recorded release
+    relied on classes: one written before rules were pinned has class
+    releases under a rule it never recorded, and pinning whatever the next
+    run brings would let a relabelling pass the cap again (1.007 accounted,
+    1.465 true). The partitions name the classes, not the label feature,
+    so the rule cannot be derived: an administrator states it once."""
+    classes = _recorded_classes(doc)
+    if not classes:
+        return
+    dataset_id = doc["dataset_id"]
+    where = _document_uri(store_uri, dataset_id)
+    labels = ",".join(str(v) for v in rule.get("labels", []))
+    how = (f"--class-folders {','.join(rule['class_folders'])}"
+           if "class_folders" in rule
+           else f"--label-feature {rule.get('label_feature')}")
+    raise LabelRuleConflict(
+        f"{where}: dataset {dataset_id!r} has {len(doc['releases'])} "
+        "release(s) recorded before label rules were pinned, so this run's "
+        f"rule ({_rule_text(rule)}) cannot be checked; refused, nothing "
+        "charged. If those releases used this rule, record it once: python "
+        "-m dpsynth.pipelines.release.budget_store set-label-rule "
+        f"--budget-store {store_uri} --dataset-id {dataset_id} {how} "
+        f"--labels {labels} --reason '...'")
+
+
+def _recorded_classes(doc: dict) -> set[int]:
+    """The labels of every class partition a recorded attempt spent on."""
+    found = set()
+    for entry in doc.get("releases", []):
+        for m in entry.get("mechanisms", []):
+            part = str(m.get("partition", ""))
+            label = part[len("class="):]
+            if part.startswith("class=") and label.lstrip("-").isdigit():
+                found.add(int(label))
+    return found
+
+
+def set_label_rule(store_uri: str, dataset_id: str, rule: dict,
+                   reason: str, by: str = "") -> dict:
+    """Admin: records the label rule of a dataset whose document has none
+    (written before rules were pinned), and why and by whom. A pinned rule
+    is never changed (classes of two rules overlap); a rule whose label set
+    misses a recorded class cannot be the one those releases used."""
+    _check_ids(dataset_id)
+    if not reason.strip():
+        raise ValueError("set-label-rule needs a non-blank --reason: the "
+                         "change is kept in the store for audits")
+    rule = json.loads(json.dumps(rule, sort_keys=True))
+    change: dict = {}
+
+    def update(doc: Optional[dict], now: float) -> dict:
+        doc = _new_document(dataset_id) if doc is None else doc
+        where = _document_uri(store_uri, dataset_id)
+        if doc.get("label_rule") is not None:
+            raise LabelRuleConflict(
+                f"{where}: dataset {dataset_id!r} already has its label rule "
+                f"({_rule_text(doc['label_rule'])}); it is never changed")
+        missing = sorted(_recorded_classes(doc) - set(rule["labels"]))
+        if missing:
+            raise LabelRuleConflict(
+                f"{where}: recorded releases spent on class(es) {missing}, "
+                f"which --labels {rule['labels']} does not hold: not the "
+                "rule they used")
+        doc["label_rule"] = dict(rule, set_at=_now())
+        change.clear()
+        change.update({"at": _now(), "by": by, "reason": reason,
+                       "rule": dict(rule)})
+        doc.setdefault("label_rule_changes", []).append(dict(change))
+        return doc
+
+    _transact(store_uri, dataset_id, update)
+    return change
 
 
 def _rule_text(rule: dict) -> str:
@@ -760,14 +852,22 @@ def _check_ids(dataset_id: str, run_id: Optional[str] = None) -> None:
 
 
 def _check_cap(lifetime_epsilon: float, lifetime_delta: float) -> None:
-    if not (math.isfinite(lifetime_epsilon) and lifetime_epsilon > 0):
+    """The cap's bounds are the per-run bounds (``dpsynth.dp_ops.config``):
+    epsilon at most MAX_EPSILON, delta far below 1/n, i.e. at most
+    MAX_DELTA (n is private, so the bound is that public constant; a
+    lifetime delta of 0.5 made every release fit at epsilon 0).
+    ``CapConflict``: generate reports it in one line, nothing read."""
+    from dpsynth.dp_ops.config import MAX_DELTA, MAX_EPSILON
+    if not (math.isfinite(lifetime_epsilon)
+            and 0 < lifetime_epsilon <= MAX_EPSILON):
         # inf would be no cap at all (and is not valid JSON).
-        raise ValueError(
-            f"--lifetime-epsilon must be a finite number > 0, got "
-            f"{lifetime_epsilon}")
-    if not 0 < lifetime_delta < 1:
-        raise ValueError(
-            f"--lifetime-delta must be in (0, 1), got {lifetime_delta}")
+        raise CapConflict(
+            f"--lifetime-epsilon must be a finite number in (0, "
+            f"{MAX_EPSILON:g}], got {lifetime_epsilon:g}")
+    if not 0 < lifetime_delta <= MAX_DELTA:  # also rejects NaN
+        raise CapConflict(
+            f"--lifetime-delta must be in (0, {MAX_DELTA:g}] (delta "
+            f"must be far below 1/n, like --delta), got {lifetime_delta:g}")
 
 
 def _validate(doc: dict, where: str) -> dict:
@@ -979,7 +1079,7 @@ def _epsilon_flag(text: str) -> float:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dpsynth.pipelines.release.budget_store")
     sub = p.add_subparsers(dest="command", required=True)
-    for name in ("show", "check", "set-cap"):
+    for name in ("show", "check", "set-cap", "set-label-rule"):
         s = sub.add_parser(name)
         s.add_argument("--budget-store", required=True)
         s.add_argument("--dataset-id", required=True)
@@ -1011,17 +1111,38 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--lifetime-delta", type=float, required=True)
     s.add_argument("--reason", required=True,
                    help="why the cap changes (kept in the store)")
+    r = sub.choices["set-label-rule"]
+    by = r.add_mutually_exclusive_group(required=True)
+    by.add_argument("--label-feature", default=None)
+    by.add_argument("--class-folders", default=None,
+                    type=lambda t: t.split(","),
+                    help="the class folders in label order, comma-separated")
+    r.add_argument("--labels", required=True, type=_labels_flag)
+    r.add_argument("--reason", required=True,
+                   help="why this is the rule of the recorded releases "
+                   "(kept in the store)")
     return p
 
 
+def _labels_flag(text: str) -> list[int]:
+    try:
+        return sorted(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integer labels: {text!r}") from None
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m dpsynth.pipelines.release.budget_store {show,check,set-cap} ...``.
+    """``python -m dpsynth.pipelines.release.budget_store {show,check,
+    set-cap,set-label-rule} ...``.
 
     ``show`` prints the history and the lifetime epsilon; ``check`` is the
     pre-flight of a scheduled run: exit 0 if a release with the planned
     mechanisms would fit under the pinned cap, 3 if not (nothing is written;
     the authoritative reservation is made by the run itself); ``set-cap`` is
-    the administrator's logged change of the pinned cap.
+    the administrator's logged change of the pinned cap; ``set-label-rule``
+    records the label rule of a document written before rules were
+    pinned.
     """
     args = _parser().parse_args(argv)
     try:
@@ -1044,6 +1165,8 @@ def handle(args: argparse.Namespace) -> int:
               f"{by or 'unknown'}: {args.reason}", file=sys.stderr)
         print(json.dumps(change, indent=1))
         return 0
+    if args.command == "set-label-rule":
+        return _set_label_rule(args)
     entries = history(args.budget_store, args.dataset_id)
     cap = pinned_cap(args.budget_store, args.dataset_id)
     delta = (args.lifetime_delta or (cap or {}).get("delta")
@@ -1067,6 +1190,19 @@ def handle(args: argparse.Namespace) -> int:
         labels=tuple(args.labels) if args.labels else None,
         mechanisms_json=args.mechanisms_json)
     return _check(planned, entries, cap, delta, report)
+
+
+def _set_label_rule(args: argparse.Namespace) -> int:
+    by = os.environ.get("USER") or os.environ.get("LOGNAME") or ""
+    rule = ({"class_folders": list(args.class_folders)} if args.class_folders
+            else {"label_feature": args.label_feature})
+    change = set_label_rule(args.budget_store, args.dataset_id,
+                            dict(rule, labels=args.labels), args.reason, by)
+    print(f"budget store: dataset {args.dataset_id!r} label rule set to "
+          f"{_rule_text(change['rule'])} by {by or 'unknown'}: {args.reason}",
+          file=sys.stderr)
+    print(json.dumps(change, indent=1))
+    return 0
 
 
 @dataclasses.dataclass(frozen=True)

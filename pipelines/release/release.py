@@ -38,7 +38,8 @@ staged files back, which someone writing beside --output may have
 rewritten by then. Publishing checks the staged files against it
 before placing anything and the placed copies before the switch, so a
 swapped, truncated, added or deleted file is never published
-(``ReleaseChanged``); ``load_release`` checks the files it reads too, and
+(``ReleaseChanged``); ``load_release`` checks the files it reads too (each
+shard read once: the bytes it hashes are the bytes it parses), and
 with ``manifest_sha256`` the manifest itself (``LATEST.json`` records the
 verified one's digest: ``load_latest``).
 
@@ -890,20 +891,78 @@ def _shard_reader(manifest: dict):
     return read
 
 
-def _all_blocks(path: str, manifest: dict, dtype: type
-                ) -> tuple[list, list]:
+def _all_blocks(path: str, manifest: dict, dtype: type,
+                checked: bool = False) -> tuple[list, list]:
     """Every block of the release as (x as ``dtype``, y) lists, in the
     files' order. The shards are read on as many threads as there are
     usable cores (Arrow's decoding and numpy's conversions release the
-    GIL); they hold float32, which the reader hands over as it is."""
+    GIL); they hold float32, which the reader hands over as it is.
+    ``checked``: each shard is read once and the bytes parsed are the bytes
+    checked against the manifest (``_checked_copy``)."""
     blocks_of = _shard_reader(manifest)
+    root = release_root(path, manifest)
 
     def read(shard: str) -> list:
-        return [(x.astype(dtype, copy=False), y) for x, y in blocks_of(shard)]
+        if not checked:
+            return [(x.astype(dtype, copy=False), y)
+                    for x, y in blocks_of(shard)]
+        with _checked_copy(shard, root, manifest["files"]) as copy:
+            return [(x.astype(dtype, copy=False), y)
+                    for x, y in blocks_of(copy)]
     with ThreadPoolExecutor(usable_cores()) as pool:
-        blocks = [b for shard in pool.map(read, release_files(path, manifest))
-                  for b in shard]
+        futures = [pool.submit(read, shard)
+                   for shard in release_files(path, manifest)]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:  # a changed file explains another shard's parse error
+        raise next((e for e in errors if isinstance(e, ReleaseChanged)),
+                   errors[0])
+    blocks = [b for f in futures for b in f.result()]
     return [b[0] for b in blocks], [b[1] for b in blocks]
+
+
+@contextlib.contextmanager
+def _checked_copy(shard: str, root: str, files: dict) -> Iterator[str]:
+    """A private copy of ``shard``'s bytes, read once and checked against
+    its manifest entry (size, sha256) before it is parsed: hashing a file
+    and then opening it again to parse it reads whatever is there by then
+    (a shard swapped between the two reads was returned as the release).
+    On gs:// too the bytes hashed are the bytes parsed, whichever
+    generation they came from."""
+    name = shard[len(root.rstrip("/")) + 1:]
+    entry = files.get(name)
+    with FileSystems.open(shard, compression_type="uncompressed") as f:
+        data = f.read()
+    if (not isinstance(entry, dict) or len(data) != entry.get("bytes")
+            or hashlib.sha256(data).hexdigest() != entry.get("sha256")):
+        raise ReleaseChanged(f"{root}: {name} differs (sha256) as read: its "
+                             "files are not the ones its manifest lists")
+    folder = tempfile.mkdtemp(prefix="dpsynth-read-")  # ours only (0700)
+    try:
+        copy = os.path.join(folder, posixpath.basename(shard))
+        with open(copy, "wb") as f:
+            f.write(data)
+        del data
+        yield copy
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _verify_for_reading(path: str, manifest: dict) -> bool:
+    """``verify_release`` less the shards' contents, which the reader
+    checks on the very bytes it parses; returns whether it will (False: a
+    release made before manifests listed files, read unchecked with a
+    warning)."""
+    if "files" not in manifest:
+        verify_release(path, manifest)  # warns
+        return False
+    root = release_root(path, manifest)
+    verify_files(root, manifest, contents=False)  # none missing or added
+    shards = {f"data/{name}" for c in manifest["classes"]
+              for name in c["shards"]}
+    others = [n for n in manifest["files"] if n not in shards]
+    if others:
+        verify_files(root, manifest, names=others)
+    return True
 
 
 LOAD_AS = ("tuple", "numpy", "pandas", "tf")
@@ -922,10 +981,11 @@ def load_release(path: str, as_: str = "tuple", shuffle: bool = True,
     ``tf.data.Dataset`` of (embedding, label). Shuffling matters: training
     on the files in order gives single-class batches. ``seed`` makes the
     order reproducible (the order is public: it is not data).
-    ``verify`` (default): first check every file against the sizes and
-    sha256 digests the manifest lists (``verify_release``), so a swapped,
-    truncated or missing file raises ``ReleaseChanged`` instead of being
-    read as the release.
+    ``verify`` (default): check every file against the sizes and sha256
+    digests the manifest lists, each shard on the very bytes parsed (read
+    once), so a swapped, truncated or missing file raises
+    ``ReleaseChanged`` instead of being read as the release, also when it
+    is swapped while being read.
     ``manifest_sha256``: read only the release whose manifest has this
     digest (``LATEST.json`` carries the verified one; ``load_latest``), else
     ``ReleaseChanged``: a path alone names whatever was published there last.
@@ -933,16 +993,15 @@ def load_release(path: str, as_: str = "tuple", shuffle: bool = True,
     if as_ not in LOAD_AS:
         raise ValueError(f"as_ must be one of {LOAD_AS}, got {as_!r}")
     manifest = read_manifest(path, manifest_sha256)
-    if verify:
-        verify_release(path, manifest)
+    checked = verify and _verify_for_reading(path, manifest)
     dim = manifest.get("embedding_dim", 0)
     if as_ == "tuple":
-        xs, ys = _all_blocks(path, manifest, np.float64)
+        xs, ys = _all_blocks(path, manifest, np.float64, checked)
         x = np.concatenate(xs) if xs else np.zeros((0, dim))
         y = np.concatenate(ys) if ys else np.zeros(0, np.int64)
         return x, y, manifest
-    x, y = _in_order(*_all_blocks(path, manifest, np.float32), dim, shuffle,
-                     seed)
+    x, y = _in_order(*_all_blocks(path, manifest, np.float32, checked), dim,
+                     shuffle, seed)
     if as_ == "numpy":
         return x, y
     if as_ == "pandas":

@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import os
 import secrets
 import sys
 import time
@@ -35,6 +36,10 @@ DESCRIPTION = (
     "post_processing: true and the source release.")
 
 ROWS_PER_SHARD = 50_000  # as `dpsynth generate --rows-per-shard`'s default
+# Rows a release may hold: what `generate` allows (--samples-per-class and
+# --num-classes bounds). --rows 1e20 listed its shards until memory ran out.
+MAX_SAMPLES_PER_CLASS = 10**9  # dp_ops.config.MAX_SAMPLES_PER_CLASS
+MAX_ROWS = MAX_SAMPLES_PER_CLASS * 100_000  # x dp_ops.config.MAX_CLASSES
 
 
 class SampleError(ValueError):
@@ -56,6 +61,10 @@ class SampleSpec:
     def __post_init__(self) -> None:
         if self.rows < 1:
             raise SampleError(f"--rows must be >= 1, got {self.rows}")
+        if self.rows > MAX_ROWS:
+            raise SampleError(f"--rows must be at most {MAX_ROWS} (a release "
+                              f"holds at most {MAX_SAMPLES_PER_CLASS} rows "
+                              f"per class), got {self.rows}")
         if self.rows_per_shard < 1:
             raise SampleError("rows_per_shard must be >= 1")
         if self.seed < 0:
@@ -65,15 +74,57 @@ class SampleSpec:
 
 def _check_apart(source: str, output: str) -> None:
     """--output must not be the source, lie inside it or hold it, in any
-    spelling ('..', '//', file://, links, /proc/self/cwd): publishing
-    replaces what --output held (--overwrite deleted the source), and
-    writing inside the source changes a published release."""
+    spelling ('..', '//', file://, links, /proc/self/cwd) nor through
+    another path to the same folder (a bind mount: compared by device and
+    inode): publishing replaces what --output held (--overwrite deleted
+    the source), and writing inside the source changes a published
+    release."""
     from dpsynth.pipelines.release.release import lies_under
-    if lies_under(source, output) or lies_under(output, source):
+    if (lies_under(source, output) or lies_under(output, source)
+            or _same_tree(source, output)):
         raise SampleError(
             f"--output {output} is the source release {source}, holds it or "
-            "lies inside it (with '..', '/' and links resolved); choose a "
-            "path apart from it")
+            "lies inside it (with '..', '/', links and mounts resolved); "
+            "choose a path apart from it")
+
+
+def _same_tree(source: str, output: str) -> bool:
+    """Locally: whether one folder is the other or holds it, by (st_dev,
+    st_ino), which a bind mount or any other second path to a folder
+    shares while its spelling does not."""
+    if not (_local(source) and _local(output)):
+        return False
+    source, output = (p.removeprefix("file://") for p in (source, output))
+    src, out = _identity(source), _identity(output)
+    return ((src is not None and src in _chain(output))
+            or (out is not None and out in _chain(source)))
+
+
+def _local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def _identity(path: str) -> Optional[tuple[int, int]]:
+    try:
+        st = os.stat(path)
+    except OSError:  # not there (yet): it cannot hold anything
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _chain(path: str) -> set[tuple[int, int]]:
+    """The identities of ``path`` and of every existing folder above it,
+    by its components."""
+    path = os.path.abspath(path)
+    ids = set()
+    while True:
+        found = _identity(path)
+        if found is not None:
+            ids.add(found)
+        parent = os.path.dirname(path)
+        if parent == path:
+            return ids
+        path = parent
 
 
 # ------------------------------------------------------------ allocation
@@ -299,6 +350,7 @@ def run(spec: SampleSpec) -> dict:
     release.check_output(spec.output, spec.overwrite)
     source = read_source(spec.release)
     mixes = source.mixtures.mixtures
+    _check_rows(spec, len(mixes))
     rows = class_rows({l: m.noisy_count if m.weights.sum() > 0 else 0.0
                        for l, m in mixes.items()}, spec.rows)
     cfg = _sampling_config(source.manifest, spec.seed)
@@ -325,9 +377,21 @@ def run(spec: SampleSpec) -> dict:
         doc["files"] = dict(sorted(files.items()))  # publish checks them
         release.write_manifest(staging, doc)
         release.check_output(spec.output, spec.overwrite)  # still ours
+        _check_apart(spec.release, spec.output)  # and still apart
         return release.publish(staging, spec.output, spec.overwrite)
     finally:
         release.discard(staging)
+
+
+def _check_rows(spec: SampleSpec, classes: int) -> None:
+    """At most MAX_SAMPLES_PER_CLASS rows per class of the source (what its
+    manifest states), the most a release of it could hold."""
+    limit = MAX_SAMPLES_PER_CLASS * classes
+    if spec.rows > limit:
+        raise SampleError(
+            f"--rows {spec.rows} is more than {spec.release} can hold: at "
+            f"most {MAX_SAMPLES_PER_CLASS} rows per class, {limit} for its "
+            f"{classes} class(es); nothing was written")
 
 
 def _put(path: str, data: bytes) -> dict:
@@ -343,8 +407,9 @@ def _rows(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"must be a whole number of rows, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if not 1 <= value <= MAX_ROWS:
+        raise argparse.ArgumentTypeError(
+            f"must be in [1, {MAX_ROWS}], got {value}")
     return value
 
 
