@@ -115,7 +115,7 @@ def test_the_table_names_the_options_beam_reads():
     an option Beam reads (its parser has allow_abbrev=False)."""
     from apache_beam.options import pipeline_options as po
     from apache_beam.runners.dask import dask_runner  # noqa: F401
-    from dpsynth.pipelines.runners.dask import runner as dask_runner as ours  # noqa: F401
+    from dpsynth.pipelines.runners.dask import runner as ours  # noqa: F401
     parser = po._BeamArgumentParser(allow_abbrev=False)
     for cls in po.PipelineOptions.__subclasses__():
         if "_add_argparse_args" in cls.__dict__:

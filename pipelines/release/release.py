@@ -69,6 +69,7 @@ import os
 import posixpath
 import secrets
 import shutil
+import tempfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Mapping, Optional
