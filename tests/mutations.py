@@ -289,6 +289,45 @@ MUTATIONS += (
              "pipelines/release/sample.py:run",
              "    _check_rows(spec, len(mixes))\n", "",
              (ROUND5 + "test_sample_rows_are_bounded_in_one_line",)),
+    # --- the engine boundary (issue 70)
+    Mutation("dask-compat-noop", "pipelines/runners/dask/compat.py:refusal",
+             "    if not differ:\n        return None",
+             "    if True:\n        return None",
+             ("tests/test_beam_range.py::"
+              "test_an_unforeseen_beam_stops_dask_before_the_budget_is_reserved",)),
+    Mutation("dask-forget-noop",
+             "pipelines/runners/dask/runner.py:forget_on_workers",
+             "        client.run(forget_run)", "        pass",
+             ("tests/test_dask.py::"
+              "test_no_key_or_step_argument_is_left_in_the_workers_after_a_run",)),
+    Mutation("dask-task-identity-noop",
+             "pipelines/runners/dask/runner.py:check_this_worker",
+             "    if not ok:\n        raise ClusterMismatch(",
+             "    if False:\n        raise ClusterMismatch(",
+             ("tests/test_dask.py::"
+              "test_a_task_on_a_worker_unlike_the_launcher_refuses_before_its_rows",)),
+    Mutation("dask-local-cluster-without-tls",
+             "pipelines/runners/dask/runner.py:_LocalCluster.__init__",
+             'host="127.0.0.1", protocol="tls://",\n'
+             '                    security=self.security, ',
+             'host="127.0.0.1", ',
+             ("tests/test_dask.py::"
+              "test_the_local_cluster_refuses_a_client_without_its_certificate",)),
+    Mutation("dask-worker-elsewhere-noop",
+             "pipelines/runners/dask/runner.py:check_workers",
+             "    if not (secure and off):\n        return",
+             "    if True:\n        return",
+             ("tests/test_cluster_boundary.py::"
+              "test_a_secure_run_with_a_worker_elsewhere_needs_the_key_and_tls",)),
+    Mutation("charged-dim-from-a-row", "pipelines/job.py:make_reader",
+             "dim_from_rows=spec.budget.store is None)",
+             "dim_from_rows=True)",
+             ("tests/test_input_columns.py::"
+              "test_a_charged_release_takes_no_dimension_from_a_row",)),
+    Mutation("input-schema-after-the-charge", "pipelines/job.py:_run",
+             "    _check_input_schema(job, spec)\n", "",
+             ("tests/test_input_columns.py::"
+              "test_a_charged_release_takes_no_dimension_from_a_row",)),
 )
 
 # Mutations whose catching tests are not written yet (none today).

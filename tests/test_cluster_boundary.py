@@ -548,3 +548,97 @@ def test_an_unreachable_scheduler_stops_the_run_uncharged(tmp_path, capsys):
     from dpsynth.pipelines.release import budget_store
     assert budget_store.history(str(store), "d") == []
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------- TLS mistakes, one line
+
+@pytest.fixture(scope="module")
+def tls_scheduler():
+    """A TLS scheduler on loopback (in-process, one worker thread)."""
+    pytest.importorskip("distributed")
+    from distributed import LocalCluster
+    from distributed.security import Security
+    security = Security.temporary()
+    cluster = LocalCluster(n_workers=1, processes=False, protocol="tls://",
+                           security=security, host="127.0.0.1",
+                           dashboard_address=None)
+    yield cluster.scheduler_address, security
+    cluster.close()
+
+
+def _tls_settings(security, ca=None) -> dict:
+    return {"distributed.comm.tls.ca-file": ca or security.tls_ca_file,
+            "distributed.comm.tls.client.cert": security.tls_client_cert,
+            "distributed.comm.tls.client.key": security.tls_client_key}
+
+
+@pytest.mark.parametrize("mistake", ["no settings", "missing files",
+                                     "another CA"])
+def test_a_tls_mistake_is_one_line_naming_the_settings(tls_scheduler,
+                                                       mistake):
+    """An operator's TLS mistake was a 73-77-line traceback: now one line
+    naming Dask's TLS settings, raised before anything is charged."""
+    import dask
+    from distributed.security import Security
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
+    from dpsynth.pipelines.runners.options import ClusterMismatch, beam_options
+    address, security = tls_scheduler
+    settings = {"no settings": {},
+                "missing files": {
+                    "distributed.comm.tls.ca-file": "/nonexistent/ca.pem",
+                    "distributed.comm.tls.client.cert": "/nonexistent/c.pem",
+                    "distributed.comm.tls.client.key": "/nonexistent/k.pem"},
+                "another CA": _tls_settings(
+                    security, ca=Security.temporary().tls_ca_file)}[mistake]
+    options = beam_options(["--runner", "dask",
+                            f"--dask_client_address={address}",
+                            "--dask_connection_timeout=5"])
+    with dask.config.set(settings), pytest.raises(ClusterMismatch) as err:
+        dask_runner.check_cluster(options)
+    line = str(err.value)
+    assert "\n" not in line and "a TLS setting is wrong" in line, line
+    assert "distributed.comm.tls.ca-file" in line
+
+
+def test_the_right_tls_settings_connect(tls_scheduler):
+    import dask
+    from dpsynth.pipelines.runners.dask import runner as dask_runner
+    from dpsynth.pipelines.runners.options import beam_options
+    address, security = tls_scheduler
+    options = beam_options(["--runner", "dask",
+                            f"--dask_client_address={address}"])
+    with dask.config.set(_tls_settings(security)):
+        dask_runner.check_cluster(options)  # its worker runs this dpsynth
+
+
+# ------------------------------------------- locality: names and pools
+
+def test_a_name_resolving_to_loopback_and_a_remote_address_is_elsewhere(
+        monkeypatch):
+    """A name is on this machine only when every address it resolves to
+    is: one that also resolves elsewhere (DNS round robin, a stale hosts
+    line) counts as elsewhere."""
+    monkeypatch.setattr(locality, "_resolve",
+                        lambda host: ["127.0.0.1", FAR] if host == "mixed"
+                        else ["127.0.0.1"])
+    assert not locality.on_this_machine("mixed")
+    assert locality.on_this_machine("only-loopback")
+    opts = {"runner": "dask", "address": "tls://mixed:8786"}
+    assert "not on this machine" in locality.elsewhere(opts)
+    assert locality.noise_key_refusal(opts) is not None
+
+
+@pytest.mark.parametrize("config, here", [
+    ("localhost:50000", True), ("127.0.0.1:50000", True),
+    (f"{FAR}:50000", False), ("mixed:50000", False)])
+def test_an_external_worker_pool_is_where_its_config_points(monkeypatch,
+                                                            config, here):
+    monkeypatch.setattr(locality, "_resolve",
+                        lambda host: ["127.0.0.1", FAR] if host == "mixed"
+                        else [])
+    opts = {"runner": "PortableRunner", "job_endpoint": "localhost:8099",
+            "environment_type": "EXTERNAL", "environment_config": config}
+    clause = locality.elsewhere(opts)
+    assert (clause is None) is here, clause
+    if not here:
+        assert f"--environment_config {config}" in clause

@@ -838,15 +838,34 @@ def check_cluster(options: PipelineOptions, local_paths=(),
                         scheduler_file=dask_options.scheduler_file,
                         set_as_default=False,
                         **({"timeout": timeout} if timeout else {}))
-    except OSError as err:
-        raise ClusterLost(
-            f"cannot reach the Dask scheduler at {where} "
-            f"({str(err).splitlines()[-1].strip()[:200]}); nothing was "
-            "submitted") from None
+    except (OSError, TypeError, ValueError) as err:
+        raise _connect_refusal(where, err) from None
     try:
         check_workers(client, local_paths, secure, key_location)
     finally:
         client.close()
+
+
+# What distributed says for a TLS mistake, and what the operator should do.
+_TLS_HINT = ("check Dask's TLS settings (distributed.comm.tls.ca-file and "
+             "client.cert / client.key, or DASK_DISTRIBUTED__COMM__TLS__...: "
+             "deploy/README.md \"Dask on several hosts\")")
+
+
+def _connect_refusal(where: str, err: BaseException) -> Exception:
+    """One line for a scheduler the launcher cannot connect to: a TLS
+    mistake (no certificate configured for a tls:// address, a file that
+    is not there, another CA) says so; anything else is unreachable."""
+    text = " ".join(str(err).split())[:200] or type(err).__name__
+    tls = (isinstance(err, (TypeError, ValueError)) or "TLS" in text
+           or "SSL" in text or "certificate" in text.lower()
+           or isinstance(err, FileNotFoundError))
+    if tls:
+        return ClusterMismatch(
+            f"cannot connect to the Dask scheduler at {where}: a TLS "
+            f"setting is wrong ({text}); {_TLS_HINT}; nothing was submitted")
+    return ClusterLost(f"cannot reach the Dask scheduler at {where} ({text}); "
+                       "nothing was submitted")
 
 
 class DaskRunner(beam_dask.DaskRunner):
