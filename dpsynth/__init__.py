@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-__version__ = "0.2.0"
+from dpsynth.version import __version__  # noqa: F401 (a leaf module)
 
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if (not os.path.isdir(os.path.join(os.path.dirname(__file__), "pipelines"))

@@ -16,9 +16,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("dp_ops", "models", "transforms", "pipelines", "deploy")
+# The package root (``dpsynth/``: the version, the API's names on first
+# use) is a room too: below everything but the API it re-exports.
+ROOT_PACKAGE = "dpsynth"
 # Not installed (no ``dpsynth.`` prefix) but held to the same rules.
 SCRIPTS = ("benchmarks",)
-FOLDERS = PACKAGES + SCRIPTS
+FOLDERS = PACKAGES + SCRIPTS + (ROOT_PACKAGE,)
 # What each folder may import from the project.
 ALLOWED = {
     "dp_ops": {"dp_ops"},
@@ -27,7 +30,13 @@ ALLOWED = {
     "pipelines": {"dp_ops", "models", "transforms", "pipelines"},
     "deploy": {"dp_ops", "models", "transforms", "pipelines", "deploy"},
     "benchmarks": set(FOLDERS),
+    # dpsynth/__init__ re-exports the API and the readers (imported on
+    # first use); dpsynth/version imports nothing.
+    "dpsynth": {"dpsynth", "pipelines"},
 }
+# Every other folder may read the version (a leaf).
+for _allowed in ALLOWED.values():
+    _allowed.add("dpsynth")
 IMPORTERS = {"import_module", "__import__"}  # called with a module's name
 
 
@@ -35,7 +44,9 @@ def _module_name(path: Path) -> str:
     """The installed name: the design's folders live under ``dpsynth``."""
     parts = path.relative_to(ROOT).with_suffix("").parts
     parts = parts[:-1] if parts[-1] == "__init__" else parts
-    return ".".join(parts if parts[0] in SCRIPTS else ("dpsynth",) + parts)
+    if parts[0] in SCRIPTS or parts[0] == ROOT_PACKAGE:
+        return ".".join(parts)
+    return ".".join(("dpsynth",) + parts)
 
 
 def _package(name: str) -> str:
@@ -44,7 +55,11 @@ def _package(name: str) -> str:
     parts = name.split(".")
     if parts[0] in SCRIPTS:
         return parts[0]
-    return parts[1] if parts[0] == "dpsynth" and len(parts) > 1 else ""
+    if parts[0] != "dpsynth":
+        return ""
+    if len(parts) == 1 or parts[1] not in PACKAGES:
+        return ROOT_PACKAGE  # dpsynth, dpsynth.version
+    return parts[1]
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,16 +68,21 @@ def _modules() -> dict[str, Path]:
             for p in (ROOT / pkg).rglob("*.py")}
 
 
-def _imported_names(tree: ast.AST) -> list[str]:
+def _imported_names(tree: ast.AST, modules=()) -> list[str]:
     """Every absolute import, and every ``import_module("x")`` of a literal
-    name (a module imported by name is imported all the same)."""
+    name (a module imported by name is imported all the same). ``from P
+    import m`` of submodules only names the submodules: the package's
+    ``__init__`` runs for any ``P.x`` import, so it is no arrow of its own
+    (``from dpsynth import version`` is not an import of the API)."""
     names = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names += [node.module] + [f"{node.module}.{a.name}"
-                                      for a in node.names]
+            subs = [f"{node.module}.{a.name}" for a in node.names]
+            names += subs
+            if not all(sub in modules for sub in subs):
+                names.append(node.module)
         elif (isinstance(node, ast.Call) and node.args
               and isinstance(node.args[0], ast.Constant)
               and isinstance(node.args[0].value, str)
@@ -75,7 +95,7 @@ def _imported_names(tree: ast.AST) -> list[str]:
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     """Project modules imported anywhere in the file."""
     found = set()
-    for name in _imported_names(ast.parse(path.read_text())):
+    for name in _imported_names(ast.parse(path.read_text()), modules):
         while name and name not in modules:
             name = name.rpartition(".")[0]
         if name and _package(name) in FOLDERS:
@@ -89,8 +109,10 @@ def _graph() -> dict[str, set[str]]:
     graph = {}
     for name, path in modules.items():
         deps = _imports(path, modules) - {name}
-        # A package __init__ is not a dependency of its own submodules.
-        graph[name] = {d for d in deps if not name.startswith(d + ".")}
+        # A package __init__ is not a dependency of its own submodules
+        # (the root's is: ``import dpsynth`` runs the API's re-exports).
+        graph[name] = {d for d in deps if d == ROOT_PACKAGE
+                       or not name.startswith(d + ".")}
     return graph
 
 

@@ -20,7 +20,7 @@ import hashlib
 import importlib.util
 import os
 
-import dpsynth
+from dpsynth import version
 
 # The folders whose code runs in the workers.
 RUNTIME_FOLDERS = ("dp_ops", "models", "pipelines", "transforms")
@@ -28,7 +28,7 @@ RUNTIME_FOLDERS = ("dp_ops", "models", "pipelines", "transforms")
 
 def identity() -> dict:
     """This process's dpsynth: {"version", "source_sha256"}."""
-    return {"version": dpsynth.__version__, "source_sha256": source_sha256()}
+    return {"version": version.__version__, "source_sha256": source_sha256()}
 
 
 @functools.lru_cache(maxsize=1)
@@ -45,7 +45,9 @@ def source_sha256() -> str:
 
 
 def _source_files() -> list[tuple[str, str]]:
-    files = [("__init__.py", os.path.abspath(dpsynth.__file__))]
+    root = os.path.dirname(os.path.abspath(version.__file__))
+    files = [(name, os.path.join(root, name))
+             for name in ("__init__.py", "version.py")]
     for folder in RUNTIME_FOLDERS:
         spec = importlib.util.find_spec(f"dpsynth.{folder}")
         root = list(spec.submodule_search_locations)[0]
