@@ -336,7 +336,7 @@ def child_beam(data: str, flags: Sequence[str], result: str,
     layout = [] if reread else ["--materialise-blocks"]
     out = tempfile.mkdtemp(prefix="dpsynth-bench-")
     if dask_workers:  # generate's own local cluster, started here
-        from dpsynth.pipelines.runners.dask.runner import local_cluster
+        from dpsynth.pipelines.runners.dask.cluster import local_cluster
         local_cluster(dask_workers)
         layout += ["--runner", "dask"]
     try:
@@ -362,7 +362,7 @@ def child_beam(data: str, flags: Sequence[str], result: str,
                        "samples": manifest["samples_total"]})
     finally:
         if dask_workers:
-            from dpsynth.pipelines.runners.dask.runner import close_local_cluster
+            from dpsynth.pipelines.runners.dask.cluster import close_local_cluster
             close_local_cluster()
         shutil.rmtree(out, ignore_errors=True)
 
@@ -1268,11 +1268,11 @@ class DaskEngine(Engine):
         return dask_args()
 
     def start(self, workers: int) -> None:
-        from dpsynth.pipelines.runners.dask.runner import local_cluster
+        from dpsynth.pipelines.runners.dask.cluster import local_cluster
         local_cluster(workers)
 
     def stop(self) -> None:
-        from dpsynth.pipelines.runners.dask.runner import close_local_cluster
+        from dpsynth.pipelines.runners.dask.cluster import close_local_cluster
         close_local_cluster()
 
 

@@ -301,20 +301,20 @@ MUTATIONS += (
              ("tests/test_dask.py::"
               "test_no_key_or_step_argument_is_left_in_the_workers_after_a_run",)),
     Mutation("dask-task-identity-noop",
-             "pipelines/runners/dask/runner.py:check_this_worker",
+             "pipelines/runners/dask/cluster.py:check_this_worker",
              "    if not ok:\n        raise ClusterMismatch(",
              "    if False:\n        raise ClusterMismatch(",
              ("tests/test_dask.py::"
               "test_a_task_on_a_worker_unlike_the_launcher_refuses_before_its_rows",)),
     Mutation("dask-local-cluster-without-tls",
-             "pipelines/runners/dask/runner.py:_LocalCluster.__init__",
+             "pipelines/runners/dask/cluster.py:_LocalCluster.__init__",
              'host="127.0.0.1", protocol="tls://",\n'
              '                    security=self.security, ',
              'host="127.0.0.1", ',
              ("tests/test_dask.py::"
               "test_the_local_cluster_refuses_a_client_without_its_certificate",)),
     Mutation("dask-worker-elsewhere-noop",
-             "pipelines/runners/dask/runner.py:check_workers",
+             "pipelines/runners/dask/cluster.py:check_workers",
              "    if not (secure and off):\n        return",
              "    if True:\n        return",
              ("tests/test_cluster_boundary.py::"

@@ -333,18 +333,18 @@ class _FakeClient:
 
 def _ours() -> dict:
     pytest.importorskip("distributed")
-    from dpsynth.pipelines.runners.dask import runner as dask_runner
-    return dask_runner.worker_identity()
+    from dpsynth.pipelines.runners.dask import cluster as dask_cluster
+    return dask_cluster.worker_identity()
 
 
 def test_workers_on_another_dpsynth_are_refused():
     from dpsynth.pipelines.runners.options import ClusterMismatch
-    from dpsynth.pipelines.runners.dask import runner as dask_runner
+    from dpsynth.pipelines.runners.dask import cluster as dask_cluster
     ours = _ours()
-    dask_runner.check_workers(_FakeClient({"tcp://127.0.0.1:1": ours}))
+    dask_cluster.check_workers(_FakeClient({"tcp://127.0.0.1:1": ours}))
     other = {**ours, "source_sha256": "0" * 64}
     with pytest.raises(ClusterMismatch) as err:
-        dask_runner.check_workers(_FakeClient({"tcp://127.0.0.1:1": ours,
+        dask_cluster.check_workers(_FakeClient({"tcp://127.0.0.1:1": ours,
                                                "tcp://127.0.0.1:2": other}))
     assert str(err.value).startswith(
         f"Dask worker tcp://127.0.0.1:2 runs dpsynth {ours['version']} "
@@ -356,11 +356,11 @@ def test_workers_on_another_dpsynth_are_refused():
 @pytest.mark.parametrize("field", ["beam", "distributed", "python"])
 def test_workers_on_another_beam_distributed_or_python_are_refused(field):
     from dpsynth.pipelines.runners.options import ClusterMismatch
-    from dpsynth.pipelines.runners.dask import runner as dask_runner
+    from dpsynth.pipelines.runners.dask import cluster as dask_cluster
     ours = _ours()
     other = {**ours, field: "0.0.1"}
     with pytest.raises(ClusterMismatch, match="0.0.1"):
-        dask_runner.check_workers(_FakeClient({"tcp://127.0.0.1:2": other}))
+        dask_cluster.check_workers(_FakeClient({"tcp://127.0.0.1:2": other}))
 
 
 def test_a_secure_run_with_a_worker_elsewhere_needs_the_key_and_tls():
@@ -368,44 +368,44 @@ def test_a_secure_run_with_a_worker_elsewhere_needs_the_key_and_tls():
     off this machine makes a secure run need --noise-key-location, and
     its traffic TLS; a seeded (not private) run needs neither."""
     from dpsynth.pipelines.runners.options import ClusterMismatch
-    from dpsynth.pipelines.runners.dask import runner as dask_runner
+    from dpsynth.pipelines.runners.dask import cluster as dask_cluster
     ours = _ours()
     workers = {"tcp://127.0.0.1:1": ours, f"tcp://{FAR}:40000": ours}
     plain = _FakeClient(workers)
-    dask_runner.check_workers(plain)  # seeded: fine
+    dask_cluster.check_workers(plain)  # seeded: fine
     with pytest.raises(ClusterMismatch, match=(
             f"^Dask worker tcp://{FAR}:40000 is not on this machine: .*"
             "--noise-key-location")):
-        dask_runner.check_workers(plain, secure=True)
+        dask_cluster.check_workers(plain, secure=True)
     with pytest.raises(ClusterMismatch, match="plain TCP.*clear text"):
-        dask_runner.check_workers(plain, secure=True, key_location="gs://k/")
+        dask_cluster.check_workers(plain, secure=True, key_location="gs://k/")
     tls = _FakeClient(workers, scheduler="tls://127.0.0.1:8786")
-    dask_runner.check_workers(tls, secure=True, key_location="gs://k/")
+    dask_cluster.check_workers(tls, secure=True, key_location="gs://k/")
 
 
 def test_a_secure_run_on_a_scheduler_elsewhere_without_tls_is_refused():
     from dpsynth.pipelines.runners.options import ClusterMismatch
-    from dpsynth.pipelines.runners.dask import runner as dask_runner
+    from dpsynth.pipelines.runners.dask import cluster as dask_cluster
     ours = _ours()
     far = _FakeClient({f"tcp://{FAR}:40000": ours},
                       scheduler=f"tcp://{FAR}:8786")
     with pytest.raises(ClusterMismatch, match=f"tcp://{FAR}:8786.*plain TCP"):
-        dask_runner.check_workers(far, secure=True, key_location="gs://k/")
+        dask_cluster.check_workers(far, secure=True, key_location="gs://k/")
 
 
 def test_a_worker_elsewhere_refuses_local_paths():
     """A scheduler on this machine may have workers elsewhere: local paths
     are refused once the workers are known, before any work is sent."""
     from dpsynth.pipelines.runners.options import ClusterMismatch
-    from dpsynth.pipelines.runners.dask import runner as dask_runner
+    from dpsynth.pipelines.runners.dask import cluster as dask_cluster
     ours = _ours()
     client = _FakeClient({"tcp://127.0.0.1:1": ours,
                           f"tcp://{FAR}:40000": ours})
-    dask_runner.check_workers(client)  # gs:// only: fine
+    dask_cluster.check_workers(client)  # gs:// only: fine
     with pytest.raises(ClusterMismatch, match=(
             f"^--output /data/out is a local path, but Dask worker "
             f"tcp://{FAR}:40000 is not on this machine")):
-        dask_runner.check_workers(client, [("--output", "/data/out")])
+        dask_cluster.check_workers(client, [("--output", "/data/out")])
 
 
 def test_the_source_digest_follows_the_files(tmp_path):
@@ -580,7 +580,7 @@ def test_a_tls_mistake_is_one_line_naming_the_settings(tls_scheduler,
     naming Dask's TLS settings, raised before anything is charged."""
     import dask
     from distributed.security import Security
-    from dpsynth.pipelines.runners.dask import runner as dask_runner
+    from dpsynth.pipelines.runners.dask import cluster as dask_cluster
     from dpsynth.pipelines.runners.options import ClusterMismatch, beam_options
     address, security = tls_scheduler
     settings = {"no settings": {},
@@ -594,7 +594,7 @@ def test_a_tls_mistake_is_one_line_naming_the_settings(tls_scheduler,
                             f"--dask_client_address={address}",
                             "--dask_connection_timeout=5"])
     with dask.config.set(settings), pytest.raises(ClusterMismatch) as err:
-        dask_runner.check_cluster(options)
+        dask_cluster.check_cluster(options)
     line = str(err.value)
     assert "\n" not in line and "a TLS setting is wrong" in line, line
     assert "distributed.comm.tls.ca-file" in line
@@ -602,13 +602,13 @@ def test_a_tls_mistake_is_one_line_naming_the_settings(tls_scheduler,
 
 def test_the_right_tls_settings_connect(tls_scheduler):
     import dask
-    from dpsynth.pipelines.runners.dask import runner as dask_runner
+    from dpsynth.pipelines.runners.dask import cluster as dask_cluster
     from dpsynth.pipelines.runners.options import beam_options
     address, security = tls_scheduler
     options = beam_options(["--runner", "dask",
                             f"--dask_client_address={address}"])
     with dask.config.set(_tls_settings(security)):
-        dask_runner.check_cluster(options)  # its worker runs this dpsynth
+        dask_cluster.check_cluster(options)  # its worker runs this dpsynth
 
 
 # ------------------------------------------- locality: names and pools

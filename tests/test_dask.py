@@ -565,10 +565,10 @@ def test_a_task_on_a_worker_unlike_the_launcher_refuses_before_its_rows():
     """Every step's task carries the launcher's identity and checks it in
     its worker process before it runs (a worker that joined after the
     launcher's check, or restarted on other code)."""
-    from dpsynth.pipelines.runners.dask import runner as dask_runner
+    from dpsynth.pipelines.runners.dask import cluster as dask_cluster, runner as dask_runner
     from dpsynth.pipelines.runners.options import ClusterMismatch
-    dask_runner.check_this_worker(dask_runner.launcher_identity())
-    other = {**dask_runner.launcher_identity(), "source_sha256": "1" * 64}
+    dask_cluster.check_this_worker(dask_cluster.launcher_identity())
+    other = {**dask_cluster.launcher_identity(), "source_sha256": "1" * 64}
     ran = []
     with pytest.raises(ClusterMismatch, match="refused before reading a row"):
         call = dask_runner._StepCall.__new__(dask_runner._StepCall)
@@ -582,9 +582,9 @@ def test_a_worker_that_joined_after_the_check_is_refused(scheduler, tmp_path,
     """A run whose tasks meet a worker unlike the launcher stops in one
     line: simulated by tasks that carry another identity than the workers'
     (the launcher's own check, before the run, passes)."""
-    from dpsynth.pipelines.runners.dask import runner as dask_runner
-    other = {**dask_runner.launcher_identity(), "beam": "0.0.1"}
-    monkeypatch.setattr(dask_runner, "launcher_identity", lambda: other)
+    from dpsynth.pipelines.runners.dask import cluster as dask_cluster
+    other = {**dask_cluster.launcher_identity(), "beam": "0.0.1"}
+    monkeypatch.setattr(dask_cluster, "launcher_identity", lambda: other)
     rc = cli.main(["generate", "--output", str(tmp_path / "rel"),
                    "--noise-seed", "1", *_dask(scheduler)])
     err = capsys.readouterr().err.strip().splitlines()
@@ -635,11 +635,11 @@ def _profile_enabled() -> bool:
 
 
 def test_the_profiler_stays_on_when_a_dashboard_is_asked_for():
-    from dpsynth.pipelines.runners.dask import runner as dask_runner
-    assert not dask_runner._cluster_config(None)[
+    from dpsynth.pipelines.runners.dask import cluster as dask_cluster
+    assert not dask_cluster._cluster_config(None)[
         "distributed.worker.profile.enabled"]
     assert "distributed.worker.profile.enabled" not in \
-        dask_runner._cluster_config("127.0.0.1:8787")
+        dask_cluster._cluster_config("127.0.0.1:8787")
 
 
 _OTHER_CLIENT = """
@@ -674,33 +674,33 @@ def test_the_local_cluster_refuses_a_client_without_its_certificate():
     own, or plain TCP to the same port) cannot connect, run code in the
     workers or read the run's key; the launcher's own client can."""
     import dask
-    from dpsynth.pipelines.runners.dask import runner as dask_runner
+    from dpsynth.pipelines.runners.dask import cluster as dask_cluster
     try:
-        cluster = dask_runner.local_cluster(workers=1)
+        cluster = dask_cluster.local_cluster(workers=1)
         address = cluster.scheduler_address
         assert address.startswith("tls://127.0.0.1:")
         for where, own in ((address, False), (address, True),
                            (address.replace("tls://", "tcp://"), False)):
             assert _other_client(where, own).startswith("refused"), where
-        with dask.config.set(dask_runner.local_security(address)):
+        with dask.config.set(dask_cluster.local_security(address)):
             with distributed.Client(address, timeout=10,
                                     set_as_default=False) as client:
                 assert set(client.run(lambda: 1).values()) == {1}
-        assert dask_runner.local_security("tls://127.0.0.1:1") == {}
+        assert dask_cluster.local_security("tls://127.0.0.1:1") == {}
     finally:
-        dask_runner.close_local_cluster()
+        dask_cluster.close_local_cluster()
 
 
 def test_local_cluster_is_started_once_and_cleaned_up():
     """One LocalCluster per process, its scratch space in a temporary
     folder removed at close, its HTTP routes off port 8787."""
-    from dpsynth.pipelines.runners.dask import runner as dask_runner
-    started = dask_runner.local_clusters_started
+    from dpsynth.pipelines.runners.dask import cluster as dask_cluster
+    started = dask_cluster.local_clusters_started
     try:
-        cluster = dask_runner.local_cluster(workers=1)
-        assert dask_runner.local_cluster(workers=1) is cluster
-        assert dask_runner.local_clusters_started == started + 1
-        directory = dask_runner._LOCAL.directory
+        cluster = dask_cluster.local_cluster(workers=1)
+        assert dask_cluster.local_cluster(workers=1) is cluster
+        assert dask_cluster.local_clusters_started == started + 1
+        directory = dask_cluster._LOCAL.directory
         assert os.listdir(directory)  # the scratch space is in it
         assert cluster.scheduler.http_server.port != 8787
         # every runnable task sent at once (no queue: a read range is two
@@ -714,15 +714,15 @@ def test_local_cluster_is_started_once_and_cleaned_up():
         with distributed.Client(cluster) as client:
             assert set(client.run(_profile_enabled).values()) == {False}
     finally:
-        dask_runner.close_local_cluster()
+        dask_cluster.close_local_cluster()
     assert not os.path.exists(directory)
-    dask_runner.close_local_cluster()  # idempotent
+    dask_cluster.close_local_cluster()  # idempotent
 
 
 HALF_STARTED = """
 import os, signal
 import distributed.nanny as nanny
-from dpsynth.pipelines.runners.dask import runner as dask_runner
+from dpsynth.pipelines.runners.dask import cluster as dask_cluster
 
 real = nanny.Nanny.start_unsafe
 
@@ -736,7 +736,7 @@ if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)
     nanny.Nanny.start_unsafe = interrupted_start
     try:
-        dask_runner.local_cluster(workers=2)
+        dask_cluster.local_cluster(workers=2)
     except KeyboardInterrupt:
         print("interrupted", flush=True)
 """
@@ -792,12 +792,12 @@ def test_a_lost_scheduler_is_one_line_without_dasks_future_keys():
     """distributed's CancelledError lists every cancelled future by its
     internal key; the operator's line says what happened instead."""
     from concurrent.futures import CancelledError
-    from dpsynth.pipelines.runners.dask import runner as dask_runner
+    from dpsynth.pipelines.runners.dask import cluster as dask_cluster
     from dpsynth.pipelines.runners.errors import ClusterLost
     keys = ("scheduler-connection-lost\n"
             "Futures: [('dpsynth__Phase2_class_mixture-0a1b', 0)]")
     with pytest.raises(ClusterLost) as lost:
-        with dask_runner._cluster_loss_as_one_line("tls://10.0.0.2:8786"):
+        with dask_cluster._cluster_loss_as_one_line("tls://10.0.0.2:8786"):
             raise CancelledError(keys)
     line = str(lost.value)
     assert "Futures" not in line and "\n" not in line

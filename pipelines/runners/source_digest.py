@@ -10,7 +10,7 @@ so the digest covers every ``.py`` file of the code workers run
 and ``models`` folders, by their path inside the package), whether
 installed from a wheel or run from a checkout. ``deploy`` (launch tooling)
 is left out. Imports neither Beam nor Dask: workers call ``identity``
-(``dask_runner.check_workers``).
+(``dask.cluster.check_workers``).
 """
 
 from __future__ import annotations

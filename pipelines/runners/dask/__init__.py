@@ -1,5 +1,5 @@
 """dpsynth's Dask engine: Beam's DaskRunner with dpsynth's fixes
-(``runner``), the shapes of Beam's internals it was written for
+(``runner``), the clusters it runs on (``cluster``), the shapes of Beam's internals it was written for
 (``compat``), what the local cluster's workers import as they start
 (``preload``). Importing this package imports neither Beam nor Dask."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from dpsynth.pipelines.runners.engine import Engine
 
-RUNNER_MODULE = "dpsynth.pipelines.runners.dask.runner"
+CLUSTER_MODULE = "dpsynth.pipelines.runners.dask.cluster"
 
 
 class DaskEngine(Engine):
@@ -31,8 +31,8 @@ class DaskEngine(Engine):
         refusal = compat.refusal()  # an untested Beam: one line, uncharged
         if refusal is not None:
             raise UsageError(refusal)
-        from dpsynth.pipelines.runners.dask import runner
-        runner.check_cluster(
+        from dpsynth.pipelines.runners.dask import cluster
+        cluster.check_cluster(
             options, locality.local_paths(spec, options.get_all_options()),
             secure=(spec.generator.noise_seed is None
                     and not math.isinf(spec.generator.epsilon)),
@@ -42,6 +42,6 @@ class DaskEngine(Engine):
         """Closes the local cluster this run's pipelines started, if any
         (one serves both phases of the adaptive plan); one the caller
         started with ``local_cluster()`` stays up for its next job."""
-        runner = sys.modules.get(RUNNER_MODULE)  # never imports it
-        if runner is not None:
-            runner.close_run_cluster()
+        cluster = sys.modules.get(CLUSTER_MODULE)  # never imports it
+        if cluster is not None:
+            cluster.close_run_cluster()
