@@ -164,8 +164,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     life.add_argument("--lifetime-epsilon", type=_lifetime_epsilon,
                       help="lifetime epsilon cap of --dataset-id: needed the "
                       "first time, then pinned in the store (a larger value "
-                      "is refused; `python -m dpsynth.pipelines.release.budget_store set-cap` "
-                      "changes it)")
+                      "is refused; `dpsynth budget set-cap` changes it)")
     life.add_argument("--lifetime-delta", type=float,
                       help="delta at which the lifetime epsilon is measured, "
                       "pinned with the cap (default: --delta)")
