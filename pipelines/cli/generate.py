@@ -333,6 +333,11 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
     """`dpsynth generate`: runs the job with dpsynth's error policy."""
+    from dpsynth.pipelines.cli import early_checks
+    refusal = early_checks.problem(  # before Beam's 2-5 s of imports
+        parser(), beam_argv, "generate", None if args.images else args.input)
+    if refusal:
+        return console.fail(refusal)
     console.setup_logging(args.verbose)
     with console.quiet_stderr(args.verbose):
         # Worker processes (--direct_num_workers > 1) are forked from a
