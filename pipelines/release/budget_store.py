@@ -756,6 +756,17 @@ def lifetime_spent(store_uri: str, dataset_id: str, delta: float,
     return _compose(history(store_uri, dataset_id), delta, accountant)
 
 
+def spend_after(store_uri: str, dataset_id: str,
+                mechanisms: list[Mechanism], delta: float,
+                accountant: str = "pld") -> tuple[float, float]:
+    """(lifetime epsilon now, after one more release of ``mechanisms``) at
+    ``delta``: what `generate --plan-only` reports; reads, writes nothing."""
+    entries = history(store_uri, dataset_id)
+    planned = {"mechanisms": [_mechanism_to_dict(m) for m in mechanisms]}
+    return (_compose(entries, delta, accountant),
+            _compose(entries + [planned], delta, accountant))
+
+
 # ------------------------------------------------------------- accounting
 
 
