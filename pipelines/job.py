@@ -115,7 +115,7 @@ def prepare(spec: GenerateSpec) -> Job:
                               inp.label_feature, tuple(labels), inp.non_finite,
                               inp.block_size, inp.split_bytes,
                               _column_names(inp.embedding_columns))
-    if cfg.covariance != "auto":
+    if not adaptive.two_phase(cfg):
         validate_weights(cfg.weights(), cfg.stages)
     if not inp.images:
         io.match_files(input_spec.pattern)  # lists names only: no data read
@@ -136,7 +136,7 @@ def calibrate(cfg: GeneratorConfig, embedding_dim: Optional[int],
     """(the adaptive plan's per-class mu, the ledger of what runs first,
     what the budget store is charged when ``charged`` and it differs from
     the ledger's list); refuses impossible targets. No data is read."""
-    if cfg.covariance != "auto":
+    if not adaptive.two_phase(cfg):
         return None, plan.make_ledger(cfg), None
     # Phase 1 now, phase 2 after the rule.
     constants = adaptive.constants_for(cfg)
@@ -158,7 +158,7 @@ def plan_only(spec: GenerateSpec) -> dict:
         raise ValueError(f"--embedding-dim must be >= 1, got "
                          f"{spec.input.embedding_dim}")
     _check_budget_flags(spec)
-    if cfg.covariance != "auto":
+    if not adaptive.two_phase(cfg):
         validate_weights(cfg.weights(), cfg.stages)
     mu, ledger, _ = calibrate(cfg, spec.input.embedding_dim, False)
     charged = (ledger.mechanisms if mu is None else
@@ -242,9 +242,13 @@ def resolve_config(spec: GenerateSpec,
     ``adaptive.applies``; images: phase 1 would encode them twice) is the
     fixed "shared" plan."""
     cfg = spec.generator.config(labels)
-    if cfg.covariance != "auto" or (adaptive.applies(cfg)
-                                    and spec.input.images is None):
+    if not adaptive.two_phase(cfg) or (adaptive.applies(cfg)
+                                       and spec.input.images is None):
         return cfg
+    if cfg.covariance == "subspace":  # no one-phase plan has it
+        raise ValueError("--covariance subspace needs the two-phase plan: "
+                         "--clusters 1, --center, --covariance-rank > 0, no "
+                         "--vote-filter / --budget-weights, embedding input")
     log.info("--covariance auto: the adaptive plan needs --clusters 1, "
              "--center, no --vote-filter / --budget-weights and embedding "
              "input; running the fixed 'shared' plan")
@@ -555,7 +559,8 @@ def choose_phase2(job: Job, dim: int, noisy_counts) -> adaptive.Structure:
     cfg = job.cfg
     job.structure = adaptive.choose_structure(
         cfg.epsilon, cfg.delta, dim, noisy_counts,
-        adaptive.constants_for(cfg), job.adaptive_mu)
+        adaptive.constants_for(cfg), job.adaptive_mu,
+        "subspace" if cfg.covariance == "subspace" else None)
     adaptive.add_phase2(job.ledger, cfg, job.structure, job.adaptive_mu)
     log.info("covariance rule: %s, sums %.2f of mu^2 (signal %.1f from the "
              "noisy counts)", job.structure.name, job.structure.sum_share,
@@ -727,7 +732,7 @@ def pass_names(cfg: GeneratorConfig, spec: GenerateSpec) -> list[str]:
     """The passes over the private rows, in order (progress lines)."""
     if spec.input.images or spec.run.materialise_blocks:
         return ["Read"]
-    if cfg.covariance == "auto":  # phase 1; phase 2: adaptive_pass_names
+    if adaptive.two_phase(cfg):  # phase 1; phase 2: adaptive_pass_names
         return ["Counts"]
     names = ["Centre"] if cfg.center else []
     if cfg.clusters > 1:

@@ -183,7 +183,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "needs --clusters 1, --center, no --vote-filter or "
                      "--budget-weights, embedding input, else it is "
                      "'shared'); 'shared': one matrix of all records; "
-                     "'per-class': one matrix per class")
+                     "'subspace': the shared matrix plus each class's "
+                     "matrix in its top subspace (the two-phase plan with "
+                     "this structure fixed); 'per-class': one matrix per "
+                     "class (which wins where: README: What the job does)")
     gen.add_argument("--clusters", type=int, default=GeneratorConfig.clusters,
                      help="k per class (DP k-means: LSH-tree coreset + Lloyd)")
     gen.add_argument("--clip-norm", type=float,
