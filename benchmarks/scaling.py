@@ -315,7 +315,7 @@ def child_reference(data: str, flags: Sequence[str], result: str) -> None:
     t_load = time.perf_counter() - t0
     timings: dict = {}
     t1 = time.perf_counter()
-    if cfg.covariance == "auto":  # the adaptive two-phase plan
+    if cfg.covariance in ("auto", "subspace"):  # the two-phase plan
         _, xs, _, _, _ = reference.generate_adaptive(
             x, y, cfg, SeededNoise(1), timings=timings)
     else:

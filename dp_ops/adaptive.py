@@ -356,7 +356,8 @@ def spiked_band(signal: float, classes: int, k: RuleConstants,
 def choose_structure(epsilon: float, delta: float, d: int,
                      noisy_counts: Sequence[float],
                      constants: Optional[RuleConstants] = None,
-                     mu: Optional[float] = None) -> Structure:
+                     mu: Optional[float] = None,
+                     mode: Optional[str] = None) -> Structure:
     """The public rule: phase 2's structure from (epsilon, delta, d, the
     noisy counts). ``mu`` (the calibrated GDP parameter of (epsilon,
     delta)) may be passed to avoid recomputing it.
@@ -374,16 +375,20 @@ def choose_structure(epsilon: float, delta: float, d: int,
        matrices are post-processed "spiked" (``spiked_within``).
     4. The sums get ``sum_share_rule`` of phase 2 (for the mode), the
        covariance the rest (``make_structure``).
+
+    ``mode`` (``--covariance shared|subspace|per-class`` in this plan):
+    the user's structure instead of steps 2-3; step 4 as for the rule.
     """
     k = constants or RuleConstants()
     if mu is None:  # as calibrate_mu: no noise at all at eps = inf
         mu = math.inf if math.isinf(epsilon) else gdp_mu(epsilon, delta)
     n_typ = typical_count(noisy_counts)
     signal = class_signal(n_typ, mu, d, k)
-    mode = choose_mode(signal, len(noisy_counts), k, n_typ, d)
-    if mode != "per-class" and spiked_band(signal, len(noisy_counts), k,
-                                           n_typ, d, mu):
-        mode = "per-class"
+    if mode is None:
+        mode = choose_mode(signal, len(noisy_counts), k, n_typ, d)
+        if mode != "per-class" and spiked_band(signal, len(noisy_counts), k,
+                                               n_typ, d, mu):
+            mode = "per-class"
     deviation = k.class_deviation if mode == "per-class" else "raw"
     inputs = (("epsilon", epsilon), ("delta", delta), ("d", d),
               ("noisy_counts", [float(c) for c in noisy_counts]),
@@ -645,12 +650,22 @@ def class_block(noisy_projected: np.ndarray, n_c: float,
 # exactly (generator.add_noise: the aggregates lie on public grids) and
 # returns DP outputs only.
 
+# --covariance values planned in two phases: "auto" (the rule picks the
+# structure) and "subspace" (the structure is fixed, the rest as "auto").
+TWO_PHASE = ("auto", "subspace")
+
+
+def two_phase(cfg: GeneratorConfig) -> bool:
+    """Whether the run is planned here rather than by ``plan.make_ledger``."""
+    return cfg.covariance in TWO_PHASE
+
+
 def applies(cfg: GeneratorConfig) -> bool:
-    """Whether ``--covariance auto`` runs the adaptive plan: one Gaussian
-    per class with factors, the DP centre, the plan's own budget shares
-    (a public function of the configuration). Otherwise "auto" means the
-    fixed "shared" plan."""
-    return (cfg.covariance == "auto" and cfg.clusters == 1
+    """Whether ``--covariance auto`` (or ``subspace``) runs the adaptive
+    plan: one Gaussian per class with factors, the DP centre, the plan's
+    own budget shares (a public function of the configuration). Otherwise
+    "auto" means the fixed "shared" plan, and "subspace" is refused."""
+    return (two_phase(cfg) and cfg.clusters == 1
             and cfg.covariance_rank > 0 and cfg.center
             and not cfg.vote_filter and cfg.budget_weights is None)
 

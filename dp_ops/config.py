@@ -13,7 +13,8 @@ from dpsynth.dp_ops.clipping import NORMALIZATIONS
 # (benchmarks/results/studies/utility_study.md, README). Class sizes are private:
 # "auto" (the CLI's default) spends a small budget on noisy class counts and
 # lets a public rule choose (dp_ops/adaptive.py, issue 13).
-COVARIANCE_MODES = ("auto", "shared", "per-class")
+# "subspace" (shared + class subspace) exists only in the two-phase plan.
+COVARIANCE_MODES = ("auto", "shared", "subspace", "per-class")
 
 # Default share of the privacy budget (of mu^2, see calibration.py) per stage.
 DEFAULT_WEIGHTS = {"centre": 0.01, "tree": 0.1, "lloyd": 0.15,

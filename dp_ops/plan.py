@@ -113,7 +113,8 @@ def plan_slots(cfg: GeneratorConfig) -> list[Slot]:
 
 def make_ledger(cfg: GeneratorConfig) -> PrivacyLedger:
     """Calibrates every mechanism of the run; refuses impossible targets."""
-    if cfg.covariance == "auto":  # two phases: dpsynth.dp_ops.adaptive
-        raise ValueError("covariance 'auto' is planned by dpsynth.dp_ops.adaptive")
+    if cfg.covariance in ("auto", "subspace"):  # two phases: dp_ops.adaptive
+        raise ValueError(f"covariance {cfg.covariance!r} is planned by "
+                         "dpsynth.dp_ops.adaptive")
     return calibrate(plan_slots(cfg), cfg.weights(), cfg.epsilon, cfg.delta,
                      cfg.accountant)

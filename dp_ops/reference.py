@@ -187,8 +187,9 @@ def generate_adaptive(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
         centre = generator.noisy_centre(total, count, cfg, ledger, noise)
         noisy_n = adaptive.noisy_counts(
             adaptive.exact_class_counts(y, labels), labels, ledger, noise)
-    structure = adaptive.choose_structure(cfg.epsilon, cfg.delta, d,
-                                          noisy_n, constants, mu)
+    structure = adaptive.choose_structure(
+        cfg.epsilon, cfg.delta, d, noisy_n, constants, mu,
+        "subspace" if cfg.covariance == "subspace" else None)
     adaptive.add_phase2(ledger, cfg, structure, mu)
     with _timed(timings, "phase2"):  # pass 2: sums + second moment(s)
         xc, _ = clipping.preprocess(xn, "none", cfg.clip_norm, centre)

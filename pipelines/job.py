@@ -115,7 +115,7 @@ def prepare(spec: GenerateSpec) -> Job:
                               inp.label_feature, tuple(labels), inp.non_finite,
                               inp.block_size, inp.split_bytes,
                               _column_names(inp.embedding_columns))
-    if cfg.covariance != "auto":
+    if not adaptive.two_phase(cfg):
         validate_weights(cfg.weights(), cfg.stages)
     if not inp.images:
         io.match_files(input_spec.pattern)  # lists names only: no data read
@@ -125,17 +125,94 @@ def prepare(spec: GenerateSpec) -> Job:
               created_utc=_timestamp(),
               noise=make_noise_source(spec.generator.noise_seed),
               engine=chosen)
-    if cfg.covariance == "auto":  # phase 1 now, phase 2 after the rule
-        constants = adaptive.constants_for(cfg)
-        job.adaptive_mu = adaptive.calibrate_mu(cfg, inp.embedding_dim or 1,
-                                                constants)
-        job.ledger = adaptive.phase1_ledger(cfg, job.adaptive_mu)
-        if spec.budget.store is not None:  # dp_accounting: seconds
-            job.reserved = adaptive.reserved_mechanisms(
-                cfg, job.adaptive_mu, constants)
-    else:
-        job.ledger = plan.make_ledger(cfg)  # refuses impossible targets
+    job.adaptive_mu, job.ledger, job.reserved = calibrate(
+        cfg, inp.embedding_dim, spec.budget.store is not None)
     return job
+
+
+def calibrate(cfg: GeneratorConfig, embedding_dim: Optional[int],
+              charged: bool) -> tuple[Optional[float], PrivacyLedger,
+                                      Optional[list]]:
+    """(the adaptive plan's per-class mu, the ledger of what runs first,
+    what the budget store is charged when ``charged`` and it differs from
+    the ledger's list); refuses impossible targets. No data is read."""
+    if not adaptive.two_phase(cfg):
+        return None, plan.make_ledger(cfg), None
+    # Phase 1 now, phase 2 after the rule.
+    constants = adaptive.constants_for(cfg)
+    mu = adaptive.calibrate_mu(cfg, embedding_dim or 1, constants)
+    reserved = (adaptive.reserved_mechanisms(cfg, mu, constants)
+                if charged else None)  # dp_accounting: seconds
+    return mu, adaptive.phase1_ledger(cfg, mu), reserved
+
+
+def plan_only(spec: GenerateSpec) -> dict:
+    """`generate --plan-only`: the checked flags' plan (mechanisms, sigmas,
+    sensitivities, budget split, the store's charge) before any data:
+    no input file is listed or read, nothing is written or charged; the
+    budget store, if named, is only read."""
+    _, labels = _input_and_labels(spec)
+    check_delta(spec.generator.delta, spec.generator.allow_large_delta)
+    cfg = resolve_config(spec, labels)
+    if spec.input.embedding_dim is not None and spec.input.embedding_dim < 1:
+        raise ValueError(f"--embedding-dim must be >= 1, got "
+                         f"{spec.input.embedding_dim}")
+    _check_budget_flags(spec)
+    if not adaptive.two_phase(cfg):
+        validate_weights(cfg.weights(), cfg.stages)
+    mu, ledger, _ = calibrate(cfg, spec.input.embedding_dim, False)
+    charged = (ledger.mechanisms if mu is None else
+               adaptive.reserved_mechanisms(cfg, mu,
+                                            adaptive.constants_for(cfg)))
+    return {"covariance": cfg.covariance, "epsilon": cfg.epsilon,
+            "delta": cfg.delta, "accountant": cfg.accountant,
+            "classes": len(cfg.labels),
+            "adaptive": mu is not None,
+            "mechanisms": [m.to_dict() for m in charged],
+            "budget_split": budget_split(charged),
+            "epsilon_charged": _charged_epsilon(charged, cfg),
+            "store": _store_plan(spec, cfg, charged)}
+
+
+def budget_split(mechanisms: list) -> dict:
+    """Each stage's share of one class's privacy loss (with the global
+    mechanisms): its part of sum count x (sensitivity / sigma)^2, the
+    Gaussian mechanisms' composed mu^2."""
+    first = next((m.partition for m in mechanisms
+                  if m.partition.startswith("class=")), None)
+    loss: dict = {}
+    for m in mechanisms:
+        if m.sigma > 0 and m.partition in (first, "global"):
+            loss[m.stage] = loss.get(m.stage, 0.0) + m.count / m.noise_multiplier ** 2
+    total = sum(loss.values())
+    return {k: v / total for k, v in loss.items()} if total else {}
+
+
+def _charged_epsilon(mechanisms: list, cfg: GeneratorConfig) -> float:
+    if cfg.noiseless:
+        return math.inf
+    ledger = PrivacyLedger(cfg.epsilon, cfg.delta, cfg.accountant)
+    for m in mechanisms:
+        ledger.register(m)
+    return ledger.spent_epsilon()
+
+
+def _store_plan(spec: GenerateSpec, cfg: GeneratorConfig,
+                charged: list) -> Optional[dict]:
+    """The lifetime budget before and after this run (a read of the store)."""
+    budget = spec.budget
+    if budget.store is None:
+        return None
+    from dpsynth.pipelines.release import budget_store
+    cap = budget_store.pinned_cap(budget.store, budget.dataset_id)
+    cap_epsilon = cap["epsilon"] if cap else budget.lifetime_epsilon
+    delta = budget.lifetime_delta or (cap or {}).get("delta") or cfg.delta
+    now, after = budget_store.spend_after(budget.store, budget.dataset_id,
+                                          charged, delta, cfg.accountant)
+    return {"store": budget.store, "dataset_id": budget.dataset_id,
+            "lifetime_cap": cap_epsilon, "lifetime_delta": delta,
+            "spent": now, "after": after,
+            "fits": cap_epsilon is not None and after <= cap_epsilon * (1 + 1e-9)}
 
 
 def _input_and_labels(spec: GenerateSpec) -> tuple[str, tuple[int, ...]]:
@@ -165,9 +242,13 @@ def resolve_config(spec: GenerateSpec,
     ``adaptive.applies``; images: phase 1 would encode them twice) is the
     fixed "shared" plan."""
     cfg = spec.generator.config(labels)
-    if cfg.covariance != "auto" or (adaptive.applies(cfg)
-                                    and spec.input.images is None):
+    if not adaptive.two_phase(cfg) or (adaptive.applies(cfg)
+                                       and spec.input.images is None):
         return cfg
+    if cfg.covariance == "subspace":  # no one-phase plan has it
+        raise ValueError("--covariance subspace needs the two-phase plan: "
+                         "--clusters 1, --center, --covariance-rank > 0, no "
+                         "--vote-filter / --budget-weights, embedding input")
     log.info("--covariance auto: the adaptive plan needs --clusters 1, "
              "--center, no --vote-filter / --budget-weights and embedding "
              "input; running the fixed 'shared' plan")
@@ -478,7 +559,8 @@ def choose_phase2(job: Job, dim: int, noisy_counts) -> adaptive.Structure:
     cfg = job.cfg
     job.structure = adaptive.choose_structure(
         cfg.epsilon, cfg.delta, dim, noisy_counts,
-        adaptive.constants_for(cfg), job.adaptive_mu)
+        adaptive.constants_for(cfg), job.adaptive_mu,
+        "subspace" if cfg.covariance == "subspace" else None)
     adaptive.add_phase2(job.ledger, cfg, job.structure, job.adaptive_mu)
     log.info("covariance rule: %s, sums %.2f of mu^2 (signal %.1f from the "
              "noisy counts)", job.structure.name, job.structure.sum_share,
@@ -650,7 +732,7 @@ def pass_names(cfg: GeneratorConfig, spec: GenerateSpec) -> list[str]:
     """The passes over the private rows, in order (progress lines)."""
     if spec.input.images or spec.run.materialise_blocks:
         return ["Read"]
-    if cfg.covariance == "auto":  # phase 1; phase 2: adaptive_pass_names
+    if adaptive.two_phase(cfg):  # phase 1; phase 2: adaptive_pass_names
         return ["Counts"]
     names = ["Centre"] if cfg.center else []
     if cfg.clusters > 1:

@@ -39,7 +39,8 @@ def _probe(argv: list[str]) -> tuple[str, str]:
 @pytest.mark.parametrize("argv", [
     ["generate", "--help"], ["--version"], ["generate", "--epsilon", "abc"],
     ["--help"], ["encode", "--help"], ["evaluate", "--help"],
-    ["report", "--help"], ["encode", "--images"]])
+    ["report", "--help"], ["encode", "--images"], ["budget", "--help"],
+    ["budget", "show", "--help"]])
 def test_the_help_path_loads_no_pipeline_library(argv):
     heavy, out = _probe(argv)
     assert heavy == "", f"{argv} imported {heavy}"

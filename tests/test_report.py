@@ -285,3 +285,12 @@ def test_pipelinedp_explanation_is_in_the_report(tmp_path):
     assert "<details id=pipelinedp>" in text
     for t in manifest["pipelinedp"]["explain_computation"]:
         assert html.escape(t, quote=False).splitlines()[-1] in text
+
+
+def test_projection_says_the_means_are_drawn_before_renormalisation():
+    # --normalize unit rescales each sampled row; the mixture's means are
+    # not: the page says which step each mark shows (issue 72 item 9).
+    png = {"projection.png": b"\x89PNG"}
+    unit = report._projection_section(png, 5, 10, "unit")
+    assert "before renormalisation" in unit and "rows are drawn after" in unit
+    assert "renormalisation" not in report._projection_section(png, 5, 10, "none")

@@ -1,4 +1,5 @@
-"""The `dpsynth` command line: generate, encode, evaluate, report, sample.
+"""The `dpsynth` command line: generate, encode, evaluate, report, sample,
+budget.
 
 Each sub-command lives in its own module, which registers its flags and
 handler here; this module only dispatches (nothing imports it).
@@ -15,10 +16,13 @@ from typing import Optional, Sequence
 
 from dpsynth.pipelines import console
 
-# (module, takes Beam pipeline options)
-COMMANDS = (("dpsynth.pipelines.cli.generate", True), ("dpsynth.pipelines.cli.encode", True),
-            ("dpsynth.pipelines.cli.evaluate", False), ("dpsynth.pipelines.cli.report", False),
-            ("dpsynth.pipelines.release.sample", False))
+# (sub-command, its module, takes Beam pipeline options)
+COMMANDS = (("generate", "dpsynth.pipelines.cli.generate", True),
+            ("encode", "dpsynth.pipelines.cli.encode", True),
+            ("evaluate", "dpsynth.pipelines.cli.evaluate", False),
+            ("report", "dpsynth.pipelines.cli.report", False),
+            ("sample", "dpsynth.pipelines.release.sample", False),
+            ("budget", "dpsynth.pipelines.release.budget_store", False))
 
 
 def build_parser(only: Optional[str] = None) -> console.Parser:
@@ -30,8 +34,8 @@ def build_parser(only: Optional[str] = None) -> console.Parser:
     parser.add_argument("--version", action="version",
                         version=f"dpsynth {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, _ in COMMANDS:
-        if only is not None and name.rsplit(".", 1)[1] != only:
+    for command, name, _ in COMMANDS:
+        if only is not None and command != only:
             continue
         try:
             module = importlib.import_module(name)
@@ -60,10 +64,10 @@ def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["--version"]:
         print(f"dpsynth {version()}")
         return 0
-    names = {n.rsplit(".", 1)[1] for n, _ in COMMANDS}
+    names = {c for c, _, _ in COMMANDS}
     parser = build_parser(argv[0] if argv[:1] and argv[0] in names else None)
     args, rest = parser.parse_known_args(argv)
-    takes_beam = dict((n.rsplit(".", 1)[1], b) for n, b in COMMANDS)
+    takes_beam = {c: b for c, _, b in COMMANDS}
     if takes_beam.get(args.command):
         return args.handler(args, rest)
     if rest:

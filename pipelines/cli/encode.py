@@ -89,6 +89,10 @@ def class_names(text: Optional[str]) -> Optional[list[str]]:
 
 def handle(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> int:
     """CLI entry for `dpsynth encode` (argparse handler)."""
+    from dpsynth.pipelines.cli import early_checks
+    refusal = early_checks.unknown_flag(parser(), beam_argv, "encode")
+    if refusal:  # before Beam's and TensorFlow's imports
+        return console.fail(refusal)
     console.setup_logging(getattr(args, "verbose", False))
     with console.quiet_stderr(getattr(args, "verbose", False)):
         # Beam and the job load here, after the flags parsed.

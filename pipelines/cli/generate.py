@@ -150,6 +150,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "with --vote-filter; defaults: centre 0.01, tree 0.1, "
                     "lloyd 0.15, moments 0.3, covariance 0.45, vote 0.1, "
                     "renormalised over the enabled stages)")
+    dp.add_argument("--plan-only", action="store_true",
+                    help="print the plan and stop: the mechanisms, their "
+                    "sensitivities and sigmas, the budget split and what "
+                    "--budget-store would be charged; reads no data, "
+                    "writes and charges nothing")
     dp.add_argument("--noise-seed", type=int, help="SECRET seed for "
                     "reproducible noise (tests and audits): the release is "
                     "marked NOT private; refused with --budget-store. "
@@ -164,8 +169,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     life.add_argument("--lifetime-epsilon", type=_lifetime_epsilon,
                       help="lifetime epsilon cap of --dataset-id: needed the "
                       "first time, then pinned in the store (a larger value "
-                      "is refused; `python -m dpsynth.pipelines.release.budget_store set-cap` "
-                      "changes it)")
+                      "is refused; `dpsynth budget set-cap` changes it)")
     life.add_argument("--lifetime-delta", type=float,
                       help="delta at which the lifetime epsilon is measured, "
                       "pinned with the cap (default: --delta)")
@@ -179,7 +183,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "needs --clusters 1, --center, no --vote-filter or "
                      "--budget-weights, embedding input, else it is "
                      "'shared'); 'shared': one matrix of all records; "
-                     "'per-class': one matrix per class")
+                     "'subspace': the shared matrix plus each class's "
+                     "matrix in its top subspace (the two-phase plan with "
+                     "this structure fixed); 'per-class': one matrix per "
+                     "class (which wins where: README: What the job does)")
     gen.add_argument("--clusters", type=int, default=GeneratorConfig.clusters,
                      help="k per class (DP k-means: LSH-tree coreset + Lloyd)")
     gen.add_argument("--clip-norm", type=float,
@@ -334,7 +341,15 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
     """`dpsynth generate`: runs the job with dpsynth's error policy."""
+    from dpsynth.pipelines.cli import early_checks
+    listed = not (args.images or args.plan_only)  # a plan lists no file
+    refusal = early_checks.problem(  # before Beam's 2-5 s of imports
+        parser(), beam_argv, "generate", args.input if listed else None)
+    if refusal:
+        return console.fail(refusal)
     console.setup_logging(args.verbose)
+    if args.plan_only:
+        return _plan_only(args, beam_argv)
     with console.quiet_stderr(args.verbose):
         # Worker processes (--direct_num_workers > 1) are forked from a
         # server started now, so that its imports run beside the ones below
@@ -374,6 +389,77 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
                              budget_store.CapConflict,
                              budget_store.LabelRuleConflict, ImageInputError,
                              ClusterLost, JobServerFailed))
+
+
+def _plan_only(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
+    """`generate --plan-only`: prints ``job.plan_only``'s plan."""
+    with console.quiet_stderr(args.verbose):
+        from dpsynth.pipelines import job
+        from dpsynth.pipelines.release import budget_store
+        from dpsynth.pipelines.runners.options import UsageError, check_beam_args
+
+        def go() -> int:
+            check_beam_args(beam_argv, parser(), "generate")
+            print(render_plan(job.plan_only(spec_from_args(args, beam_argv))))
+            return 0
+
+        return console.run_command(go, "generate", (
+            ValueError, UsageError, budget_store.CapConflict))
+
+
+def render_plan(plan: dict) -> str:
+    """The plan as the console shows it (``job.plan_only``'s document)."""
+    lines = [f"plan of the release (no data read, nothing charged): epsilon "
+             f"{plan['epsilon']:g}, delta {plan['delta']:g}, accountant "
+             f"{plan['accountant']}, {plan['classes']} classes, covariance "
+             f"{plan['covariance']}"]
+    if plan["adaptive"]:
+        lines.append("  adaptive: phase 1 (centre, noisy class counts) runs "
+                     "first; the public rule then picks the structure from "
+                     "the noisy counts. Shown: phase 1 + the costliest "
+                     "structure, what the budget store is charged")
+    split = ", ".join(f"{stage} {share:.1%}" for stage, share
+                      in plan["budget_split"].items())
+    lines.append(f"budget split (share of one class's privacy loss): {split}")
+    lines.append("mechanisms (Gaussian; sensitivity under add/remove of one "
+                 "record, sigma per coordinate):")
+    for row in _mechanism_rows(plan["mechanisms"]):
+        lines.append("  " + row)
+    lines.append(f"epsilon charged: {plan['epsilon_charged']:.4g} at delta "
+                 f"{plan['delta']:g}")
+    store = plan["store"]
+    if store is not None:
+        cap = ("no cap pinned yet and no --lifetime-epsilon"
+               if store["lifetime_cap"] is None
+               else f"cap {store['lifetime_cap']:g}")
+        verdict = "fits" if store["fits"] else "REFUSED: over the cap"
+        lines.append(f"budget store {store['store']}, dataset "
+                     f"{store['dataset_id']!r}: lifetime epsilon "
+                     f"{store['spent']:.4g} spent, {store['after']:.4g} after "
+                     f"this run at delta {store['lifetime_delta']:g}; {cap} "
+                     f"({verdict})")
+    return "\n".join(lines)
+
+
+def _mechanism_rows(mechanisms: list) -> list:
+    """One row per mechanism, the classes' identical ones as one
+    (``class=*``, with how many classes)."""
+    import re
+    rows: dict = {}
+    for m in mechanisms:
+        name = re.sub(r"^class=[^/]+/", "class=*/", m["name"])
+        key = (name, m["stage"], m["sensitivity"], m["sigma"], m["count"],
+               m["sampling_probability"])
+        rows[key] = rows.get(key, 0) + 1
+    out = []
+    for (name, stage, sens, sigma, count, rate), times in rows.items():
+        each = f" x {times} classes" if name.startswith("class=*") else ""
+        repeat = f", applied {count} times" if count > 1 else ""
+        sampled = f", sampled at {rate:g}" if rate < 1 else ""
+        out.append(f"{name}{each}: stage {stage}, sensitivity {sens:.4g}, "
+                   f"sigma {sigma:.4g} (sigma/sensitivity "
+                   f"{sigma / sens:.4g}){repeat}{sampled}")
+    return out
 
 
 def _lifetime(spec: GenerateSpec):

@@ -625,7 +625,8 @@ def _classes_section(rel: Release, images: dict) -> str:
               f" classes)</summary>{table}</details>")
 
 
-def _projection_section(images: dict, n: int, total: int) -> str:
+def _projection_section(images: dict, n: int, total: int,
+                        normalize: Optional[str] = None) -> str:
     if "projection.png" not in images:
         return ("<h2 id=projection>Synthetic rows in 2-D</h2>"
                 "<p>The release holds no rows.</p>")
@@ -636,7 +637,19 @@ def _projection_section(images: dict, n: int, total: int) -> str:
               f"(a uniform subsample) drawn on the two directions in which "
               f"they vary most (principal components, PCA); crosses: the "
               f"centres of the DP mixture's components (gmm.npz) on the "
-              f"same axes. Post-processing of the release only.</p>")
+              f"same axes.{_renormalised_note(normalize)} "
+              f"Post-processing of the release only.</p>")
+
+
+def _renormalised_note(normalize: Optional[str]) -> str:
+    """The crosses and the dots are drawn at different steps when every
+    sampled row is then rescaled to the sphere (``--normalize unit``)."""
+    if normalize != "unit":
+        return ""
+    return (" The crosses are the means as the mixture holds them, before "
+            "renormalisation; the rows are drawn after it (each sampled row "
+            "is scaled to the sphere of --normalize unit), so the crosses "
+            "sit inside the cloud of rows rather than on it.")
 
 
 def _evaluation_section(found: Optional[tuple[str, dict]], release: str) -> str:
@@ -800,7 +813,8 @@ def render(rel: Release, images: dict, evaluation, sample_size: int) -> str:
         "</div>",
         _privacy_section(m, images),
         _classes_section(rel, images),
-        _projection_section(images, sample_size, total),
+        _projection_section(images, sample_size, total, m.get(
+            "outputs", {}).get("normalisation", {}).get("normalize")),
         _evaluation_section(evaluation, rel.path),
         _reading_section(m),
         _config_section(m),

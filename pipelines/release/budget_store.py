@@ -15,7 +15,7 @@ reaches a release, ``LATEST.json`` or a notification.
 Lifetime cap. The cap (epsilon, delta) is pinned in the document when it is
 created. A later run may ask for a stricter epsilon (used for its own check)
 but never a larger one nor another delta (``CapConflict``); only the logged
-admin command ``python -m dpsynth.pipelines.release.budget_store set-cap ... --reason`` changes
+admin command ``dpsynth budget set-cap ... --reason`` changes
 it, and the change is kept in the document.
 
 Label rule. The rule that makes a record's class (the label feature, or
@@ -274,7 +274,7 @@ def reserve(store_uri: str, dataset_id: str, run_id: str,
                 f"{len(doc['releases'])} earlier attempt(s), see "
                 f"{_document_uri(store_uri, dataset_id)}). Nothing was run or "
                 "written; lower --epsilon, or raise the cap deliberately "
-                "with `python -m dpsynth.pipelines.release.budget_store set-cap`.")
+                "with `dpsynth budget set-cap`.")
         entry["lifetime_epsilon_after"] = spent
         doc["releases"].append(entry)
         result.update(already_spent=False, entry=copy.deepcopy(entry),
@@ -318,12 +318,12 @@ def _cap_for_run(doc: dict, store_uri: str, epsilon: Optional[float],
         raise CapConflict(
             f"{where}: --lifetime-delta {delta:g} differs from the dataset's "
             f"pinned lifetime delta {cap_delta:g}; drop the flag, or change "
-            "the cap with `python -m dpsynth.pipelines.release.budget_store set-cap`")
+            "the cap with `dpsynth budget set-cap`")
     if epsilon is not None and epsilon > cap_eps * (1 + _REL_TOL):
         raise CapConflict(
             f"{where}: --lifetime-epsilon {epsilon:g} is above the dataset's "
             f"pinned lifetime cap {cap_eps:g}; a run cannot widen it (an "
-            "administrator can: `python -m dpsynth.pipelines.release.budget_store set-cap`)")
+            "administrator can: `dpsynth budget set-cap`)")
     return (cap_eps if epsilon is None else float(epsilon)), cap_delta
 
 
@@ -335,8 +335,8 @@ def _check_pinned_cap(epsilon, delta, where: str) -> None:
     except (TypeError, CapConflict) as err:
         raise CapConflict(
             f"{where}: the pinned lifetime cap is out of bounds ({err}); "
-            "nothing was charged. Replace it with `python -m "
-            "dpsynth.pipelines.release.budget_store set-cap`") from None
+            "nothing was charged. Replace it with `dpsynth "
+            "budget set-cap`") from None
 
 
 def _pin_label_rule(doc: dict, store_uri: str,
@@ -390,8 +390,8 @@ def _check_unlabelled(doc: dict, store_uri: str, rule: dict) -> None:
         f"{where}: dataset {dataset_id!r} has {len(doc['releases'])} "
         "release(s) recorded before label rules were pinned, so this run's "
         f"rule ({_rule_text(rule)}) cannot be checked; refused, nothing "
-        "charged. If those releases used this rule, record it once: python "
-        "-m dpsynth.pipelines.release.budget_store set-label-rule "
+        "charged. If those releases used this rule, record it once: dpsynth "
+        "budget set-label-rule "
         f"--budget-store {store_uri} --dataset-id {dataset_id} {how} "
         f"--labels {labels} --reason '...'")
 
@@ -756,6 +756,17 @@ def lifetime_spent(store_uri: str, dataset_id: str, delta: float,
     return _compose(history(store_uri, dataset_id), delta, accountant)
 
 
+def spend_after(store_uri: str, dataset_id: str,
+                mechanisms: list[Mechanism], delta: float,
+                accountant: str = "pld") -> tuple[float, float]:
+    """(lifetime epsilon now, after one more release of ``mechanisms``) at
+    ``delta``: what `generate --plan-only` reports; reads, writes nothing."""
+    entries = history(store_uri, dataset_id)
+    planned = {"mechanisms": [_mechanism_to_dict(m) for m in mechanisms]}
+    return (_compose(entries, delta, accountant),
+            _compose(entries + [planned], delta, accountant))
+
+
 # ------------------------------------------------------------- accounting
 
 
@@ -1078,7 +1089,26 @@ def _epsilon_flag(text: str) -> float:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dpsynth.pipelines.release.budget_store")
-    sub = p.add_subparsers(dest="command", required=True)
+    add_commands(p)
+    return p
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Adds `dpsynth budget show|check|set-cap|set-label-rule`: this
+    module's own sub-commands under the `dpsynth` parser."""
+    p = subparsers.add_parser(
+        "budget", help="the lifetime budget store: show, check a planned "
+        "run, set the cap or the label rule",
+        description="The lifetime budget ledger of a private dataset.")
+    add_commands(p)
+    p.set_defaults(handler=run_parsed, command="budget")
+    return p
+
+
+def add_commands(p: argparse.ArgumentParser) -> None:
+    """The budget commands and their flags, under ``p`` (this module's own
+    parser or `dpsynth budget`)."""
+    sub = p.add_subparsers(dest="budget_command", required=True)
     for name in ("show", "check", "set-cap", "set-label-rule"):
         s = sub.add_parser(name)
         s.add_argument("--budget-store", required=True)
@@ -1121,7 +1151,6 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--reason", required=True,
                    help="why this is the rule of the recorded releases "
                    "(kept in the store)")
-    return p
 
 
 def _labels_flag(text: str) -> list[int]:
@@ -1144,7 +1173,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     records the label rule of a document written before rules were
     pinned.
     """
-    args = _parser().parse_args(argv)
+    return run_parsed(_parser().parse_args(argv))
+
+
+def run_parsed(args: argparse.Namespace) -> int:
+    """One parsed command with the module's error policy: one line, no
+    traceback, exit 2."""
     try:
         return handle(args)
     except (ValueError, RuntimeError) as err:  # one line, no traceback
@@ -1154,7 +1188,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def handle(args: argparse.Namespace) -> int:
     """Runs one parsed budget-store command; returns its exit code."""
-    if args.command == "set-cap":
+    if args.budget_command == "set-cap":
         by = os.environ.get("USER") or os.environ.get("LOGNAME") or ""
         change = set_cap(args.budget_store, args.dataset_id,
                          args.lifetime_epsilon, args.lifetime_delta,
@@ -1165,7 +1199,7 @@ def handle(args: argparse.Namespace) -> int:
               f"{by or 'unknown'}: {args.reason}", file=sys.stderr)
         print(json.dumps(change, indent=1))
         return 0
-    if args.command == "set-label-rule":
+    if args.budget_command == "set-label-rule":
         return _set_label_rule(args)
     entries = history(args.budget_store, args.dataset_id)
     cap = pinned_cap(args.budget_store, args.dataset_id)
@@ -1175,7 +1209,7 @@ def handle(args: argparse.Namespace) -> int:
     report = {"dataset_id": args.dataset_id, "releases": len(entries),
               "lifetime_epsilon_spent": spent, "lifetime_delta": delta,
               "lifetime_cap": cap}
-    if args.command == "show":
+    if args.budget_command == "show":
         report["history"] = [{k: e.get(k) for k in (
             "run_id", "attempt", "status", "epsilon", "delta", "release_uri",
             "reserved_at", "lifetime_epsilon_after")} for e in entries]
