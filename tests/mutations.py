@@ -319,6 +319,18 @@ MUTATIONS += (
              "    if True:\n        return",
              ("tests/test_cluster_boundary.py::"
               "test_a_secure_run_with_a_worker_elsewhere_needs_the_key_and_tls",)),
+    Mutation("dataset-sets-operator-options",
+             "deploy/runner_trust.py:refuse_operator_only",
+             "        if option is not None:\n            raise ValueError(",
+             "        if False:\n            raise ValueError(",
+             ("tests/test_runner_trust.py::"
+              "test_the_reviews_examples_are_refused_in_their_own_spellings",)),
+    Mutation("input-not-bound-to-dataset",
+             "deploy/airflow/dpsynth_nightly.py:check_input",
+             "    if scheme != pinned_scheme or segments[:len(pinned)] != pinned:",
+             "    if False:",
+             ("tests/test_runner_trust.py::"
+              "test_an_input_outside_the_pinned_prefix_is_refused",)),
     Mutation("charged-dim-from-a-row", "pipelines/job.py:make_reader",
              "dim_from_rows=spec.budget.store is None)",
              "dim_from_rows=True)",
