@@ -38,8 +38,10 @@ from dpsynth.pipelines.runners.beam_temp import pipeline_run
 from dpsynth.pipelines.runners.options import UsageError, beam_options, local_blas_threads
 from dpsynth.pipelines.spec import GenerateSpec, ImageOptions
 from dpsynth.transforms import allocator, io
-from dpsynth.transforms.adaptive import (PHASE1_FILE, AdaptiveMixture, AdaptivePhase1,
-                                 read_phase1, write_json)
+from dpsynth.transforms.adaptive import (PHASE1_FILE, PHASE1_PURPOSE,
+                                         AdaptiveMixture, AdaptivePhase1,
+                                         ForgedPhase1, read_phase1,
+                                         write_phase1)
 from dpsynth.transforms.aggregate import PrepareBlocks, RereadBlocks
 from dpsynth.transforms.centre import DPCentre
 from dpsynth.transforms.dp_kmeans import DPKMeans
@@ -464,10 +466,14 @@ def run_phase1(job: Job, reader: beam.PTransform, options,
         _ = (p | "CountsRead" >> reader
              | "CountsProgress" >> ReportProgress(progress, "Counts")
              | "Phase1" >> phase1
-             | "WritePhase1" >> beam.Map(write_json, path))
+             | "WritePhase1" >> beam.Map(write_phase1, path, job.noise))
         _explain(job, accountant, phase1.aggregations)
     from apache_beam.io.filesystems import FileSystems
-    centre, counts = read_phase1(path)
+    try:  # only what phase 1 wrote: the file lies beside --output
+        centre, counts = read_phase1(
+            path, job.noise.derived_key(PHASE1_PURPOSE))
+    except ForgedPhase1 as err:
+        raise release.ReleaseChanged(str(err)) from None
     FileSystems.delete([path])
     return centre, counts
 

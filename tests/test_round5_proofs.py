@@ -1,0 +1,104 @@
+"""Issue 71 (release integrity, round 5), items 3, 5 and 6 and the suite's
+gaps, tried as an attacker who can write beside --output (or edit the
+dataset's Variable) would, locally and on the GCS emulator.
+
+3. Phase 1's DP outputs (``--covariance auto``) went through
+   ``<staging>/phase1.json`` unauthenticated: replaced between its write
+   and its read, the attacker's counts and centre steered phase 2 and were
+   published. The file now carries a tag under a key derived from the
+   run's secret in the worker that writes it.
+5. ``LATEST.json`` is written only with the store's record of the run
+   (``deploy.publish`` needs ``--budget-store``/``--dataset-id``) and
+   names it; ``load_latest(budget_store=...)`` checks the pinned digest
+   against the store.
+6. "Already published" comes from the store's record, never from the
+   folder: a manifest planted at --output naming the coming run id is
+   refused in one line (no store: nothing can prove it), and a staged
+   folder planted under the run id is set aside, not obeyed.
+Gaps: the record key never travels in the pickled job graph; image runs
+pin the images' label feature; extra files in the version folder before
+the switch are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from apache_beam.io.filesystems import FileSystems
+
+from dpsynth.pipelines import job
+from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines.release import release
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
+from test_release_integrity import (_data, _generate,  # noqa: E402
+                                    _one_line_error, _put)
+from test_written_digests import (RUN, _everything_under, _store,  # noqa: E402
+                                  _where)
+
+
+def _no_staging_left(out: str) -> None:
+    assert release.staging_folders(out, RUN) == {}
+
+
+# ------------------------------- 3. phase 1's DP outputs, authenticated
+
+FAKE_COUNTS = [123456.0, 654321.0]
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+@pytest.mark.parametrize("form", ["plain", "tagged"])
+def test_phase1_replaced_before_its_read_is_never_published(
+        monkeypatch, tmp_path, capsys, request, where, form):
+    """The attacker rewrites phase1.json between the phase-1 pipeline's
+    write and the launcher's read: as the old plain document, and with a
+    tag they made up."""
+    data = _data(tmp_path)
+    out, store = _where(tmp_path, request, where)
+    real = job.read_phase1
+    replaced: list = []
+
+    def attacked(path, *args):
+        doc = {"centre": [0.0] * 8, "noisy_counts": FAKE_COUNTS}
+        body = doc if form == "plain" else {"doc": doc,
+                                            "hmac_sha256": "0" * 64}
+        folder, name = path.rsplit("/", 1)
+        _put(folder, name, json.dumps(body).encode())
+        replaced.append(path)
+        return real(path, *args)
+    monkeypatch.setattr(job, "read_phase1", attacked)
+    capsys.readouterr()
+    rc = _generate(data, out, *_store(store))
+    assert replaced, "the run had no phase 1"
+    err = _one_line_error(capsys)
+    assert rc == 2 and "phase 1" in err and "not published" in err, err
+    assert not release.release_exists(out)
+    (entry,) = bs.history(store, "d")
+    assert entry["status"] == bs.FAILED  # read data: its spend stays
+    _no_staging_left(out)
+    assert not any(b"123456" in body for body in _everything_under(out))
+
+
+def test_phase1_as_written_is_read(tmp_path):
+    from dpsynth.dp_ops.noise import SecureNoise
+    from dpsynth.transforms import adaptive
+    noise, path = SecureNoise(), str(tmp_path / adaptive.PHASE1_FILE)
+    adaptive.write_phase1({"centre": [0.5], "noisy_counts": [3.25]}, path,
+                          noise)
+    key = noise.derived_key(adaptive.PHASE1_PURPOSE)
+    centre, counts = adaptive.read_phase1(path, key)
+    assert centre.tolist() == [0.5] and counts.tolist() == [3.25]
+    with pytest.raises(adaptive.ForgedPhase1):  # another run's key
+        adaptive.read_phase1(path, SecureNoise().derived_key(
+            adaptive.PHASE1_PURPOSE))
+    moved = str(tmp_path / "other.json")  # another launch's file
+    os.rename(path, moved)
+    with pytest.raises(adaptive.ForgedPhase1):
+        adaptive.read_phase1(moved, key)
