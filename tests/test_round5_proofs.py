@@ -102,3 +102,105 @@ def test_phase1_as_written_is_read(tmp_path):
     os.rename(path, moved)
     with pytest.raises(adaptive.ForgedPhase1):
         adaptive.read_phase1(moved, key)
+
+
+# ------------------ 6. "already published" is proven, never read from a folder
+
+def _plant_release(out: str, data: Path, run_id: str = RUN) -> dict:
+    """A self-consistent release of real input rows, its manifest naming
+    the coming run id and ``"private": true``."""
+    from test_written_digests import _real_rows
+    from dpsynth.transforms import write
+    x, y = _real_rows(data)
+    root = f"{out}/v-0123456789ab"
+    shard = "class0-00000-of-00001.tfrecord"
+    _put(root, f"data/{shard}", write.tfrecord_bytes(x[y == 0], 0))
+    manifest = {"format": "dpsynth-release/3", "run_id": run_id,
+                "root": "v-0123456789ab", "private": True,
+                "embedding_dim": int(x.shape[1]),
+                "classes": [{"label": 0, "shards": [shard],
+                             "samples": int((y == 0).sum())}],
+                "files": release.file_digests(root)}
+    release.write_manifest(out, manifest)
+    assert release.load_release(out)[0].shape[0] == (y == 0).sum()
+    return manifest
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+@pytest.mark.parametrize("with_store", [False, True])
+def test_a_planted_manifest_naming_the_run_is_not_already_published(
+        monkeypatch, tmp_path, capsys, request, where, with_store):
+    data = _data(tmp_path)
+    out, store = _where(tmp_path, request, where)
+    planted = _plant_release(out, data)
+    steps: list = []
+    monkeypatch.setattr(job, "_checkpoint", steps.append)
+    capsys.readouterr()
+    flags = _store(store) if with_store else ["--run-id", RUN]
+    rc = _generate(data, out, *flags)
+    err = _one_line_error(capsys)
+    assert rc == 2 and ("not vouching" in err or "never recorded" in err), err
+    assert "nothing to do" not in err
+    assert "running" not in steps  # no data read
+    if with_store:
+        assert bs.history(store, "d") == []  # nothing charged or marked
+    assert release.read_manifest(out) == planted  # not ours: untouched
+    _no_staging_left(out)
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_planted_staging_folder_is_set_aside_not_obeyed(
+        tmp_path, capsys, request, where):
+    """A complete staged release planted under the predictable run id,
+    with a store that never charged it: the run goes on and publishes its
+    own draw; the planted folder is never published and is cleaned up."""
+    from test_release_integrity import _staged
+    data = _data(tmp_path)
+    out, store = _where(tmp_path, request, where)
+    folder = release.staging_dir(out, RUN, "0123456789abcdef")
+    _staged(folder, RUN, "v-0123456789ab")
+    rc = _generate(data, out, *_store(store))
+    assert rc == 0, capsys.readouterr().err
+    manifest = release.verify_release(out)
+    assert manifest["root"] != "v-0123456789ab"
+    (entry,) = bs.history(store, "d")
+    assert entry["status"] == bs.PUBLISHED
+    assert entry["staged"]["manifest_sha256"] == release.manifest_digest(out)
+    _no_staging_left(out)
+    # The retry the proof is for: the store recorded this release, so a
+    # re-run does nothing and spends nothing.
+    before = release.manifest_digest(out)
+    capsys.readouterr()
+    assert _generate(data, out, *_store(store)) == 0
+    assert "nothing to do" in capsys.readouterr().err
+    assert release.manifest_digest(out) == before
+    assert len(bs.history(store, "d")) == 1
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+@pytest.mark.parametrize("with_store", [False, True])
+def test_the_staged_manifest_copied_to_output_before_the_switch(
+        monkeypatch, tmp_path, request, where, with_store):
+    """The attacker copies the staged manifest to --output before the
+    switch: it names a version folder nobody filled. The launch still
+    places its files: the release loads, and the store's record is true."""
+    data = _data(tmp_path)
+    out, store = _where(tmp_path, request, where)
+
+    def checkpoint(step):
+        if step == "committed":
+            (folder,) = release.staging_folders(out, RUN).values()
+            with FileSystems.open(release.manifest_path(folder)) as f:
+                _put(out, release.MANIFEST, f.read())
+    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    flags = _store(store) if with_store else ["--run-id", RUN]
+    assert _generate(data, out, *flags) == 0
+    x, _, manifest = release.load_release(out)
+    assert len(x) == manifest["samples_total"] > 0
+    if with_store:
+        (entry,) = bs.history(store, "d")
+        assert entry["status"] == bs.PUBLISHED
+        assert entry["staged"]["manifest_sha256"] == \
+            release.manifest_digest(out)
+    _no_staging_left(out)
+

@@ -468,7 +468,8 @@ def _switch(staging: str, output: str, manifest: dict, overwrite: bool,
     try:
         for _ in range(_CAS_ATTEMPTS):
             current, generation, where = _current(output)
-            if _is_published(current, manifest, output, overwrite):
+            if (_is_published(current, manifest, output, overwrite)
+                    and _in_place(root, manifest)):
                 return manifest
             if not placed:
                 _take_back(staging, root, manifest)  # a killed publish's
@@ -538,6 +539,19 @@ def _is_published(current: Optional[dict], manifest: dict, output: str,
             "version folder this staged release names (a copied staging "
             "folder?); not placing other files into it")
     return False
+
+
+def _in_place(root: str, manifest: dict) -> bool:
+    """Whether the version folder holds the manifest's files (names and
+    sizes: the publisher that wrote the manifest checked their bytes). A
+    copy of the staged manifest written at --output before the switch
+    names a folder nobody filled: that is no publication, and this launch
+    publishes for real (the same manifest, the files placed)."""
+    try:
+        verify_files(root, manifest, contents=False)
+    except ReleaseChanged:
+        return False
+    return True
 
 
 def _root_name(manifest: dict) -> str:
