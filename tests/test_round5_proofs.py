@@ -204,3 +204,66 @@ def test_the_staged_manifest_copied_to_output_before_the_switch(
             release.manifest_digest(out)
     _no_staging_left(out)
 
+
+
+# ----------------------------------- 5. LATEST.json carries checkable proof
+
+def _publish_args(out: str, root: str, store: str) -> list[str]:
+    return ["--output", out, "--run-id", RUN, "--output-root", root,
+            "--budget-store", store, "--dataset-id", "d"]
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_latest_pointed_at_a_self_consistent_copy_is_refused_with_the_store(
+        tmp_path, capsys, request, where):
+    from dpsynth.deploy import publish
+    data = _data(tmp_path)
+    out, store = _where(tmp_path, request, where)
+    root = out.rsplit("/", 1)[0]
+    assert _generate(data, out, *_store(store)) == 0
+    capsys.readouterr()
+    assert publish.main(_publish_args(out, root, store)) == 0
+    latest = json.loads(capsys.readouterr().out)
+    assert (latest["budget_store"], latest["dataset_id"]) == (store, "d")
+    x, _, _ = release.load_latest(root, budget_store=store, dataset_id="d")
+    assert len(x) > 0
+    # The attacker's copy: real rows, "private": true, self-consistent,
+    # and LATEST.json rewritten to pin it (naming the run and the store).
+    fake = root + "/fake"
+    _plant_release(fake, data)
+    with FileSystems.open(f"{root}/LATEST.json") as f:
+        doc = json.loads(f.read())
+    doc.update(release=fake, manifest_sha256=release.manifest_digest(fake))
+    _put(root, "LATEST.json", json.dumps(doc).encode())
+    release.load_latest(root)  # unchecked: what a reader without the store gets
+    reads: list = []
+    real_blocks = release._all_blocks
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(release, "_all_blocks",
+                      lambda *a, **k: reads.append(a) or real_blocks(*a, **k))
+        with pytest.raises(release.ReleaseChanged,
+                           match="never recorded") as err:
+            release.load_latest(root, budget_store=store, dataset_id="d")
+    assert "\n" not in str(err.value) and reads == []  # before any row
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_publish_without_the_store_of_a_release_made_with_one_is_refused(
+        tmp_path, capsys, request, where):
+    """Round 5's report: a self-consistent rewrite of a release made with
+    a store, then ``deploy.publish`` without --budget-store/--dataset-id."""
+    from dpsynth.deploy import publish
+    from test_written_digests import _rewrite_published
+    data = _data(tmp_path)
+    out, store = _where(tmp_path, request, where)
+    root = out.rsplit("/", 1)[0]
+    assert _generate(data, out, *_store(store)) == 0
+    _rewrite_published(out, data)  # checks out on its own
+    args = _publish_args(out, root, store)[:6]  # no store flags
+    for attempt in ("rewritten", "as made"):
+        capsys.readouterr()
+        assert publish.main(args) == 1, attempt
+        err = capsys.readouterr().err.strip()
+        assert "--budget-store" in err and "\n" not in err, err
+        assert not FileSystems.exists(f"{root}/LATEST.json")
+    assert publish.main(_publish_args(out, root, store)) == 1  # the record
