@@ -289,9 +289,10 @@ def _published_by(output: str, run_id: Optional[str],
             f"budget store {store} (dataset {dataset_id!r}) never recorded "
             "for it (planted or rewritten): nothing published, nothing "
             "charged; remove it or use a new --run-id")
-    try:
-        release.verify_files(release.release_root(output), release.read_manifest(
-            output, digest), contents=False)
+    manifest = release.read_manifest(output, digest)
+    try:  # every listed file, its bytes (an operator's extra files may stay)
+        release.verify_files(release.release_root(output, manifest), manifest,
+                             names=list(manifest.get("files") or {}))
     except release.ReleaseChanged:
         return "recorded"  # its files were never placed: publish them
     return "published"

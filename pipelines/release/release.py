@@ -542,13 +542,14 @@ def _is_published(current: Optional[dict], manifest: dict, output: str,
 
 
 def _in_place(root: str, manifest: dict) -> bool:
-    """Whether the version folder holds the manifest's files (names and
-    sizes: the publisher that wrote the manifest checked their bytes). A
-    copy of the staged manifest written at --output before the switch
-    names a folder nobody filled: that is no publication, and this launch
-    publishes for real (the same manifest, the files placed)."""
+    """Whether the version folder holds every file the manifest lists,
+    with its bytes (files beside them, such as an operator's notes, are
+    not the release's). A copy of the staged manifest written at --output
+    before the switch names a folder nobody filled: that is no
+    publication, and this launch publishes for real (the same manifest,
+    the files placed)."""
     try:
-        verify_files(root, manifest, contents=False)
+        verify_files(root, manifest, names=list(manifest["files"]))
     except ReleaseChanged:
         return False
     return True
