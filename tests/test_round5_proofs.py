@@ -267,3 +267,155 @@ def test_publish_without_the_store_of_a_release_made_with_one_is_refused(
         assert "--budget-store" in err and "\n" not in err, err
         assert not FileSystems.exists(f"{root}/LATEST.json")
     assert publish.main(_publish_args(out, root, store)) == 1  # the record
+
+
+# --------------------- gap: the record's key never travels in the job graph
+
+def _graph_only(monkeypatch) -> None:
+    """``pipeline_run`` builds the graph and serialises it as a runner
+    does (every DoFn pickled), runs nothing; phase 1's result is a
+    stand-in (no file is written)."""
+    import contextlib
+
+    import apache_beam as beam
+
+    @contextlib.contextmanager
+    def built(options):
+        p = beam.Pipeline()
+        yield p
+        p.to_runner_api()
+    monkeypatch.setattr(job, "pipeline_run", built)
+    monkeypatch.setattr(job, "read_phase1", lambda path, key: (
+        np.zeros(4), np.array([100.0, 100.0])))
+    monkeypatch.setattr(FileSystems, "delete", lambda paths: None)
+
+
+@pytest.mark.parametrize("covariance", ["shared", "auto"])
+def test_the_record_key_never_travels_in_the_job_graph(tmp_path, monkeypatch,
+                                                       covariance):
+    """With --noise-key-location the graph holds the key object's URI;
+    neither the noise key nor any key derived from it (the writers'
+    record key, phase 1's tag key) may be pickled with it: whoever reads
+    the job description could then forge the record of the staged files
+    (or phase 1's counts)."""
+    import apache_beam as beam
+
+    from dpsynth.pipelines.cli import generate
+    from dpsynth.transforms import adaptive, digests
+    from test_noise_key_location import pickled_payloads
+    data = _data(tmp_path)
+    keys = tmp_path / "keys"
+    keys.mkdir(mode=0o700)
+    args, _ = job_parser().parse_known_args(
+        ["generate", "--input", str(data), "--num-classes", "2", "--output",
+         str(tmp_path / "out"), "--noise-key-location", str(keys),
+         "--covariance", covariance])
+    spec = generate.spec_from_args(args)
+    j = job.prepare(spec)
+    assert (j.adaptive_mu is None) == (covariance == "shared")
+    secrets = [j.noise.export_key(), j.noise.derived_key(digests.PURPOSE),
+               j.noise.derived_key(adaptive.PHASE1_PURPOSE)]
+    uri = job.store_noise_key(j, spec).encode()
+    blobs = pickled_payloads(monkeypatch)
+    _graph_only(monkeypatch)
+    reader = job.make_reader(j, spec)
+    if j.adaptive_mu is None:
+        with job.pipeline_run(None) as p:
+            job.build(p, j, reader, spec)
+    else:
+        _, counts = job.run_phase1(j, reader, None)
+        job.choose_phase2(j, reader.dim, counts)
+        with job.pipeline_run(None) as p:
+            job.build_adaptive(p, j, job.make_reader(j, spec), spec,
+                               np.zeros(reader.dim), counts)
+    assert any(uri in blob for blob in blobs)  # the reference travels
+    for secret in secrets:
+        assert not any(secret in blob or secret.hex().encode() in blob
+                       for blob in blobs)
+
+
+def job_parser():
+    from dpsynth.pipelines import cli
+    return cli.build_parser()
+
+
+# ------------------- gap: image runs pin the images' own label feature
+
+def _image_spec(tmp_path, store: str, run_id: str, label_feature: str):
+    """An API caller's spec: the images' label feature set on
+    ``ImageOptions`` (the encoder reads it), ``InputOptions``' left at its
+    default (it names the embedding input's, unused here)."""
+    import dataclasses
+
+    from dpsynth.pipelines.cli import generate
+    args, _ = job_parser().parse_known_args(
+        ["generate", "--images", str(tmp_path / "images-*.npz"),
+         "--num-classes", "2", "--epsilon", "1", "--run-id", run_id,
+         "--output", str(tmp_path / run_id), "--budget-store", store,
+         "--dataset-id", "d", "--lifetime-epsilon", "1.2"])
+    spec = generate.spec_from_args(args)
+    images = dataclasses.replace(spec.input.images,
+                                 label_feature=label_feature)
+    return dataclasses.replace(spec, input=dataclasses.replace(
+        spec.input, images=images, label_feature="label"))
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_an_image_run_pins_the_images_label_feature(tmp_path, request,
+                                                   where):
+    """The relabelling attack on images: the same image records released
+    by their "label" feature and then by "label2" are two views of every
+    record; the store must see two rules, not the embedding input's
+    (unused) label feature twice."""
+    _, store = _where(tmp_path, request, where)
+    first = _image_spec(tmp_path, store, "r1", "label")
+    second = _image_spec(tmp_path, store, "r2", "label2")
+    assert job.label_rule(second, job.prepare(second).cfg)[
+        "label_feature"] == "label2"
+    j = job.prepare(first)
+    job._reserve(j, first)
+    doc = bs._backend(store, "d").read()
+    assert doc["label_rule"]["label_feature"] == "label"
+    with pytest.raises(bs.LabelRuleConflict) as err:
+        job._reserve(job.prepare(second), second)
+    assert "\n" not in str(err.value)
+    assert bs._backend(store, "d").read() == doc  # nothing charged
+
+
+# ------------ gap: files planted in the version folder before the switch
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_file_planted_in_the_version_folder_is_never_published(
+        monkeypatch, tmp_path, capsys, request, where):
+    """The staged manifest names its version folder (readable beside
+    --output); the attacker puts a shard of real rows there before the
+    switch, where a reader of <version>/data would read it with the
+    release."""
+    from test_written_digests import _real_rows
+    from dpsynth.transforms import write
+    data = _data(tmp_path)
+    out, store = _where(tmp_path, request, where)
+    x, _ = _real_rows(data)
+    fake = write.tfrecord_bytes(x[:50], 0)
+    planted: list = []
+
+    def checkpoint(step):
+        if step == "committed":
+            (folder,) = release.staging_folders(out, RUN).values()
+            root = release.staged_manifest(folder)["root"]
+            _put(f"{out}/{root}", "data/class0-99999-of-99999.tfrecord", fake)
+            planted.append(root)
+    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    capsys.readouterr()
+    rc = _generate(data, out, *_store(store))
+    assert planted, "the attack found no staged manifest"
+    err = _one_line_error(capsys)
+    assert rc == 2 and "not in the manifest" in err, err
+    assert not release.release_exists(out)
+    (entry,) = bs.history(store, "d")
+    assert entry["status"] == bs.FAILED  # refused, its spend stays
+    _no_staging_left(out)
+    # Only the planted file is left (not dpsynth's to remove).
+    left = FileSystems.match([out.rstrip("/") + "/**"])[0].metadata_list
+    assert [m.path.rsplit("/", 1)[-1] for m in left] == [
+        "class0-99999-of-99999.tfrecord"]
