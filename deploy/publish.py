@@ -17,10 +17,20 @@ With ``--budget-store`` and ``--dataset-id`` (the nightly DAG passes the
 run's) the manifest must also be the one the store recorded for the run:
 someone who can write under --output could rewrite the shards and the
 manifest's ``files`` together, which then check out on their own.
+A release made with a store names it in its manifest (``lifetime_budget``),
+and is refused without ``--budget-store``/``--dataset-id``; with them,
+``LATEST.json`` names the store and dataset id (public configuration), and
+``load_latest(root, budget_store=..., dataset_id=...)`` checks the pinned
+digest against the store's record, so a LATEST.json pointed at a
+self-consistent copy (real rows, ``"private": true``) is refused. A reader
+without the store is promised only that the release is the one whose
+manifest LATEST.json pins, its files unchanged since: whoever can write
+LATEST.json (or rewrite a release made without a store together with its
+manifest) is not detected (docs/threat-model.md).
 ``LATEST.json`` and the summary (which the nightly DAG also sends to its
-webhook) carry nothing from the budget store: the lifetime spend counts the
-attempts a run needed, and its timestamps the job's wall time, both of which
-may depend on the data.
+webhook) carry nothing the store recorded about the runs: the lifetime
+spend counts the attempts a run needed, and its timestamps the job's wall
+time, both of which may depend on the data.
 """
 
 from __future__ import annotations
@@ -50,6 +60,13 @@ def summary(output: str, run_id: str, budget_store: Optional[str] = None,
     # a manifest without its files' digests (this dpsynth always writes them).
     manifest = release.verify_release(
         output, release.read_manifest(output, digest), require_files=True)
+    named = _named_store(manifest)
+    if named is not None and budget_store is None:
+        raise release.ReleaseError(
+            f"{output}: the release was made with budget store {named[0]} "
+            f"(dataset {named[1]!r}); pass --budget-store and --dataset-id: "
+            "without the store's record a release rewritten with its files "
+            "checks out on its own, so LATEST.json never points at it")
     if manifest.get("run_id") != run_id:
         raise ValueError(f"{output}: the release there was produced by run "
                          f"{manifest.get('run_id')!r}, not {run_id!r}")
@@ -58,12 +75,24 @@ def summary(output: str, run_id: str, budget_store: Optional[str] = None,
                          "manifest does not say private: made with --epsilon "
                          "inf or --noise-seed); LATEST.json never points at it")
     privacy = manifest.get("privacy", {})
-    return {"release": output, "run_id": run_id,
-            "created_utc": manifest.get("created_utc"),
-            "samples_total": manifest.get("samples_total"),
-            "epsilon_spent": privacy.get("spent", {}).get("epsilon"),
-            "delta": privacy.get("spent", {}).get("delta"),
-            "manifest_sha256": digest}
+    doc = {"release": output, "run_id": run_id,
+           "created_utc": manifest.get("created_utc"),
+           "samples_total": manifest.get("samples_total"),
+           "epsilon_spent": privacy.get("spent", {}).get("epsilon"),
+           "delta": privacy.get("spent", {}).get("delta"),
+           "manifest_sha256": digest}
+    if budget_store is not None:  # public configuration (in the manifest)
+        doc.update(budget_store=budget_store, dataset_id=dataset_id)
+    return doc
+
+
+def _named_store(manifest: dict) -> Optional[tuple[str, str]]:
+    """(store, dataset id) a release made with a budget store names in its
+    manifest (``lifetime_budget``), or None."""
+    budget = manifest.get("lifetime_budget")
+    if isinstance(budget, dict) and budget.get("store"):
+        return str(budget["store"]), str(budget.get("dataset_id"))
+    return None
 
 
 def _check_recorded(output: str, run_id: str, digest: str, store: str,

@@ -38,8 +38,10 @@ from dpsynth.pipelines.runners.beam_temp import pipeline_run
 from dpsynth.pipelines.runners.options import UsageError, beam_options, local_blas_threads
 from dpsynth.pipelines.spec import GenerateSpec, ImageOptions
 from dpsynth.transforms import allocator, io
-from dpsynth.transforms.adaptive import (PHASE1_FILE, AdaptiveMixture, AdaptivePhase1,
-                                 read_phase1, write_json)
+from dpsynth.transforms.adaptive import (PHASE1_FILE, PHASE1_PURPOSE,
+                                         AdaptiveMixture, AdaptivePhase1,
+                                         ForgedPhase1, read_phase1,
+                                         write_phase1)
 from dpsynth.transforms.aggregate import PrepareBlocks, RereadBlocks
 from dpsynth.transforms.centre import DPCentre
 from dpsynth.transforms.dp_kmeans import DPKMeans
@@ -106,11 +108,13 @@ def prepare(spec: GenerateSpec) -> Job:
     _check_budget_flags(spec)
     owner = os.urandom(8).hex()
     staging = release.staging_dir(output, run_id, owner)
-    if _published_by(output, run_id):
+    published = _published_by(output, run_id, spec)
+    if published == "published":
         return Job(cfg, PrivacyLedger(cfg.epsilon, cfg.delta), None, output,
                    staging, run_id, owner, already_published=True,
                    engine=chosen)
-    release.check_output(output, out.overwrite)
+    if published is None:  # "recorded": the store's staged release goes there
+        release.check_output(output, out.overwrite)
     input_spec = io.InputSpec(pattern, inp.format, inp.embedding_feature,
                               inp.label_feature, tuple(labels), inp.non_finite,
                               inp.block_size, inp.split_bytes,
@@ -331,15 +335,48 @@ def _remove_abandoned_keys(job: Job, spec: GenerateSpec, owners) -> None:
         delete_key(key_uri(location, job.run_id, owner))
 
 
-def _published_by(output: str, run_id: Optional[str]) -> bool:
-    """True when --output already holds the release of this --run-id.
+def _published_by(output: str, run_id: Optional[str],
+                  spec: GenerateSpec) -> Optional[str]:
+    """"published" when --output already holds the release of this
+    --run-id *as the budget store recorded it* (its manifest's digest) with
+    its files in place; "recorded" when the manifest there is the recorded
+    one but its files are not (a copy of the staged manifest: this launch
+    re-publishes the recorded staged release); None when no manifest there
+    names this run id.
 
-    Re-running a published run spends nothing and writes nothing: one run
-    id, one release.
+    Never read from the folder alone: whoever writes beside --output can
+    plant a manifest naming the coming run id (and real rows with
+    ``"private": true``); a "nothing to do" then vouched for it. Without a
+    store nothing this launch holds can prove an earlier launch made it
+    (each launch's key is new), so such a manifest is refused in one line.
     """
     if run_id is None or not release.release_exists(output):
-        return False
-    return release.read_manifest(output).get("run_id") == run_id
+        return None
+    digest = release.manifest_digest(output)
+    if release.read_manifest(output, digest).get("run_id") != run_id:
+        return None
+    store, dataset_id = spec.budget.store, spec.budget.dataset_id
+    if store is None:
+        raise release.ReleaseError(
+            f"--output {output} holds a manifest naming run {run_id!r}, and "
+            "without --budget-store nothing proves this run made it (anyone "
+            "who writes beside --output can plant one): not vouching for it "
+            "and not drawing a second release of one run id; remove it or "
+            "use a new --run-id")
+    from dpsynth.pipelines.release import budget_store
+    if budget_store.recorded_manifest(store, dataset_id, run_id) != digest:
+        raise release.ReleaseError(
+            f"--output {output} holds a manifest naming run {run_id!r} that "
+            f"budget store {store} (dataset {dataset_id!r}) never recorded "
+            "for it (planted or rewritten): nothing published, nothing "
+            "charged; remove it or use a new --run-id")
+    manifest = release.read_manifest(output, digest)
+    try:  # every listed file, its bytes (an operator's extra files may stay)
+        release.verify_files(release.release_root(output, manifest), manifest,
+                             names=list(manifest.get("files") or {}))
+    except release.ReleaseChanged:
+        return "recorded"  # its files were never placed: publish them
+    return "published"
 
 
 def _reserve(job: Job, spec: GenerateSpec):
@@ -545,10 +582,14 @@ def run_phase1(job: Job, reader: beam.PTransform, options,
         _ = (p | "CountsRead" >> reader
              | "CountsProgress" >> ReportProgress(progress, "Counts")
              | "Phase1" >> phase1
-             | "WritePhase1" >> beam.Map(write_json, path))
+             | "WritePhase1" >> beam.Map(write_phase1, path, job.noise))
         _explain(job, accountant, phase1.aggregations)
     from apache_beam.io.filesystems import FileSystems
-    centre, counts = read_phase1(path)
+    try:  # only what phase 1 wrote: the file lies beside --output
+        centre, counts = read_phase1(
+            path, job.noise.derived_key(PHASE1_PURPOSE))
+    except ForgedPhase1 as err:
+        raise release.ReleaseChanged(str(err)) from None
     FileSystems.delete([path])
     return centre, counts
 
@@ -1022,10 +1063,12 @@ def _stop_attempt(job: Job, spec: GenerateSpec, reservation,
 def _check_staged_leftovers(job: Job, spec: GenerateSpec) -> None:
     """Complete staged releases of this run id left by earlier launches.
 
-    With a budget store, each must belong to an attempt the store charged
-    (its folder is named by the attempt's owner token); the store then says
-    which one, if any, is re-published, against the manifest digest it
-    recorded. Without a store nothing recorded what was staged: a staged
+    With a budget store, only the folder of an attempt the store charged
+    (named by the attempt's owner token) may be re-published, and only the
+    one the store recorded, against the manifest digest it recorded; any
+    other (planted under the predictable run id, or staged without this
+    store) is set aside: logged, never obeyed, removed with this run's
+    leftovers. Without a store nothing recorded what was staged: a staged
     folder (files and manifest alike) may have been rewritten since, so it
     is never re-published; it is removed and the retry draws again.
     """
@@ -1043,16 +1086,15 @@ def _check_staged_leftovers(job: Job, spec: GenerateSpec) -> None:
     from dpsynth.pipelines.release import budget_store
     charged = budget_store.run_owners(spec.budget.store, spec.budget.dataset_id,
                                       job.run_id)
-    unknown = sorted(f for t, f in complete.items() if t not in charged)
-    if unknown:
-        raise release.ReleaseError(
-            f"{unknown[0]} holds a complete staged release of run "
-            f"{job.run_id!r} that budget store {spec.budget.store} "
-            f"(dataset {spec.budget.dataset_id!r}) never charged (it was staged "
-            "without this store or under another dataset id). Publishing "
-            "it would escape the ledger and a new draw would make a "
-            "second release of one run id: delete it, or use a new "
-            "--run-id")
+    for folder in sorted(f for t, f in complete.items() if t not in charged):
+        # Planted (its name is predictable from the run id) or staged
+        # without this store: set aside, never obeyed. Only the folder the
+        # store recorded is ever re-published; this run's cleanup removes
+        # the others.
+        log.warning("run %s: ignoring the staged release at %s: budget store "
+                    "%s (dataset %r) never charged it, so it is never "
+                    "published", job.run_id, folder, spec.budget.store,
+                    spec.budget.dataset_id)
 
 
 def config_document(cfg: GeneratorConfig) -> dict:

@@ -1,11 +1,24 @@
 """Privacy mutations: break one privacy behaviour in a copy of the repo and
 check that the tests meant to catch it fail (issue 54).
 
-Each mutation is a small exact text patch of one function; the patch fails
-loudly (``MutationTargetGone``) when its target text is no longer in the
-file: the code moved or changed, so update the patch and its catchers
-rather than dropping it. The copy runs only the named catching tests
-(``-x -q``, PYTHONPATH at the copy), one mutation after the other.
+Each mutation names one function (``where``: "file.py:Class.method") and
+an anchor inside it (``old``), which ``new`` replaces. The anchor follows
+the code, not a line of text (issue 71):
+
+* it is looked for only inside the named function, found by its AST node
+  (``locate``), so the same text elsewhere in the file never counts and
+  the function may move or be renamed around without losing its patch;
+* whitespace in it is free: re-wrapping or re-indenting the line keeps
+  the anchor (``new`` is re-indented to where the anchor is found);
+* the patch must change the function's code (its AST), else it is refused
+  (``MutationNoOp``): a patch that now only touches a comment, or text
+  the function no longer runs, would break nothing and prove nothing.
+
+A function renamed, or an anchor gone from it (or found twice), fails
+loudly (``MutationTargetGone``) naming the mutation: update the patch and
+its catchers rather than dropping it. The copy runs only the named
+catching tests (``-x -q``, PYTHONPATH at the copy), one mutation after
+the other.
 
 ADD TO THIS LIST WHENEVER A PRIVACY PATH IS ADDED: a new mechanism, a new
 step after a mechanism, a new check of the budget store, the attempt
@@ -18,8 +31,10 @@ protocol or the release. Pick catchers that take seconds.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,7 +47,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class MutationTargetGone(RuntimeError):
-    """A mutation's target text is not (exactly once) in its file."""
+    """A mutation's function is not in its file, or its anchor is not
+    (exactly once) in that function."""
+
+
+class MutationNoOp(RuntimeError):
+    """A mutation that leaves its function's code (its AST) unchanged."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +66,10 @@ class Mutation:
     @property
     def path(self) -> str:
         return self.where.split(":")[0]
+
+    @property
+    def function(self) -> str:
+        return self.where.split(":", 1)[1]
 
 
 UNITS = "tests/test_post_processing_units.py::"
@@ -73,7 +97,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              ("tests/test_noise.py::"
               "test_add_is_exact_on_the_grid_and_refuses_off_grid_values",)),
     Mutation("pipelinedp-sums-exact",
-             "transforms/pipelinedp.py:_ClassSumCombiner.compute_metrics",
+             "transforms/pipelinedp.py:KeyedSumCombiner.compute_metrics",
              "        return self._release(self._ledger, self._noise,\n"
              "                             plan.name(label, self._family), total)",
              "        return total",
@@ -232,8 +256,8 @@ MUTATIONS: tuple[Mutation, ...] = (
               "tests/test_publish_reads.py::"
               "test_a_local_publish_hashes_each_file_once")),
     Mutation("latest-ignores-the-store", "deploy/publish.py:summary",
-             "    if budget_store is not None:\n",
-             "    if False:\n",
+             "    if budget_store is not None:\n        _check_recorded(",
+             "    if False:\n        _check_recorded(",
              (WRITTEN + "test_latest_json_pins_only_the_manifest_the_store_"
               "recorded[local]",)),
     Mutation("placed-as-hard-link", "pipelines/release/release.py:_move",
@@ -249,7 +273,7 @@ MUTATIONS: tuple[Mutation, ...] = (
               "test_a_shard_with_a_row_fewer_is_refused",
               "tests/test_consistency.py::test_a_missing_shard_is_refused")),
     # --- engines
-    Mutation("dask-reshuffle-noop", "pipelines/runners/dask/runner.py:to_dask_bag_visitor",
+    Mutation("dask-reshuffle-noop", "pipelines/runners/dask/runner.py:DaskRunner.to_dask_bag_visitor",
              "                if isinstance(node.transform, _Reshuffle):",
              "                if False:",
              ("tests/test_dask.py::test_one_file_is_read_by_both_workers",)),
@@ -342,21 +366,155 @@ MUTATIONS += (
               "test_a_charged_release_takes_no_dimension_from_a_row",)),
 )
 
+# Issue 71 items 3, 5, 6 and the suite's gaps (tests/test_round5_proofs.py).
+PROOFS = "tests/test_round5_proofs.py::"
+MUTATIONS += (
+    Mutation("phase1-read-untagged", "transforms/adaptive.py:read_phase1",
+             "hmac.compare_digest(tag, _phase1_tag(key, path, doc)))",
+             "True)",
+             (PROOFS + "test_phase1_replaced_before_its_read_is_never_"
+              "published[tagged-local]",)),
+    Mutation("record-key-derived-at-graph-build",
+             "transforms/write.py:WriteRelease.expand",
+             "        return (mixtures\n"
+             "                | \"WriteSummary\" >> beam.Map(\n"
+             "                    lambda mixes, info: _write_summary(\n"
+             "                        staging, mixes, info, schema(mixes),\n"
+             "                        None if noise is None\n"
+             "                        else noise.derived_key(digests.PURPOSE)),",
+             "        record_key = (None if noise is None\n"
+             "                      else noise.derived_key(digests.PURPOSE))\n"
+             "        return (mixtures\n"
+             "                | \"WriteSummary\" >> beam.Map(\n"
+             "                    lambda mixes, info: _write_summary(\n"
+             "                        staging, mixes, info, schema(mixes),\n"
+             "                        record_key),",
+             (PROOFS + "test_the_record_key_never_travels_in_the_job_graph"
+              "[shared]",)),
+    Mutation("image-rule-from-the-embedding-input", "pipelines/job.py:label_rule",
+             '        rule = {"label_feature": images.label_feature or "label"}',
+             '        rule = {"label_feature": spec.input.label_feature}',
+             (PROOFS + "test_an_image_run_pins_the_images_label_feature"
+              "[local]",)),
+    Mutation("version-folder-extras-allowed",
+             "pipelines/release/release.py:_switch",
+             "                verify_files(root, manifest)\n",
+             "                verify_files(root, manifest, "
+             "names=list(manifest[\"files\"]))\n",
+             (PROOFS + "test_a_file_planted_in_the_version_folder_is_never_"
+              "published[local]",)),
+    Mutation("published-read-from-the-folder", "pipelines/job.py:_published_by",
+             "    if store is None:\n",
+             "    if True:\n        return \"published\"\n    if store is None:\n",
+             (PROOFS + "test_a_planted_manifest_naming_the_run_is_not_"
+              "already_published[False-local]",)),
+    Mutation("copied-manifest-counts-as-published",
+             "pipelines/release/release.py:_switch",
+             "                    and _in_place(root, manifest)):",
+             "                    ):",
+             (PROOFS + "test_the_staged_manifest_copied_to_output_before_"
+              "the_switch[True-local]",)),
+    Mutation("uncharged-staging-blocks-the-run",
+             "pipelines/job.py:_check_staged_leftovers",
+             "    for folder in sorted(f for t, f in complete.items() "
+             "if t not in charged):\n",
+             "    for folder in sorted(f for t, f in complete.items() "
+             "if t not in charged):\n        raise release.ReleaseError(folder)\n",
+             (PROOFS + "test_a_planted_staging_folder_is_set_aside_not_"
+              "obeyed[local]",)),
+    Mutation("latest-store-unchecked", "pipelines/release/release.py:load_latest",
+             "    if budget_store is not None:\n"
+             "        _check_latest_recorded(",
+             "    if False:\n        _check_latest_recorded(",
+             (PROOFS + "test_latest_pointed_at_a_self_consistent_copy_is_"
+              "refused_with_the_store[local]",)),
+    Mutation("publish-ignores-the-named-store", "deploy/publish.py:summary",
+             "    if named is not None and budget_store is None:",
+             "    if False:",
+             (PROOFS + "test_publish_without_the_store_of_a_release_made_"
+              "with_one_is_refused[local]",)),
+)
+
 # Mutations whose catching tests are not written yet (none today).
 PENDING: tuple[Mutation, ...] = ()
+
+
+def _function_node(tree: ast.AST, qualname: str):
+    """The function ``qualname`` ("f", "Class.method") of a module."""
+    def walk(node, prefix: str):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                  ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if name == qualname and not isinstance(child, ast.ClassDef):
+                    return child
+                found = walk(child, name + ".")
+                if found is not None:
+                    return found
+        return None
+    return walk(tree, "")
+
+
+def _anchor(old: str) -> re.Pattern:
+    """``old`` with any whitespace allowed between its characters."""
+    chars = [re.escape(c) for c in old if not c.isspace()]
+    return re.compile(r"\s*".join(chars))
+
+
+def locate(text: str, m: Mutation) -> tuple[int, int, str]:
+    """(start, end, indentation) of ``m``'s anchor in ``text``: inside its
+    function only; whole lines (from the indentation on, through the
+    newline) where ``old`` is written as whole lines."""
+    node = _function_node(ast.parse(text), m.function)
+    if node is None:
+        raise MutationTargetGone(
+            f"mutation {m.name}: no function {m.function} in {m.path}; the "
+            "code changed: update the patch in tests/mutations.py")
+    lines = text.splitlines(keepends=True)
+    first = node.decorator_list[0].lineno if node.decorator_list else \
+        node.lineno
+    begin = sum(len(line) for line in lines[:first - 1])
+    finish = sum(len(line) for line in lines[:node.end_lineno])
+    found = list(_anchor(m.old).finditer(text, begin, finish))
+    if len(found) != 1:
+        raise MutationTargetGone(
+            f"mutation {m.name}: its anchor is in {m.where} {len(found)} "
+            "times (expected once); the code changed: update the patch in "
+            "tests/mutations.py")
+    start, end = found[0].span()
+    indent = ""
+    line_start = text.rfind("\n", 0, start) + 1
+    if m.old[:1].isspace() and not text[line_start:start].strip():
+        start, indent = line_start, text[line_start:start]
+    if m.old.endswith("\n") and text[end:end + 1] == "\n":
+        end += 1
+    return start, end, indent
+
+
+def patched(text: str, m: Mutation) -> str:
+    """``text`` with ``m`` applied (``new`` re-indented to the anchor's
+    indentation); refuses a patch that leaves the function's AST as it
+    was (``MutationNoOp``)."""
+    start, end, indent = locate(text, m)
+    written = m.old[:len(m.old) - len(m.old.lstrip(" "))]
+    new = "".join(indent + line[len(written):]
+                  if indent and line.startswith(written) else line
+                  for line in m.new.splitlines(keepends=True))
+    out = text[:start] + new + text[end:]
+    before = ast.dump(_function_node(ast.parse(text), m.function))
+    after = _function_node(ast.parse(out), m.function)
+    if after is None or ast.dump(after) == before:
+        raise MutationNoOp(f"mutation {m.name}: the patch leaves {m.where}'s "
+                           "code unchanged; it breaks nothing: update it in "
+                           "tests/mutations.py")
+    return out
 
 
 def apply(root: Path, m: Mutation) -> str:
     """Patches the copy at ``root``; returns the file's original text."""
     path = root / m.path
     text = path.read_text()
-    found = text.count(m.old)
-    if found != 1:
-        raise MutationTargetGone(
-            f"mutation {m.name}: its target text is in {m.path} {found} times "
-            f"(expected once) in {m.where}; the code changed: update the "
-            f"patch in tests/mutations.py")
-    path.write_text(text.replace(m.old, m.new))
+    path.write_text(patched(text, m))
     return text
 
 

@@ -25,6 +25,7 @@ names, same keyed noise: the same release for a ``SeededNoise``).
 
 from __future__ import annotations
 
+import hmac
 import json
 from typing import Sequence
 
@@ -36,7 +37,7 @@ from dpsynth.dp_ops import adaptive, plan
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.generator import ClassMixture
 from dpsynth.dp_ops.ledger import PrivacyLedger
-from dpsynth.dp_ops.noise import NoiseSource
+from dpsynth.dp_ops.noise import KeyedNoise, NoiseSource
 from dpsynth.transforms.aggregate import (Blocks, GlobalSum, OnePass, PerClassSum,
                                   SecondMoment, pass_blocks, sum_present)
 from dpsynth.transforms.centre import CentreFromTotal, block_centre_sum
@@ -98,19 +99,55 @@ def block_phase1(block, cfg: GeneratorConfig,
                            adaptive.exact_class_counts(block[1], labels)])
 
 
-def write_json(doc: dict, path: str) -> None:
+PHASE1_PURPOSE = "adaptive-phase1/v1"  # its tag's key (a derived key)
+
+
+class ForgedPhase1(RuntimeError):
+    """Phase 1's file is missing, unreadable or not tagged under this run's
+    secret: the counts and centre in it are not the DP outputs phase 1
+    drew."""
+
+
+def _phase1_tag(key: bytes, path: str, doc: dict) -> str:
+    body = json.dumps({"path": path, "doc": doc}, sort_keys=True,
+                      separators=(",", ":")).encode()
+    return hmac.new(key, body, "sha256").hexdigest()
+
+
+def write_phase1(doc: dict, path: str, noise: KeyedNoise) -> None:
+    """Writes phase 1's DP outputs at ``path`` (this launch's staging
+    folder) under a tag of the run's secret. The key is derived here, in
+    the worker, never while the graph is built: derived there it would be
+    pickled into the job graph beside the noise key's reference."""
     from apache_beam.io.filesystems import FileSystems
+    record = {"doc": doc, "hmac_sha256": _phase1_tag(
+        noise.derived_key(PHASE1_PURPOSE), path, doc)}
     with FileSystems.create(path) as f:
-        f.write(json.dumps(doc).encode())
+        f.write(json.dumps(record).encode())
 
 
-def read_phase1(path: str) -> tuple[np.ndarray, np.ndarray]:
-    """(centre, noisy counts) as written by the phase-1 pipeline."""
+def read_phase1(path: str, key: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(centre, noisy counts) as the phase-1 pipeline wrote them at
+    ``path``, after checking the tag under ``key``
+    (``noise.derived_key(PHASE1_PURPOSE)``): someone writing beside
+    --output could replace the file between its write and this read, and
+    their counts and centre would steer phase 2 and be published as DP
+    outputs. ``ForgedPhase1`` otherwise."""
     from apache_beam.io.filesystems import FileSystems
-    with FileSystems.open(path) as f:
-        doc = json.loads(f.read().decode())
-    return (np.array(doc["centre"], np.float64),
-            np.array(doc["noisy_counts"], np.float64))
+    try:
+        with FileSystems.open(path) as f:
+            record = json.loads(f.read().decode())
+        doc, tag = record["doc"], record["hmac_sha256"]
+        ok = (isinstance(doc, dict) and isinstance(tag, str)
+              and hmac.compare_digest(tag, _phase1_tag(key, path, doc)))
+        if ok:
+            return (np.array(doc["centre"], np.float64),
+                    np.array(doc["noisy_counts"], np.float64))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    raise ForgedPhase1(f"{path}: phase 1's counts and centre are missing or "
+                       "were not written by this run's phase 1 (their tag "
+                       "does not verify)")
 
 
 def _exact(parts: dict, labels: Sequence[int], size: int) -> np.ndarray:

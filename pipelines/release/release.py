@@ -468,7 +468,8 @@ def _switch(staging: str, output: str, manifest: dict, overwrite: bool,
     try:
         for _ in range(_CAS_ATTEMPTS):
             current, generation, where = _current(output)
-            if _is_published(current, manifest, output, overwrite):
+            if (_is_published(current, manifest, output, overwrite)
+                    and _in_place(root, manifest)):
                 return manifest
             if not placed:
                 _take_back(staging, root, manifest)  # a killed publish's
@@ -538,6 +539,20 @@ def _is_published(current: Optional[dict], manifest: dict, output: str,
             "version folder this staged release names (a copied staging "
             "folder?); not placing other files into it")
     return False
+
+
+def _in_place(root: str, manifest: dict) -> bool:
+    """Whether the version folder holds every file the manifest lists,
+    with its bytes (files beside them, such as an operator's notes, are
+    not the release's). A copy of the staged manifest written at --output
+    before the switch names a folder nobody filled: that is no
+    publication, and this launch publishes for real (the same manifest,
+    the files placed)."""
+    try:
+        verify_files(root, manifest, names=list(manifest["files"]))
+    except ReleaseChanged:
+        return False
+    return True
 
 
 def _root_name(manifest: dict) -> str:
@@ -1011,13 +1026,22 @@ def load_release(path: str, as_: str = "tuple", shuffle: bool = True,
     return _tensorflow().data.Dataset.from_tensor_slices((x, y))
 
 
-def load_latest(output_root: str, **kwargs):
+def load_latest(output_root: str, budget_store: Optional[str] = None,
+                dataset_id: Optional[str] = None, **kwargs):
     """The release ``output_root/LATEST.json`` points at (written by
     ``deploy/publish.py`` after verifying it), read with ``load_release``
     (``kwargs``: its options) pinned to the manifest digest recorded there,
     so a folder re-published since (``--overwrite``) is refused, not read
     as the verified release. A ``LATEST.json`` without the digest (older
-    dpsynth) is refused too: the next publish writes it."""
+    dpsynth) is refused too: the next publish writes it.
+
+    ``budget_store`` and ``dataset_id`` (the reader's, never LATEST.json's
+    own claim): the pinned digest must be the manifest the store recorded
+    for LATEST's run, else ``ReleaseChanged``; LATEST.json itself lies
+    where anyone who writes under ``output_root`` can point it at a
+    self-consistent copy. Without them the reader is promised only that
+    the release is the one LATEST.json pins, unchanged since
+    (docs/threat-model.md)."""
     where = io.join(output_root, LATEST)
     with FileSystems.open(where) as f:
         data = f.read()
@@ -1031,6 +1055,8 @@ def load_latest(output_root: str, **kwargs):
         raise ReleaseError(f"{where} names no release with its manifest_sha256"
                            " (written by an older dpsynth, or edited): re-run "
                            "dpsynth.deploy.publish")
+    if budget_store is not None:
+        _check_latest_recorded(where, latest, budget_store, dataset_id)
     # publish never points LATEST at a release that is not private
     # (--epsilon inf, --noise-seed); one named there was put there by hand.
     pinned = read_manifest(latest["release"], latest["manifest_sha256"])
@@ -1039,8 +1065,31 @@ def load_latest(output_root: str, **kwargs):
                            "that is NOT PRIVATE (its manifest does not say "
                            "private: made with --epsilon inf or --noise-seed);"
                            " LATEST never names one: not reading it")
+    if budget_store is not None and pinned.get("run_id") != latest.get(
+            "run_id"):
+        raise ReleaseChanged(f"{where} names run {latest.get('run_id')!r}, "
+                             f"but {latest['release']} holds run "
+                             f"{pinned.get('run_id')!r}: not reading it")
     return load_release(latest["release"],
                         manifest_sha256=latest["manifest_sha256"], **kwargs)
+
+
+def _check_latest_recorded(where: str, latest: dict, store: str,
+                           dataset_id: Optional[str]) -> None:
+    """LATEST's pinned digest must be the manifest ``store`` recorded for
+    its run (staged or published)."""
+    from dpsynth.pipelines.release import budget_store
+    if not dataset_id:
+        raise ValueError("load_latest: budget_store needs dataset_id")
+    run_id = latest.get("run_id")
+    recorded = (budget_store.recorded_manifest(store, dataset_id, run_id)
+                if isinstance(run_id, str) else None)
+    if recorded != latest["manifest_sha256"]:
+        raise ReleaseChanged(
+            f"{where} pins a manifest (sha256 "
+            f"{latest['manifest_sha256'][:12]}...) that budget store {store} "
+            f"(dataset {dataset_id!r}) never recorded for run {run_id!r}: "
+            "LATEST.json was pointed elsewhere; not reading it")
 
 
 def _tensorflow():
