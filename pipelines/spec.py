@@ -177,7 +177,7 @@ class EncodeSpec:
 class MLPOptions:
     """The paper's two-layer MLP (App. C.3 defaults). ``epochs`` None: the
     protocol's; ``learning_rate`` None: the paper's, raised on small
-    training sets (see ``dpsynth.pipelines.cli.evaluate.scaled_learning_rate``)."""
+    training sets (see ``dpsynth.pipelines.evaluation.scaled_learning_rate``)."""
 
     hidden: int = MLPConfig.hidden
     epochs: Optional[int] = None
