@@ -14,9 +14,10 @@ with its defaults only.
 For every method, epsilon in {1, 2, 4, 8} (delta 1e-5) and seed: run the
 method on the private train set (``train.npz``), then score its output on
 the held-out ``test.npz`` with the paper's MLP and the logistic probe
-(synthetic sets cut to the real train size, ``dpsynth.pipelines.cli.evaluate``), or
-score the DP-trained classifier directly (DP-SGD). Also: the non-private
-ceiling (models trained on the real train set) and the noiseless GMM.
+(synthetic sets cut to the real train size,
+``dpsynth.pipelines.evaluation``), or score the DP-trained classifier
+directly (DP-SGD). Also: the non-private ceiling (models trained on the
+real train set) and the noiseless GMM.
 
 ``--models mlp,logreg,mlp-tuned`` adds a third scoring of data-releasing
 methods (issue 13): the paper's MLP with its learning rate chosen from a
@@ -64,7 +65,7 @@ import numpy as np
 from dpsynth.dp_ops.clipping import normalize_rows
 from dpsynth.models import classifiers
 from benchmarks.baselines import METHODS, make_method
-from dpsynth.pipelines.cli.evaluate import fit_size
+from dpsynth.pipelines.evaluation import fit_size
 
 SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 DATASETS = {

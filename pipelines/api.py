@@ -113,8 +113,8 @@ def evaluate(spec: EvaluateSpec,
     spec, ``dpsynth.transforms.io.InputError`` for unreadable rows and
     ``dpsynth.pipelines.release.release.ReleaseError``, before any report is written."""
     _quiet_beam()
-    from dpsynth.pipelines.cli import evaluate as command
-    return command.run(spec, progress)
+    from dpsynth.pipelines import evaluation
+    return evaluation.run(spec, progress)
 
 
 def sample(release_path: str, output: str, rows: int, seed: int = 1,

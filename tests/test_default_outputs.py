@@ -11,7 +11,7 @@ import tempfile
 
 import numpy as np
 
-from dpsynth.pipelines import cli, demo
+from dpsynth.pipelines import cli, demo, evaluation
 from dpsynth.pipelines.cli import evaluate
 
 
@@ -63,15 +63,15 @@ def test_evaluate_of_the_cwd_release_names_its_folder(tmp_path, monkeypatch):
     folder = tmp_path / "syn"
     folder.mkdir()
     monkeypatch.chdir(folder)
-    assert evaluate.default_output(".") == str(tmp_path / "syn-evaluation.json")
-    assert evaluate.default_output(str(paths["syn-b"])) == str(
+    assert evaluation.default_output(".") == str(tmp_path / "syn-evaluation.json")
+    assert evaluation.default_output(str(paths["syn-b"])) == str(
         tmp_path / "syn-b-evaluation.json")
 
 
 def test_a_remote_release_is_evaluated_into_the_users_cache(
         tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert evaluate.default_output("gs://bucket/out/rel/") == str(
+    assert evaluation.default_output("gs://bucket/out/rel/") == str(
         tmp_path / "cache" / "dpsynth-evaluations" / "rel-evaluation.json")
 
 
@@ -102,4 +102,4 @@ def test_a_demo_release_is_still_known_to_evaluate(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     train, _ = demo.demo_files()
     manifest = {"input": {"pattern": train}}
-    assert evaluate.made_from_demo(manifest)
+    assert evaluation.made_from_demo(manifest)

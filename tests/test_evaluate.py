@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dpsynth.dp_ops.clipping import normalize_rows
+from dpsynth.pipelines import evaluation
 from dpsynth.pipelines.cli import evaluate
 from tests.conftest import gmm_data
 
@@ -37,19 +38,19 @@ def run_cli(*argv):
 def test_fit_size_policies():
     x = np.arange(10.0)[:, None]
     y = np.arange(10) % 2
-    assert len(evaluate.fit_size(x, y, 4, "paper", 0)[1]) == 4
-    assert len(evaluate.fit_size(x, y, 25, "paper", 0)[1]) == 10
-    xm, ym = evaluate.fit_size(x, y, 25, "match", 0)
+    assert len(evaluation.fit_size(x, y, 4, "paper", 0)[1]) == 4
+    assert len(evaluation.fit_size(x, y, 25, "paper", 0)[1]) == 10
+    xm, ym = evaluation.fit_size(x, y, 25, "match", 0)
     assert len(ym) == 25 and set(xm[:, 0]) == set(range(10))
     assert np.array_equal(ym, xm[:, 0].astype(int) % 2)  # rows keep labels
-    assert len(evaluate.fit_size(x, y, 4, "none", 0)[1]) == 10
+    assert len(evaluation.fit_size(x, y, 4, "none", 0)[1]) == 10
 
 
 def test_summary_uses_sample_std():
-    s = evaluate.summary([0.5, 0.7])
+    s = evaluation.summary([0.5, 0.7])
     assert s["mean"] == pytest.approx(0.6)
     assert s["std"] == pytest.approx(np.std([0.5, 0.7], ddof=1))
-    assert evaluate.summary([0.4])["std"] == 0.0
+    assert evaluation.summary([0.4])["std"] == 0.0
 
 
 def test_cli_on_data_files_writes_report_and_table(files, capsys):
@@ -143,12 +144,12 @@ def test_register_adds_the_subcommand():
     args = parser.parse_args(["evaluate", "--synthetic", "s", "--real-train",
                               "a", "--real-test", "b", "--mlp-epochs", "7"])
     assert args.handler is evaluate.handle
-    cfg = evaluate.mlp_config(evaluate.spec_from_args(args))
+    cfg = evaluation.mlp_config(evaluate.spec_from_args(args))
     assert cfg.epochs == 7 and cfg.hidden == 128 and cfg.label_smoothing == 0.2
 
 
 def test_real_rows_are_clipped_only_for_uncentred_releases():
-    from dpsynth.pipelines.cli.evaluate import resolve_clip
+    from dpsynth.pipelines.evaluation import resolve_clip
     assert resolve_clip("auto", {"config": {"center": False,
                                             "clip_norm": 0.5}}) == 0.5
     assert resolve_clip("auto", {"config": {"center": True,
@@ -174,7 +175,7 @@ def test_default_quick_protocol_reports_progress_per_model_and_seed(files, capsy
     report = json.loads(open(files["out"]).read())
     assert report["protocol"]["name"] == "quick"
     assert report["protocol"]["seeds"] == [0]
-    assert report["protocol"]["mlp"]["epochs"] == evaluate.PROTOCOLS["quick"]["mlp_epochs"]
+    assert report["protocol"]["mlp"]["epochs"] == evaluation.PROTOCOLS["quick"]["mlp_epochs"]
 
 
 def test_protocols_and_explicit_overrides():
@@ -183,10 +184,10 @@ def test_protocols_and_explicit_overrides():
 
     def settings(*extra):
         spec = evaluate.spec_from_args(parser.parse_args(base + list(extra)))
-        return evaluate.protocol_settings(spec)
+        return evaluation.protocol_settings(spec)
     assert settings() == (1, 50)
     assert settings("--protocol", "full") == (3, 50) == (
-        evaluate.PROTOCOLS["full"]["seeds"], classifiers_epochs())
+        evaluation.PROTOCOLS["full"]["seeds"], classifiers_epochs())
     assert settings("--protocol", "full", "--seeds", "5", "--mlp-epochs", "7") == (5, 7)
     with pytest.raises(ValueError, match="--seeds must be >= 1"):
         settings("--seeds", "0")
@@ -201,15 +202,15 @@ def test_a_deterministic_fit_on_seed_independent_rows_runs_once(monkeypatch):
     def fake(model, x, y, *rest):
         calls.append(model)
         return 0.5 + 0.1 * len(calls)
-    monkeypatch.setattr(evaluate, "train_and_score", fake)
+    monkeypatch.setattr(evaluation, "train_and_score", fake)
     x, y = np.zeros((10, 2)), np.arange(10) % 2
     args = (np.zeros((4, 2)), np.arange(4) % 2, [0, 1], ["logreg", "mlp"],
             [0, 1, 2], None, None)
-    out = evaluate.utility(x, y, 10, *args, size_policy="paper")
+    out = evaluation.utility(x, y, 10, *args, size_policy="paper")
     assert calls == ["logreg", "mlp", "mlp", "mlp"]
     assert out["logreg"]["accuracies"] == [0.6] * 3 and out["logreg"]["std"] == 0
     calls.clear()
-    evaluate.utility(x, y, 5, *args, size_policy="paper")  # cut to 5 rows: seeded
+    evaluation.utility(x, y, 5, *args, size_policy="paper")  # cut to 5 rows: seeded
     assert calls == ["logreg"] * 3 + ["mlp"] * 3
 
 
@@ -253,12 +254,12 @@ def test_small_sets_get_a_larger_mlp_learning_rate():
     from dpsynth.models.classifiers import MLPConfig
     paper = MLPConfig()
     # CIFAR-10's 50,000 rows make the paper's 4,900 steps: its rate stays.
-    assert evaluate.scaled_learning_rate(50_000, paper) == paper.learning_rate
+    assert evaluation.scaled_learning_rate(50_000, paper) == paper.learning_rate
     # The demo's 1,437 rows: 3 batches x 50 epochs = 150 steps.
-    assert evaluate.scaled_learning_rate(1437, paper) == pytest.approx(
+    assert evaluation.scaled_learning_rate(1437, paper) == pytest.approx(
         1e-3 * 4900 / 150)
     one_epoch = MLPConfig(epochs=1)  # 1 step: capped
-    assert evaluate.scaled_learning_rate(10, one_epoch) == evaluate.MAX_AUTO_LR
+    assert evaluation.scaled_learning_rate(10, one_epoch) == evaluation.MAX_AUTO_LR
 
 
 @pytest.fixture(scope="module")
@@ -333,9 +334,9 @@ def test_console_is_quiet_and_explains_every_metric(files, tmp_path):
 
 
 def test_without_keras_the_default_is_the_logistic_probe(monkeypatch):
-    monkeypatch.setattr(evaluate, "keras_installed", lambda: False)
-    assert evaluate.parse_models(None) == ["logreg"]
+    monkeypatch.setattr(evaluation, "keras_installed", lambda: False)
+    assert evaluation.parse_models(None) == ["logreg"]
     with pytest.raises(ValueError, match="dpsynth\\[tf\\]"):
-        evaluate.parse_models("mlp,logreg")
-    monkeypatch.setattr(evaluate, "keras_installed", lambda: True)
-    assert evaluate.parse_models(None) == ["mlp", "logreg"]
+        evaluation.parse_models("mlp,logreg")
+    monkeypatch.setattr(evaluation, "keras_installed", lambda: True)
+    assert evaluation.parse_models(None) == ["mlp", "logreg"]

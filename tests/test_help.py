@@ -70,3 +70,19 @@ def test_typos_suggest_the_flag_meant(capsys):
     with pytest.raises(SystemExit):
         cli.main(["generate", "--epsilon", "abc"])
     assert capsys.readouterr().err.startswith("dpsynth: error: ")
+
+
+def test_every_declared_generate_option_is_a_flag():
+    """Each option is declared once, by its spec field (spec.option):
+    a declared field left out of generate's groups would be no flag."""
+    import dataclasses
+
+    from dpsynth.pipelines import spec
+    from dpsynth.pipelines.cli import generate
+    flags = {s for a in generate.parser()._actions for s in a.option_strings}
+    declared = [f.metadata["flag"] for options in (
+        spec.InputOptions, spec.GeneratorOptions, spec.OutputOptions,
+        spec.BudgetOptions, spec.RunOptions)
+        for f in dataclasses.fields(options) if "flag" in f.metadata]
+    assert len(declared) == len(set(declared)) > 40
+    assert set(declared) <= flags, set(declared) - flags

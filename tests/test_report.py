@@ -17,8 +17,7 @@ import pytest
 import sys
 from pathlib import Path
 
-from dpsynth.pipelines import cli
-from dpsynth.pipelines.cli import report
+from dpsynth.pipelines import cli, report_page
 from tests.conftest import gmm_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -132,24 +131,24 @@ def test_page_holds_the_release_numbers(page, release):
 def test_budget_shares_follow_the_configured_weights(release):
     manifest = json.loads((release / "_manifest.json").read_text())
     mechs = manifest["privacy"]["mechanisms"]
-    worst, rows = report.worst_partition(mechs)
+    worst, rows = report_page.worst_partition(mechs)
     assert worst.startswith("class=")
-    shares = report.stage_shares(rows)
+    shares = report_page.stage_shares(rows)
     assert sum(shares.values()) == pytest.approx(1.0)
-    weights = report.configured_weights(manifest["config"])
+    weights = report_page.configured_weights(manifest["config"])
     assert set(shares) == set(weights)
     for stage, weight in weights.items():  # calibration splits mu^2 so
         assert shares[stage] == pytest.approx(weight, abs=0.02), stage
 
 
 def test_subsample_is_bounded_and_covers_the_classes(release):
-    rel = report.read_release(str(release))
-    x, y = report.sample_rows(rel, 200, seed=0)
+    rel = report_page.read_release(str(release))
+    x, y = report_page.sample_rows(rel, 200, seed=0)
     assert x.shape == (200, 12) and set(y.tolist()) == {0, 1, 2, 3}
-    again = report.sample_rows(rel, 200, seed=0)
+    again = report_page.sample_rows(rel, 200, seed=0)
     np.testing.assert_array_equal(again[0], x)
     total = rel.manifest["samples_total"]
-    assert len(report.sample_rows(rel, total + 10, seed=0)[1]) == total
+    assert len(report_page.sample_rows(rel, total + 10, seed=0)[1]) == total
 
 
 def test_existing_output_needs_overwrite_and_is_replaced_whole(release,
@@ -184,7 +183,7 @@ def test_evaluation_table_is_shown_and_marked_not_dp(release, tmp_path):
                      "--output", str(out), "--max-points", "300"]) == 0
     text = (out / "index.html").read_text()
     assert "0.8123 ± 0.0100" in text and "0.9001 ± 0.0000" in text
-    assert report.NOT_DP_EVALUATION in text and "Fréchet distance" in text
+    assert report_page.NOT_DP_EVALUATION in text and "Fréchet distance" in text
 
 
 def test_evaluation_of_another_run_is_refused(release, tmp_path, capsys):
@@ -212,7 +211,7 @@ def test_report_of_a_gcs_release(release, gcs, tmp_path):
             rel = path.relative_to(release).as_posix()
             with FileSystems.create(gcs.uri("rel", rel)) as f:
                 f.write(path.read_bytes())
-    assert report.default_output(gcs.uri("rel")) == "rel-report"
+    assert report_page.default_output(gcs.uri("rel")) == "rel-report"
     out = tmp_path / "page"
     assert cli.main(["report", gcs.uri("rel"), "--output", str(out),
                      "--max-points", "300"]) == 0
@@ -237,14 +236,14 @@ def test_collapsed_in_chromium_too(page, tmp_path):
 
 def test_stage_bars_say_shares_plainly(page, release):
     manifest = json.loads((release / "_manifest.json").read_text())
-    rows = report.worst_partition(manifest["privacy"]["mechanisms"])[1]
-    shares = report.stage_shares(rows)
-    planned = report.planned_shares(manifest)
+    rows = report_page.worst_partition(manifest["privacy"]["mechanisms"])[1]
+    shares = report_page.stage_shares(rows)
+    planned = report_page.planned_shares(manifest)
     # The bars' cost shares are the plan's: no "72.5 % (weight 0.39)".
     for stage, share in shares.items():
         assert share == pytest.approx(planned[stage], abs=0.005), stage
-        assert report.stage_note(share, planned[stage]) == f"{100 * share:.1f} %"
-    assert report.stage_note(0.725, 0.39) == "72.5 % (planned 39.0 %)"
+        assert report_page.stage_note(share, planned[stage]) == f"{100 * share:.1f} %"
+    assert report_page.stage_note(0.725, 0.39) == "72.5 % (planned 39.0 %)"
     text = re.sub(r"<[^>]+>", " ", (page / "index.html").read_text())
     assert "How to read the bars." in text and "noise multiplier" in text
     for jargon in ("weight 0.", "mu^2", "signal", "Σ 1/z² (z"):
@@ -255,14 +254,14 @@ def test_adaptive_plan_sets_the_planned_shares():
     manifest = {"adaptive_plan": {"shares_of_mu2": {"moments": 0.7251,
                                                     "covariance": 0.2749}},
                 "config": {}}
-    assert report.planned_shares(manifest) == {"moments": 0.7251,
+    assert report_page.planned_shares(manifest) == {"moments": 0.7251,
                                                "covariance": 0.2749}
 
 
 def test_projection_legend_is_outside_the_plot_area():
     rng = np.random.default_rng(0)
     points, labels = rng.normal(size=(500, 2)), np.arange(500) % 10
-    fig = report.projection_figure(points, labels, points[:10], list(range(10)),
+    fig = report_page.projection_figure(points, labels, points[:10], list(range(10)),
                                    np.array([0.2, 0.1]))
     fig.canvas.draw()
     ax = fig.axes[0]
@@ -291,6 +290,6 @@ def test_projection_says_the_means_are_drawn_before_renormalisation():
     # --normalize unit rescales each sampled row; the mixture's means are
     # not: the page says which step each mark shows (issue 72 item 9).
     png = {"projection.png": b"\x89PNG"}
-    unit = report._projection_section(png, 5, 10, "unit")
+    unit = report_page._projection_section(png, 5, 10, "unit")
     assert "before renormalisation" in unit and "rows are drawn after" in unit
-    assert "renormalisation" not in report._projection_section(png, 5, 10, "none")
+    assert "renormalisation" not in report_page._projection_section(png, 5, 10, "none")

@@ -10,8 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from dpsynth.pipelines import cli
-from dpsynth.pipelines.cli import report
+from dpsynth.pipelines import cli, report_page
 from tests.conftest import gmm_data
 
 BANNER = "This release is NOT differentially private: "
@@ -65,7 +64,7 @@ def _warnings(err: str) -> list[str]:
 def test_secure_release_has_no_banner(release, tmp_path, capsys):
     manifest = json.loads((release / "_manifest.json").read_text())
     assert manifest["noise"].startswith("secure")
-    assert report.not_private_reason(manifest) is None
+    assert report_page.not_private_reason(manifest) is None
     text = _report(release, tmp_path)
     assert "NOT differentially private" not in text
     assert "class=notprivate" not in text
@@ -86,7 +85,7 @@ def test_evaluation_files_lying_around_are_ignored(release, tmp_path,
     text = _report(rel, tmp_path)
     for number in REAL_NUMBERS:
         assert number not in text, number
-    assert report.NOT_DP_EVALUATION not in text
+    assert report_page.NOT_DP_EVALUATION not in text
     assert "No evaluation embedded" in text
     assert _warnings(capsys.readouterr().err) == []
 
@@ -100,13 +99,13 @@ def test_named_evaluation_is_marked_on_header_section_and_console(
     for number in REAL_NUMBERS:
         assert number in text, number
     header, body = text.split("<h1>", 1)
-    assert report.NOT_DP_EVALUATION in header.split("<body>")[1]
+    assert report_page.NOT_DP_EVALUATION in header.split("<body>")[1]
     section = body.split("<h2 id=evaluation>")[1].split("<h2")[0]
-    assert section.index(report.NOT_DP_EVALUATION) < section.index("0.8123")
+    assert section.index(report_page.NOT_DP_EVALUATION) < section.index("0.8123")
     assert "real (private) data: NOT differentially private — do not " \
-           "publish this page with them" in report.NOT_DP_EVALUATION
+           "publish this page with them" in report_page.NOT_DP_EVALUATION
     lines = _warnings(capsys.readouterr().err)
-    assert len(lines) == 1 and report.NOT_DP_EVALUATION in lines[0]
+    assert len(lines) == 1 and report_page.NOT_DP_EVALUATION in lines[0]
     assert str(path) in lines[0]
 
 
@@ -162,7 +161,7 @@ def test_every_manifest_warning_is_shown(release, tmp_path):
 
 
 def test_not_private_reason_rules():
-    reason = report.not_private_reason
+    reason = report_page.not_private_reason
     assert reason({}) is None
     assert reason({"noise": "secure Gaussian noise", "private": True}) is None
     assert reason({"noise": "secure Gaussian noise",
