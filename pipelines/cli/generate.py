@@ -14,7 +14,7 @@ import argparse
 import dataclasses
 import logging
 import sys
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from dpsynth.pipelines.spec import (BudgetOptions, GenerateSpec, GeneratorOptions,
                             ImageOptions, InputOptions, OutputOptions,
@@ -177,7 +177,8 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
         return console.fail(refusal)
     console.setup_logging(args.verbose)
     if args.plan_only:
-        return _plan_only(args, beam_argv)
+        return _plan_only(lambda: spec_from_args(args, beam_argv),
+                          args.verbose, beam_argv)
     with console.quiet_stderr(args.verbose):
         # Worker processes (--direct_num_workers > 1) are forked from a
         # server started now, so that its imports run beside the ones below
@@ -219,16 +220,18 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
                              ClusterLost, JobServerFailed))
 
 
-def _plan_only(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
-    """`generate --plan-only`: prints ``job.plan_only``'s plan."""
-    with console.quiet_stderr(args.verbose):
+def _plan_only(make_spec: Callable[[], GenerateSpec], verbose: bool,
+               beam_argv: Sequence[str]) -> int:
+    """`generate --plan-only`: prints ``job.plan_only``'s plan of the spec
+    ``make_spec`` builds (inside the one-line error policy)."""
+    with console.quiet_stderr(verbose):
         from dpsynth.pipelines import job
         from dpsynth.pipelines.release import budget_store
         from dpsynth.pipelines.runners.options import UsageError, check_beam_args
 
         def go() -> int:
             check_beam_args(beam_argv, parser(), "generate")
-            print(render_plan(job.plan_only(spec_from_args(args, beam_argv))))
+            print(render_plan(job.plan_only(make_spec())))
             return 0
 
         return console.run_command(go, "generate", (

@@ -1101,7 +1101,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         "run, set the cap or the label rule",
         description="The lifetime budget ledger of a private dataset.")
     add_commands(p)
-    p.set_defaults(handler=run_parsed, command="budget")
+    p.set_defaults(handler=handle, command="budget")
     return p
 
 
@@ -1173,67 +1173,63 @@ def main(argv: Optional[list[str]] = None) -> int:
     records the label rule of a document written before rules were
     pinned.
     """
-    return run_parsed(_parser().parse_args(argv))
+    return handle(_parser().parse_args(argv))
 
 
-def run_parsed(args: argparse.Namespace) -> int:
-    """One parsed command with the module's error policy: one line, no
-    traceback, exit 2."""
+def handle(args: argparse.Namespace) -> int:
+    """Runs one parsed budget-store command with the module's error policy
+    (one line, no traceback, exit 2); returns its exit code."""
     try:
-        return handle(args)
+        if args.budget_command == "set-cap":
+            by = os.environ.get("USER") or os.environ.get("LOGNAME") or ""
+            change = set_cap(args.budget_store, args.dataset_id,
+                             args.lifetime_epsilon, args.lifetime_delta,
+                             args.reason, by)
+            print(f"budget store: dataset {args.dataset_id!r} lifetime cap "
+                  f"changed from {change['from']} to (epsilon="
+                  f"{args.lifetime_epsilon:g}, delta={args.lifetime_delta:g}) by "
+                  f"{by or 'unknown'}: {args.reason}", file=sys.stderr)
+            print(json.dumps(change, indent=1))
+            return 0
+        if args.budget_command == "set-label-rule":
+            rule = ({"class_folders": list(args.class_folders)}
+                    if args.class_folders else {"label_feature": args.label_feature})
+            return _set_label_rule(args.budget_store, args.dataset_id,
+                                   dict(rule, labels=args.labels), args.reason)
+        entries = history(args.budget_store, args.dataset_id)
+        cap = pinned_cap(args.budget_store, args.dataset_id)
+        delta = (args.lifetime_delta or (cap or {}).get("delta")
+                 or getattr(args, "delta", None) or 1e-5)
+        spent = _compose(entries, delta, args.accountant)
+        report = {"dataset_id": args.dataset_id, "releases": len(entries),
+                  "lifetime_epsilon_spent": spent, "lifetime_delta": delta,
+                  "lifetime_cap": cap}
+        if args.budget_command == "show":
+            report["history"] = [{k: e.get(k) for k in (
+                "run_id", "attempt", "status", "epsilon", "delta", "release_uri",
+                "reserved_at", "lifetime_epsilon_after")} for e in entries]
+            print(json.dumps(report, indent=1))
+            return 0
+        planned = PlannedRun(
+            store=args.budget_store, dataset_id=args.dataset_id,
+            run_id=args.run_id, epsilon=args.epsilon, delta=args.delta,
+            lifetime_epsilon=args.lifetime_epsilon,
+            lifetime_delta=args.lifetime_delta, accountant=args.accountant,
+            num_classes=args.num_classes,
+            labels=tuple(args.labels) if args.labels else None,
+            mechanisms_json=args.mechanisms_json)
+        return _check(planned, entries, cap, delta, report)
     except (ValueError, RuntimeError) as err:  # one line, no traceback
         print(f"budget store: error: {err}", file=sys.stderr)
         return 2
 
 
-def handle(args: argparse.Namespace) -> int:
-    """Runs one parsed budget-store command; returns its exit code."""
-    if args.budget_command == "set-cap":
-        by = os.environ.get("USER") or os.environ.get("LOGNAME") or ""
-        change = set_cap(args.budget_store, args.dataset_id,
-                         args.lifetime_epsilon, args.lifetime_delta,
-                         args.reason, by)
-        print(f"budget store: dataset {args.dataset_id!r} lifetime cap "
-              f"changed from {change['from']} to (epsilon="
-              f"{args.lifetime_epsilon:g}, delta={args.lifetime_delta:g}) by "
-              f"{by or 'unknown'}: {args.reason}", file=sys.stderr)
-        print(json.dumps(change, indent=1))
-        return 0
-    if args.budget_command == "set-label-rule":
-        return _set_label_rule(args)
-    entries = history(args.budget_store, args.dataset_id)
-    cap = pinned_cap(args.budget_store, args.dataset_id)
-    delta = (args.lifetime_delta or (cap or {}).get("delta")
-             or getattr(args, "delta", None) or 1e-5)
-    spent = _compose(entries, delta, args.accountant)
-    report = {"dataset_id": args.dataset_id, "releases": len(entries),
-              "lifetime_epsilon_spent": spent, "lifetime_delta": delta,
-              "lifetime_cap": cap}
-    if args.budget_command == "show":
-        report["history"] = [{k: e.get(k) for k in (
-            "run_id", "attempt", "status", "epsilon", "delta", "release_uri",
-            "reserved_at", "lifetime_epsilon_after")} for e in entries]
-        print(json.dumps(report, indent=1))
-        return 0
-    planned = PlannedRun(
-        store=args.budget_store, dataset_id=args.dataset_id,
-        run_id=args.run_id, epsilon=args.epsilon, delta=args.delta,
-        lifetime_epsilon=args.lifetime_epsilon,
-        lifetime_delta=args.lifetime_delta, accountant=args.accountant,
-        num_classes=args.num_classes,
-        labels=tuple(args.labels) if args.labels else None,
-        mechanisms_json=args.mechanisms_json)
-    return _check(planned, entries, cap, delta, report)
-
-
-def _set_label_rule(args: argparse.Namespace) -> int:
+def _set_label_rule(store: str, dataset_id: str, rule: dict,
+                    reason: str) -> int:
     by = os.environ.get("USER") or os.environ.get("LOGNAME") or ""
-    rule = ({"class_folders": list(args.class_folders)} if args.class_folders
-            else {"label_feature": args.label_feature})
-    change = set_label_rule(args.budget_store, args.dataset_id,
-                            dict(rule, labels=args.labels), args.reason, by)
-    print(f"budget store: dataset {args.dataset_id!r} label rule set to "
-          f"{_rule_text(change['rule'])} by {by or 'unknown'}: {args.reason}",
+    change = set_label_rule(store, dataset_id, rule, reason, by)
+    print(f"budget store: dataset {dataset_id!r} label rule set to "
+          f"{_rule_text(change['rule'])} by {by or 'unknown'}: {reason}",
           file=sys.stderr)
     print(json.dumps(change, indent=1))
     return 0
