@@ -43,7 +43,7 @@ not by the product's keyed noise: this module changes no mechanism.
         --epsilons 1,2,4,8 --seeds 0,1,2
     python -m benchmarks.studies.hybrid_release --report
 
-Runs append to benchmarks/results/studies/hybrid_issue61.jsonl;
+Runs append to benchmark-data/studies/hybrid_issue61.jsonl;
 ``--report`` writes hybrid_issue61.md against the sweep's menu means.
 Fresh seeds (the report's last table): the same commands with
 ``--seeds 3,4,5``, and the menu structures by
@@ -72,12 +72,12 @@ if ROOT not in sys.path:
 from benchmarks.studies import covariance_sweep as sweep  # noqa: E402
 from benchmarks.studies import goal_noise  # noqa: E402
 from benchmarks.studies.study_data import (  # noqa: E402
-    RESULTS, append_record, write_report)
+    DATA, RESULTS, append_record, write_report)
 from dpsynth.dp_ops import adaptive, clipping, covariance, generator, plan  # noqa: E402
 from dpsynth.dp_ops.config import GeneratorConfig  # noqa: E402
 from dpsynth.dp_ops.noise import SeededNoise  # noqa: E402
 
-LOG = os.path.join(RESULTS, "hybrid_issue61.jsonl")
+LOG = os.path.join(DATA, "hybrid_issue61.jsonl")
 REPORT = os.path.join(RESULTS, "hybrid_issue61.md")
 BRANCHES = ("shared", "subspace", "raw", "spiked")
 MENU_NAMES = ("shared", "subspace", "per-class", "spiked")
