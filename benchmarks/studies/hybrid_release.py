@@ -74,6 +74,7 @@ from benchmarks.studies import goal_noise  # noqa: E402
 from benchmarks.studies.study_data import (  # noqa: E402
     DATA, RESULTS, append_record, write_report)
 from dpsynth.dp_ops import adaptive, clipping, covariance, generator, plan  # noqa: E402
+from dpsynth.dp_ops.adaptive import postprocess  # noqa: E402
 from dpsynth.dp_ops.config import GeneratorConfig  # noqa: E402
 from dpsynth.dp_ops.noise import SeededNoise  # noqa: E402
 
@@ -290,7 +291,7 @@ def branch_mixtures(rel: Release, branch: str) -> dict:
             if branch.startswith("subspace+js"):
                 block = js_block(block, sm.vals[:rank], rel.sigma_class,
                                  float(rel.n[i]))
-            out[c] = adaptive._mixture(
+            out[c] = postprocess._mixture(
                 c, rel.noisy_n[i], rel.means[i], sm.residual,
                 adaptive.class_factors(sm, block), rel.centre)
         return out
@@ -310,7 +311,7 @@ def branch_mixtures(rel: Release, branch: str) -> dict:
             for i, c in enumerate(rel.classes)]
     else:
         raise ValueError(f"unknown branch {branch!r}")
-    return {c: adaptive._within_mixture(c, withins[i], rel.noisy_n[i],
+    return {c: postprocess._within_mixture(c, withins[i], rel.noisy_n[i],
                                         rel.means[i], rel.centre,
                                         rel.structure, floor)
             for i, c in enumerate(labels)}

@@ -134,7 +134,7 @@ def _npz_range_blocks(r: FileRange, spec: InputSpec
         # The labels lie after every embedding: read the range's in one go,
         # then the embeddings front to back. Jumping between the two for
         # each block made an object store's reader fetch a new chunk (GCS:
-        # 16 MB) twice a block, ~19 MB fetched per block (issue 60).
+        # 16 MB) twice a block, ~19 MB fetched per block.
         labels = _read_rows(f, lab, first, last, r.path) if last > first \
             else None
         for s in range(first, last, spec.block_size):

@@ -114,7 +114,7 @@ def _embedding_rows(batch, spec: InputSpec, path: str,
 def _list_rows(column, path: str, where: Rows) -> np.ndarray:
     """An Arrow list column (fixed-size, list or large list; one array or
     chunked) -> [b, d] float32 or float64 (``_float_rows``) straight from
-    its buffers: Python lists per row cost 20x the read (issue 27). Errors
+    its buffers: Python lists per row cost 20x the read. Errors
     name the first bad row, with the messages of ``_stack_rows``; value
     types numpy cannot take from Arrow (decimals, strings, ...) go through
     it."""

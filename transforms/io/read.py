@@ -118,7 +118,8 @@ def _schema_dim(path: str, spec: InputSpec) -> Optional[int]:
     list's size. None where the format does not record it (TFRecord,
     variable-length Parquet lists) or the file is not as expected: reading
     its rows then reports what is wrong. So an empty file of these formats
-    takes the same path as one with a row (issue 25)."""
+    takes the same path as one with a row (whether a release exists never
+    depends on whether the input has a row)."""
     try:
         fmt = detect_format(path, spec.fmt)
         with _open(path) as f:

@@ -21,7 +21,7 @@ from dpsynth.transforms.io.ranges import FileRange, _open
 # starts inside the file begins at a record boundary found when the ranges
 # are listed, by walking the record lengths from the start of the file:
 # bytes inside a payload are never taken for a record, so the records a
-# range reads never depend on what other records hold (issue 25).
+# range reads never depend on what other records hold.
 
 _HEADER = struct.Struct("<QI")
 
@@ -180,7 +180,7 @@ def _record_boundaries(path: str, size: int, points: Sequence[int]
     from the start of the file: lengths only, runs of equal headers
     compared as numpy arrays, no payload checksum (the readers check
     those). A search from the point itself could stop at bytes inside a
-    payload that look like a record (issue 25), so one person's record
+    payload that look like a record, so one person's record
     could change how others are read; the walk cannot.
 
     Where a header is damaged or the file ends inside a record, the walk
