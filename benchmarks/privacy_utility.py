@@ -29,8 +29,9 @@ with the same public seed (releases are not cached, and the noise is
 secret, so this is a fresh release) and only the missing models are scored.
 ``--no-new-runs`` only completes cached runs and starts no new ones.
 
-Writes into ``benchmarks/results/``: ``privacy_utility[-TAG].md`` (tables),
-``.png`` (accuracy vs epsilon) and ``.json`` (every run). Finished runs are
+Writes into ``benchmarks/results/``: ``privacy_utility[-TAG].md`` (tables)
+and ``.png`` (accuracy vs epsilon); into ``benchmark-data/``:
+``privacy_utility[-TAG].json`` (every run). Finished runs are
 cached in ``benchmarks/cache/`` (git-ignored) so an interrupted run resumes.
 
     nice -n 10 python benchmarks/privacy_utility.py --quick   # minutes
@@ -76,6 +77,8 @@ DATASETS = {
 }
 DEFAULT_DATA = os.path.join(SHARED_DATA, DATASETS["cifar10"][0])
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
+# Every run as JSON (what the tables are made from): outside the code tree.
+DATA = os.path.join(ROOT, "benchmark-data")
 CACHE = os.path.join(ROOT, "benchmarks", "cache")
 CEILING = "real-data ceiling"
 ORDER = ("dpgmm", "dpgmm-adaptive", "dpgmm-vote", "dpsgd", "dpsgd-linear",
@@ -85,11 +88,11 @@ ORDER = ("dpgmm", "dpgmm-adaptive", "dpgmm-vote", "dpsgd", "dpsgd-linear",
 OURS = ("dpgmm", "dpgmm-adaptive", "dpgmm-vote")
 # Tuned DP-SGD: per dataset, model and epsilon, the grid point chosen on
 # the validation split of the private train set (benchmarks/studies/dpsgd_bars.py,
-# results/dpsgd_bars-issue13.jsonl; unaccounted tuning, as the papers do).
+# benchmark-data/studies/dpsgd_bars-issue13.jsonl; unaccounted tuning, as the papers do).
 # Missing entries use the module's values (tuned on CIFAR-10 at eps 4).
 TUNED_DPSGD: dict = {
     # 20 Newsgroups: (batch, epochs, learning rate) of the "best" rows of
-    # results/dpsgd_bars-issue13.jsonl (grid on the 20 % validation split of
+    # benchmark-data/studies/dpsgd_bars-issue13.jsonl (grid on the 20 % validation split of
     # train.npz; input scale: the module's 4 linear / 8 MLP).
     **{("20news", "linear", e): {"batch_size": 2048, "epochs": 20,
                                  "learning_rate": lr}
@@ -789,7 +792,8 @@ def run_dataset(dataset: str, args: argparse.Namespace, argv) -> None:
     base = os.path.join(RESULTS, f"privacy_utility{suffix}")
     with open(base + ".md", "w") as f:
         f.write(markdown(records, args, info, methods))
-    with open(base + ".json", "w") as f:
+    os.makedirs(DATA, exist_ok=True)
+    with open(os.path.join(DATA, f"privacy_utility{suffix}.json"), "w") as f:
         json.dump({"info": info, "records": records}, f, indent=1, default=str)
     msg = plot(records, args.epsilons, methods, base + ".png",
                DATASETS[dataset][1])

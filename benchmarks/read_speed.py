@@ -37,6 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from dpsynth.transforms import io, write  # noqa: E402
+from dpsynth.transforms.formats import SPLIT_BYTES  # noqa: E402
 
 
 def write_inputs(folder: str, x: np.ndarray, y: np.ndarray) -> dict:
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=100_000)
     p.add_argument("--dim", type=int, default=384)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--split-bytes", type=int, default=io.SPLIT_BYTES)
+    p.add_argument("--split-bytes", type=int, default=SPLIT_BYTES)
     args = p.parse_args(argv)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.rows, args.dim)).astype(np.float32)

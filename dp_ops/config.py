@@ -12,7 +12,8 @@ from dpsynth.dp_ops.clipping import NORMALIZATIONS
 # from epsilon 2 up and lost on the 140-row classes of the demo
 # (benchmarks/results/studies/utility_study.md, README). Class sizes are private:
 # "auto" (the CLI's default) spends a small budget on noisy class counts and
-# lets a public rule choose (dp_ops/adaptive.py, issue 13).
+# lets a public rule choose (dp_ops/adaptive/; docs/method.md, "Covariance
+# defaults").
 # "subspace" (shared + class subspace) exists only in the two-phase plan.
 COVARIANCE_MODES = ("auto", "shared", "subspace", "per-class")
 
@@ -107,7 +108,7 @@ class GeneratorConfig:
     variance_floor: float = 1e-6  # as a fraction of clip_norm^2 / d
     covariance_rank: int = 128  # 0: diagonal clusters; r: + rank-r factors
     # factors from one "shared" or "per-class" matrix; "auto": the adaptive
-    # plan (dp_ops/adaptive.py), run by dpsynth.pipelines.cli.generate
+    # plan (dp_ops/adaptive/), run by dpsynth.pipelines.cli.generate
     covariance: str = "shared"
     vote_filter: bool = False
     vote_threshold: float = 6.0

@@ -213,7 +213,7 @@ def run(spec: EncodeSpec) -> dict:
     if fmt == "npz" and spec.num_shards != 1:
         raise ImageInputError("--num-shards only applies to TFRecord output")
     options = beam_options(list(spec.beam_args))
-    try:  # before any image is listed (issue 60)
+    try:  # before any image is listed: a cluster elsewhere fails fast
         locality.check_encode_paths(spec, options.get_all_options())
     except ValueError as err:
         raise UsageError(str(err)) from None

@@ -106,7 +106,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "over = norms > clip_norm", "over = norms > np.inf",
              ("tests/test_clipping.py::"
               "test_clip_bounds_every_row_and_counts_clipped",)),
-    Mutation("phase-1-counts-exact", "dp_ops/adaptive.py:noisy_counts",
+    Mutation("phase-1-counts-exact", "dp_ops/adaptive/ledgers.py:noisy_counts",
              "    return np.array([generator.add_noise(ledger, noise, "
              "count_name(c),",
              "    return np.asarray(exact, np.float64)\n"

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from dpsynth.dp_ops import adaptive, covariance, reference
+from dpsynth.dp_ops.adaptive import ledgers
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.ledger import compose_epsilon
 from dpsynth.dp_ops.noise import SeededNoise
@@ -84,7 +85,7 @@ def test_every_structure_meets_the_target(eps):
         # add_phase2 itself refuses an overspending ledger (dp_accounting)
         ledger = adaptive.add_phase2(adaptive.phase1_ledger(cfg, mu), cfg,
                                      s, mu)
-        spent.append(adaptive._worst_epsilon(ledger.mechanisms, cfg.delta,
+        spent.append(ledgers._worst_epsilon(ledger.mechanisms, cfg.delta,
                                              cfg.accountant))
         # phase 1 sigmas do not depend on the structure
         assert ledger.get("class=1/count").sigma == pytest.approx(

@@ -246,11 +246,11 @@ def test_unreadable_file_permission_denied(good, tmp_path, capsys,
                                           monkeypatch):
     """Root can read anything here, so the permission error is simulated
     where every reader opens files (Beam's FileSystems)."""
-    from dpsynth.transforms import io
+    from apache_beam.io.filesystems import FileSystems
 
     def denied(path, *args, **kwargs):
         raise PermissionError(13, "Permission denied", path)
-    monkeypatch.setattr(io.FileSystems, "open", denied)
+    monkeypatch.setattr(FileSystems, "open", denied)
     _fails(capsys, tmp_path / "out", "--input", good, "--num-classes", 2,
            expect=("good.npz: cannot read", "Permission denied"))
 

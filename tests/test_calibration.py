@@ -38,10 +38,11 @@ def test_calibrated_plan_spends_at_most_and_close_to_target(eps, accountant):
 @pytest.mark.parametrize("eps", [1, 2, 4, 8])
 def test_adaptive_calibration_spends_close_to_target(eps):
     from dpsynth.dp_ops import adaptive
+    from dpsynth.dp_ops.adaptive import ledgers
     cfg = GeneratorConfig(labels=tuple(range(10)), epsilon=eps)
     mu = adaptive.calibrate_mu(cfg, 384)
-    worst = max(adaptive._worst_epsilon(adaptive.mechanisms(cfg, s, mu),
-                                        cfg.delta, cfg.accountant)
+    worst = max(ledgers._worst_epsilon(adaptive.mechanisms(cfg, s, mu),
+                                       cfg.delta, cfg.accountant)
                 for s in adaptive.menu(384))
     assert 0.999 * eps <= worst <= eps
 

@@ -194,7 +194,7 @@ def test_workers_get_the_project_and_a_beam_container(built):
         assert all(s["to"].startswith(TEMP + "/staging/")
                    for s in staged.values())
         members = staged["workflow.tar.gz"]["members"]
-        for module in ("pipelines/job.py", "transforms/io.py",
+        for module in ("pipelines/job.py", "transforms/io/read.py",
                        "dp_ops/noise.py", "setup.py", "pyproject.toml"):
             assert any(m.endswith("/" + module) for m in members), module
         # the sdist carries code, no data files of the checkout

@@ -25,15 +25,15 @@ SLOW_READ = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {repo!r})
     from dpsynth.pipelines import cli
-    from dpsynth.transforms import io
-    real = io._ReadBlocksFn.process
+    from dpsynth.transforms.io import read
+    real = read._ReadBlocksFn.process
 
     def slow(self, r):
         open({mark!r}, "w").close()
         time.sleep(120)
         yield from real(self, r)
 
-    io._ReadBlocksFn.process = slow
+    read._ReadBlocksFn.process = slow
     sys.exit(cli.main(sys.argv[1:]))
 """)
 
@@ -124,15 +124,15 @@ def test_sigterm_inside_a_pass_stops_the_job_like_ctrl_c(tmp_path, entry):
 SLOW_SITE = textwrap.dedent("""
     import os, time
     if os.environ.get("DPSYNTH_TEST_SLOW_MARK"):
-        from dpsynth.transforms import io
-        real = io._ReadBlocksFn.process
+        from dpsynth.transforms.io import read
+        real = read._ReadBlocksFn.process
 
         def slow(self, r):
             open(os.environ["DPSYNTH_TEST_SLOW_MARK"], "w").close()
             time.sleep(120)
             yield from real(self, r)
 
-        io._ReadBlocksFn.process = slow
+        read._ReadBlocksFn.process = slow
 """)
 
 

@@ -24,6 +24,7 @@ from dpsynth.pipelines import cli
 from dpsynth.pipelines.release import release
 from tests.conftest import gmm_data
 from dpsynth.transforms import io
+from dpsynth.transforms.io import validation
 from dpsynth.transforms.write import tfrecord_bytes
 
 
@@ -58,9 +59,9 @@ def test_a_big_finite_float32_row_is_finite():
     x[1] = 1e20
     x[2, 0] = np.nan
     x[3, 2] = -np.inf
-    np.testing.assert_array_equal(io._finite_rows(x),
+    np.testing.assert_array_equal(validation._finite_rows(x),
                                   [True, True, False, False])
-    np.testing.assert_array_equal(io._finite_rows(x.astype(np.float64)),
+    np.testing.assert_array_equal(validation._finite_rows(x.astype(np.float64)),
                                   [True, True, False, False])
     out, _, dropped = _validate(x, _spec(non_finite="drop"))
     assert dropped == 2 and out.dtype == np.float32
@@ -70,7 +71,7 @@ def test_a_big_finite_float32_row_is_finite():
 def test_a_float64_row_whose_squared_norm_overflows_is_not_finite():
     x = np.ones((2, 3))
     x[1, 1] = 1e200
-    np.testing.assert_array_equal(io._finite_rows(x), [True, False])
+    np.testing.assert_array_equal(validation._finite_rows(x), [True, False])
     with pytest.raises(io.InputError, match="row 1 has NaN or infinite"):
         _validate(x)
 

@@ -1,6 +1,6 @@
 """Parquet embeddings read from Arrow buffers (issue 27 item 2): the same
 rows (float32 values stay float32, others become float64) and the same errors as the per-row Python-list path it
-replaced (``io._stack_rows``), for fixed-size, list and large-list columns,
+replaced (``parquet._stack_rows``), for fixed-size, list and large-list columns,
 float16/32/64 and integer values, sliced and chunked arrays, null rows,
 null values and ragged rows."""
 
@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dpsynth.transforms import io
+from dpsynth.transforms.io import parquet
 
 LIST_TYPES = {
     "fixed": lambda value: pa.list_(value, 3),
@@ -33,8 +34,8 @@ def _both(column, where=io.Rows(0)):
             return str(err)
     rows = column.to_pylist() if not isinstance(column, pa.ChunkedArray) \
         else [r for c in column.chunks for r in c.to_pylist()]
-    return (run(lambda: io._list_rows(column, "f.parquet", where)),
-            run(lambda: io._stack_rows(rows, "f.parquet", where)))
+    return (run(lambda: parquet._list_rows(column, "f.parquet", where)),
+            run(lambda: parquet._stack_rows(rows, "f.parquet", where)))
 
 
 @pytest.mark.parametrize("kind", sorted(LIST_TYPES))

@@ -26,6 +26,7 @@ def bench(tmp_path, monkeypatch):
     _write_data(str(data))
     monkeypatch.setattr(pu, "CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(pu, "RESULTS", str(tmp_path / "results"))
+    monkeypatch.setattr(pu, "DATA", str(tmp_path / "data-out"))
     monkeypatch.setattr(pu, "plot", lambda *a, **k: None)
     calls = []
 
@@ -42,7 +43,7 @@ def bench(tmp_path, monkeypatch):
         pu.main(["--dataset", "cifar10", "--data-dir", str(data),
                  "--methods", "dpsgd-linear", "--epsilons", "1,2",
                  "--no-ceiling", "--tag", "t", *extra])
-        out = tmp_path / "results" / "privacy_utility-cifar10-t.json"
+        out = tmp_path / "data-out" / "privacy_utility-cifar10-t.json"
         with open(out) as f:
             return json.load(f)
     return run, calls

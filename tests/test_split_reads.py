@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import gmm_data
 from dpsynth.transforms import io
+from dpsynth.transforms.io import npz, tfrecord
 from dpsynth.transforms.write import tfrecord_bytes
 
 
@@ -159,7 +160,7 @@ def test_a_payload_that_looks_like_a_record_does_not_move_a_split(tmp_path):
     starts = {len(good), len(good) + len(outer)}  # real records only
     for r in ranges[1:]:
         assert r.start in starts | {os.path.getsize(path)}, r
-    offsets = [o for r in ranges for run in io._tfrecord_runs(r)
+    offsets = [o for r in ranges for run in tfrecord._tfrecord_runs(r)
                for o in run.offsets()]
     assert offsets == [0, len(good), len(good) + len(outer)]
 
@@ -253,8 +254,8 @@ def test_an_npz_range_reads_its_labels_once_then_rows_in_order(
     path = tmp_path / "a.npz"
     np.savez(path, embeddings=x.astype(np.float32), labels=y)
     log: list = []
-    real = io._open
-    monkeypatch.setattr(io, "_open", lambda p: _Reads(real(p), log))
+    real = npz._open
+    monkeypatch.setattr(npz, "_open", lambda p: _Reads(real(p), log))
     spec = io.InputSpec(str(path), block_size=50)
     r = io.FileRange(str(path), 4096, 40_000)
     blocks = list(io.read_range_blocks(r, spec))

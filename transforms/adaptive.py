@@ -1,4 +1,4 @@
-"""The adaptive two-phase plan (``--covariance auto``, dp_ops/adaptive.py)
+"""The adaptive two-phase plan (``--covariance auto``, dp_ops/adaptive/)
 as Beam transforms.
 
 Phase 1 (``AdaptivePhase1``, one pass "Counts" over the raw rows): the DP

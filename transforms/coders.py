@@ -3,7 +3,7 @@
 Beam's default coder for an untyped element is pickle, and every step's
 output counter samples elements for its byte-size estimate by *encoding*
 them: with 10 MB blocks that hidden pickling cost ~6 s of worker CPU per
-million rows (issue 15 profile) although fused steps never encode the
+million rows (profiled) although fused steps never encode the
 blocks themselves. These coders still pickle (protocol 5: the array bytes
 are copied once, no per-element Python work) when a block really crosses
 a shuffle, and estimate its size from ``nbytes`` without encoding it.

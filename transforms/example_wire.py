@@ -2,7 +2,7 @@
 
 Why not ``tf.io.parse_example``: importing TensorFlow costs each Beam worker
 process ~3-5 s (two worker processes per pipeline run, two runs per default
-job: a quarter of a 1M-row job's wall time in the issue-15 profile), and the
+job: a quarter of a 1M-row job's wall time when profiled), and the
 job never needs TensorFlow otherwise. Why not only the protobuf library: one
 ``ParseFromString`` plus a Python list of 384 floats per row is ~10x slower
 than numpy on a block.

@@ -1,5 +1,5 @@
 """The per-class mechanisms of the adaptive plan as PipelineDP aggregations
-(issue 28; ``pipeline-dp==0.3.1``, pinned: custom combiners are experimental).
+(``pipeline-dp==0.3.1``, pinned: custom combiners are experimental).
 
 ``dpsynth.transforms.adaptive`` (the default plan) runs phase 1's class counts (``class=<c>/count``) and
 phase 2's class sums (``class=<c>/moments/sum``) and, in the per-class mode,

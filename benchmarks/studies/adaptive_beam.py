@@ -8,7 +8,7 @@ Runs ``python -m dpsynth.pipelines.cli.generate`` on the fit part (written to a
 temporary .npz), the modes back to back per epsilon (same machine load,
 same secret noise seed: paired), scores the shared README's probe on the
 validation part and appends one JSON line per run to
-benchmarks/results/studies/adaptive_beam-issue13.jsonl. Test files are not read.
+benchmark-data/studies/adaptive_beam-issue13.jsonl. Test files are not read.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from benchmarks.studies.study_data import RESULTS, probe, selection_split  # noqa: E402
+from benchmarks.studies.study_data import DATA, probe, selection_split  # noqa: E402
 
-LOG = os.path.join(RESULTS, "adaptive_beam-issue13.jsonl")
+LOG = os.path.join(DATA, "adaptive_beam-issue13.jsonl")
 
 
 def run_job(fit: str, classes: int, eps: str, mode: str, seed: int,

@@ -36,11 +36,11 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.studies import covariance_sweep as sweep  # noqa: E402
-from benchmarks.studies.study_data import (RESULTS, Split,  # noqa: E402
+from benchmarks.studies.study_data import (DATA, RESULTS, Split,  # noqa: E402
                                            append_record)
 from dpsynth.dp_ops import adaptive, clipping, covariance, generator  # noqa: E402
 
-LOG = os.path.join(RESULTS, "class_matrix_parts.jsonl")
+LOG = os.path.join(DATA, "class_matrix_parts.jsonl")
 PARTS = ("released", "exact", "pooled", "pooled+noise", "spiked")
 
 

@@ -51,10 +51,10 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.studies import covariance_sweep as sweep  # noqa: E402
-from benchmarks.studies.study_data import RESULTS, Split  # noqa: E402
+from benchmarks.studies.study_data import DATA, RESULTS, Split  # noqa: E402
 from dpsynth.dp_ops import adaptive  # noqa: E402
 
-LOG = os.path.join(RESULTS, "class_pooling.jsonl")
+LOG = os.path.join(DATA, "class_pooling.jsonl")
 REPORT = os.path.join(RESULTS, "class_pooling.md")
 VARIANTS = ("own", "pooled", "test", "js")
 

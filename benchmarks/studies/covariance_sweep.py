@@ -20,7 +20,7 @@ spectrum, scaled by a factor in [0.5, 2]: where class matrices can pay)
 or "t" (as "class", Student-t with 3 degrees of freedom: heavy tails). Rows are unit-normalised like the embeddings.
 
 Every (shape, mode, epsilon, seed) appends one JSON line to
-benchmarks/results/studies/covariance_sweep.jsonl and is skipped when already there, so a
+benchmark-data/studies/covariance_sweep.jsonl and is skipped when already there, so a
 rerun resumes. ``--report`` writes benchmarks/results/studies/covariance_sweep.md: per shape
 and epsilon the 3-seed mean of every mode, the current rule's pick (from
 the recorded noisy counts: the rule's inputs), the best mode, the gap, and
@@ -75,15 +75,15 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.studies import study_data  # noqa: E402
-from benchmarks.studies.study_data import (RESULTS, Split,  # noqa: E402
+from benchmarks.studies.study_data import (DATA, RESULTS, Split,  # noqa: E402
                                            append_record, selection_split)
 from dpsynth.dp_ops import adaptive  # noqa: E402
 from dpsynth.dp_ops.clipping import normalize_rows  # noqa: E402
 
-LOG = os.path.join(RESULTS, "covariance_sweep.jsonl")
+LOG = os.path.join(DATA, "covariance_sweep.jsonl")
 # Fresh seeds of the menu structures (issue 61: scoring what seeds 0-2
 # pick); apart so that every table and fit on LOG stays on seeds 0-2.
-FRESH_LOG = os.path.join(RESULTS, "covariance_sweep_fresh.jsonl")
+FRESH_LOG = os.path.join(DATA, "covariance_sweep_fresh.jsonl")
 REPORT = os.path.join(RESULTS, "covariance_sweep.md")
 EPSILONS = (1.0, 2.0, 4.0, 8.0)
 SEEDS = (0, 1, 2)
@@ -345,7 +345,7 @@ def key(rec: dict) -> tuple:
 def sweep(names: list[str], epsilons, seeds, modes, log: str = LOG) -> None:
     """Run what ``log`` lacks; the real rows' reference only into LOG."""
     done = {key(r) for r in load_log(log)}
-    os.makedirs(RESULTS, exist_ok=True)
+    os.makedirs(DATA, exist_ok=True)
     for name in names:
         todo = [(m, e, s) for s in seeds for e in epsilons for m in modes
                 if (name, m, float(e), int(s)) not in done]

@@ -8,7 +8,7 @@ generator study (benchmarks/studies/study_data.py).
 
 Stage 1 (grid, seed 0) picks per epsilon the best grid point on the
 validation split; stage 2 reruns it with seeds 0..S-1. JSON lines go to
-benchmarks/results/studies/dpsgd_bars-issue13.jsonl.
+benchmark-data/studies/dpsgd_bars-issue13.jsonl.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from benchmarks.studies.study_data import (RESULTS,  # noqa: E402
+from benchmarks.studies.study_data import (DATA,  # noqa: E402
                                            append_record, selection_split)
 
-LOG = os.path.join(RESULTS, "dpsgd_bars-issue13.jsonl")
+LOG = os.path.join(DATA, "dpsgd_bars-issue13.jsonl")
 # (batch, epochs) x learning rate; input scale fixed per model (the
 # module's tuned values: 4 linear, 8 MLP)
 SCHEDULES = [(512, 5), (2048, 5), (512, 20), (2048, 20)]

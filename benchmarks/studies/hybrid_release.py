@@ -43,7 +43,7 @@ not by the product's keyed noise: this module changes no mechanism.
         --epsilons 1,2,4,8 --seeds 0,1,2
     python -m benchmarks.studies.hybrid_release --report
 
-Runs append to benchmarks/results/studies/hybrid_issue61.jsonl;
+Runs append to benchmark-data/studies/hybrid_issue61.jsonl;
 ``--report`` writes hybrid_issue61.md against the sweep's menu means.
 Fresh seeds (the report's last table): the same commands with
 ``--seeds 3,4,5``, and the menu structures by
@@ -72,12 +72,13 @@ if ROOT not in sys.path:
 from benchmarks.studies import covariance_sweep as sweep  # noqa: E402
 from benchmarks.studies import goal_noise  # noqa: E402
 from benchmarks.studies.study_data import (  # noqa: E402
-    RESULTS, append_record, write_report)
+    DATA, RESULTS, append_record, write_report)
 from dpsynth.dp_ops import adaptive, clipping, covariance, generator, plan  # noqa: E402
+from dpsynth.dp_ops.adaptive import postprocess  # noqa: E402
 from dpsynth.dp_ops.config import GeneratorConfig  # noqa: E402
 from dpsynth.dp_ops.noise import SeededNoise  # noqa: E402
 
-LOG = os.path.join(RESULTS, "hybrid_issue61.jsonl")
+LOG = os.path.join(DATA, "hybrid_issue61.jsonl")
 REPORT = os.path.join(RESULTS, "hybrid_issue61.md")
 BRANCHES = ("shared", "subspace", "raw", "spiked")
 MENU_NAMES = ("shared", "subspace", "per-class", "spiked")
@@ -290,7 +291,7 @@ def branch_mixtures(rel: Release, branch: str) -> dict:
             if branch.startswith("subspace+js"):
                 block = js_block(block, sm.vals[:rank], rel.sigma_class,
                                  float(rel.n[i]))
-            out[c] = adaptive._mixture(
+            out[c] = postprocess._mixture(
                 c, rel.noisy_n[i], rel.means[i], sm.residual,
                 adaptive.class_factors(sm, block), rel.centre)
         return out
@@ -310,7 +311,7 @@ def branch_mixtures(rel: Release, branch: str) -> dict:
             for i, c in enumerate(rel.classes)]
     else:
         raise ValueError(f"unknown branch {branch!r}")
-    return {c: adaptive._within_mixture(c, withins[i], rel.noisy_n[i],
+    return {c: postprocess._within_mixture(c, withins[i], rel.noisy_n[i],
                                         rel.means[i], rel.centre,
                                         rel.structure, floor)
             for i, c in enumerate(labels)}

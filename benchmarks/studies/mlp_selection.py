@@ -10,7 +10,7 @@ stratified_holdout(y, 0.2, seed); for each learning rate of TUNING_GRID the
 paper's MLP is trained on the 80 % and scored on the 20 % (accuracy,
 log-loss) and on the REAL validation rows of the train file (accuracy).
 One JSON line per (dataset, eps, seed, lr) goes to
-benchmarks/results/studies/mlp_selection.jsonl. Test files are never read.
+benchmark-data/studies/mlp_selection.jsonl. Test files are never read.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from benchmarks.studies.study_data import RESULTS, selection_split  # noqa: E402
+from benchmarks.studies.study_data import DATA, selection_split  # noqa: E402
 from benchmarks.studies.utility_study13 import adaptive_release  # noqa: E402
 from dpsynth.models.classifiers import (TUNING_GRID, MLPConfig,  # noqa: E402
                                 stratified_holdout, train_mlp)
 
-LOG = os.path.join(RESULTS, "mlp_selection.jsonl")
+LOG = os.path.join(DATA, "mlp_selection.jsonl")
 
 
 def release(split, eps: float, seed: int):
@@ -70,7 +70,7 @@ def main() -> int:
     ap.add_argument("--epsilons", default="1,2,4,8")
     ap.add_argument("--seeds", default="0")
     args = ap.parse_args()
-    os.makedirs(RESULTS, exist_ok=True)
+    os.makedirs(DATA, exist_ok=True)
     for dataset in args.datasets.split(","):
         split = selection_split(dataset)
         for seed in [int(s) for s in args.seeds.split(",")]:

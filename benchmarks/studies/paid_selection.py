@@ -27,7 +27,7 @@ Two ways to measure it:
   knows the best mode at the reduced budget: the price of the budget alone.
 - ``--run``: the design itself on the sweep's shapes (fresh releases,
   probe on each shape's held-out rows), appending to
-  benchmarks/results/studies/paid_selection.jsonl (resumable); ``--report`` writes
+  benchmark-data/studies/paid_selection.jsonl (resumable); ``--report`` writes
   benchmarks/results/studies/paid_selection.md against the sweep's menu means and the rule.
 
     python -m benchmarks.studies.paid_selection --estimate
@@ -52,12 +52,12 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.studies import covariance_sweep as sweep  # noqa: E402
-from benchmarks.studies.study_data import (RESULTS, Split,  # noqa: E402
+from benchmarks.studies.study_data import (DATA, RESULTS, Split,  # noqa: E402
                                            append_record)
 from dpsynth.dp_ops import adaptive  # noqa: E402
 from dpsynth.dp_ops.calibration import gdp_mu  # noqa: E402
 
-LOG = os.path.join(RESULTS, "paid_selection.jsonl")
+LOG = os.path.join(DATA, "paid_selection.jsonl")
 REPORT = os.path.join(RESULTS, "paid_selection.md")
 MODES = adaptive.MODES
 EVAL_SHARE = 0.01  # of mu^2, for the three noisy correct-prediction counts

@@ -17,7 +17,7 @@ multiple is also scored with C / multiple ("same penalty"), which
 separates what the extra rows carry from that.
 
 Each (set, epsilon, seed) appends a JSON line to
-benchmarks/results/studies/release_size.jsonl and is skipped when there (a rerun resumes);
+benchmark-data/studies/release_size.jsonl and is skipped when there (a rerun resumes);
 ``--report`` writes benchmarks/results/studies/release_size.md.
 
     nice -n 15 env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \\
@@ -40,10 +40,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.studies.study_data import (RESULTS, append_record,  # noqa: E402
+from benchmarks.studies.study_data import (DATA, RESULTS, append_record,  # noqa: E402
                                            selection_split)
 
-LOG = os.path.join(RESULTS, "release_size.jsonl")
+LOG = os.path.join(DATA, "release_size.jsonl")
 REPORT = os.path.join(RESULTS, "release_size.md")
 MULTIPLES = (1.0, 2.0, 5.0)
 # Records carry the covariance rule they ran under; a (set, eps, seed) is
@@ -101,7 +101,7 @@ def load_log() -> list[dict]:
 def sweep(sets: list[str], epsilons: list[float], seeds: list[int]) -> None:
     done = {(r["set"], float(r["epsilon"]), r["seed"]) for r in load_log()
             if r.get("rule", "issue30") == RULE}
-    os.makedirs(RESULTS, exist_ok=True)
+    os.makedirs(DATA, exist_ok=True)
     for name in sets:
         todo = [(e, s) for s in seeds for e in epsilons
                 if (name, float(e), s) not in done]

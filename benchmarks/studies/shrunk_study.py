@@ -7,7 +7,7 @@ Each run is ``covariance_sweep.run_one`` with the variant
 "per-class+shrunk": the same noise seed (1000 + seed) as the sweep's
 per-class runs, so the released class matrices are those of its raw and
 spiked per-class records and only the post-processing differs. Runs
-append to benchmarks/results/studies/shrunk_issue61.jsonl (with each
+append to benchmark-data/studies/shrunk_issue61.jsonl (with each
 run's class weights lambda_c); ``--report`` writes shrunk_issue61.md:
 per set and epsilon the sweep's means of shared, subspace, raw
 per-class and spiked per-class (its 3 seeds), shrunk's mean over the
@@ -34,10 +34,10 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.studies import covariance_sweep as sweep  # noqa: E402
-from benchmarks.studies.study_data import RESULTS, write_report  # noqa: E402
+from benchmarks.studies.study_data import DATA, RESULTS, write_report  # noqa: E402
 from dpsynth.dp_ops import adaptive  # noqa: E402
 
-LOG = os.path.join(RESULTS, "shrunk_issue61.jsonl")
+LOG = os.path.join(DATA, "shrunk_issue61.jsonl")
 REPORT = os.path.join(RESULTS, "shrunk_issue61.md")
 VARIANT = "per-class+shrunk"
 MENU = ("shared", "subspace", "per-class", "per-class+spiked")

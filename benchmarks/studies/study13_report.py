@@ -2,7 +2,7 @@
 
     python benchmarks/studies/study13_report.py   # prints markdown tables
 
-Reads benchmarks/results/studies/utility_study-issue13.jsonl (generator runs),
+Reads benchmark-data/studies/utility_study-issue13.jsonl (generator runs),
 dpsgd_bars-issue13.jsonl (DP-SGD on the same splits) and
 gaussian_ceiling-<dataset>.json (noiseless ceilings). Cells are mean ±
 std over seeds (count in brackets), validation accuracy in %.
@@ -19,11 +19,12 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "studies")
+DATA = os.path.join(ROOT, "benchmark-data", "studies")  # the raw logs
 EPS = (1.0, 2.0, 4.0, 8.0)
 
 
 def read_jsonl(name: str) -> list:
-    path = os.path.join(RESULTS, name)
+    path = os.path.join(DATA, name)
     if not os.path.exists(path):
         return []
     with open(path) as fh:

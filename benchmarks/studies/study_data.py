@@ -30,6 +30,9 @@ SHARED = os.environ.get("DPSYNTH_SHARED_DATA") or os.path.join(
 DATASETS = {"cifar10": ("cifar10-effnetlite0", 0.1),
             "20news": ("20news-minilm", 0.2)}
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "studies")
+# The raw logs (JSON lines) the studies append to and their tables are
+# made from: outside the code tree (benchmark-data/INDEX.md).
+DATA = os.path.join(ROOT, "benchmark-data", "studies")
 
 
 @dataclasses.dataclass
@@ -166,6 +169,7 @@ def append_record(path: str, rec: dict, shown: dict | None = None) -> None:
     """Prints one run's record (or ``shown``, a shorter view of it) and
     appends it to the JSON-lines log at ``path`` (studies resume from it)."""
     print(json.dumps(rec if shown is None else shown), flush=True)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "a") as fh:
         fh.write(json.dumps(rec) + "\n")
 

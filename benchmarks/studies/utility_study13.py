@@ -4,8 +4,8 @@ shared datasets? Selection on validation splits of the TRAIN files only.
     python benchmarks/studies/utility_study13.py --dataset 20news --recipes A,B \
         --epsilons 1,2,4,8 --seeds 0,1,2
 
-Every run appends one JSON line to benchmarks/results/studies/utility_study-issue13
-.jsonl (dataset, recipe, epsilon, seed, validation accuracy).
+Every run appends one JSON line to
+benchmark-data/studies/utility_study-issue13.jsonl (dataset, recipe, epsilon, seed, validation accuracy).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from benchmarks.studies.study13_engine import Engine, Recipe  # noqa: E402
-from benchmarks.studies.study_data import RESULTS, selection_split  # noqa: E402
+from benchmarks.studies.study_data import DATA, selection_split  # noqa: E402
 
 COV = 0.5968
 RECIPES = {
@@ -40,7 +40,7 @@ RECIPES = {
     "hier js full": Recipe(cov_global=COV / 2, cov_class=COV / 2,
                            shared_from="combined", per_class="js", form="full"),
 }
-LOG = os.path.join(RESULTS, "utility_study-issue13.jsonl")
+LOG = os.path.join(DATA, "utility_study-issue13.jsonl")
 INF = float("inf")
 FIXED_SUM = {"sum_min": 0.398, "sum_max": 0.398, "sum_levels": 1}
 # Runs of the dp_ops implementation itself (dpsynth.dp_ops.reference):
@@ -180,7 +180,7 @@ def main() -> int:
         ";" if ";" in args.recipes else ",") if n.strip()]
     split = selection_split(args.dataset)
     engine = Engine(split)
-    os.makedirs(RESULTS, exist_ok=True)
+    os.makedirs(DATA, exist_ok=True)
     for seed in [int(s) for s in args.seeds.split(",")]:
         for eps in [float(e) for e in args.epsilons.split(",")]:
             for name in names:

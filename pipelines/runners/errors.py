@@ -8,7 +8,8 @@ from __future__ import annotations
 
 class ClusterLost(RuntimeError):
     """The runner lost its cluster mid-run (a Dask scheduler gone): one
-    line, not a traceback; the attempt stays charged (issue 52)."""
+    line, not a traceback; the attempt stays charged (its noise may have
+    been drawn)."""
 
 
 class UsageError(ValueError):
@@ -18,4 +19,4 @@ class UsageError(ValueError):
 class ClusterMismatch(UsageError):
     """The cluster's workers cannot run this job as planned (another
     dpsynth, or hosts elsewhere given local paths): found before any work
-    is submitted (issue 60)."""
+    is submitted."""

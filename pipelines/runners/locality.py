@@ -1,5 +1,5 @@
 """Whether a job's workers run on this machine, and the local paths a
-cluster elsewhere cannot use (issue 60).
+cluster elsewhere cannot use (refused before any work is submitted).
 
 The rule ("on this machine"): the workers share this machine's files when
 

@@ -139,7 +139,7 @@ def local_blas_threads(options: PipelineOptions) -> Optional[int]:
 
 def is_local(options: PipelineOptions) -> bool:
     """The job runs on this machine (its workers can use local files):
-    ``dpsynth.pipelines.runners.locality`` holds the rule (issue 60)."""
+    ``dpsynth.pipelines.runners.locality`` holds the rule."""
     return locality.elsewhere(options.get_all_options()) is None
 
 

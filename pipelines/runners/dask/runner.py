@@ -68,7 +68,7 @@ rewrites all of them to ``dpsynth.pipelines.runners.dask.runner.DaskRunner``). N
 * ``Reshuffle`` redistributes (Beam's translation is a no-op, so the
   release's shards, which come from one element in the default plan or
   one per class, were drawn and written by one task per class or one in
-  all: issue 27). Its input is computed at that point and, when small,
+  all). Its input is computed at that point and, when small,
   created again with one element per partition and no dependencies (Dask
   runs a task where its inputs are, so pieces of one task's output would
   all run on that worker); see ``_spread``.
@@ -890,7 +890,8 @@ def _unlocked(load: Callable[[], Any]) -> Callable[[], Any]:
 
 @contextlib.contextmanager
 def _outside_thread_pool():
-    """Waits outside the worker's thread pool (issue 52): when the worker
+    """Waits outside the worker's thread pool (else a lost worker can
+    deadlock the job): when the worker
     holding a stored side input dies, the scheduler recomputes it on a
     live worker, whose every thread may be a task waiting for that side
     input, or for the lock of the one fetching it (one thread per worker:
