@@ -31,8 +31,9 @@ class RecordingNoise:
 
 def test_rule_reads_only_public_inputs():
     params = list(inspect.signature(adaptive.choose_structure).parameters)
+    # mode: the operator's --covariance (public configuration)
     assert params == ["epsilon", "delta", "d", "noisy_counts", "constants",
-                      "mu"]
+                      "mu", "mode"]
     counts = [480.3, 512.9, 300.1]
     a = adaptive.choose_structure(4.0, 1e-5, 384, counts)
     b = adaptive.choose_structure(4.0, 1e-5, 384, list(counts))

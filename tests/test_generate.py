@@ -108,11 +108,16 @@ def test_bad_row_fails_cleanly_and_writes_nothing(tmp_path, capsys):
 
 
 def test_impossible_config_refused_before_reading(tmp_path, capsys):
-    assert _run("--input", tmp_path / "missing-*.npz", "--output",
+    # an input that exists (a missing one is refused even earlier, before
+    # Beam is imported): the weights are refused before it is read
+    x, y = gmm_data(40, d=4, classes=2, comps=1)
+    np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
+    assert _run("--input", tmp_path / "in.npz", "--output",
                 tmp_path / "r", "--num-classes", 2, "--clusters", 4,
                 "--budget-weights",
                 "centre=0.01,tree=0.5,moments=0.2,lloyd=0.1,covariance=0.1") == 2
     assert "sum to 1" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize("mode,center", [("shared", True),
