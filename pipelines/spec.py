@@ -91,8 +91,9 @@ class GeneratorOptions:
     samples_per_class: Optional[int] = GeneratorConfig.samples_per_class
     seed: int = GeneratorConfig.seed
     vote_filter: bool = GeneratorConfig.vote_filter
-    vote_threshold: float = GeneratorConfig.vote_threshold
+    vote_threshold: Optional[float] = GeneratorConfig.vote_threshold
     vote_oversample: float = GeneratorConfig.vote_oversample
+    vote_share: Optional[float] = GeneratorConfig.vote_share
     vote_max_candidates: Optional[int] = GeneratorConfig.vote_max_candidates
 
     def config(self, labels: tuple[int, ...]) -> GeneratorConfig:

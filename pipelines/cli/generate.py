@@ -196,10 +196,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="smallest variance of a mixture component, as a "
                      "fraction of clip-norm^2 / d")
     gen.add_argument("--vote-filter", action="store_true",
-                     help="keep samples with a noisy nearest-neighbour vote "
-                     ">= --vote-threshold")
-    gen.add_argument("--vote-threshold", type=float, default=6.0,
-                     help="noisy votes a candidate needs to be kept")
+                     help="DP nearest-neighbour vote: each record votes for "
+                     "its nearest candidate; the release draws its rows "
+                     "(as many as without the vote) from the candidates in "
+                     "proportion to the noisy votes")
+    gen.add_argument("--vote-threshold", type=float, default=None,
+                     help="legacy rule instead: keep each candidate with at "
+                     "least this many noisy votes, once (the release "
+                     "shrinks as epsilon grows)")
+    gen.add_argument("--vote-share", type=float, default=None,
+                     help="share of the budget (of mu^2) for the vote in "
+                     "the adaptive plan (default: a public rule of epsilon)")
     gen.add_argument("--vote-oversample", type=float, default=6.0,
                      help="candidates generated per wanted sample")
     gen.add_argument("--vote-max-candidates", type=int,
