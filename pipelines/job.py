@@ -163,7 +163,7 @@ def resolve_config(spec: GenerateSpec,
                                     and spec.input.images is None):
         return cfg
     log.info("--covariance auto: the adaptive plan needs --clusters 1, "
-             "--center, no --vote-filter / --budget-weights and embedding "
+             "--center, no --budget-weights and embedding "
              "input; running the fixed 'shared' plan")
     return dataclasses.replace(cfg, covariance="shared")
 
@@ -509,8 +509,9 @@ def adaptive_pass_names(structure: adaptive.Structure,
     """Phase 2's passes over the private rows (progress lines)."""
     if spec.run.materialise_blocks:
         return ["Read"]
-    return ["Moments"] + (["ClassSubspace"] if structure.mode == "subspace"
-                          else [])
+    return (["Moments"]
+            + (["ClassSubspace"] if structure.mode == "subspace" else [])
+            + (["Votes"] if spec.generator.vote_filter else []))
 
 
 def pipelinedp_document(job: Job) -> Optional[dict]:

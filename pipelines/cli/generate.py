@@ -162,8 +162,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "counts, then a public rule picks shared, shared + "
                      "class subspace or per-class matrices and the mean / "
                      "covariance split (docs/method.md: Covariance defaults; "
-                     "needs --clusters 1, --center, no --vote-filter or "
-                     "--budget-weights, embedding input, else it is "
+                     "needs --clusters 1, --center, no --budget-weights, "
+                     "embedding input, else it is "
                      "'shared'); 'shared': one matrix of all records; "
                      "'per-class': one matrix per class")
     gen.add_argument("--clusters", type=int, default=GeneratorConfig.clusters,
