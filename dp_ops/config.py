@@ -115,7 +115,7 @@ class GeneratorConfig:
     vote_threshold: Optional[float] = None
     vote_oversample: float = 6.0
     # Share of the run's mu^2 spent on the vote in the adaptive plan (None:
-    # adaptive.vote_share's public rule of epsilon)
+    # adaptive.VOTE_SHARE)
     vote_share: Optional[float] = None
     vote_max_candidates: Optional[int] = None  # public cap on candidates per class
     budget_weights: Optional[dict] = None

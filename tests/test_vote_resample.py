@@ -78,7 +78,7 @@ def test_the_reservation_includes_the_vote():
     assert {f"class={c}/vote/histogram" for c in cfg.labels} <= names
 
 
-def test_vote_share_is_a_public_rule_or_the_flag():
+def test_vote_share_is_a_public_constant_or_the_flag():
     for eps in (0.5, 1, 2, 4, 8, 100):
         share = adaptive.vote_share(GeneratorConfig(
             labels=(0,), epsilon=eps, vote_filter=True))
