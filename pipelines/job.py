@@ -556,6 +556,11 @@ def manifest(job: Job, spec: GenerateSpec, dim: int,
         warnings += weak_setting_warnings(cfg, summary, job.ledger)
     config = config_document(cfg)
     plan_doc = None if job.structure is None else job.structure.to_manifest()
+    if plan_doc is not None and cfg.vote_filter:  # shares of the total mu^2
+        v = adaptive.vote_share(cfg)
+        plan_doc["shares_of_mu2"] = {
+            **{k: w * (1 - v) for k, w in plan_doc["shares_of_mu2"].items()},
+            "vote": v}
     noise = (NOISE_DESCRIPTION.format(kind="seeded",
                                       key="a key from the secret --noise-seed")
              if spec.generator.noise_seed is not None else

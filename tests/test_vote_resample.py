@@ -203,3 +203,6 @@ def test_beam_release_equals_reference(tmp_path, data):
     for m in ledger.mechanisms:
         assert mechs[m.name]["sigma"] == pytest.approx(m.sigma)
     assert manifest["privacy"]["spent"]["epsilon"] <= EPS
+    shares = manifest["adaptive_plan"]["shares_of_mu2"]
+    assert shares["vote"] == adaptive.VOTE_SHARE
+    assert sum(shares.values()) == pytest.approx(1.0)
