@@ -460,11 +460,10 @@ def vote_share(cfg: GeneratorConfig) -> float:
 # The default share of mu^2 for the vote: on validation splits of the 20
 # Newsgroups train file (benchmarks/vote_resample.py, issue 74) every share
 # tried (0.05-0.3, x 1/2/6 candidates per row) scored at or below the
-# plain release at epsilon 1-8, the smallest share with 6 candidates per
-# row the closest (-0.01 points on average); a larger share buys votes the
-# selection cannot use (even noiseless votes cost the probe 1-2 points:
-# nearest-neighbour votes favour candidates near the class mean), and
-# takes it from the mixture.
+# plain release at epsilon 1-8 on average, the smallest share with 6
+# candidates per row the closest (-0.01 points). With 6 candidates per row
+# even noiseless votes were neutral for the probe, so the vote's cost is
+# its share, taken from the mixture: keep it small.
 VOTE_SHARE = 0.05
 
 

@@ -8,7 +8,9 @@ Replaces ``reference.sample_class`` for the vote with:
                       s (g - mu), g a fresh mixture draw (keeps the mixture's
                       covariance; s = 1 is the plain mixture), ratio: a > 0
                       weights votes by 1 / (votes of a public mixture sample
-                      + a) (a hubness correction)
+                      + a) (a hubness correction), spread: 1 rescales the
+                      selected rows' deviations from the mean to the
+                      candidates' total variance
 
     PYTHONPATH=. python benchmarks/studies/vote_variants.py 20news-minilm 0 \
         out.jsonl 8,1000 0/1/0 0.1/0.2/0.5 0.1/1/0/1
@@ -46,6 +48,13 @@ def sample_class(mix, x, cfg, ledger, noise, timings=None):
         noisy = np.clip(noisy, 0, None) / (h0 + PARAMS["ratio"])
     rng = np.random.default_rng([cfg.seed, mix.label, 3])
     rows = cands[np.repeat(np.arange(m), vote.resample_copies(noisy, n, rng))]
+    if PARAMS.get("spread"):  # rescale deviations to the mixture's spread
+        mu = (mix.weights[:, None] * mix.means).sum(0) / mix.weights.sum()
+        want = np.sum((cands - cands.mean(0)) ** 2) / len(cands)
+        got = np.sum((rows - rows.mean(0)) ** 2) / max(len(rows), 1)
+        rows = mu + np.sqrt(want / max(got, 1e-300)) * (rows - mu)
+        if cfg.normalize == "unit":
+            rows = sampling.project_to_sphere(rows, cfg.sample_radius)
     s = PARAMS["s"]
     if s > 0:
         fresh = generator.sample_rows(mix, cfg, n + m, m, m + n)
@@ -67,9 +76,9 @@ def main(argv):
         for eps in map(float, argv[3].split(",")):
             for seed in (0, 1):
                 for spec in argv[4:]:
-                    share, over, s, ratio = map(
-                        float, (spec + "/0").split("/")[:4])
-                    PARAMS.update(over=over, s=s, ratio=ratio)
+                    share, over, s, ratio, spread = map(
+                        float, (spec + "/0/0").split("/")[:5])
+                    PARAMS.update(over=over, s=s, ratio=ratio, spread=spread)
                     vf = share > 0
                     cfg = GeneratorConfig(
                         labels=tuple(labels), epsilon=eps, delta=vr.DELTA,
