@@ -111,8 +111,14 @@ class GeneratorConfig:
     # plan (dp_ops/adaptive/), run by dpsynth.pipelines.cli.generate
     covariance: str = "shared"
     vote_filter: bool = False
-    vote_threshold: float = 6.0
+    # None: the release is drawn from the candidates in proportion to the
+    # noisy votes (issue 74); a number: the legacy filter (keep candidates
+    # with at least that many noisy votes; fewer rows as epsilon grows)
+    vote_threshold: Optional[float] = None
     vote_oversample: float = 6.0
+    # Share of the run's mu^2 spent on the vote in the adaptive plan (None:
+    # adaptive.VOTE_SHARE)
+    vote_share: Optional[float] = None
     vote_max_candidates: Optional[int] = None  # public cap on candidates per class
     budget_weights: Optional[dict] = None
     accountant: str = "pld"
@@ -151,6 +157,9 @@ class GeneratorConfig:
             raise ValueError(f"--vote-oversample must be in [1, "
                              f"{MAX_VOTE_OVERSAMPLE:g}], got "
                              f"{self.vote_oversample}")
+        if self.vote_share is not None and not 0 < self.vote_share < 1:
+            raise ValueError(f"--vote-share must be in (0, 1), got "
+                             f"{self.vote_share}")
         if self.branch_threshold is not None and not self.branch_threshold > 0:
             raise ValueError("--branch-threshold must be > 0")
         if self.covariance_rank < 0:

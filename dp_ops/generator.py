@@ -268,18 +268,44 @@ def centre_from(noisy_sum: np.ndarray, noisy_count: float,
     return centre * min(1.0, cfg.centre_bound / max(norm, 1e-300))
 
 
-def vote_keep_mask(exact_votes: np.ndarray, label: int,
-                   cfg: GeneratorConfig, ledger: PrivacyLedger,
-                   noise: NoiseSource) -> np.ndarray:
-    """Which candidates of ``label`` the noisy vote keeps: the class's vote
-    histogram (L2 sensitivity 1 under add/remove one record) plus its
-    ledger mechanism's noise, against the public threshold."""
+def noisy_votes(exact_votes: np.ndarray, label: int, ledger: PrivacyLedger,
+                noise: NoiseSource) -> np.ndarray:
+    """The class's vote histogram (L2 sensitivity 1 under add/remove one
+    record: the record votes once, for one candidate; the histogram is
+    dense over the public candidates) plus its ledger mechanism's noise."""
     name = plan.name(label, "vote", "histogram")
-    noisy = add_noise(ledger, noise, name, exact_votes)
-    return vote.keep_mask(noisy, cfg.vote_threshold)
+    return add_noise(ledger, noise, name, exact_votes)
+
+
+# The public random stream of the vote's selection draw (after 1: samples,
+# 2: coreset k-means).
+SELECTION_STREAM = 3
+
+
+def vote_copies(exact_votes: np.ndarray, label: int, rows: int,
+                cfg: GeneratorConfig, ledger: PrivacyLedger,
+                noise: NoiseSource) -> np.ndarray:
+    """How many times each candidate of ``label`` is written: ``rows``
+    (the class's DP sample count) drawn in proportion to the clipped noisy
+    votes, or, with ``--vote-threshold``, the legacy filter (once each
+    candidate at or above it). Post-processing of the noisy histogram, the
+    public row count and the public seed."""
+    noisy = noisy_votes(exact_votes, label, ledger, noise)
+    if cfg.vote_threshold is not None:
+        return vote.keep_mask(noisy, cfg.vote_threshold).astype(np.int64)
+    rng = np.random.default_rng([cfg.seed, label, SELECTION_STREAM])
+    return vote.resample_copies(noisy, rows, rng)
 
 
 def filter_by_votes(cands: np.ndarray, exact_votes: np.ndarray, label: int,
                     cfg: GeneratorConfig, ledger: PrivacyLedger,
-                    noise: NoiseSource) -> np.ndarray:
-    return cands[vote_keep_mask(exact_votes, label, cfg, ledger, noise)]
+                    noise: NoiseSource, rows: Optional[int] = None
+                    ) -> np.ndarray:
+    """The voted release of one class: each candidate repeated by
+    ``vote_copies``. ``rows``: the class's DP sample count (None: the
+    candidates' count over the oversampling, for callers without a
+    mixture)."""
+    if rows is None:
+        rows = int(round(len(cands) / max(cfg.vote_oversample, 1.0)))
+    copies = vote_copies(exact_votes, label, rows, cfg, ledger, noise)
+    return np.repeat(cands, copies, axis=0)

@@ -82,8 +82,9 @@ def sample_class(mix: generator.ClassMixture, x: np.ndarray,
     if cfg.vote_filter:
         with _timed(timings, "vote"):
             votes = vote.block_votes(x, generator.centred(cands, mix))
-            cands = generator.filter_by_votes(cands, votes, mix.label, cfg,
-                                              ledger, noise)
+            cands = generator.filter_by_votes(
+                cands, votes, mix.label, cfg, ledger, noise,
+                rows=generator.num_samples(mix, cfg))
     return cands
 
 
@@ -207,11 +208,10 @@ def generate_adaptive(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
                                    constants.deviation,
                                    structure.class_deviation)
     xs, ys = [], []
-    with _timed(timings, "sample"):
-        for c in labels:
-            synth = generator.sample(mixes[c], cfg)
-            xs.append(synth)
-            ys.append(np.full(len(synth), c, dtype=np.int64))
+    for i, c in enumerate(labels):
+        synth = sample_class(mixes[c], rows[i], cfg, ledger, noise, timings)
+        xs.append(synth)
+        ys.append(np.full(len(synth), c, dtype=np.int64))
     return mixes, np.vstack(xs), np.concatenate(ys), ledger, structure
 
 

@@ -1,9 +1,18 @@
-"""DP vote filter (one round of Private Evolution's nearest-neighbour vote).
+"""DP vote (one round of Private Evolution's nearest-neighbour vote).
 
 Every real record votes for its nearest synthetic candidate. The histogram is
 dense over all candidate ids (zeros included; the candidate set is public
 post-processing), so adding or removing one record changes one bin by one:
 L2 sensitivity 1 (add/remove one record).
+
+What the noisy histogram does to the release (post-processing, issue 74):
+``resample_copies`` draws the class's rows from the candidates in proportion
+to the clipped noisy votes (PE's selection step), as many as the default
+release would write. Where noise swamps the votes the draw is close to
+uniform over candidates, i.e. the plain mixture: the release degrades
+towards the default instead of shrinking (the old threshold rule,
+``keep_mask``, kept fewer rows the more budget it had, since candidates
+outnumber records).
 
 The nearest-neighbour search is the heaviest step of a run: n_class x m x d
 multiply-adds per class for m candidates. It runs as tiled BLAS (rows x
@@ -180,7 +189,31 @@ def block_votes(x: np.ndarray, candidates, chunk: int = ROW_TILE
 
 
 def keep_mask(noisy_votes: np.ndarray, threshold: float) -> np.ndarray:
+    """The legacy threshold filter (``--vote-threshold``): candidates with
+    at least ``threshold`` noisy votes, once each."""
     return noisy_votes >= threshold
+
+
+def selection_weights(noisy_votes: np.ndarray) -> np.ndarray:
+    """Clipped noisy votes max(v, 0), normalised; all zero (noise pushed
+    every bin below 0): uniform, i.e. the plain mixture draws."""
+    w = np.clip(np.asarray(noisy_votes, np.float64), 0.0, None)
+    total = w.sum()
+    if not total > 0:
+        return np.full(len(w), 1.0 / max(len(w), 1))
+    return w / total
+
+
+def resample_copies(noisy_votes: np.ndarray, rows: int,
+                    rng: np.random.Generator) -> np.ndarray:
+    """Copies of each candidate in the release: ``rows`` draws in
+    proportion to the clipped noisy votes (a multinomial with a public
+    seed). Post-processing of the DP histogram and the public row count:
+    no privacy cost."""
+    if rows <= 0 or len(noisy_votes) == 0:
+        return np.zeros(len(noisy_votes), dtype=np.int64)
+    return rng.multinomial(int(rows), selection_weights(noisy_votes)
+                           ).astype(np.int64)
 
 
 def max_candidates(cfg) -> Optional[int]:

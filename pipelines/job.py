@@ -254,7 +254,7 @@ def resolve_config(spec: GenerateSpec,
                          "--clusters 1, --center, --covariance-rank > 0, no "
                          "--vote-filter / --budget-weights, embedding input")
     log.info("--covariance auto: the adaptive plan needs --clusters 1, "
-             "--center, no --vote-filter / --budget-weights and embedding "
+             "--center, no --budget-weights and embedding "
              "input; running the fixed 'shared' plan")
     return dataclasses.replace(cfg, covariance="shared")
 
@@ -614,8 +614,9 @@ def adaptive_pass_names(structure: adaptive.Structure,
     """Phase 2's passes over the private rows (progress lines)."""
     if spec.run.materialise_blocks:
         return ["Read"]
-    return ["Moments"] + (["ClassSubspace"] if structure.mode == "subspace"
-                          else [])
+    return (["Moments"]
+            + (["ClassSubspace"] if structure.mode == "subspace" else [])
+            + (["Votes"] if spec.generator.vote_filter else []))
 
 
 def pipelinedp_document(job: Job) -> Optional[dict]:
@@ -660,6 +661,11 @@ def manifest(job: Job, spec: GenerateSpec, dim: int,
         warnings += weak_setting_warnings(cfg, summary, job.ledger)
     config = config_document(cfg)
     plan_doc = None if job.structure is None else job.structure.to_manifest()
+    if plan_doc is not None and cfg.vote_filter:  # shares of the total mu^2
+        v = adaptive.vote_share(cfg)
+        plan_doc["shares_of_mu2"] = {
+            **{k: w * (1 - v) for k, w in plan_doc["shares_of_mu2"].items()},
+            "vote": v}
     noise = (NOISE_DESCRIPTION.format(kind="seeded",
                                       key="a key from the secret --noise-seed")
              if spec.generator.noise_seed is not None else

@@ -265,7 +265,7 @@ class GeneratorOptions:
              "public rule picks shared, shared + class subspace or per-class "
              "matrices and the mean / covariance split (docs/method.md: "
              "Covariance defaults; needs --clusters 1, --center, no "
-             "--vote-filter or --budget-weights, embedding input, else it is "
+             "--budget-weights, embedding input, else it is "
              "'shared'); 'shared': one matrix of all records; 'subspace': "
              "the shared matrix plus each class's matrix in its top subspace "
              "(the two-phase plan with this structure fixed); 'per-class': "
@@ -279,11 +279,17 @@ class GeneratorOptions:
         help="public seed: hyperplanes, projections, sampling")
     vote_filter: bool = option(
         "--vote-filter", GeneratorConfig.vote_filter, switch=True,
-        help="keep samples with a noisy nearest-neighbour vote >= "
-             "--vote-threshold")
-    vote_threshold: float = option(
+        help="DP nearest-neighbour vote: each record votes for its nearest "
+             "candidate; the release draws its rows (as many as without the "
+             "vote) from the candidates in proportion to the noisy votes")
+    vote_threshold: Optional[float] = option(
         "--vote-threshold", GeneratorConfig.vote_threshold, type=float,
-        help="noisy votes a candidate needs to be kept")
+        help="legacy rule instead: keep each candidate with at least this "
+             "many noisy votes, once (the release shrinks as epsilon grows)")
+    vote_share: Optional[float] = option(
+        "--vote-share", GeneratorConfig.vote_share, type=float,
+        help="share of the budget (of mu^2) for the vote in the adaptive "
+             "plan (default: 0.05)")
     vote_oversample: float = option(
         "--vote-oversample", GeneratorConfig.vote_oversample, type=float,
         help="candidates generated per wanted sample")

@@ -155,9 +155,15 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        return adaptive.per_class_mixtures(released, noisy_n, "
              "n, means,",
              (UNITS + "test_shrunk_class_matrices_use_only_the_released_values",)),
-    Mutation("vote-exact-votes", "dp_ops/generator.py:vote_keep_mask",
-             "    return vote.keep_mask(noisy, cfg.vote_threshold)",
-             "    return vote.keep_mask(exact_votes, cfg.vote_threshold)",
+    Mutation("vote-exact-votes", "dp_ops/generator.py:vote_copies",
+             "    return vote.resample_copies(noisy, rows, rng)",
+             "    return vote.resample_copies(exact_votes, rows, rng)",
+             (UNITS + "test_vote_filter_keeps_candidates_by_the_released_votes",)),
+    Mutation("vote-threshold-exact-votes", "dp_ops/generator.py:vote_copies",
+             "        return vote.keep_mask(noisy, cfg.vote_threshold)"
+             ".astype(np.int64)",
+             "        return vote.keep_mask(exact_votes, cfg.vote_threshold)"
+             ".astype(np.int64)",
              (UNITS + "test_vote_filter_keeps_candidates_by_the_released_votes",)),
     # --- the noise key stays out of the job graph
     Mutation("key-pickled-with-the-reference",

@@ -221,20 +221,28 @@ def test_centre_uses_only_the_released_sum_and_count(ledger):
     assert forcing.used == {plan.CENTRE_SUM, plan.CENTRE_COUNT}
 
 
-def test_vote_filter_keeps_candidates_by_the_released_votes(ledger):
-    """Mutation: the vote filter thresholding the exact votes."""
+@pytest.mark.parametrize("threshold", [None, 6.0])
+def test_vote_filter_keeps_candidates_by_the_released_votes(ledger,
+                                                            threshold):
+    """Mutation: the vote's selection (the resampling draw, or the legacy
+    threshold) reading the exact votes."""
+    cfg = dataclasses.replace(CFG, vote_threshold=threshold)
     rng = np.random.default_rng(4)
     cands = rng.normal(size=(40, 6)) * 0.3
-    # D's votes spread wide around the threshold: the exact and the noisy
-    # histograms keep different candidates
-    votes = rng.integers(0, 3 * int(CFG.vote_threshold), size=40).astype(float)
+    # D's votes spread wide around 6: the exact and the noisy histograms
+    # select differently
+    votes = rng.integers(0, 18, size=40).astype(float)
     rec = RecordingNoise()
-    kept = generator.filter_by_votes(cands, votes, LABEL, CFG, ledger, rec)
+    kept = generator.filter_by_votes(cands, votes, LABEL, cfg, ledger, rec,
+                                     rows=25)
     other = vote.block_votes(D_PRIME, cands).astype(float)
     forcing = ForcingNoise(rec.released)
-    again = generator.filter_by_votes(cands, other, LABEL, CFG, ledger,
-                                      forcing)
-    assert 0 < len(kept) < len(cands)
+    again = generator.filter_by_votes(cands, other, LABEL, cfg, ledger,
+                                      forcing, rows=25)
+    if threshold is None:
+        assert len(kept) == 25  # the row count asked for, whatever the votes
+    else:
+        assert 0 < len(kept) < len(cands)
     np.testing.assert_array_equal(again, kept)
 
 

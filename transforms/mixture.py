@@ -237,17 +237,21 @@ def _candidate_count(mix: generator.ClassMixture,
     return int(round(wanted * vote.candidate_oversample(wanted, cfg)))
 
 
-def _keep_mask(votes: np.ndarray, label: int, cfg: GeneratorConfig,
-               ledger: PrivacyLedger, noise: NoiseSource) -> np.ndarray:
-    """``generator.filter_by_votes``'s mask (the same mechanism and noise):
-    the writers draw the candidates and keep these rows."""
-    return generator.vote_keep_mask(votes, label, cfg, ledger, noise)
+def _copies(votes: np.ndarray, label: int, mix: generator.ClassMixture,
+            cfg: GeneratorConfig, ledger: PrivacyLedger,
+            noise: NoiseSource) -> np.ndarray:
+    """``generator.filter_by_votes``'s copies per candidate (the same
+    mechanism, noise and selection draw): the writers draw the candidates
+    and write each that many times."""
+    return generator.vote_copies(votes, label,
+                                 generator.num_samples(mix, cfg), cfg,
+                                 ledger, noise)
 
 
 class SampleSynthetic(beam.PTransform):
     """(label, ClassMixture) -> (label, what to write): ``DrawRows`` (the
-    writers draw the rows shard by shard) or, with the vote filter,
-    ``KeptRows`` (which candidates to keep; the writers draw them).
+    writers draw the rows shard by shard) or, with the vote, ``KeptRows``
+    (how many times to write each candidate; the writers draw them).
 
     The vote histogram is dense over all candidates of a class (L2
     sensitivity 1 under add/remove one record: one record casts one vote).
@@ -275,8 +279,8 @@ class SampleSynthetic(beam.PTransform):
             total = _candidate_count(mixes[label], cfg)
             if votes is None:
                 votes = np.zeros(total)
-            return label, KeptRows(total, _keep_mask(votes, label, cfg,
-                                                     ledger, noise))
+            return label, KeptRows(total, _copies(votes, label, mixes[label],
+                                                  cfg, ledger, noise))
 
         return (pass_blocks(self._blocks, "Votes")
                 | "Votes" >> PerClassSum(list(cfg.labels), _Votes(cfg),

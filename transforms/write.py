@@ -245,14 +245,14 @@ class DrawRows:
 
 @dataclasses.dataclass(frozen=True)
 class KeptRows:
-    """The vote filter's rows of a class: the candidates (the class's
-    first ``total`` rows of ``generator.sample_rows``) where ``keep`` is
-    True. Writers draw the candidate ranges of their shards and keep those
-    rows, so no worker draws a whole class's candidates and only the mask
-    (a byte per candidate) travels."""
+    """The vote's rows of a class: the candidates (the class's first
+    ``total`` rows of ``generator.sample_rows``), candidate i written
+    ``copies[i]`` times (0 or 1 with the legacy threshold filter). Writers
+    draw the candidate ranges of their shards and repeat those rows, so no
+    worker draws a whole class's candidates and only the counts travel."""
 
     total: int
-    keep: np.ndarray
+    copies: np.ndarray
 
 
 def shard_bounds(total: int, rows_per_shard: int) -> list[tuple[int, int]]:
@@ -267,23 +267,33 @@ def shard_bounds(total: int, rows_per_shard: int) -> list[tuple[int, int]]:
 
 def shard_tasks(kv, rows_per_shard: int):
     """(label, DrawRows | KeptRows | rows) -> (label, shard index, (start,
-    stop, total, mask or None) | rows) for each shard (``shard_bounds``:
-    kept rows for ``KeptRows``, whose shard draws candidates start..stop
-    and keeps ``mask``)."""
+    stop, total, copies or None) | rows) for each shard (``shard_bounds``;
+    for ``KeptRows`` over the written rows, whole candidates per shard: a
+    shard draws candidates start..stop and writes each ``copies`` times)."""
     label, rows = kv
     if isinstance(rows, KeptRows):
-        kept = np.flatnonzero(rows.keep)
-        for i, (a, b) in enumerate(shard_bounds(len(kept), rows_per_shard)):
-            sel = kept[a:b]
-            start, stop = (int(sel[0]), int(sel[-1]) + 1) if len(sel) else (0, 0)
-            yield label, i, (start, stop, rows.total,
-                             np.array(rows.keep[start:stop]))
+        yield from _voted_shards(label, rows, rows_per_shard)
         return
     total = rows.total if isinstance(rows, DrawRows) else len(rows)
     for i, (start, stop) in enumerate(shard_bounds(total, rows_per_shard)):
         part = ((start, stop, total, None) if isinstance(rows, DrawRows)
                 else np.asarray(rows[start:stop], np.float32))
         yield label, i, part
+
+
+def _voted_shards(label, rows: KeptRows, rows_per_shard: int):
+    """Shards of a voted class: the written rows split as ``shard_bounds``
+    does, each candidate (all its copies) in the shard where its first
+    copy falls."""
+    copies = np.asarray(rows.copies).astype(np.int64)
+    kept = np.flatnonzero(copies)
+    first = np.cumsum(copies[kept]) - copies[kept]  # offset of 1st copy
+    written = int(copies.sum())
+    for i, (a, b) in enumerate(shard_bounds(written, rows_per_shard)):
+        lo, hi = np.searchsorted(first, [a, b], side="left")
+        sel = kept[lo:hi]
+        start, stop = (int(sel[0]), int(sel[-1]) + 1) if len(sel) else (0, 0)
+        yield label, i, (start, stop, rows.total, copies[start:stop].copy())
 
 
 class _WriteShard(beam.DoFn):
@@ -330,14 +340,15 @@ class _WriteShard(beam.DoFn):
         if not isinstance(part, tuple):
             yield part
             return
-        start, stop, total, mask = part  # mask: the vote filter's, or None
+        start, stop, total, copies = part  # the vote's copies, or None
         ends = [min(stop, e) for e in range(
             (start // WRITE_PIECE + 1) * WRITE_PIECE, stop + WRITE_PIECE,
             WRITE_PIECE)] or [stop]
         for a, b in zip([start] + ends[:-1], ends):  # one BLAS thread each
             rows = generator.sample_rows(mixtures[label], self._cfg, total,
                                          a, b)
-            yield rows if mask is None else rows[mask[a - start:b - start]]
+            yield (rows if copies is None else
+                   np.repeat(rows, copies[a - start:b - start], axis=0))
 
 
 # ------------------------------------------------- what the release holds

@@ -350,11 +350,12 @@ def two_phase(cfg: GeneratorConfig) -> bool:
 def applies(cfg: GeneratorConfig) -> bool:
     """Whether ``--covariance auto`` (or ``subspace``) runs the adaptive
     plan: one Gaussian per class with factors, the DP centre, the plan's
-    own budget shares (a public function of the configuration). Otherwise
+    own budget shares (a public function of the configuration; with
+    ``--vote-filter`` the vote takes ``vote_share`` of them). Otherwise
     "auto" means the fixed "shared" plan, and "subspace" is refused."""
     return (two_phase(cfg) and cfg.clusters == 1
             and cfg.covariance_rank > 0 and cfg.center
-            and not cfg.vote_filter and cfg.budget_weights is None)
+            and cfg.budget_weights is None)
 
 
 def constants_for(cfg: GeneratorConfig) -> RuleConstants:

@@ -58,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                "normalize", "center", "covariance_rank", "samples_per_class",
                "seed", "cluster_dim", "tree_depth", "branch_threshold",
                "lloyd_rounds", "variance_floor", "vote_filter",
-               "vote_threshold", "vote_oversample", "vote_max_candidates")
+               "vote_threshold", "vote_share", "vote_oversample",
+               "vote_max_candidates")
 
     add_image_arguments(parser, images_required=False, for_release=True)
 

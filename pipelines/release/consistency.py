@@ -8,8 +8,9 @@ This check refuses to publish a staged release whose parts disagree:
 * summary.json has exactly one entry per configured label;
 * its noisy counts are those stored in gmm.npz, whose class means have the
   run's embedding dimension;
-* without the vote filter, each class wrote exactly the number of rows its
-  noisy count implies (``generator.num_samples``);
+* unless the legacy vote threshold filtered it, each class wrote exactly
+  the number of rows its noisy count implies (``generator.num_samples``;
+  the vote's resampling writes that many too);
 * each class's shard files exist, are the only shards of that class, and
   their sizes hold exactly the rows the summary says (fixed-size records).
 
@@ -62,7 +63,10 @@ def check_staged(staging: str, cfg: GeneratorConfig, summary: Sequence[dict],
         if mix.means.shape[-1] != dim:
             _fail(staging, f"class {label}: gmm.npz means have dimension "
                            f"{mix.means.shape[-1]}, the embeddings {dim}")
-        if not cfg.vote_filter and entry["samples"] != generator.num_samples(
+        # the vote's resampling writes the same count; only the legacy
+        # threshold filter writes fewer
+        legacy = cfg.vote_filter and cfg.vote_threshold is not None
+        if not legacy and entry["samples"] != generator.num_samples(
                 mix, cfg):
             _fail(staging, f"class {label}: {entry['samples']} rows written, "
                            f"but its noisy count implies "

@@ -14,7 +14,7 @@ release drew its rows with ``config.seed`` (0 unless set); ``--seed``
 (default 1) gives other rows from the same mixture.
 
 Releases made with ``--vote-filter`` are refused: their rows are mixture
-draws the DP vote kept, and plain draws would not match them.
+draws the DP vote selected, and plain draws would not match them.
 """
 
 from __future__ import annotations
@@ -189,8 +189,8 @@ def read_source(path: str) -> Source:
                           f"{manifest.get('format')!r})")
     if manifest.get("config", {}).get("vote_filter"):
         raise SampleError(f"{path}: made with --vote-filter; its rows are "
-                          "the mixture draws a DP vote kept, so plain draws "
-                          "would not match them: not sampling")
+                          "the mixture draws a DP vote selected, so plain "
+                          "draws would not match them: not sampling")
     root = release.release_root(path, manifest)
     outputs = manifest.get("outputs", {})
     gmm_name = outputs.get("gmm", "gmm.npz")

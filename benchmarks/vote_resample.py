@@ -1,0 +1,196 @@
+"""Issue 74: the vote stage against epsilon (default, legacy filter, resample).
+
+Makes releases with the in-memory reference (``dp_ops.reference``, the
+numpy twin of the Beam job, secure noise) and scores each with the probe of
+the issue: StandardScaler + LogisticRegression(C=0.001) trained on the
+release, scored on real rows (unit-normalised, as the manifest says).
+
+Variants (``--variants``):
+  default   ``dpsynth generate``'s default: the adaptive plan, no vote
+  legacy    the old ``--vote-filter``: fixed "shared" plan, vote 0.1 of the
+            weights, keep candidates with >= 6 noisy votes
+  resample  the new ``--vote-filter``: the adaptive plan with the vote's
+            share; rows drawn in proportion to the clipped noisy votes
+  resample:share=0.05,over=2  the same with overrides (tuning)
+
+``--split val`` (tuning): the release is made from 80% of the train file and
+scored on the other 20% (a stratified split, public seed); ``--split test``
+(the final table): made from the whole train file, scored on the test file.
+``--train-rows N``: a stratified subset of the train rows (documented in
+the results). One JSON line per run goes to ``--out`` (appended; reruns of
+a done cell are skipped), and ``--table`` writes the markdown summary.
+
+    python -m benchmarks.vote_resample --dataset 20news-minilm \
+        --split test --seeds 0 1 2 --epsilons 1 2 4 8 \
+        --variants default legacy resample --out results.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+
+import numpy as np
+
+from dpsynth.dp_ops import clipping, plan, reference
+from dpsynth.dp_ops.config import GeneratorConfig
+from dpsynth.dp_ops.noise import make_noise_source
+from dpsynth.models import classifiers
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "..", "..", "shared", "data")
+DELTA = 1e-5
+LEGACY_THRESHOLD = 6.0
+
+
+def load(dataset: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+    with np.load(os.path.join(DATA, dataset, f"{split}.npz")) as z:
+        return (z["embeddings"].astype(np.float64),
+                z["labels"].astype(np.int64))
+
+
+def stratified(y: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """A stratified boolean selection of ``fraction`` of the rows."""
+    rng = np.random.default_rng([seed, 0x74])
+    pick = np.zeros(len(y), bool)
+    for label in np.unique(y):
+        idx = np.flatnonzero(y == label)
+        pick[rng.choice(idx, int(round(fraction * len(idx))),
+                        replace=False)] = True
+    return pick
+
+
+def data(args) -> tuple:
+    """(x_private, y_private, x_eval, y_eval)."""
+    x, y = load(args.dataset, "train")
+    if args.train_rows and args.train_rows < len(y):
+        keep = stratified(y, args.train_rows / len(y), 1)
+        x, y = x[keep], y[keep]
+    if args.split == "val":
+        fit = stratified(y, 0.8, 0)
+        return x[fit], y[fit], x[~fit], y[~fit]
+    xt, yt = load(args.dataset, "test")
+    return x, y, xt, yt
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    name, _, rest = text.partition(":")
+    keys = {"share": "vote_share", "over": "vote_oversample"}
+    extra = {}
+    for item in filter(None, rest.split(",")):
+        k, v = item.split("=")
+        extra[keys[k]] = float(v)
+    return name, extra
+
+
+def release(variant: str, x, y, labels, epsilon: float, seed: int):
+    """(synthetic x, y, ledger) of one variant."""
+    name, extra = parse_variant(variant)
+    base = dict(labels=tuple(labels), epsilon=epsilon, delta=DELTA,
+                seed=seed)
+    noise = make_noise_source(None)
+    if name == "legacy":
+        cfg = GeneratorConfig(**base, covariance="shared", vote_filter=True,
+                              vote_threshold=LEGACY_THRESHOLD)
+        ledger = plan.make_ledger(cfg)
+        _, xs, ys = reference.generate(x, y, cfg, ledger, noise)
+        return xs, ys, ledger
+    cfg = GeneratorConfig(**base, covariance="auto",
+                          vote_filter=(name == "resample"), **extra)
+    _, xs, ys, ledger, _ = reference.generate_adaptive(x, y, cfg, noise)
+    return xs, ys, ledger
+
+
+def probe(xs, ys, x_eval, y_eval, labels, seed: int) -> float:
+    clf = classifiers.train_logreg(xs, ys, labels,
+                                   classifiers.LogRegConfig(C=0.001), seed)
+    return clf.accuracy(clipping.normalize_rows(x_eval, "unit"), y_eval)
+
+
+def run(args) -> None:
+    x, y, x_eval, y_eval = data(args)
+    labels = sorted(np.unique(y).tolist())
+    done = set()
+    if os.path.exists(args.out):
+        with open(args.out) as f:
+            done = {(r["variant"], r["epsilon"], r["seed"])
+                    for r in map(json.loads, f)}
+    for epsilon in args.epsilons:
+        for seed in args.seeds:
+            for variant in args.variants:
+                if (variant, epsilon, seed) in done:
+                    continue
+                t = time.time()
+                xs, ys, ledger = release(variant, x, y, labels, epsilon,
+                                         seed)
+                made = time.time() - t
+                acc = probe(xs, ys, x_eval, y_eval, labels, seed)
+                vote = [m for m in ledger.mechanisms if "/vote/" in m.name]
+                rec = {"dataset": args.dataset, "split": args.split,
+                       "train_rows": int(len(y)), "variant": variant,
+                       "epsilon": epsilon, "seed": seed,
+                       "rows": int(len(ys)), "probe": round(100 * acc, 2),
+                       "spent_epsilon": round(ledger.spent_epsilon(), 4)
+                       if hasattr(ledger, "spent_epsilon") else None,
+                       "vote_sigma": vote[0].sigma if vote else None,
+                       "release_s": round(made, 1),
+                       "total_s": round(time.time() - t, 1)}
+                print(json.dumps(rec), flush=True)
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+
+
+def table(paths: list[str]) -> str:
+    recs = [json.loads(line) for p in paths for line in open(p)]
+    out = []
+    for ds in sorted({r["dataset"] for r in recs}):
+        sub = [r for r in recs if r["dataset"] == ds]
+        variants = list(dict.fromkeys(r["variant"] for r in sub))
+        eps = sorted({r["epsilon"] for r in sub})
+        n = sub[0]["train_rows"]
+        out += [f"### {ds} ({sub[0]['split']} split, {n} private rows)", "",
+                "| epsilon | " + " | ".join(
+                    f"{v} (rows, probe %)" for v in variants) + " |",
+                "|---" * (len(variants) + 1) + "|"]
+        for e in eps:
+            cells = []
+            for v in variants:
+                rs = [r for r in sub if r["variant"] == v
+                      and r["epsilon"] == e]
+                if not rs:
+                    cells.append("")
+                    continue
+                p = [r["probe"] for r in rs]
+                rows = np.mean([r["rows"] for r in rs])
+                cells.append(f"{rows:,.0f}, {np.mean(p):.2f} "
+                             f"({min(p):.1f}-{max(p):.1f}, n={len(p)})")
+            out.append(f"| {e:g} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dataset", default="20news-minilm")
+    p.add_argument("--split", choices=("val", "test"), default="val")
+    p.add_argument("--train-rows", type=int)
+    p.add_argument("--epsilons", type=float, nargs="+",
+                   default=[1.0, 2.0, 4.0, 8.0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--variants", nargs="+",
+                   default=["default", "legacy", "resample"])
+    p.add_argument("--out", default="vote_resample.jsonl")
+    p.add_argument("--table", nargs="*",
+                   help="print the markdown table of these JSONL files")
+    args = p.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        return
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
