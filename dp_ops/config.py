@@ -112,7 +112,7 @@ class GeneratorConfig:
     covariance: str = "shared"
     vote_filter: bool = False
     # None: the release is drawn from the candidates in proportion to the
-    # noisy votes (issue 74); a number: the legacy filter (keep candidates
+    # noisy votes; a number: the legacy filter (keep candidates
     # with at least that many noisy votes; fewer rows as epsilon grows)
     vote_threshold: Optional[float] = None
     vote_oversample: float = 6.0

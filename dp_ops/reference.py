@@ -156,7 +156,7 @@ def generate(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
     return mixes, np.vstack(xs), np.concatenate(ys)
 
 
-# ------------------------------------------------- adaptive plan (issue 13)
+# ------------------------------------------------- adaptive plan
 
 def generate_adaptive(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
                       noise: NoiseSource,

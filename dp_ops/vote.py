@@ -5,7 +5,7 @@ dense over all candidate ids (zeros included; the candidate set is public
 post-processing), so adding or removing one record changes one bin by one:
 L2 sensitivity 1 (add/remove one record).
 
-What the noisy histogram does to the release (post-processing, issue 74):
+What the noisy histogram does to the release (post-processing):
 ``resample_copies`` draws the class's rows from the candidates in proportion
 to the clipped noisy votes (PE's selection step), as many as the default
 release would write. Where noise swamps the votes the draw is close to

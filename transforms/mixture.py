@@ -73,7 +73,7 @@ class DPMixture(beam.PTransform):
         fields = plan.moment_fields(cfg)
         with_sumsq = "sumsq" in fields
         # The second moment needs no noisy result, so it shares this read
-        # (one pass fewer: issue 15) and its ParDo (aggregate.OnePass).
+        # (one pass fewer) and its ParDo (aggregate.OnePass).
         blocks = pass_blocks(blocks, "Moments")
         sums = {"Moments": PerClassSum(
             labels, _moments(k, cfg.clip_norm, with_sumsq),

@@ -1,4 +1,4 @@
-"""Refusals that need no pipeline library (issue 72: answers in a second).
+"""Refusals that need no pipeline library (a user mistake is answered in a second).
 
 A flag typo or an --input glob that matches nothing is refused here, before
 Beam and TensorFlow are imported (2-5 s); the full checks after the import
