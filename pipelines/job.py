@@ -32,7 +32,7 @@ from dpsynth.dp_ops.config import GeneratorConfig, check_delta, labels_from
 from dpsynth.dp_ops.ledger import PrivacyLedger
 from dpsynth.dp_ops.noise import NoiseSource, make_noise_source
 from dpsynth.pipelines import console, demo
-from dpsynth.pipelines.runners import collector, engine, locality, select
+from dpsynth.pipelines.runners import engine, gc_freeze as collector, locality, select
 from dpsynth.pipelines.release import consistency, release
 from dpsynth.pipelines.runners.beam_temp import pipeline_run
 from dpsynth.pipelines.runners.options import UsageError, beam_options, local_blas_threads
