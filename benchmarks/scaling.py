@@ -1293,7 +1293,7 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
     eng.launch(workers)
     from dpsynth.pipelines import console, job
     from dpsynth.pipelines.cli import generate
-    from dpsynth.pipelines.runners import machine
+    from dpsynth.pipelines.runners import cores
     from dpsynth.transforms import progress
     out = tempfile.mkdtemp(prefix="dpsynth-bench-")
     trace = os.path.join(out, "trace.tsv")
@@ -1327,7 +1327,7 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
                        "busy_profile": busy_profile(spans, t0, t0 + work),
                        "samples": manifest["samples_total"],
                        "cores": os.cpu_count(),
-                       "cores_used": machine.usable_cores(),
+                       "cores_used": cores.usable_cores(),
                        "release_sha256": release_digest(
                            os.path.join(out, "rel"))})
     finally:
