@@ -37,7 +37,7 @@ from dpsynth.pipelines.release import consistency, release
 from dpsynth.pipelines.runners.beam_temp import pipeline_run
 from dpsynth.pipelines.runners.options import UsageError, beam_options, local_blas_threads
 from dpsynth.pipelines.spec import GenerateSpec, ImageOptions
-from dpsynth.transforms import allocator, io
+from dpsynth.transforms import heap_pages as allocator, io
 from dpsynth.transforms.adaptive import (PHASE1_FILE, PHASE1_PURPOSE,
                                          AdaptiveMixture, AdaptivePhase1,
                                          ForgedPhase1, read_phase1,
