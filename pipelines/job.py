@@ -34,7 +34,7 @@ from dpsynth.dp_ops.noise import NoiseSource, make_noise_source
 from dpsynth.pipelines import console, demo
 from dpsynth.pipelines.runners import engine, gc_freeze as collector, locality, select
 from dpsynth.pipelines.release import consistency, release
-from dpsynth.pipelines.runners.beam_temp import pipeline_run
+from dpsynth.pipelines.runners.temp_cleanup import pipeline_run
 from dpsynth.pipelines.runners.options import UsageError, beam_options, local_blas_threads
 from dpsynth.pipelines.spec import GenerateSpec, ImageOptions
 from dpsynth.transforms import heap_pages as allocator, io

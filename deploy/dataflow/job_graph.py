@@ -367,7 +367,7 @@ class _Capture:
     """Patches DataflowRunner.run_pipeline to keep each dry-run Job,
     described while the pipeline runs (the files it stages, such as the
     package's sdist, live in the pipeline's scratch folder only until the
-    run ends: pipelines/runners/beam_temp.py)."""
+    run ends: pipelines/runners/temp_cleanup.py)."""
 
     def __init__(self) -> None:
         self.descriptions: list[dict] = []
