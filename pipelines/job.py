@@ -38,7 +38,7 @@ from dpsynth.pipelines.runners.temp_cleanup import pipeline_run
 from dpsynth.pipelines.runners.options import UsageError, beam_options, local_blas_threads
 from dpsynth.pipelines.spec import GenerateSpec, ImageOptions
 from dpsynth.transforms import heap_pages as allocator, io
-from dpsynth.transforms.adaptive import (PHASE1_FILE, PHASE1_PURPOSE,
+from dpsynth.transforms.two_phase import (PHASE1_FILE, PHASE1_PURPOSE,
                                          AdaptiveMixture, AdaptivePhase1,
                                          ForgedPhase1, read_phase1,
                                          write_phase1)

@@ -369,7 +369,7 @@ MUTATIONS += (
 # Issue 71 items 3, 5, 6 and the suite's gaps (tests/test_round5_proofs.py).
 PROOFS = "tests/test_round5_proofs.py::"
 MUTATIONS += (
-    Mutation("phase1-read-untagged", "transforms/adaptive.py:read_phase1",
+    Mutation("phase1-read-untagged", "transforms/two_phase.py:read_phase1",
              "hmac.compare_digest(tag, _phase1_tag(key, path, doc)))",
              "True)",
              (PROOFS + "test_phase1_replaced_before_its_read_is_never_"

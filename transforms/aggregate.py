@@ -468,7 +468,7 @@ class PerClassSum(beam.PTransform):
     of all blocks before each pass, re-shuffled the whole dataset.)
     ``every_label=False`` skips that completion (one stage fewer): for a
     consumer that reads the sums as one dict side input and takes a
-    missing label as the zero aggregate itself (``dpsynth.transforms.adaptive``).
+    missing label as the zero aggregate itself (``dpsynth.transforms.two_phase``).
     """
 
     def __init__(self, labels: Sequence[int],
