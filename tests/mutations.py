@@ -161,7 +161,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              (UNITS + "test_vote_filter_keeps_candidates_by_the_released_votes",)),
     # --- the noise key stays out of the job graph
     Mutation("key-pickled-with-the-reference",
-             "transforms/noise.py:StoredKeyNoise.__getstate__",
+             "transforms/keyed_noise.py:StoredKeyNoise.__getstate__",
              'return {"uri": self._uri}  # never the key',
              'return {"uri": self._uri, "key": self._key}',
              ("tests/test_noise_key_location.py::"
@@ -172,7 +172,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              ("tests/test_noise_key_location.py::"
               "test_the_launcher_gives_the_job_a_reference_not_the_key",)),
     Mutation("key-folder-open-to-others",
-             "transforms/noise.py:check_key_folder",
+             "transforms/keyed_noise.py:check_key_folder",
              "    if info.st_mode & 0o066:", "    if False:",
              ("tests/test_noise_key_location.py::"
               "test_a_key_folder_others_can_read_or_write_is_refused_before_"

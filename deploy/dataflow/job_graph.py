@@ -438,7 +438,7 @@ def build_graphs(generate_argv: Sequence[str],
         _build(job_mod, job, spec, options, no_progress, phase1_counts, out)
     finally:
         if key_object is not None:
-            from dpsynth.transforms.noise import delete_key
+            from dpsynth.transforms.keyed_noise import delete_key
             delete_key(key_object)
     return out
 

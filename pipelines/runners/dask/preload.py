@@ -18,4 +18,4 @@ import pyarrow.parquet  # noqa: F401
 
 import dpsynth.pipelines.runners.dask.runner  # noqa: F401
 from dpsynth.transforms import (two_phase, aggregate, io, mixture,  # noqa: F401
-                        noise, pipelinedp, progress, write)
+                        keyed_noise, pipelinedp, progress, write)
