@@ -1205,7 +1205,7 @@ def run_grid(args: argparse.Namespace, modes: Sequence[str],
 
 # ------------------------------------------------ worker sweep (issue 27)
 # One engine = how `dpsynth generate` gets W workers. Flink, Spark and
-# Prism go here too (dpsynth.deploy.runners.flink_args / spark_args / prism_args
+# Prism go here too (dpsynth.deploy.runner_options.flink_args / spark_args / prism_args
 # with parallelism W), one entry each; start()/stop() bracket the job for
 # engines that need a cluster started for it.
 
@@ -1236,7 +1236,7 @@ class DirectEngine(Engine):
     name = "direct"
 
     def flags(self, workers: int) -> list[str]:
-        from dpsynth.deploy.runners import direct_args
+        from dpsynth.deploy.runner_options import direct_args
         return direct_args(workers, "multi_processing")
 
     def launch(self, workers: int) -> None:
@@ -1264,7 +1264,7 @@ class DaskEngine(Engine):
     name = "dask"
 
     def flags(self, workers: int) -> list[str]:
-        from dpsynth.deploy.runners import dask_args
+        from dpsynth.deploy.runner_options import dask_args
         return dask_args()
 
     def start(self, workers: int) -> None:
