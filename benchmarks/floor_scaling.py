@@ -70,7 +70,7 @@ def _blocks(data: str, index: int, processes: int):
 
 
 def _phase1(blocks, cfg) -> None:
-    from dpsynth.transforms.adaptive import block_phase1
+    from dpsynth.transforms.two_phase import block_phase1
     for x, y in blocks():
         block_phase1((x, y), cfg, cfg.labels)
 

@@ -1205,7 +1205,7 @@ def run_grid(args: argparse.Namespace, modes: Sequence[str],
 
 # ------------------------------------------------ worker sweep (issue 27)
 # One engine = how `dpsynth generate` gets W workers. Flink, Spark and
-# Prism go here too (dpsynth.deploy.runners.flink_args / spark_args / prism_args
+# Prism go here too (dpsynth.deploy.runner_options.flink_args / spark_args / prism_args
 # with parallelism W), one entry each; start()/stop() bracket the job for
 # engines that need a cluster started for it.
 
@@ -1236,7 +1236,7 @@ class DirectEngine(Engine):
     name = "direct"
 
     def flags(self, workers: int) -> list[str]:
-        from dpsynth.deploy.runners import direct_args
+        from dpsynth.deploy.runner_options import direct_args
         return direct_args(workers, "multi_processing")
 
     def launch(self, workers: int) -> None:
@@ -1264,7 +1264,7 @@ class DaskEngine(Engine):
     name = "dask"
 
     def flags(self, workers: int) -> list[str]:
-        from dpsynth.deploy.runners import dask_args
+        from dpsynth.deploy.runner_options import dask_args
         return dask_args()
 
     def start(self, workers: int) -> None:
@@ -1293,7 +1293,7 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
     eng.launch(workers)
     from dpsynth.pipelines import console, job
     from dpsynth.pipelines.cli import generate
-    from dpsynth.pipelines.runners import machine
+    from dpsynth.pipelines.runners import cores
     from dpsynth.transforms import progress
     out = tempfile.mkdtemp(prefix="dpsynth-bench-")
     trace = os.path.join(out, "trace.tsv")
@@ -1327,7 +1327,7 @@ def child_workers(data: str, flags: Sequence[str], result: str, engine: str,
                        "busy_profile": busy_profile(spans, t0, t0 + work),
                        "samples": manifest["samples_total"],
                        "cores": os.cpu_count(),
-                       "cores_used": machine.usable_cores(),
+                       "cores_used": cores.usable_cores(),
                        "release_sha256": release_digest(
                            os.path.join(out, "rel"))})
     finally:

@@ -142,7 +142,7 @@ FOR_OTHER_BEAM_VERSIONS = ("expansion_service", "expansion_services",
                            "dataflow_worker_jar")
 
 # Other spellings of the same options: Beam's second option strings and the
-# parameters of dpsynth.deploy.runners.*_args that set them.
+# parameters of dpsynth.deploy.runner_options.*_args that set them.
 ALIASES: dict[str, str] = {
     "extra_package": "extra_packages",
     "beam_plugin": "beam_plugins",
@@ -161,7 +161,7 @@ ALIASES: dict[str, str] = {
     "job_server_jar": "flink_job_server_jar",  # flink_args / spark_args
 }
 
-# The parameters of dpsynth.deploy.runners.<runner>_args the dataset team's
+# The parameters of dpsynth.deploy.runner_options.<runner>_args the dataset team's
 # ``runner_params`` may set: sizes and a name, nothing that chooses what runs.
 DATASET_RUNNER_PARAMS = ("num_workers", "running_mode", "machine_type",
                          "max_num_workers", "job_name", "parallelism",
@@ -224,12 +224,12 @@ def dataset_runner_params(runner: str, params: object,
 
 def _parameters(runner: str) -> set[str]:
     """The keyword parameters of the ``*_args`` function of ``runner``."""
-    from dpsynth.deploy import runners
-    name = runners.RUNNER_NAMES.get(str(runner).lower())
+    from dpsynth.deploy import runner_options
+    name = runner_options.RUNNER_NAMES.get(str(runner).lower())
     if name is None:
-        raise ValueError(f"runner must be one of {runners.RUNNER_CHOICES}; "
+        raise ValueError(f"runner must be one of {runner_options.RUNNER_CHOICES}; "
                          f"got {runner!r}")
-    function = getattr(runners, name[:-len("Runner")].lower() + "_args")
+    function = getattr(runner_options, name[:-len("Runner")].lower() + "_args")
     return set(inspect.signature(function).parameters)
 
 
@@ -252,14 +252,14 @@ def scheduled_runner_args(operator: Mapping, dataset: Mapping) -> list[str]:
     ``runner_params`` and ``beam_options`` (``--name=value`` each), the
     dataset team's ``runner_params`` checked first (sizes only; the
     operator's win where both set one)."""
-    from dpsynth.deploy import runners
+    from dpsynth.deploy import runner_options
     runner = operator.get("runner") or "DirectRunner"
     params = dataset_runner_params(runner, dataset.get("runner_params", {}))
     own = operator.get("runner_params") or {}
     if not isinstance(own, Mapping):
         raise ValueError("DPSYNTH_OPERATOR_CONFIG runner_params: must be a "
                          "JSON object")
-    args = runners.runner_args(runner, **{**params, **own})
+    args = runner_options.runner_args(runner, **{**params, **own})
     return args + beam_option_args(operator.get("beam_options") or {})
 
 

@@ -104,7 +104,7 @@ class KeyedNoise:
 
     def export_key(self) -> bytes:
         """The secret key, for the launcher to hand to a restricted key
-        store (``dpsynth.transforms.noise.StoredKeyNoise``); never log or write it
+        store (``dpsynth.transforms.keyed_noise.StoredKeyNoise``); never log or write it
         anywhere else."""
         return self._key
 

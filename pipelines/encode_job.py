@@ -17,7 +17,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from dpsynth.models.encoders import get_encoder
-from dpsynth.pipelines.runners.beam_temp import pipeline_run
+from dpsynth.pipelines.runners.temp_cleanup import pipeline_run
 from dpsynth.pipelines.runners import locality
 from dpsynth.pipelines.runners.options import UsageError, beam_options, local_blas_threads
 from dpsynth.pipelines.spec import EncodeSpec, ImageOptions

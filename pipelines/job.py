@@ -32,13 +32,13 @@ from dpsynth.dp_ops.config import GeneratorConfig, check_delta, labels_from
 from dpsynth.dp_ops.ledger import PrivacyLedger
 from dpsynth.dp_ops.noise import NoiseSource, make_noise_source
 from dpsynth.pipelines import console, demo
-from dpsynth.pipelines.runners import collector, engine, locality, select
+from dpsynth.pipelines.runners import engine, gc_freeze as collector, locality, select
 from dpsynth.pipelines.release import consistency, release
-from dpsynth.pipelines.runners.beam_temp import pipeline_run
+from dpsynth.pipelines.runners.temp_cleanup import pipeline_run
 from dpsynth.pipelines.runners.options import UsageError, beam_options, local_blas_threads
 from dpsynth.pipelines.spec import GenerateSpec, ImageOptions
-from dpsynth.transforms import allocator, io
-from dpsynth.transforms.adaptive import (PHASE1_FILE, PHASE1_PURPOSE,
+from dpsynth.transforms import heap_pages as allocator, io
+from dpsynth.transforms.two_phase import (PHASE1_FILE, PHASE1_PURPOSE,
                                          AdaptiveMixture, AdaptivePhase1,
                                          ForgedPhase1, read_phase1,
                                          write_phase1)
@@ -290,7 +290,7 @@ def _check_cluster_boundary(spec: GenerateSpec,
         spec, opts, chosen or select.resolve(spec.run.beam_args))
     locality.check_paths(spec, opts)
     if spec.run.noise_key_location is not None:
-        from dpsynth.transforms.noise import check_key_folder
+        from dpsynth.transforms.keyed_noise import check_key_folder
         check_key_folder(spec.run.noise_key_location)  # 0700, yours
 
 
@@ -314,7 +314,7 @@ def store_noise_key(job: Job, spec: GenerateSpec) -> Optional[str]:
     location = spec.run.noise_key_location
     if location is None or spec.generator.noise_seed is not None:
         return None
-    from dpsynth.transforms.noise import StoredKeyNoise, key_uri, write_key
+    from dpsynth.transforms.keyed_noise import StoredKeyNoise, key_uri, write_key
     uri = key_uri(location, job.run_id, job.owner)
     key = job.noise.export_key()
     write_key(uri, key)
@@ -330,7 +330,7 @@ def _remove_abandoned_keys(job: Job, spec: GenerateSpec, owners) -> None:
     location = spec.run.noise_key_location
     if location is None:
         return
-    from dpsynth.transforms.noise import delete_key, key_uri
+    from dpsynth.transforms.keyed_noise import delete_key, key_uri
     for owner in sorted(set(owners) - {job.owner}):
         delete_key(key_uri(location, job.run_id, owner))
 
@@ -824,7 +824,7 @@ def _stage(job: Job, spec: GenerateSpec, lease, timings: dict) -> str:
         t1 = _run_pipelines(job, spec, options, reader, lease, timings)
     finally:
         if key_object is not None:
-            from dpsynth.transforms.noise import delete_key
+            from dpsynth.transforms.keyed_noise import delete_key
             delete_key(key_object)
     timings["pipeline"] = round(time.time() - t1, 3)
     lease.verify()  # a zombie resumed after a takeover stages nothing

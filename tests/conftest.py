@@ -18,7 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 
 # Beam (2.77) leaves temporary folders behind for each pipeline run outside
-# dpsynth.pipelines.runners.beam_temp.pipeline_run (a dependency folder per environment, a
+# dpsynth.pipelines.runners.temp_cleanup.pipeline_run (a dependency folder per environment, a
 # beam-temp folder) or built and never run, as many tests do: ~45 a suite
 # run. The suite's temporary files (its processes' too) go to one folder,
 # removed at the end (pytest_unconfigure); tests of "nothing left behind"

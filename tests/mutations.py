@@ -167,7 +167,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              (UNITS + "test_vote_filter_keeps_candidates_by_the_released_votes",)),
     # --- the noise key stays out of the job graph
     Mutation("key-pickled-with-the-reference",
-             "transforms/noise.py:StoredKeyNoise.__getstate__",
+             "transforms/keyed_noise.py:StoredKeyNoise.__getstate__",
              'return {"uri": self._uri}  # never the key',
              'return {"uri": self._uri, "key": self._key}',
              ("tests/test_noise_key_location.py::"
@@ -178,7 +178,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              ("tests/test_noise_key_location.py::"
               "test_the_launcher_gives_the_job_a_reference_not_the_key",)),
     Mutation("key-folder-open-to-others",
-             "transforms/noise.py:check_key_folder",
+             "transforms/keyed_noise.py:check_key_folder",
              "    if info.st_mode & 0o066:", "    if False:",
              ("tests/test_noise_key_location.py::"
               "test_a_key_folder_others_can_read_or_write_is_refused_before_"
@@ -375,7 +375,7 @@ MUTATIONS += (
 # Issue 71 items 3, 5, 6 and the suite's gaps (tests/test_round5_proofs.py).
 PROOFS = "tests/test_round5_proofs.py::"
 MUTATIONS += (
-    Mutation("phase1-read-untagged", "transforms/adaptive.py:read_phase1",
+    Mutation("phase1-read-untagged", "transforms/two_phase.py:read_phase1",
              "hmac.compare_digest(tag, _phase1_tag(key, path, doc)))",
              "True)",
              (PROOFS + "test_phase1_replaced_before_its_read_is_never_"

@@ -289,7 +289,7 @@ def test_a_failed_key_delete_is_reported_in_one_line(tmp_path, monkeypatch,
                                                      caplog):
     from apache_beam.io.filesystems import FileSystems
 
-    from dpsynth.transforms import noise
+    from dpsynth.transforms import keyed_noise
     key = tmp_path / "dpsynth-noise-key-run-x"
     key.write_bytes(os.urandom(32))
 
@@ -298,8 +298,8 @@ def test_a_failed_key_delete_is_reported_in_one_line(tmp_path, monkeypatch,
 
     monkeypatch.setattr(FileSystems, "delete", staticmethod(refuse))
     with caplog.at_level("WARNING", logger="dpsynth"):
-        assert noise.delete_key(str(key)) is False
+        assert keyed_noise.delete_key(str(key)) is False
     (record,) = [r for r in caplog.records if r.name == "dpsynth"]
     assert str(key) in record.getMessage()
     assert "\n" not in record.getMessage()
-    assert noise.delete_key(str(tmp_path / "never-written")) is True
+    assert keyed_noise.delete_key(str(tmp_path / "never-written")) is True

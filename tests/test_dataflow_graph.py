@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "deploy" / "dataflow"))
 import job_graph  # noqa: E402
 
-from dpsynth.deploy import runners  # noqa: E402
+from dpsynth.deploy import runner_options  # noqa: E402
 from tests.conftest import gmm_data  # noqa: E402
 from dpsynth.transforms.write import tfrecord_bytes  # noqa: E402
 
@@ -93,7 +93,7 @@ def built(gcs_server, tmp_path_factory):
             bucket.blob(name).upload_from_string(data)
             inputs.append(f"gs://{bucket.name}/{name}")
         pattern = f"gs://{bucket.name}/private/part-*.tfrecord"
-        beam_args = runners.dataflow_args(
+        beam_args = runner_options.dataflow_args(
             project=PROJECT, temp_location=TEMP, machine_type=MACHINE,
             max_num_workers=MAX_WORKERS, job_name="dpsynth-review")
         out = local / "graphs"
@@ -175,7 +175,7 @@ def test_batch_job_with_the_requested_workers(built):
         assert pool["autoscalingSettings"]["maxNumWorkers"] == MAX_WORKERS
         options = env["sdkPipelineOptions"]["options"]
         assert options["project"] == PROJECT
-        assert options["region"] == runners.DEFAULT_REGION
+        assert options["region"] == runner_options.DEFAULT_REGION
         assert env["tempStoragePrefix"].startswith(
             "storage.googleapis.com/dpsynth-never-created-bucket/tmp/")
         assert "use_runner_v2" in env["experiments"]
@@ -185,7 +185,7 @@ def test_workers_get_the_project_and_a_beam_container(built):
     for doc in built["docs"].values():
         env = doc["job"]["environment"]
         options = env["sdkPipelineOptions"]["options"]
-        assert options["setup_file"] == runners.SETUP_FILE
+        assert options["setup_file"] == runner_options.SETUP_FILE
         image, = {c["containerImage"] for c in
                   env["workerPools"][0]["sdkHarnessContainerImages"]}
         assert image.endswith("_sdk:" + _beam_version()), image

@@ -169,8 +169,8 @@ def test_flink_submit_command():
             "--environment_type=EXTERNAL",
             "--environment_config=localhost:50000", "--parallelism=4",
             "--flink_version=1.20"} <= set(cmd)
-    from dpsynth.deploy import runners
-    opts = runners.pipeline_options(cmd[3:-2])
+    from dpsynth.deploy import runner_options
+    opts = runner_options.pipeline_options(cmd[3:-2])
     from apache_beam.options.pipeline_options import FlinkRunnerOptions
     assert opts.view_as(FlinkRunnerOptions).flink_master == "flink-jm:8081"
 

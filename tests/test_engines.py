@@ -39,7 +39,7 @@ from typing import Optional
 import numpy as np
 import pytest
 
-from dpsynth.deploy import install_engines, runners
+from dpsynth.deploy import install_engines, runner_options
 from dpsynth.pipelines import cli
 from tests.conftest import assert_same_release, gmm_data
 
@@ -234,15 +234,15 @@ def prism_cluster(tmp_path_factory):
 
 
 def _engine_args(engine: str, request) -> list[str]:
-    """The runner flags a test uses for ``engine`` (dpsynth.deploy.runners)."""
+    """The runner flags a test uses for ``engine`` (dpsynth.deploy.runner_options)."""
     if engine == "prism":
         endpoint, pool, _ = request.getfixturevalue("prism_cluster")
-        return runners.prism_args(job_endpoint=endpoint,
+        return runner_options.prism_args(job_endpoint=endpoint,
                                   environment_type="EXTERNAL",
                                   environment_config=pool)
     if engine == "flink":
         endpoint = request.getfixturevalue("flink_endpoint")
-        return runners.flink_args("[local]", "LOOPBACK", parallelism=2,
+        return runner_options.flink_args("[local]", "LOOPBACK", parallelism=2,
                                   job_endpoint=endpoint)
     raise ValueError(engine)
 
@@ -258,7 +258,7 @@ def test_demo_on_prism(releases, tmp_path):
     an empty beam-requirements-cache). No --prism_location: dpsynth starts
     the binary install_engines put in the engines cache (issue 51)."""
     _engine("prism")
-    args = runners.runner_args("prism")
+    args = runner_options.runner_args("prism")
     assert not any(a.startswith("--prism_location") for a in args)
     temp = tmp_path / "tmp"
     temp.mkdir()
@@ -277,7 +277,7 @@ def test_demo_on_prism(releases, tmp_path):
 def test_demo_on_flink_embedded_cluster(releases, tmp_path):
     """Beam starts the installed job server jar itself, as
     deploy/flink/submit.sh does with FLINK_MASTER='[local]'."""
-    args = runners.flink_args("[local]", "LOOPBACK", parallelism=2,
+    args = runner_options.flink_args("[local]", "LOOPBACK", parallelism=2,
                               job_server_jar=_engine("flink"))
     jvm = [f"--job_server_jvm_properties={opt}" for opt in JAVA17_OPENS]
     out = _generate(tmp_path / "flink", *DEMO, *args, *jvm)
@@ -285,7 +285,7 @@ def test_demo_on_flink_embedded_cluster(releases, tmp_path):
 
 
 def test_demo_on_spark_local(releases, tmp_path):
-    args = runners.spark_args("local[2]", "LOOPBACK",
+    args = runner_options.spark_args("local[2]", "LOOPBACK",
                               job_server_jar=_engine("spark"))
     out = _generate(tmp_path / "spark", *DEMO, *args)
     assert_same_release(releases("demo", DEMO), out)
@@ -328,24 +328,24 @@ def test_direct_runner_stays_on_the_fnapi_runner():
     for argv in ([], ["--runner", "DirectRunner"], ["--runner=direct"]):
         opts = beam_options(argv).get_all_options()
         assert opts["runner"] == "FnApiRunner", argv
-    assert is_local(beam_options(runners.prism_args("/opt/prism")))
-    assert not is_local(beam_options(runners.flink_args("jm:8081")))
+    assert is_local(beam_options(runner_options.prism_args("/opt/prism")))
+    assert not is_local(beam_options(runner_options.flink_args("jm:8081")))
 
 
 @pytest.mark.parametrize("script, env, expected", [
     ("deploy/flink/submit.sh",
      {"FLINK_MASTER": "[local]", "PARALLELISM": "2",
       "FLINK_JOB_SERVER_JAR": "/c/flink.jar"},
-     runners.flink_args("[local]", "LOOPBACK", parallelism=2,
+     runner_options.flink_args("[local]", "LOOPBACK", parallelism=2,
                         job_server_jar="/c/flink.jar")),
     ("deploy/flink/submit.sh",
      {"FLINK_MASTER": "[local]", "PARALLELISM": "2",
       "JOB_ENDPOINT": "localhost:8099"},
-     runners.flink_args("[local]", "LOOPBACK", parallelism=2,
+     runner_options.flink_args("[local]", "LOOPBACK", parallelism=2,
                         job_endpoint="localhost:8099")),
     ("deploy/spark/submit.sh",
      {"SPARK_MASTER_URL": "local[2]", "SPARK_JOB_SERVER_JAR": "/c/spark.jar"},
-     runners.spark_args("local[2]", "LOOPBACK",
+     runner_options.spark_args("local[2]", "LOOPBACK",
                         job_server_jar="/c/spark.jar")),
 ])
 def test_submit_scripts_run_what_the_tests_run(script, env, expected):

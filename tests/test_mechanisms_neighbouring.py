@@ -324,7 +324,7 @@ def test_beam_noise_path_has_the_calibrated_sigma_and_survives_reexecution(
     the identical noise: one release, one draw."""
     import apache_beam as beam
     from dpsynth.dp_ops.noise import SecureNoise
-    from dpsynth.transforms.noise import AddNoise
+    from dpsynth.transforms.keyed_noise import AddNoise
     cfg = GeneratorConfig(labels=(0, 1), epsilon=2.0, clusters=3,
                           clip_norm=R, accountant="rdp", covariance_rank=0)
     ledger = plan.make_ledger(cfg)

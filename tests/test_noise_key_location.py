@@ -15,7 +15,7 @@ from dpsynth.dp_ops.noise import KeyedNoise
 from dpsynth.pipelines import cli, job
 from dpsynth.pipelines.release import release
 from tests.conftest import gmm_data
-from dpsynth.transforms.noise import StoredKeyNoise, key_uri, write_key
+from dpsynth.transforms.keyed_noise import StoredKeyNoise, key_uri, write_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
@@ -138,7 +138,7 @@ def test_a_key_folder_others_can_read_or_write_is_refused_before_any_data(
     folder that group or others may read or write is refused in one line
     (KeyLocationError), before any data is read; nothing is written to it
     and nothing is published."""
-    from dpsynth.transforms.noise import KeyLocationError, check_key_folder
+    from dpsynth.transforms.keyed_noise import KeyLocationError, check_key_folder
     keys = tmp_path / "keys"
     keys.mkdir()
     keys.chmod(mode)
@@ -177,15 +177,15 @@ def test_the_key_file_is_0600_in_a_folder_dpsynth_makes_0700(tmp_path,
     mode 0600 whatever the umask, and deleted after the run."""
     import os
     import stat
-    from dpsynth.transforms import noise
+    from dpsynth.transforms import keyed_noise
     keys = tmp_path / "made" / "keys"
     seen = []
-    real = noise.write_key
+    real = keyed_noise.write_key
 
     def spy(uri, key):
         real(uri, key)
         seen.append(stat.S_IMODE(os.stat(uri).st_mode))
-    monkeypatch.setattr(noise, "write_key", spy)
+    monkeypatch.setattr(keyed_noise, "write_key", spy)
     old = os.umask(0)  # the most permissive umask
     try:
         assert cli.main(_argv(tmp_path, str(keys))) == 0
@@ -197,7 +197,7 @@ def test_the_key_file_is_0600_in_a_folder_dpsynth_makes_0700(tmp_path,
 
 
 def test_write_key_never_writes_through_an_existing_file_or_link(tmp_path):
-    from dpsynth.transforms.noise import write_key
+    from dpsynth.transforms.keyed_noise import write_key
     keys = tmp_path / "keys"
     keys.mkdir(mode=0o700)
     bait = tmp_path / "readable-by-all"
@@ -216,8 +216,8 @@ def test_write_key_never_writes_through_an_existing_file_or_link(tmp_path):
 def test_a_gcs_key_location_is_left_to_the_stores_access_control(gcs):
     """gs:// (emulator): no folder check or mode applies; the key is one
     object written, read back and deleted."""
-    from dpsynth.transforms.noise import (check_key_folder, delete_key,
-                                          read_key)
+    from dpsynth.transforms.keyed_noise import (check_key_folder,
+                                                delete_key, read_key)
     location = gcs.uri("keys")
     check_key_folder(location)  # nothing to check, nothing created
     uri = key_uri(location, "run", "owner")

@@ -615,7 +615,7 @@ LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception",
 # (file, first words of the message, verdict). Each names input files or
 # folders, like bad-input errors do; none prints data values or aggregates.
 REVIEWED_LOG_CALLS = {
-    ("transforms/noise.py", "could not delete the noise key"):
+    ("transforms/keyed_noise.py", "could not delete the noise key"):
         "launcher only, after a run: the key object's URI (operator's "
         "location, run id, random owner token) and the storage error; no "
         "data-dependent value",

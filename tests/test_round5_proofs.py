@@ -88,20 +88,20 @@ def test_phase1_replaced_before_its_read_is_never_published(
 
 def test_phase1_as_written_is_read(tmp_path):
     from dpsynth.dp_ops.noise import SecureNoise
-    from dpsynth.transforms import adaptive
-    noise, path = SecureNoise(), str(tmp_path / adaptive.PHASE1_FILE)
-    adaptive.write_phase1({"centre": [0.5], "noisy_counts": [3.25]}, path,
+    from dpsynth.transforms import two_phase
+    noise, path = SecureNoise(), str(tmp_path / two_phase.PHASE1_FILE)
+    two_phase.write_phase1({"centre": [0.5], "noisy_counts": [3.25]}, path,
                           noise)
-    key = noise.derived_key(adaptive.PHASE1_PURPOSE)
-    centre, counts = adaptive.read_phase1(path, key)
+    key = noise.derived_key(two_phase.PHASE1_PURPOSE)
+    centre, counts = two_phase.read_phase1(path, key)
     assert centre.tolist() == [0.5] and counts.tolist() == [3.25]
-    with pytest.raises(adaptive.ForgedPhase1):  # another run's key
-        adaptive.read_phase1(path, SecureNoise().derived_key(
-            adaptive.PHASE1_PURPOSE))
+    with pytest.raises(two_phase.ForgedPhase1):  # another run's key
+        two_phase.read_phase1(path, SecureNoise().derived_key(
+            two_phase.PHASE1_PURPOSE))
     moved = str(tmp_path / "other.json")  # another launch's file
     os.rename(path, moved)
-    with pytest.raises(adaptive.ForgedPhase1):
-        adaptive.read_phase1(moved, key)
+    with pytest.raises(two_phase.ForgedPhase1):
+        two_phase.read_phase1(moved, key)
 
 
 # ------------------ 6. "already published" is proven, never read from a folder
@@ -301,7 +301,7 @@ def test_the_record_key_never_travels_in_the_job_graph(tmp_path, monkeypatch,
     import apache_beam as beam
 
     from dpsynth.pipelines.cli import generate
-    from dpsynth.transforms import adaptive, digests
+    from dpsynth.transforms import digests, two_phase
     from test_noise_key_location import pickled_payloads
     data = _data(tmp_path)
     keys = tmp_path / "keys"
@@ -314,7 +314,7 @@ def test_the_record_key_never_travels_in_the_job_graph(tmp_path, monkeypatch,
     j = job.prepare(spec)
     assert (j.adaptive_mu is None) == (covariance == "shared")
     secrets = [j.noise.export_key(), j.noise.derived_key(digests.PURPOSE),
-               j.noise.derived_key(adaptive.PHASE1_PURPOSE)]
+               j.noise.derived_key(two_phase.PHASE1_PURPOSE)]
     uri = job.store_noise_key(j, spec).encode()
     blobs = pickled_payloads(monkeypatch)
     _graph_only(monkeypatch)

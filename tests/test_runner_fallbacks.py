@@ -40,17 +40,17 @@ def _assert_kept(owner, name, kept_lines, fake=_other_shape) -> None:
     assert len(lines) == 1, kept_lines()
 
 
-def test_beam_temp_keeps_beams_environment_builder(monkeypatch, kept_lines):
+def test_temp_cleanup_keeps_beams_environment_builder(monkeypatch, kept_lines):
     from apache_beam.runners.portability import job_server
     from apache_beam.transforms import environments
 
-    from dpsynth.pipelines.runners import beam_temp
+    from dpsynth.pipelines.runners import temp_cleanup
     monkeypatch.setattr(environments, "python_sdk_dependencies",
                         _other_shape)
     monkeypatch.setattr(job_server.SubprocessJobServer, "start",
                         _other_shape)
-    beam_temp._install()
-    beam_temp._install()  # asked again: still one line each
+    temp_cleanup._install()
+    temp_cleanup._install()  # asked again: still one line each
     _assert_kept(environments, "python_sdk_dependencies", kept_lines)
     _assert_kept(job_server.SubprocessJobServer, "start", kept_lines)
 
@@ -171,10 +171,10 @@ def test_a_patch_installs_where_beam_has_the_measured_shape(monkeypatch,
     beams = beam_patch.replace_once(owner, "f", lambda b: lambda d: b(d),
                                     fits=beam_patch.takes("dofn"))
     assert beams is measured and owner.f is not measured
-    from dpsynth.pipelines.runners import (beam_temp, bundle_sampler,
+    from dpsynth.pipelines.runners import (temp_cleanup, bundle_sampler,
                                            direct_runner, dofn_specs,
                                            ipython_check, option_views)
-    for install in (beam_temp._install, bundle_sampler.install,
+    for install in (temp_cleanup._install, bundle_sampler.install,
                     direct_runner.install, dofn_specs.install,
                     ipython_check.install, option_views.install):
         install()  # this Beam (the one measured): every patch goes in

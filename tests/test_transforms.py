@@ -7,7 +7,7 @@ from scipy import stats
 from dpsynth.dp_ops.ledger import Mechanism, PrivacyLedger
 from dpsynth.dp_ops.noise import SecureNoise, SeededNoise
 from dpsynth.transforms.aggregate import Block, PerClassSum
-from dpsynth.transforms.noise import AddNoise
+from dpsynth.transforms.keyed_noise import AddNoise
 
 
 def _pipeline():

@@ -120,7 +120,7 @@ def test_dataflow_options_from_the_wheel_ship_that_wheel(venv_python, dists,
                                                          tmp_path):
     """Issue 51: no checkout, so no setup.py; the Dataflow workers get the
     wheel pip installed dpsynth from (or $DPSYNTH_WORKER_PACKAGE's)."""
-    cmd = [venv_python, "-m", "dpsynth.deploy.runners", "dataflow",
+    cmd = [venv_python, "-m", "dpsynth.deploy.runner_options", "dataflow",
            "--project", "p", "--temp-location", "gs://b/t"]
     proc = _run(cmd, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -233,7 +233,7 @@ def test_a_writer_reports_the_digest_of_the_bytes_it_wrote(tmp_path, fmt):
 
 def test_the_noise_key_derives_the_record_key_one_way():
     from dpsynth.dp_ops.noise import SeededNoise, SecureNoise
-    from dpsynth.transforms.noise import StoredKeyNoise
+    from dpsynth.transforms.keyed_noise import StoredKeyNoise
     a = SecureNoise()
     assert a.derived_key(digests.PURPOSE) != a.export_key()
     assert a.derived_key(digests.PURPOSE) != SecureNoise().derived_key(

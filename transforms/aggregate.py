@@ -21,7 +21,7 @@ from apache_beam.transforms.window import GlobalWindows
 from dpsynth.dp_ops import clipping, covariance, generator, lsh_tree
 from dpsynth.dp_ops.kmeans import blas_threads
 from dpsynth.dp_ops.config import GeneratorConfig
-from dpsynth.transforms import allocator
+from dpsynth.transforms import heap_pages
 from dpsynth.transforms.coders import ArraysCoder
 from dpsynth.transforms.progress import BundleSpan, ProgressFile, ReportProgress
 
@@ -115,7 +115,7 @@ class _PrepareFn(beam.DoFn):
         self._span = BundleSpan(f"read:{stage}")
 
     def setup(self) -> None:
-        allocator.keep_heap_pages()
+        heap_pages.keep_heap_pages()
         with blas_threads(1):  # a small QR
             self._proj = generator.projection(self._dim, self._cfg)
         self._planes = generator.planes(self._cfg, self._dim)
@@ -468,7 +468,7 @@ class PerClassSum(beam.PTransform):
     of all blocks before each pass, re-shuffled the whole dataset.)
     ``every_label=False`` skips that completion (one stage fewer): for a
     consumer that reads the sums as one dict side input and takes a
-    missing label as the zero aggregate itself (``dpsynth.transforms.adaptive``).
+    missing label as the zero aggregate itself (``dpsynth.transforms.two_phase``).
     """
 
     def __init__(self, labels: Sequence[int],

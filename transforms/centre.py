@@ -18,7 +18,7 @@ from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.ledger import PrivacyLedger
 from dpsynth.dp_ops.noise import NoiseSource
 from dpsynth.transforms.aggregate import sum_present
-from dpsynth.transforms.noise import AddNoise
+from dpsynth.transforms.keyed_noise import AddNoise
 
 
 def block_centre_sum(block: tuple[np.ndarray, np.ndarray],

@@ -1,7 +1,7 @@
 """The per-class mechanisms of the adaptive plan as PipelineDP aggregations
 (``pipeline-dp==0.3.1``, pinned: custom combiners are experimental).
 
-``dpsynth.transforms.adaptive`` (the default plan) runs phase 1's class counts (``class=<c>/count``) and
+``dpsynth.transforms.two_phase`` (the default plan) runs phase 1's class counts (``class=<c>/count``) and
 phase 2's class sums (``class=<c>/moments/sum``) and, in the per-class mode,
 the classes' d x d second moments (``class=<c>/covariance/second-moment``)
 here. Each mechanism family is one ``DPEngine.aggregate`` on PipelineDP's
@@ -132,13 +132,13 @@ class _Zeros:
 
 
 def class_sum_family(clip_norm: float) -> Family:
-    """``class=<c>/moments/sum`` (sensitivity R), as ``dpsynth.transforms.adaptive``."""
+    """``class=<c>/moments/sum`` (sensitivity R), as ``dpsynth.transforms.two_phase``."""
     return Family("moments/sum", _ClassSum(clip_norm))
 
 
 def class_second_moment_family(clip_norm: float) -> Family:
     """``class=<c>/covariance/second-moment`` (R^2, isometric upper
-    triangle), as the per-class mode of ``dpsynth.transforms.adaptive``."""
+    triangle), as the per-class mode of ``dpsynth.transforms.two_phase``."""
     return Family("covariance/second-moment", _SecondMoment(clip_norm),
                   second_moment_release, symmetric=True,
                   add_into=_AddSecondMoment(clip_norm))

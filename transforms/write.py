@@ -25,7 +25,7 @@ from apache_beam.metrics import Metrics
 from dpsynth.dp_ops import generator
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.models.gmm import MixtureRelease
-from dpsynth.transforms import allocator, digests, io
+from dpsynth.transforms import digests, heap_pages, io
 from dpsynth.transforms.formats import OUTPUT_FORMATS  # noqa: F401  (re-exported)
 from dpsynth.transforms.progress import trace
 
@@ -310,7 +310,7 @@ class _WriteShard(beam.DoFn):
         self._kept = Metrics.counter("dpsynth", "samples_written")
 
     def setup(self) -> None:
-        allocator.keep_heap_pages()
+        heap_pages.keep_heap_pages()
 
     def process(self, task, mixtures=None):
         start = time.time()

@@ -8,7 +8,7 @@
   task log gets one fixed line (fits / does not fit), never the check's
   report (attempt counts, lifetime epsilon spent): read that with
   ``python -m dpsynth.pipelines.release.budget_store show`` where the store is. It also
-  builds the runner's Beam options (``dpsynth.deploy.runners``) for the next task.
+  builds the runner's Beam options (``dpsynth.deploy.runner_options``) for the next task.
 * ``generate`` runs ``python -m dpsynth.deploy.launch`` (= ``dpsynth
   generate``) with the chosen runner. The authoritative spend is recorded by the job itself
   (``budget_store.reserve`` before any data is read): the check above is only a
@@ -68,7 +68,7 @@ budget_check with one line naming it, before the store is asked.
     epsilon_range     [min, max]: the epsilon a release may ask for
     runner            DirectRunner (default) | DataflowRunner | FlinkRunner |
                       SparkRunner | PrismRunner | DaskRunner
-    runner_params     keyword args of dpsynth.deploy.runners.<runner>_args, e.g.
+    runner_params     keyword args of dpsynth.deploy.runner_options.<runner>_args, e.g.
                       {"project": "p", "region": "europe-west4",
                        "temp_location": "gs://b/tmp"} or
                       {"flink_master": "jm:8081", "environment_type": "DOCKER"}
@@ -153,7 +153,7 @@ OPERATOR_DEFAULTS = {
     "lifetime_delta": 1e-5,
     "noise_key_location": os.path.join(_DATA, "noise-keys"),
     "epsilon_range": [0.1, 4.0],
-    # What runs: the engine, the parameters of its dpsynth.deploy.runners
+    # What runs: the engine, the parameters of its dpsynth.deploy.runner_options
     # *_args function and more Beam options ({name: value}); the dataset
     # team cannot set any option that names a binary, package, image,
     # command, endpoint or cluster (dpsynth.deploy.runner_trust).
@@ -403,7 +403,7 @@ def check_budget(cfg: dict, run_id: str) -> str:
             f"dataset {dataset!r}")
 
 
-# The runner's Beam options, built by dpsynth.deploy.runners where dpsynth
+# The runner's Beam options, built by dpsynth.deploy.runner_options where dpsynth
 # is installed (pure option builders; Airflow's venv has no dpsynth).
 def runner_options(cfg: dict) -> list[str]:
     """The Beam options of the operator's runner: its ``runner_params`` and

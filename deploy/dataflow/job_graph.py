@@ -367,7 +367,7 @@ class _Capture:
     """Patches DataflowRunner.run_pipeline to keep each dry-run Job,
     described while the pipeline runs (the files it stages, such as the
     package's sdist, live in the pipeline's scratch folder only until the
-    run ends: pipelines/runners/beam_temp.py)."""
+    run ends: pipelines/runners/temp_cleanup.py)."""
 
     def __init__(self) -> None:
         self.descriptions: list[dict] = []
@@ -438,7 +438,7 @@ def build_graphs(generate_argv: Sequence[str],
         _build(job_mod, job, spec, options, no_progress, phase1_counts, out)
     finally:
         if key_object is not None:
-            from dpsynth.transforms.noise import delete_key
+            from dpsynth.transforms.keyed_noise import delete_key
             delete_key(key_object)
     return out
 

@@ -61,8 +61,8 @@ case "$mode" in
     [[ -n "${MAX_WORKERS:-}" ]] && runner_flags+=(--max-num-workers "$MAX_WORKERS")
     [[ -n "${SERVICE_ACCOUNT:-}" ]] && runner_flags+=(--service-account-email "$SERVICE_ACCOUNT")
     [[ -n "${IMAGE:-}" ]] && runner_flags+=(--sdk-container-image "$IMAGE")
-    # dpsynth.deploy.runners validates the option set and prints it shell-quoted.
-    beam_line="$(cd "$repo" && "$python" -m dpsynth.deploy.runners "${runner_flags[@]}")"
+    # dpsynth.deploy.runner_options validates the option set and prints it shell-quoted.
+    beam_line="$(cd "$repo" && "$python" -m dpsynth.deploy.runner_options "${runner_flags[@]}")"
     eval "beam_args=($beam_line)"
     cd "$repo"
     if [[ "$mode" == graph ]]; then

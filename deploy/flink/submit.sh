@@ -43,7 +43,7 @@ else
   fi
   [[ -n "$jar" ]] && runner_flags+=(--flink-job-server-jar "$jar")
 fi
-beam_line="$("$python" -m dpsynth.deploy.runners "${runner_flags[@]}")"
+beam_line="$("$python" -m dpsynth.deploy.runner_options "${runner_flags[@]}")"
 eval "beam_args=($beam_line)"
 [[ -n "${FLINK_VERSION:-}" ]] && beam_args+=("--flink_version=$FLINK_VERSION")
 

@@ -36,7 +36,7 @@ else
   jar="${SPARK_JOB_SERVER_JAR:-$("$python" -m dpsynth.deploy.install_engines --print spark 2>/dev/null || true)}"
   [[ -n "$jar" ]] && runner_flags+=(--spark-job-server-jar "$jar")
 fi
-beam_line="$("$python" -m dpsynth.deploy.runners "${runner_flags[@]}")"
+beam_line="$("$python" -m dpsynth.deploy.runner_options "${runner_flags[@]}")"
 eval "beam_args=($beam_line)"
 
 if [[ "${DRY_RUN:-0}" == 1 ]]; then

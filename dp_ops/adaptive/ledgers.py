@@ -1,7 +1,7 @@
 """The adaptive plan's mechanisms: the two phases' slots, the per-class
 GDP mu certified for every structure of the rule's menu, the ledgers of
 phase 1 and phase 2, and the mechanisms on exact aggregates shared by the
-in-memory reference and the Beam job (transforms/adaptive.py): each takes
+in-memory reference and the Beam job (transforms/two_phase.py): each takes
 exact aggregates, adds its ledger mechanisms' keyed noise exactly
 (generator.add_noise: the aggregates lie on public grids) and returns DP
 outputs only."""

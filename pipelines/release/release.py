@@ -97,7 +97,7 @@ def _import_filesystems():
 
 FileSystems = _import_filesystems()
 
-from dpsynth.pipelines.runners.machine import usable_cores  # noqa: E402
+from dpsynth.pipelines.runners.cores import usable_cores  # noqa: E402
 from dpsynth.transforms import io  # noqa: E402  (after the quiet Beam import)
 
 MANIFEST = "_manifest.json"

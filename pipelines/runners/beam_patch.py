@@ -3,7 +3,7 @@ the function the replacement was written for.
 
 dpsynth swaps some of Beam's functions for memoised ones with the same
 answers (``dofn_specs``, ``option_views``) or ones that clean up after
-themselves (``beam_temp``); each is installed for every pipeline, so the
+themselves (``temp_cleanup``); each is installed for every pipeline, so the
 swap must happen once whatever the number of calls or threads, and keep
 Beam's original for the replacement (and the tests) to call.
 

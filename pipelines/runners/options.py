@@ -21,7 +21,7 @@ from dpsynth.pipelines.runners import locality
 from dpsynth.pipelines.runners import prism, runner_names
 from dpsynth.pipelines.runners import (bundle_sampler, dofn_specs,
                                        ipython_check, option_views)
-from dpsynth.pipelines.runners.machine import usable_cores
+from dpsynth.pipelines.runners.cores import usable_cores
 from dpsynth.pipelines.runners.errors import (  # noqa: F401 (re-exported)
     ClusterLost, ClusterMismatch, UsageError)
 

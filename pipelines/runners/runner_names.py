@@ -1,7 +1,7 @@
 """Which Beam runner a ``--runner`` flag names; the Dask aliases.
 
 Kept free of Beam and Dask imports: ``dpsynth.pipelines.cli.generate`` calls it for
-every run, and ``dpsynth.deploy.runners`` (pure option builders) uses the names.
+every run, and ``dpsynth.deploy.runner_options`` (pure option builders) uses the names.
 """
 
 from __future__ import annotations

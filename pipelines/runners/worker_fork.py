@@ -49,7 +49,7 @@ from typing import Optional
 # pyarrow, which Beam imports): both libraries make fork safe with their
 # own fork handlers, as multiprocessing's fork start relies on daily.
 WORKER_MODULES = ("apache_beam.runners.worker.sdk_worker_main", "pipeline_dp",
-                  "pyarrow.parquet", "dpsynth.transforms.adaptive", "dpsynth.transforms.write",
+                  "pyarrow.parquet", "dpsynth.transforms.two_phase", "dpsynth.transforms.write",
                   "dpsynth.transforms.io", "dpsynth.transforms.dp_kmeans")
 
 

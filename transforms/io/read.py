@@ -11,7 +11,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from dpsynth.transforms import allocator, coders
+from dpsynth.transforms import coders, heap_pages
 from dpsynth.transforms.io.csv import (_csv_blocks, _csv_header, _csv_schema_dim,
     csv_embedding_columns)
 from dpsynth.transforms.io.npz import _npz_blocks, _npz_header_dim, _npz_range_blocks
@@ -218,7 +218,7 @@ class _ReadBlocksFn(beam.DoFn):
         self._dropped = Metrics.counter("dpsynth", "rows_dropped_non_finite")
 
     def setup(self) -> None:
-        allocator.keep_heap_pages()
+        heap_pages.keep_heap_pages()
 
     def process(self, r: FileRange
                 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:

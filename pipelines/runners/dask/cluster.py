@@ -23,7 +23,7 @@ from apache_beam.runners.dask import dask_runner as beam_dask
 
 from dpsynth.pipelines.runners import locality, source_digest
 from dpsynth.pipelines.runners.errors import ClusterLost, ClusterMismatch
-from dpsynth.pipelines.runners.machine import usable_cores
+from dpsynth.pipelines.runners.cores import usable_cores
 
 log = logging.getLogger("dpsynth")
 

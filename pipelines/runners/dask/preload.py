@@ -17,5 +17,5 @@ import pipeline_dp  # noqa: F401
 import pyarrow.parquet  # noqa: F401
 
 import dpsynth.pipelines.runners.dask.runner  # noqa: F401
-from dpsynth.transforms import (adaptive, aggregate, io, mixture,  # noqa: F401
-                        noise, pipelinedp, progress, write)
+from dpsynth.transforms import (two_phase, aggregate, io, mixture,  # noqa: F401
+                        keyed_noise, pipelinedp, progress, write)

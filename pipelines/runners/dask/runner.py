@@ -111,7 +111,7 @@ from apache_beam.runners.common import DoFnInvoker
 from apache_beam.runners.runner import PipelineResult, PipelineState
 from apache_beam.transforms.combiners import LiftedCombinePerKey
 
-from dpsynth.pipelines.runners.machine import usable_cores
+from dpsynth.pipelines.runners.cores import usable_cores
 from dpsynth.pipelines.runners.beam_patch import kept, replace_once, takes
 from dpsynth.pipelines.runners.dask import cluster, compat
 from dpsynth.transforms.progress import trace, trace_path

@@ -28,7 +28,7 @@ Runners:
     running ``dask scheduler`` (or ``--dask_scheduler_file``); with neither,
     the job starts a local cluster for the run (for trying it).
 
-``python -m dpsynth.deploy.runners dataflow --project P ...`` prints the list (one
+``python -m dpsynth.deploy.runner_options dataflow --project P ...`` prints the list (one
 shell-quoted line) for scripts; ``add_runner_arguments`` / ``beam_args_from``
 let a CLI expose the same parameters.
 """
@@ -537,11 +537,11 @@ def beam_args_from(ns: argparse.Namespace) -> list[str]:
 def main(argv: Optional[list[str]] = None) -> int:
     """Prints the Beam options for a runner as one shell-quoted line."""
     parser = argparse.ArgumentParser(
-        prog="python -m dpsynth.deploy.runners",
+        prog="python -m dpsynth.deploy.runner_options",
         description="print the Beam pipeline options of a runner")
     add_runner_arguments(parser)
     args = sys.argv[1:] if argv is None else argv
-    # `python -m dpsynth.deploy.runners dataflow --project ...`: positional runner.
+    # `python -m dpsynth.deploy.runner_options dataflow --project ...`: positional runner.
     if args and not args[0].startswith("-"):
         args = ["--runner", args[0], *args[1:]]
     try:

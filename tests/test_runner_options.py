@@ -18,16 +18,16 @@ from apache_beam.options.pipeline_options import (
     DirectOptions, FlinkRunnerOptions, GoogleCloudOptions, PortableOptions,
     SetupOptions, StandardOptions, WorkerOptions)
 
-from dpsynth.deploy import runners
+from dpsynth.deploy import runner_options
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_direct_in_process_and_multi_processing():
-    opts = runners.pipeline_options(runners.direct_args())
+    opts = runner_options.pipeline_options(runner_options.direct_args())
     assert opts.view_as(StandardOptions).runner == "DirectRunner"
     assert opts.view_as(DirectOptions).direct_running_mode == "in_memory"
-    opts = runners.pipeline_options(runners.direct_args(num_workers=2))
+    opts = runner_options.pipeline_options(runner_options.direct_args(num_workers=2))
     direct = opts.view_as(DirectOptions)
     assert (direct.direct_num_workers, direct.direct_running_mode) == (
         2, "multi_processing")
@@ -35,19 +35,19 @@ def test_direct_in_process_and_multi_processing():
 
 def test_direct_refuses_multi_threading():
     with pytest.raises(ValueError, match="multi_threading"):
-        runners.direct_args(2, "multi_threading")
+        runner_options.direct_args(2, "multi_threading")
     with pytest.raises(ValueError, match="direct_num_workers"):
-        runners.direct_args(0)
+        runner_options.direct_args(0)
 
 
 def test_dataflow_options_reach_beam():
-    args = runners.dataflow_args(
+    args = runner_options.dataflow_args(
         project="my-proj", region="europe-west4",
         temp_location="gs://bkt/tmp", machine_type="n2-highmem-8",
         max_num_workers=20, job_name="dpsynth-nightly-20260101",
         service_account_email="runner@my-proj.iam.gserviceaccount.com",
         use_public_ips=False, experiments=["use_runner_v2"])
-    opts = runners.pipeline_options(args)
+    opts = runner_options.pipeline_options(args)
     assert opts.view_as(StandardOptions).runner == "DataflowRunner"
     gcp = opts.view_as(GoogleCloudOptions)
     assert (gcp.project, gcp.region) == ("my-proj", "europe-west4")
@@ -65,30 +65,30 @@ def test_dataflow_options_reach_beam():
 
 
 def test_dataflow_with_container_image_and_validation():
-    args = runners.dataflow_args(
+    args = runner_options.dataflow_args(
         "p", "gs://b/t", staging_location="gs://b/s", setup_file=None,
         sdk_container_image="europe-docker.pkg.dev/p/r/dpsynth:1")
-    opts = runners.pipeline_options(args)
+    opts = runner_options.pipeline_options(args)
     assert opts.view_as(WorkerOptions).sdk_container_image.endswith(
         "dpsynth:1")
     assert opts.view_as(SetupOptions).setup_file is None
     assert opts.view_as(GoogleCloudOptions).staging_location == "gs://b/s"
     with pytest.raises(ValueError, match="gs:// path"):
-        runners.dataflow_args("p", "/tmp/local")
+        runner_options.dataflow_args("p", "/tmp/local")
     with pytest.raises(ValueError, match="--project"):
-        runners.dataflow_args("", "gs://b/t")
+        runner_options.dataflow_args("", "gs://b/t")
     with pytest.raises(ValueError, match="job names"):
-        runners.dataflow_args("p", "gs://b/t", job_name="Nightly_Run")
+        runner_options.dataflow_args("p", "gs://b/t", job_name="Nightly_Run")
     with pytest.raises(ValueError, match="--setup-file /no/setup.py"):
-        runners.dataflow_args("p", "gs://b/t", setup_file="/no/setup.py")
+        runner_options.dataflow_args("p", "gs://b/t", setup_file="/no/setup.py")
 
 
 def _installed_from(monkeypatch, wheel):
     """dpsynth as a wheel install sees it: no checkout beside the package,
     ``wheel`` (or None) the file pip installed it from."""
-    monkeypatch.setattr(runners, "checkout_setup_file", lambda: None)
-    monkeypatch.setattr(runners, "installed_wheel", lambda: wheel)
-    monkeypatch.delenv(runners.WORKER_PACKAGE_ENV, raising=False)
+    monkeypatch.setattr(runner_options, "checkout_setup_file", lambda: None)
+    monkeypatch.setattr(runner_options, "installed_wheel", lambda: wheel)
+    monkeypatch.delenv(runner_options.WORKER_PACKAGE_ENV, raising=False)
 
 
 def test_dataflow_from_an_installed_wheel_ships_a_wheel_or_refuses(
@@ -101,41 +101,41 @@ def test_dataflow_from_an_installed_wheel_ships_a_wheel_or_refuses(
     wheel.write_bytes(b"PK")
     _installed_from(monkeypatch, None)
     with pytest.raises(ValueError) as err:
-        runners.dataflow_args("p", "gs://b/t")
+        runner_options.dataflow_args("p", "gs://b/t")
     assert "\n" not in str(err.value)
     for name in ("DPSYNTH_WORKER_PACKAGE", "--extra-package",
                  "--sdk-container-image"):
         assert name in str(err.value)
-    monkeypatch.setenv(runners.WORKER_PACKAGE_ENV, str(wheel))
-    opts = runners.pipeline_options(runners.dataflow_args("p", "gs://b/t"))
+    monkeypatch.setenv(runner_options.WORKER_PACKAGE_ENV, str(wheel))
+    opts = runner_options.pipeline_options(runner_options.dataflow_args("p", "gs://b/t"))
     setup = opts.view_as(SetupOptions)
     assert (setup.extra_packages, setup.setup_file) == ([str(wheel)], None)
-    monkeypatch.setenv(runners.WORKER_PACKAGE_ENV, str(tmp_path / "gone.whl"))
+    monkeypatch.setenv(runner_options.WORKER_PACKAGE_ENV, str(tmp_path / "gone.whl"))
     with pytest.raises(ValueError, match="DPSYNTH_WORKER_PACKAGE .*gone.whl"):
-        runners.dataflow_args("p", "gs://b/t")
+        runner_options.dataflow_args("p", "gs://b/t")
     _installed_from(monkeypatch, str(wheel))  # the wheel pip installed
-    assert f"--extra_package={wheel}" in runners.dataflow_args("p", "gs://b/t")
+    assert f"--extra_package={wheel}" in runner_options.dataflow_args("p", "gs://b/t")
     # remote Flink/Spark workers get the wheel too; LOOPBACK needs nothing
-    assert runners.flink_args("jm:8081", setup_file=None)[-1] == \
+    assert runner_options.flink_args("jm:8081", setup_file=None)[-1] == \
         f"--extra_package={wheel}"
-    assert not [a for a in runners.spark_args("local[2]", setup_file=None)
+    assert not [a for a in runner_options.spark_args("local[2]", setup_file=None)
                 if a.startswith("--extra")]
     _installed_from(monkeypatch, None)  # an image needs nothing else
-    args = runners.dataflow_args("p", "gs://b/t", sdk_container_image="i:1")
+    args = runner_options.dataflow_args("p", "gs://b/t", sdk_container_image="i:1")
     assert not [a for a in args if a.startswith(("--setup", "--extra"))]
     parser = argparse.ArgumentParser()
-    runners.add_runner_arguments(parser)
+    runner_options.add_runner_arguments(parser)
     ns = parser.parse_args(["--runner", "dataflow", "--project", "p",
                             "--temp-location", "gs://b/t",
                             "--extra-package", str(wheel)])
-    assert f"--extra_package={wheel}" in runners.beam_args_from(ns)
+    assert f"--extra_package={wheel}" in runner_options.beam_args_from(ns)
 
 
 def test_flink_options_reach_beam():
-    args = runners.flink_args("flink-jm:8081", "docker",
+    args = runner_options.flink_args("flink-jm:8081", "docker",
                               "apache/beam_python3.11_sdk:2.77.0",
                               parallelism=4, flink_version="1.20")
-    opts = runners.pipeline_options(args)
+    opts = runner_options.pipeline_options(args)
     assert opts.view_as(StandardOptions).runner == "FlinkRunner"
     flink = opts.view_as(FlinkRunnerOptions)
     assert (flink.flink_master, flink.parallelism, flink.flink_version) == (
@@ -144,70 +144,70 @@ def test_flink_options_reach_beam():
     assert portable.environment_type == "DOCKER"
     assert portable.environment_config.startswith("apache/beam_python3.11")
     assert opts.view_as(SetupOptions).setup_file == str(REPO / "setup.py")
-    loop = runners.pipeline_options(runners.flink_args("[local]", "LOOPBACK"))
+    loop = runner_options.pipeline_options(runner_options.flink_args("[local]", "LOOPBACK"))
     assert loop.view_as(PortableOptions).environment_type == "LOOPBACK"
     assert loop.view_as(SetupOptions).setup_file is None
-    ext = runners.pipeline_options(
-        runners.flink_args(environment_type="EXTERNAL",
+    ext = runner_options.pipeline_options(
+        runner_options.flink_args(environment_type="EXTERNAL",
                            environment_config="localhost:50000"))
     assert ext.view_as(PortableOptions).environment_config == "localhost:50000"
     with pytest.raises(ValueError, match="needs --environment_config"):
-        runners.flink_args(environment_type="EXTERNAL")
+        runner_options.flink_args(environment_type="EXTERNAL")
     with pytest.raises(ValueError, match="environment_type must be one of"):
-        runners.flink_args(environment_type="K8S")
+        runner_options.flink_args(environment_type="K8S")
 
 
 def test_cli_parameters_and_dispatch():
     parser = argparse.ArgumentParser()
-    runners.add_runner_arguments(parser)
+    runner_options.add_runner_arguments(parser)
     ns = parser.parse_args(["--runner", "dataflow", "--project", "p",
                             "--temp-location", "gs://b/t"])
-    opts = runners.pipeline_options(runners.beam_args_from(ns))
-    assert opts.view_as(GoogleCloudOptions).region == runners.DEFAULT_REGION
-    assert runners.beam_args_from(parser.parse_args([]))[0] == \
+    opts = runner_options.pipeline_options(runner_options.beam_args_from(ns))
+    assert opts.view_as(GoogleCloudOptions).region == runner_options.DEFAULT_REGION
+    assert runner_options.beam_args_from(parser.parse_args([]))[0] == \
         "--runner=DirectRunner"
-    assert runners.runner_args("FlinkRunner")[0] == "--runner=FlinkRunner"
+    assert runner_options.runner_args("FlinkRunner")[0] == "--runner=FlinkRunner"
     with pytest.raises(ValueError, match="--temp-location"):
-        runners.beam_args_from(parser.parse_args(["--runner", "dataflow"]))
+        runner_options.beam_args_from(parser.parse_args(["--runner", "dataflow"]))
     with pytest.raises(ValueError, match="--runner must be one of"):
-        runners.runner_args("storm")
+        runner_options.runner_args("storm")
 
 
 def test_dask_options_reach_beam():
     pytest.importorskip("distributed", reason="needs the dask extra")
     from apache_beam.runners.dask.dask_runner import DaskOptions
     from dpsynth.pipelines.runners import options
-    opts = runners.pipeline_options(runners.dask_args("tcp://10.0.0.5:8786"))
+    opts = runner_options.pipeline_options(runner_options.dask_args("tcp://10.0.0.5:8786"))
     assert opts.view_as(StandardOptions).runner == \
         "dpsynth.pipelines.runners.dask.runner.DaskRunner"
     assert opts.view_as(DaskOptions).address == "tcp://10.0.0.5:8786"
     for name in ("dask", "DaskRunner",
                  "apache_beam.runners.dask.dask_runner.DaskRunner"):
-        assert runners.runner_args(name) == ["--runner=DaskRunner"]
+        assert runner_options.runner_args(name) == ["--runner=DaskRunner"]
         beam = options.beam_options(["--runner", name])
         assert beam.view_as(StandardOptions).runner == \
             "dpsynth.pipelines.runners.dask.runner.DaskRunner"
     parser = argparse.ArgumentParser()
-    runners.add_runner_arguments(parser)
-    assert runners.beam_args_from(parser.parse_args(
+    runner_options.add_runner_arguments(parser)
+    assert runner_options.beam_args_from(parser.parse_args(
         ["--runner", "dask", "--dask-client-address", "h:8786"])) == [
         "--runner=DaskRunner", "--dask_client_address=h:8786"]
     with pytest.raises(ValueError, match="not both"):
-        runners.dask_args("tcp://h:1", scheduler_file="/tmp/s.json")
+        runner_options.dask_args("tcp://h:1", scheduler_file="/tmp/s.json")
     with pytest.raises(ValueError, match="tcp://HOST:PORT"):
-        runners.dask_args("http://h/x")
+        runner_options.dask_args("http://h/x")
     with pytest.raises(ValueError, match="not both"):
-        runners.dask_args(npartitions=2, partition_size=3)
+        runner_options.dask_args(npartitions=2, partition_size=3)
 
 
 def test_module_prints_shell_line():
     out = subprocess.run(
-        [sys.executable, "-m", "dpsynth.deploy.runners", "flink", "--flink-master",
+        [sys.executable, "-m", "dpsynth.deploy.runner_options", "flink", "--flink-master",
          "jm:8081", "--environment-type", "LOOPBACK"],
         cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert shlex.split(out) == ["--runner=FlinkRunner", "--flink_master=jm:8081",
                                 "--environment_type=LOOPBACK"]
-    bad = subprocess.run([sys.executable, "-m", "dpsynth.deploy.runners", "dataflow"],
+    bad = subprocess.run([sys.executable, "-m", "dpsynth.deploy.runner_options", "dataflow"],
                          cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and "--temp-location" in bad.stderr
 
@@ -216,7 +216,7 @@ def test_importable_without_gcp_credentials():
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("GOOGLE_", "CLOUDSDK_"))}
     env["GOOGLE_APPLICATION_CREDENTIALS"] = "/nonexistent.json"
-    code = ("import sys, dpsynth.deploy.runners as r; "
+    code = ("import sys, dpsynth.deploy.runner_options as r; "
             "args = r.dataflow_args('p', 'gs://b/t'); "
             "assert 'apache_beam' not in sys.modules; "  # pure until asked
             "r.pipeline_options(args)")
@@ -258,7 +258,7 @@ def test_direct_runner_two_worker_processes_real_run(tmp_path):
         pytest.skip(reason)
     out = tmp_path / "release"
     cmd = [sys.executable, "-m", "dpsynth.pipelines.cli.generate",
-           *runners.direct_args(num_workers=2), "--output", str(out),
+           *runner_options.direct_args(num_workers=2), "--output", str(out),
            "--run-id", "direct-2proc"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -289,69 +289,69 @@ def test_local_blas_threads_share_the_cores_among_direct_workers(monkeypatch):
 
 
 def test_flink_job_server_jar_and_endpoint_reach_beam():
-    opts = runners.pipeline_options(runners.flink_args(
+    opts = runner_options.pipeline_options(runner_options.flink_args(
         "[local]", parallelism=2, job_server_jar="/c/flink-js.jar"))
     assert opts.view_as(PortableOptions).environment_type == "LOOPBACK"
     assert opts.view_as(FlinkRunnerOptions).flink_job_server_jar == \
         "/c/flink-js.jar"
     assert opts.view_as(SetupOptions).setup_file is None
-    ext = runners.pipeline_options(runners.flink_args(
+    ext = runner_options.pipeline_options(runner_options.flink_args(
         "[local]", job_endpoint="localhost:8099"))
     assert ext.view_as(PortableOptions).job_endpoint == "localhost:8099"
     # a remote master keeps Docker workers and ships the package
-    assert runners.flink_args("jm:8081")[2] == "--environment_type=DOCKER"
+    assert runner_options.flink_args("jm:8081")[2] == "--environment_type=DOCKER"
     with pytest.raises(ValueError, match="not both"):
-        runners.flink_args(job_server_jar="/j.jar", job_endpoint="h:1")
+        runner_options.flink_args(job_server_jar="/j.jar", job_endpoint="h:1")
     with pytest.raises(ValueError, match="HOST:PORT"):
-        runners.flink_args(job_endpoint="http://h/x")
+        runner_options.flink_args(job_endpoint="http://h/x")
 
 
 def test_spark_options_reach_beam():
     from apache_beam.options.pipeline_options import SparkRunnerOptions
-    args = runners.spark_args("local[2]", job_server_jar="/c/spark-js.jar")
+    args = runner_options.spark_args("local[2]", job_server_jar="/c/spark-js.jar")
     assert args[:3] == ["--runner=SparkRunner", "--spark_master_url=local[2]",
                         "--environment_type=LOOPBACK"]
-    opts = runners.pipeline_options(args)
+    opts = runner_options.pipeline_options(args)
     assert opts.view_as(StandardOptions).runner == "SparkRunner"
     spark = opts.view_as(SparkRunnerOptions)
     assert (spark.spark_master_url, spark.spark_job_server_jar) == (
         "local[2]", "/c/spark-js.jar")
-    remote = runners.pipeline_options(runners.spark_args(
+    remote = runner_options.pipeline_options(runner_options.spark_args(
         "spark://m:7077", "EXTERNAL", "localhost:50000", parallelism=4))
     assert remote.view_as(PortableOptions).environment_type == "EXTERNAL"
     assert remote.view_as(SetupOptions).setup_file == str(REPO / "setup.py")
-    assert runners.spark_args("spark://m:7077")[2] == \
+    assert runner_options.spark_args("spark://m:7077")[2] == \
         "--environment_type=DOCKER"
     with pytest.raises(ValueError, match="spark_master_url must be"):
-        runners.spark_args("m:7077")
+        runner_options.spark_args("m:7077")
     with pytest.raises(ValueError, match="needs --environment_config"):
-        runners.spark_args("local[2]", "PROCESS")
-    assert runners.runner_args("spark")[0] == "--runner=SparkRunner"
+        runner_options.spark_args("local[2]", "PROCESS")
+    assert runner_options.runner_args("spark")[0] == "--runner=SparkRunner"
 
 
 def test_prism_options_reach_beam():
     from apache_beam.options.pipeline_options import PrismRunnerOptions
-    opts = runners.pipeline_options(runners.prism_args("/c/prism"))
+    opts = runner_options.pipeline_options(runner_options.prism_args("/c/prism"))
     assert opts.view_as(StandardOptions).runner == "PrismRunner"
     assert opts.view_as(PrismRunnerOptions).prism_location == "/c/prism"
     assert opts.view_as(PortableOptions).environment_type == "LOOPBACK"
-    assert runners.prism_args(job_endpoint="localhost:8073") == [
+    assert runner_options.prism_args(job_endpoint="localhost:8073") == [
         "--runner=PrismRunner", "--environment_type=LOOPBACK",
         "--job_endpoint=localhost:8073"]
-    assert runners.runner_args("PrismRunner") == [
+    assert runner_options.runner_args("PrismRunner") == [
         "--runner=PrismRunner", "--environment_type=LOOPBACK"]
     with pytest.raises(ValueError, match="not both"):
-        runners.prism_args("/c/prism", job_endpoint="localhost:8073")
-    ext = runners.pipeline_options(runners.prism_args(
+        runner_options.prism_args("/c/prism", job_endpoint="localhost:8073")
+    ext = runner_options.pipeline_options(runner_options.prism_args(
         job_endpoint="localhost:8073", environment_type="external",
         environment_config="localhost:50000"))
     assert ext.view_as(PortableOptions).environment_type == "EXTERNAL"
     assert ext.view_as(PortableOptions).environment_config == \
         "localhost:50000"
     with pytest.raises(ValueError, match="needs --environment_config"):
-        runners.prism_args(environment_type="EXTERNAL")
+        runner_options.prism_args(environment_type="EXTERNAL")
     with pytest.raises(ValueError, match="Prism runs the environments"):
-        runners.prism_args(environment_type="PROCESS",
+        runner_options.prism_args(environment_type="PROCESS",
                            environment_config='{"command": "boot"}')
 
 
@@ -369,7 +369,7 @@ def test_prism_options_reach_beam():
       "--prism_location=/c/prism"]),
 ])
 def test_cli_builds_portable_runner_options(argv, expected, capsys):
-    assert runners.main(argv) == 0
+    assert runner_options.main(argv) == 0
     assert shlex.split(capsys.readouterr().out) == expected
 
 

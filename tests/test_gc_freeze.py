@@ -1,5 +1,5 @@
 """The job's process keeps its startup objects out of the cyclic
-collector's full scans while a job runs (pipelines/runners/collector.py)."""
+collector's full scans while a job runs (pipelines/runners/gc_freeze.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import gc
 import pytest
 
 from dpsynth.pipelines import job
-from dpsynth.pipelines.runners import collector
+from dpsynth.pipelines.runners import gc_freeze
 
 
 @pytest.fixture
@@ -19,14 +19,14 @@ def nothing_frozen():
 
 
 def test_the_heap_is_frozen_for_the_block_and_handed_back(nothing_frozen):
-    with collector.startup_heap_frozen():
+    with gc_freeze.startup_heap_frozen():
         assert gc.get_freeze_count() > 0
     assert gc.get_freeze_count() == 0  # collected as before after the job
 
 
 def test_handed_back_when_the_block_fails(nothing_frozen):
     with pytest.raises(RuntimeError):
-        with collector.startup_heap_frozen():
+        with gc_freeze.startup_heap_frozen():
             raise RuntimeError("a failed job")
     assert gc.get_freeze_count() == 0
 
@@ -34,7 +34,7 @@ def test_handed_back_when_the_block_fails(nothing_frozen):
 def test_a_host_that_froze_its_heap_keeps_it(nothing_frozen):
     gc.freeze()
     frozen = gc.get_freeze_count()
-    with collector.startup_heap_frozen():
+    with gc_freeze.startup_heap_frozen():
         pass
     assert gc.get_freeze_count() == frozen
 

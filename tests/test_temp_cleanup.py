@@ -1,4 +1,4 @@
-"""Beam's temporary folders do not outlive a pipeline (pipelines/runners/beam_temp.py)."""
+"""Beam's temporary folders do not outlive a pipeline (pipelines/runners/temp_cleanup.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ def test_a_pipeline_whose_build_stops_leaves_no_temporary_folder(
         tmp_path, monkeypatch, stop):
     """Beam removes a pipeline's local temporary folder only once run() is
     reached; Ctrl-C or bad input while the graph is built left it."""
-    from dpsynth.pipelines.runners.beam_temp import pipeline_run
+    from dpsynth.pipelines.runners.temp_cleanup import pipeline_run
     from dpsynth.pipelines.runners.options import beam_options
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     with pytest.raises(stop):
@@ -23,7 +23,7 @@ def test_a_pipeline_whose_build_stops_leaves_no_temporary_folder(
 def test_a_pipeline_run_runs_what_was_built(tmp_path, monkeypatch):
     import apache_beam as beam
 
-    from dpsynth.pipelines.runners.beam_temp import pipeline_run
+    from dpsynth.pipelines.runners.temp_cleanup import pipeline_run
     from dpsynth.pipelines.runners.options import beam_options
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "t"))
     (tmp_path / "t").mkdir()
@@ -40,9 +40,9 @@ def test_a_job_server_whose_start_stops_removes_its_folder(tmp_path,
     server's folder only when a started one stops at exit."""
     from apache_beam.runners.portability import job_server
 
-    from dpsynth.pipelines.runners import beam_temp
+    from dpsynth.pipelines.runners import temp_cleanup
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    beam_temp._install()
+    temp_cleanup._install()
 
     class Interrupted(job_server.SubprocessJobServer):
         def subprocess_cmd_and_endpoint(self):

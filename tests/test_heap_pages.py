@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from dpsynth.transforms import allocator
+from dpsynth.transforms import heap_pages
 
 GLIBC = (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc") \
     if hasattr(os, "confstr") and "CS_GNU_LIBC_VERSION" in getattr(
@@ -16,8 +16,8 @@ LOOP = """
 import resource, sys, numpy as np
 sys.path.insert(0, {root!r})
 if {tuned}:
-    from dpsynth.transforms import allocator
-    assert allocator.keep_heap_pages()
+    from dpsynth.transforms import heap_pages
+    assert heap_pages.keep_heap_pages()
 x = np.ones((4096, 384))  # calloc'd: the case the pad alone misses
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(300):
@@ -38,15 +38,15 @@ def _faults(tuned: bool) -> int:
 
 
 def test_keep_heap_pages_is_idempotent():
-    first = allocator.keep_heap_pages()
-    assert allocator.keep_heap_pages() == first
+    first = heap_pages.keep_heap_pages()
+    assert heap_pages.keep_heap_pages() == first
     assert first == GLIBC
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc-only allocator setting")
 def test_temporaries_stop_faulting_and_child_processes_inherit_it():
     assert _faults(True) * 20 < _faults(False)
-    allocator.keep_heap_pages()
-    assert os.environ["MALLOC_TOP_PAD_"] == str(allocator.TOP_PAD_BYTES)
+    heap_pages.keep_heap_pages()
+    assert os.environ["MALLOC_TOP_PAD_"] == str(heap_pages.TOP_PAD_BYTES)
     assert os.environ["MALLOC_MMAP_THRESHOLD_"] == str(
-        allocator.MMAP_THRESHOLD_BYTES)
+        heap_pages.MMAP_THRESHOLD_BYTES)
