@@ -164,7 +164,7 @@ def generate_adaptive(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
                       timings: Optional[dict] = None):
     """The adaptive two-phase generator (dpsynth.dp_ops.adaptive), in memory: the
     same exact aggregates, mechanism names and keyed noise as the Beam job
-    (``dpsynth.transforms.adaptive``), so a ``SeededNoise`` gives the same release.
+    (``dpsynth.transforms.two_phase``), so a ``SeededNoise`` gives the same release.
 
     Returns (mixtures per label, synthetic x, synthetic y, ledger,
     structure). Uses cfg's labels, epsilon, delta, clip_norm, normalize,
