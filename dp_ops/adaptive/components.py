@@ -63,6 +63,10 @@ class ComponentConstants:
     kmax: int = 8
     scale: float = 1.0   # candidate offset, in standard deviations
     subtract: bool = True  # remove the between-component scatter
+    # > 0: keep each component's offset from the class's phase-2 mean only
+    # inside the top ``proj`` directions of the class covariance (drops the
+    # sum noise outside them: post-processing); 0: the raw component means
+    proj: int = 0
 
 
 def sum_name(label: int) -> str:
@@ -177,7 +181,8 @@ def noisy_components(counts: np.ndarray, sums: np.ndarray, label: int,
 
 def component_mixture(mix: generator.ClassMixture, centre: np.ndarray,
                       noisy_counts: np.ndarray, noisy_sums: np.ndarray,
-                      clip_norm: float, subtract: bool, floor: float
+                      clip_norm: float, subtract: bool, floor: float,
+                      proj_dirs: Optional[np.ndarray] = None
                       ) -> generator.ClassMixture:
     """Post-processing: the class's components sharing its covariance."""
     w = np.maximum(noisy_counts, 0.0)
@@ -187,6 +192,10 @@ def component_mixture(mix: generator.ClassMixture, centre: np.ndarray,
     means = noisy_sums / n[:, None]
     norms = np.linalg.norm(means, axis=1, keepdims=True)
     means = means * np.minimum(1.0, clip_norm / np.maximum(norms, 1e-300))
+    if proj_dirs is not None and proj_dirs.shape[1]:
+        p = w / w.sum()
+        dev = (means - p @ means) @ proj_dirs
+        means = (mix.means[0] - centre)[None, :] + dev @ proj_dirs.T
     factors, var = mix.factors, mix.variances[0]
     if subtract:
         p = w / w.sum()
@@ -257,7 +266,8 @@ def generate(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig, noise,
                                                    cfg.clip_norm)
         nc, ns = noisy_components(counts, csums, c, ledger, noise)
         mixes[c] = component_mixture(mixes[c], centre, nc, ns,
-                                     cfg.clip_norm, k.subtract, floor)
+                                     cfg.clip_norm, k.subtract, floor,
+                                     dirs[:, :k.proj] if k.proj else None)
         ks.append(len(cands))
         synth = generator.candidates(mixes[c], cfg)
         xs.append(synth)
