@@ -14,7 +14,7 @@ Variants (``--variants``):
   resample:share=0.05,over=2  the same with overrides (tuning)
   mixture   the adaptive plan + a mixture per class (issue 74 item 2,
             dp_ops/adaptive/components.py); overrides as
-            mixture:share=0.25,c=4,kmax=8,scale=1,sub=1,proj=0
+            mixture:share=0.25,c=4,kmax=8,scale=1,sub=1,proj=0,pool=0
 
 ``--split val`` (tuning): the release is made from 80% of the train file and
 scored on the other 20% (a stratified split, public seed); ``--split test``
@@ -108,13 +108,15 @@ def release(variant: str, x, y, labels, epsilon: float, seed: int):
         return xs, ys, ledger
     if name == "mixture":
         keys = {"share": "share", "c": "c", "kmax": "kmax",
-                "scale": "scale", "sub": "subtract", "proj": "proj"}
+                "scale": "scale", "sub": "subtract", "proj": "proj",
+                "pool": "pool"}
         kw = {keys[k]: v for k, v in extra.items()}
         for key in ("kmax", "proj"):
             if key in kw:
                 kw[key] = int(kw[key])
-        if "subtract" in kw:
-            kw["subtract"] = bool(kw["subtract"])
+        for key in ("subtract", "pool"):
+            if key in kw:
+                kw[key] = bool(kw[key])
         cfg = GeneratorConfig(**base, covariance="auto")
         *_, xs, ys, ledger, _, ks = components.generate(
             x, y, cfg, noise, components.ComponentConstants(**kw))

@@ -60,13 +60,14 @@ def test_component_count_is_a_public_clipped_rule():
     assert components.component_count(5.0, math.inf, 384, k) == 8
 
 
-@pytest.mark.parametrize("epsilon", [1.0, 8.0])
-def test_generate_stays_within_budget_and_lists_the_pass(epsilon):
+@pytest.mark.parametrize("epsilon,extra", [(1.0, {}), (8.0, {}),
+                                           (8.0, {"proj": 2, "pool": True})])
+def test_generate_stays_within_budget_and_lists_the_pass(epsilon, extra):
     x, y = gmm_data(1500, d=8, classes=3, spread=0.2)
     cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=epsilon,
                           covariance="auto")
     mixes, xs, ys, ledger, _, ks = components.generate(
-        x, y, cfg, SeededNoise(1), components.ComponentConstants(c=1.0))
+        x, y, cfg, SeededNoise(1), components.ComponentConstants(c=1.0, **extra))
     names = {m.name for m in ledger.mechanisms}
     for c in cfg.labels:
         assert f"class={c}/components/sum" in names

@@ -67,6 +67,11 @@ class ComponentConstants:
     # inside the top ``proj`` directions of the class covariance (drops the
     # sum noise outside them: post-processing); 0: the raw component means
     proj: int = 0
+    # True: the class mean becomes the inverse-variance average of the
+    # phase-2 class sum and the sum of the component sums (and likewise
+    # the counts), and the components are shifted to average to it
+    # (post-processing); with k_c = 1 the pass then only sharpens the mean
+    pool: bool = False
 
 
 def sum_name(label: int) -> str:
@@ -182,10 +187,14 @@ def noisy_components(counts: np.ndarray, sums: np.ndarray, label: int,
 def component_mixture(mix: generator.ClassMixture, centre: np.ndarray,
                       noisy_counts: np.ndarray, noisy_sums: np.ndarray,
                       clip_norm: float, subtract: bool, floor: float,
-                      proj_dirs: Optional[np.ndarray] = None
+                      proj_dirs: Optional[np.ndarray] = None,
+                      anchor: Optional[np.ndarray] = None
                       ) -> generator.ClassMixture:
-    """Post-processing: the class's components sharing its covariance."""
+    """Post-processing: the class's components sharing its covariance.
+    ``anchor``: a class mean (centred space) the components average to."""
     w = np.maximum(noisy_counts, 0.0)
+    if anchor is not None and (w.sum() <= 0 or len(w) == 1):
+        return dataclasses.replace(mix, means=(anchor + centre)[None, :])
     if w.sum() <= 0 or len(w) == 1:
         return mix
     n = np.maximum(noisy_counts, 1.0)
@@ -195,7 +204,10 @@ def component_mixture(mix: generator.ClassMixture, centre: np.ndarray,
     if proj_dirs is not None and proj_dirs.shape[1]:
         p = w / w.sum()
         dev = (means - p @ means) @ proj_dirs
-        means = (mix.means[0] - centre)[None, :] + dev @ proj_dirs.T
+        base = mix.means[0] - centre if anchor is None else anchor
+        means = base[None, :] + dev @ proj_dirs.T
+    elif anchor is not None:
+        means = means - (w / w.sum()) @ means + anchor[None, :]
     factors, var = mix.factors, mix.variances[0]
     if subtract:
         p = w / w.sum()
@@ -210,6 +222,31 @@ def component_mixture(mix: generator.ClassMixture, centre: np.ndarray,
     return dataclasses.replace(
         mix, weights=w, means=means + centre[None, :],
         variances=np.repeat(var[None, :], len(w), axis=0), factors=factors)
+
+
+def pooled_mean(mean2: np.ndarray, n1: float, nc: np.ndarray,
+                ns: np.ndarray, label: int, ledger: PrivacyLedger,
+                clip_norm: float) -> np.ndarray:
+    """Post-processing: the class mean from two independent DP estimates
+    of its sum (phase 2's, recovered as mean x count, and the sum of the
+    component sums) and of its count (phase 1's and the component
+    counts'), each pair averaged with inverse-variance weights (sigmas
+    from the ledger). Kept in the R-ball."""
+    from dpsynth.dp_ops import adaptive
+    k = len(nc)
+    s2 = ledger.get(adaptive.sum_name(label)).sigma
+    s3 = ledger.get(sum_name(label)).sigma
+    c1 = ledger.get(adaptive.count_name(label)).sigma
+    c3 = ledger.get(count_name(label)).sigma
+    n1 = max(n1, 1.0)
+    if s2 == 0 or s3 == 0:
+        return mean2
+    w2, w3 = 1 / s2 ** 2, 1 / (k * s3 ** 2)
+    total = (mean2 * n1 * w2 + ns.sum(0) * w3) / (w2 + w3)
+    v1, v3 = 1 / c1 ** 2, 1 / (k * c3 ** 2)
+    n = max((n1 * v1 + nc.sum() * v3) / (v1 + v3), 1.0)
+    m = total / n
+    return m * min(1.0, clip_norm / max(np.linalg.norm(m), 1e-300))
 
 
 def generate(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig, noise,
@@ -265,9 +302,13 @@ def generate(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig, noise,
         counts, csums = exact_component_aggregates(rows[i], cands,
                                                    cfg.clip_norm)
         nc, ns = noisy_components(counts, csums, c, ledger, noise)
+        anchor = (pooled_mean(mixes[c].means[0] - centre, noisy_n[i], nc,
+                              ns, c, ledger, cfg.clip_norm)
+                  if k.pool else None)
         mixes[c] = component_mixture(mixes[c], centre, nc, ns,
                                      cfg.clip_norm, k.subtract, floor,
-                                     dirs[:, :k.proj] if k.proj else None)
+                                     dirs[:, :k.proj] if k.proj else None,
+                                     anchor)
         ks.append(len(cands))
         synth = generator.candidates(mixes[c], cfg)
         xs.append(synth)
