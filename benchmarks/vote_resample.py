@@ -12,6 +12,9 @@ Variants (``--variants``):
   resample  the new ``--vote-filter``: the adaptive plan with the vote's
             share; rows drawn in proportion to the clipped noisy votes
   resample:share=0.05,over=2  the same with overrides (tuning)
+  mixture   the adaptive plan + a mixture per class (issue 74 item 2,
+            dp_ops/adaptive/components.py); overrides as
+            mixture:share=0.25,c=4,kmax=8,scale=1,sub=1,proj=0,pool=0
 
 ``--split val`` (tuning): the release is made from 80% of the train file and
 scored on the other 20% (a stratified split, public seed); ``--split test``
@@ -36,6 +39,7 @@ import time
 import numpy as np
 
 from dpsynth.dp_ops import clipping, plan, reference
+from dpsynth.dp_ops.adaptive import components
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import make_noise_source
 from dpsynth.models import classifiers
@@ -44,6 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "..", "..", "shared", "data")
 DELTA = 1e-5
 LEGACY_THRESHOLD = 6.0
+COMPONENTS: dict = {}  # variant -> its last release's k per class
 
 
 def load(dataset: str, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -82,7 +87,10 @@ def parse_variant(text: str) -> tuple[str, dict]:
     extra = {}
     for item in filter(None, rest.split(",")):
         k, v = item.split("=")
-        extra[keys[k]] = float(v)
+        if name == "mixture":
+            extra[k] = float(v)
+        else:
+            extra[keys[k]] = float(v)
     return name, extra
 
 
@@ -97,6 +105,22 @@ def release(variant: str, x, y, labels, epsilon: float, seed: int):
                               vote_threshold=LEGACY_THRESHOLD)
         ledger = plan.make_ledger(cfg)
         _, xs, ys = reference.generate(x, y, cfg, ledger, noise)
+        return xs, ys, ledger
+    if name == "mixture":
+        keys = {"share": "share", "c": "c", "kmax": "kmax",
+                "scale": "scale", "sub": "subtract", "proj": "proj",
+                "pool": "pool"}
+        kw = {keys[k]: v for k, v in extra.items()}
+        for key in ("kmax", "proj"):
+            if key in kw:
+                kw[key] = int(kw[key])
+        for key in ("subtract", "pool"):
+            if key in kw:
+                kw[key] = bool(kw[key])
+        cfg = GeneratorConfig(**base, covariance="auto")
+        *_, xs, ys, ledger, _, ks = components.generate(
+            x, y, cfg, noise, components.ComponentConstants(**kw))
+        COMPONENTS[variant] = ks
         return xs, ys, ledger
     cfg = GeneratorConfig(**base, covariance="auto",
                           vote_filter=(name == "resample"), **extra)
@@ -136,6 +160,7 @@ def run(args) -> None:
                        "spent_epsilon": round(ledger.spent_epsilon(), 4)
                        if hasattr(ledger, "spent_epsilon") else None,
                        "vote_sigma": vote[0].sigma if vote else None,
+                       "components": COMPONENTS.pop(variant, None),
                        "release_s": round(made, 1),
                        "total_s": round(time.time() - t, 1)}
                 print(json.dumps(rec), flush=True)
