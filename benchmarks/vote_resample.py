@@ -13,7 +13,7 @@ Variants (``--variants``):
             share; rows drawn in proportion to the clipped noisy votes
   resample:share=0.05,over=2  the same with overrides (tuning)
   mixture   the adaptive plan + a mixture per class (issue 74 item 2,
-            dp_ops/adaptive/components.py); overrides as
+            benchmarks/studies/components.py); overrides as
             mixture:share=0.25,c=4,kmax=8,scale=1,sub=1,proj=0,pool=0
 
 ``--split val`` (tuning): the release is made from 80% of the train file and
@@ -39,7 +39,7 @@ import time
 import numpy as np
 
 from dpsynth.dp_ops import clipping, plan, reference
-from dpsynth.dp_ops.adaptive import components
+from benchmarks.studies import components
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import make_noise_source
 from dpsynth.models import classifiers

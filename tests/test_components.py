@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dpsynth.dp_ops import clipping
-from dpsynth.dp_ops.adaptive import components
+from benchmarks.studies import components
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import SeededNoise
 from tests.conftest import gmm_data
