@@ -1,5 +1,5 @@
 """Issue 74, exploratory: vote variants the product does not ship, on a
-validation split of a train file (``benchmarks/vote_resample.py``'s split).
+validation split of a train file (``benchmarks/studies/vote_resample.py``'s split).
 
 Replaces ``reference.sample_class`` for the vote with:
   share/over/s/ratio  vote share of mu^2 (0: no vote, the default release),
@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from benchmarks import vote_resample as vr
+from benchmarks.studies import vote_resample as vr
 from dpsynth.dp_ops import generator, reference, sampling, vote
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import make_noise_source

@@ -23,7 +23,7 @@ scored on the other 20% (a stratified split, public seed); ``--split test``
 the results). One JSON line per run goes to ``--out`` (appended; reruns of
 a done cell are skipped), and ``--table`` writes the markdown summary.
 
-    python -m benchmarks.vote_resample --dataset 20news-minilm \
+    python -m benchmarks.studies.vote_resample --dataset 20news-minilm \
         --split test --seeds 0 1 2 --epsilons 1 2 4 8 \
         --variants default legacy resample --out results.jsonl
 """
@@ -31,7 +31,6 @@ a done cell are skipped), and ``--table`` writes the markdown summary.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import time
