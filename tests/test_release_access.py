@@ -68,6 +68,10 @@ def _as_nobody(read) -> str:
             os.setgroups([])
             os.setgid(NOBODY)
             os.setuid(NOBODY)
+            # the other account's own temporary folder, not the suite's
+            # private one (a reader may copy what it checks there)
+            os.environ["TMPDIR"] = tempfile.mkdtemp(dir="/tmp")
+            tempfile.tempdir = None
             read()
             code = 0
         except BaseException as e:  # noqa: BLE001 (reported to the parent)
