@@ -101,7 +101,8 @@ def _check_recorded(output: str, run_id: str, digest: str, store: str,
     for the run (its staged manifest's sha256, taken by the launcher from
     the bytes it wrote): a release rewritten at --output together with its
     manifest's ``files`` checks out on its own, but not against the record."""
-    from dpsynth.pipelines.release import budget_store, release
+    from dpsynth.pipelines.budget import store as budget_store
+    from dpsynth.pipelines.release import release
     recorded = budget_store.recorded_manifest(store, dataset_id, run_id)
     if recorded is None:
         raise release.ReleaseError(

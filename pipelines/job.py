@@ -5,7 +5,7 @@
 (calibration, the output check, the lifetime reservation), builds and runs
 the Beam graph into this launch's own staging folder, checks the staged
 release and publishes it atomically; see ``run`` for the protocol and
-``pipelines/release/budget_store.py`` for the lifetime ledger's side.
+``pipelines/budget/store.py`` for the lifetime ledger's side.
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def _store_plan(spec: GenerateSpec, cfg: GeneratorConfig,
     budget = spec.budget
     if budget.store is None:
         return None
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     cap = budget_store.pinned_cap(budget.store, budget.dataset_id)
     cap_epsilon = cap["epsilon"] if cap else budget.lifetime_epsilon
     delta = budget.lifetime_delta or (cap or {}).get("delta") or cfg.delta
@@ -363,7 +363,7 @@ def _published_by(output: str, run_id: Optional[str],
             "who writes beside --output can plant one): not vouching for it "
             "and not drawing a second release of one run id; remove it or "
             "use a new --run-id")
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     if budget_store.recorded_manifest(store, dataset_id, run_id) != digest:
         raise release.ReleaseError(
             f"--output {output} holds a manifest naming run {run_id!r} that "
@@ -384,7 +384,7 @@ def _reserve(job: Job, spec: GenerateSpec):
     takes over the run id's reserved or staged attempt at no new cost."""
     if spec.budget.store is None:
         return None
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     reservation = budget_store.reserve(
         spec.budget.store, spec.budget.dataset_id, job.run_id,
         job.reserved or job.ledger.mechanisms,
@@ -865,7 +865,7 @@ def _run_pipelines(job: Job, spec: GenerateSpec, options,
     console.stop_if_ctrl_c()  # pressed while Beam was imported: read nothing
     release.discard(job.staging)  # a crashed attempt's partial files
     if lease.reservation is not None:
-        from dpsynth.pipelines.release import budget_store
+        from dpsynth.pipelines.budget import store as budget_store
         budget_store.mark_running(lease.reservation)
     _checkpoint("running")
     t1 = time.time()
@@ -917,7 +917,7 @@ def _run_adaptive(job: Job, spec: GenerateSpec, options,
 def run(spec: GenerateSpec) -> str:
     """Runs the job; returns the published release path.
 
-    Protocol (see pipelines/release/budget_store.py for the lifetime ledger's side):
+    Protocol (see pipelines/budget/store.py for the lifetime ledger's side):
     reserve the spend (or take over the run id's attempt) -> run into this
     launch's own staging folder -> staged manifest (with every file's size
     and sha256) -> record the staged folder and its manifest's digest ->
@@ -952,7 +952,7 @@ def _run(spec: GenerateSpec) -> str:
     job.engine.check_before_charge(  # before anything is charged
         spec, beam_options(job.engine.beam_args))
     _check_input_schema(job, spec)
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     _check_staged_leftovers(job, spec)
     staged = None  # the recorded staged release a retry re-publishes
     reservation = _reserve(job, spec)
@@ -1039,7 +1039,7 @@ def _stop_attempt(job: Job, spec: GenerateSpec, reservation,
     release that failed its checks (``rejected``: why) is removed and its
     attempt marked failed: a retry draws again and is charged again."""
     if reservation is not None:
-        from dpsynth.pipelines.release import budget_store
+        from dpsynth.pipelines.budget import store as budget_store
         try:
             if rejected:
                 budget_store.reject_staged(reservation, rejected)
@@ -1083,7 +1083,7 @@ def _check_staged_leftovers(job: Job, spec: GenerateSpec) -> None:
                         job.run_id, folder)
             release.discard_staged(folder, job.output)
         return
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     charged = budget_store.run_owners(spec.budget.store, spec.budget.dataset_id,
                                       job.run_id)
     for folder in sorted(f for t, f in complete.items() if t not in charged):
@@ -1124,7 +1124,7 @@ def _finish_published(job: Job, spec: GenerateSpec) -> None:
     """A retry after the manifest was written: record the publication (if
     the crash came before that) and clean up; nothing is recomputed."""
     if spec.budget.store is not None:
-        from dpsynth.pipelines.release import budget_store
+        from dpsynth.pipelines.budget import store as budget_store
         budget_store.mark_published(spec.budget.store, spec.budget.dataset_id,
                                     job.run_id, job.output,
                                     release.manifest_digest(job.output))

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from dpsynth.dp_ops.ledger import Mechanism
-from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines.budget import store as bs
 from dpsynth.pipelines import cli, job
 from dpsynth.pipelines.release import release
 from tests.conftest import gmm_data

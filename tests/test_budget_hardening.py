@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from dpsynth.dp_ops.ledger import Mechanism
-from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines.budget import store as bs
 from dpsynth.pipelines import job
 from dpsynth.pipelines.release import release
 from tests.test_attempt_ownership import _data
@@ -206,7 +206,7 @@ def test_the_store_never_writes_infinity_into_json(tmp_path):
 
 def _budget_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "dpsynth.pipelines.release.budget_store", *args],
+        [sys.executable, "-m", "dpsynth.pipelines.budget.store", *args],
         cwd=REPO, capture_output=True, text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)})
 

@@ -486,7 +486,7 @@ def test_a_real_worker_on_edited_code_stops_the_run_uncharged(tmp_path,
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("dpsynth: error: Dask worker tcp://127.0.0.1:")
     assert "install the launcher's dpsynth and versions on every worker" in err
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     assert budget_store.history(str(store), "d") == []  # nothing charged
     assert not (tmp_path / "out").exists()
 
@@ -545,7 +545,7 @@ def test_an_unreachable_scheduler_stops_the_run_uncharged(tmp_path, capsys):
     assert rc != 0 and len(err.splitlines()) == 1, err
     assert err.startswith("dpsynth: error: cannot reach the Dask scheduler "
                           "at tcp://127.0.0.1:")
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     assert budget_store.history(str(store), "d") == []
     assert not (tmp_path / "out").exists()
 

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from dpsynth.pipelines import cli, job
-from dpsynth.pipelines.release import budget_store, consistency, release
+from dpsynth.pipelines.budget import store as budget_store
+from dpsynth.pipelines.release import consistency, release
 from tests.conftest import gmm_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

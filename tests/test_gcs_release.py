@@ -250,7 +250,7 @@ def test_republish_after_crash_leaves_no_orphan_objects(gcs, monkeypatch):
 def test_budget_store_document_is_json_on_gcs(gcs):
     """The ledger object is plain JSON readable by any GCS client."""
     from dpsynth.dp_ops.ledger import Mechanism
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     m = [Mechanism("class=0/count", "moments", "class=0", 1.0, 5.0)]
     budget_store.reserve(gcs.uri("budgets"), "digits", "r1", m, 0.5, 1e-5,
                          5.0, 1e-5)

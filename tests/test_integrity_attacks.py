@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines.budget import store as bs
 from dpsynth.pipelines.release import release
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsynth.pipelines.release import budget_store, release
+from dpsynth.pipelines.budget import store as budget_store
+from dpsynth.pipelines.release import release
 from tests.conftest import gmm_data
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ import pytest
 from dpsynth.dp_ops import calibration
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.pipelines import cli, job
-from dpsynth.pipelines.release import budget_store
+from dpsynth.pipelines.budget import store as budget_store
 
 BIG = "100000000000000000000"  # 1e20 as an integer
 

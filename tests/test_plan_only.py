@@ -9,7 +9,7 @@ import pytest
 
 from dpsynth.pipelines import cli, job
 from dpsynth.pipelines.cli import generate
-from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines.budget import store as bs
 from tests.conftest import gmm_data
 
 DELTA = 1e-5

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
-from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines.budget import store as bs
 from dpsynth.pipelines import cli, job
 from dpsynth.pipelines.release import release
 from dpsynth.pipelines.api import (BudgetOptions, GenerateSpec, InputOptions,

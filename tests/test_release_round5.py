@@ -29,7 +29,7 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 from dpsynth.dp_ops.ledger import Mechanism
-from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines.budget import store as bs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)

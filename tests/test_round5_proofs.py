@@ -33,7 +33,7 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 from dpsynth.pipelines import job
-from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines.budget import store as bs
 from dpsynth.pipelines.release import release
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

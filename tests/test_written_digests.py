@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
-from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines.budget import store as bs
 from dpsynth.pipelines import job
 from dpsynth.pipelines.release import release
 from dpsynth.transforms import digests, write

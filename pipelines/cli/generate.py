@@ -188,7 +188,8 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
         # Beam and the pipeline load here, after the flags parsed (--help
         # and flag errors answer without them).
         from dpsynth.pipelines import demo
-        from dpsynth.pipelines.release import budget_store, release, summary
+        from dpsynth.pipelines.budget import store as budget_store
+        from dpsynth.pipelines.release import release, summary
         from dpsynth.pipelines.runners.options import (ClusterLost, UsageError,
                                                        check_beam_args)
         from dpsynth.pipelines.runners.runner_names import JobServerFailed
@@ -226,7 +227,7 @@ def _plan_only(make_spec: Callable[[], GenerateSpec], verbose: bool,
     ``make_spec`` builds (inside the one-line error policy)."""
     with console.quiet_stderr(verbose):
         from dpsynth.pipelines import job
-        from dpsynth.pipelines.release import budget_store
+        from dpsynth.pipelines.budget import store as budget_store
         from dpsynth.pipelines.runners.options import UsageError, check_beam_args
 
         def go() -> int:
@@ -298,7 +299,7 @@ def _lifetime(spec: GenerateSpec):
     budget = spec.budget
     if budget.store is None:
         return None
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     cap = budget_store.pinned_cap(budget.store, budget.dataset_id)
     if cap is None:  # the ledger vanished while the run published
         from dpsynth.pipelines.release.release import ReleaseError

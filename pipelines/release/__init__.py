@@ -1,7 +1,8 @@
 """A release: staging, atomic publication and reading (``release``), the
-checks before publishing (``consistency``), the lifetime privacy budget
-(``budget_store``), more rows drawn from a published release (``sample``)
-and the summary ``dpsynth generate`` prints (``summary``).
+checks before publishing (``consistency``), more rows drawn from a
+published release (``sample``) and the summary ``dpsynth generate`` prints
+(``summary``). The lifetime privacy budget is its own room
+(``dpsynth.pipelines.budget``).
 
 ``from dpsynth.pipelines.release import load_release`` (or ``load_latest``,
 ``ReleaseError``) reads as it always did; importing this package loads

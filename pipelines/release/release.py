@@ -1078,7 +1078,7 @@ def _check_latest_recorded(where: str, latest: dict, store: str,
                            dataset_id: Optional[str]) -> None:
     """LATEST's pinned digest must be the manifest ``store`` recorded for
     its run (staged or published)."""
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     if not dataset_id:
         raise ValueError("load_latest: budget_store needs dataset_id")
     run_id = latest.get("run_id")
