@@ -136,11 +136,11 @@ def default_job_config(eps: float, classes: int, dim: int) -> dict:
     import dataclasses
     import json
     from dpsynth.dp_ops.config import labels_from
-    from dpsynth.pipelines import cli, job
+    from dpsynth.pipelines import cli, job_plan
     from dpsynth.pipelines.cli import generate
     args, _ = cli.build_parser().parse_known_args(
         job_flags("in.npz", "out", eps, classes, dim))
-    cfg = job.resolve_config(generate.spec_from_args(args), tuple(
+    cfg = job_plan.resolve_config(generate.spec_from_args(args), tuple(
         labels_from(args.num_classes, args.labels)))
     return json.loads(json.dumps(dataclasses.asdict(cfg)))
 

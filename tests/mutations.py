@@ -166,7 +166,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              'return {"uri": self._uri, "key": self._key}',
              ("tests/test_noise_key_location.py::"
               "test_only_the_reference_is_pickled_and_draws_are_the_keys",)),
-    Mutation("key-left-in-the-graph", "pipelines/job.py:store_noise_key",
+    Mutation("key-left-in-the-graph", "pipelines/graph.py:store_noise_key",
              "    job.noise = StoredKeyNoise(uri, key)\n",
              "",
              ("tests/test_noise_key_location.py::"
@@ -229,7 +229,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              (WRITTEN + "test_the_record_is_bound_to_the_run_key_and_staging_folder",
               WRITTEN + "test_shards_rewritten_after_the_writers_are_never_"
               "published[local-pipeline-done]")),
-    Mutation("staged-manifest-digest-read-back", "pipelines/job.py:_run",
+    Mutation("staged-manifest-digest-read-back",
+             "pipelines/release/protocol.py:publish_attempt",
              "            # One digest from here on: the one written (or "
              "recorded) is the\n            # one published.\n",
              "            digest = release.manifest_digest(job.staging)\n",
@@ -355,13 +356,13 @@ MUTATIONS += (
              "    if False:",
              ("tests/test_runner_trust.py::"
               "test_an_input_outside_the_pinned_prefix_is_refused",)),
-    Mutation("charged-dim-from-a-row", "pipelines/job.py:make_reader",
+    Mutation("charged-dim-from-a-row", "pipelines/job_plan.py:make_reader",
              "dim_from_rows=spec.budget.store is None)",
              "dim_from_rows=True)",
              ("tests/test_input_columns.py::"
               "test_a_charged_release_takes_no_dimension_from_a_row",)),
     Mutation("input-schema-after-the-charge", "pipelines/job.py:_run",
-             "    _check_input_schema(job, spec)\n", "",
+             "    job_plan.check_input_schema(job, spec)\n", "",
              ("tests/test_input_columns.py::"
               "test_a_charged_release_takes_no_dimension_from_a_row",)),
 )
@@ -391,7 +392,7 @@ MUTATIONS += (
              "                        record_key),",
              (PROOFS + "test_the_record_key_never_travels_in_the_job_graph"
               "[shared]",)),
-    Mutation("image-rule-from-the-embedding-input", "pipelines/job.py:label_rule",
+    Mutation("image-rule-from-the-embedding-input", "pipelines/job_plan.py:label_rule",
              '        rule = {"label_feature": images.label_feature or "label"}',
              '        rule = {"label_feature": spec.input.label_feature}',
              (PROOFS + "test_an_image_run_pins_the_images_label_feature"
@@ -403,7 +404,7 @@ MUTATIONS += (
              "names=list(manifest[\"files\"]))\n",
              (PROOFS + "test_a_file_planted_in_the_version_folder_is_never_"
               "published[local]",)),
-    Mutation("published-read-from-the-folder", "pipelines/job.py:_published_by",
+    Mutation("published-read-from-the-folder", "pipelines/job_plan.py:_published_by",
              "    if store is None:\n",
              "    if True:\n        return \"published\"\n    if store is None:\n",
              (PROOFS + "test_a_planted_manifest_naming_the_run_is_not_"
@@ -415,7 +416,7 @@ MUTATIONS += (
              (PROOFS + "test_the_staged_manifest_copied_to_output_before_"
               "the_switch[True-local]",)),
     Mutation("uncharged-staging-blocks-the-run",
-             "pipelines/job.py:_check_staged_leftovers",
+             "pipelines/release/protocol.py:check_staged_leftovers",
              "    for folder in sorted(f for t, f in complete.items() "
              "if t not in charged):\n",
              "    for folder in sorted(f for t, f in complete.items() "

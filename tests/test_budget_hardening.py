@@ -29,7 +29,7 @@ import pytest
 
 from dpsynth.dp_ops.ledger import Mechanism
 from dpsynth.pipelines.budget import store as bs
-from dpsynth.pipelines import job
+from dpsynth.pipelines.release import protocol
 from dpsynth.pipelines.release import release
 from tests.test_attempt_ownership import _data
 from tests.test_attempt_ownership import _generate as generate_nightly
@@ -133,7 +133,7 @@ def test_a_launch_taken_over_mid_pipeline_publishes_nothing_in_one_line(
                         bs.history(store, "patients")[0]["mechanisms"]],
                        1.0, DELTA, None, None, owner="retry")
 
-    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    monkeypatch.setattr(protocol, "checkpoint", checkpoint)
     code = _generate(data, out, "--budget-store", store, "--dataset-id",
                      "patients", "--lifetime-epsilon", "10")
     err = capsys.readouterr().err
@@ -159,7 +159,7 @@ def test_a_launch_whose_staging_was_cleaned_under_it_says_so_in_one_line(
             for folder in release.staging_folders(out, "nightly-1").values():
                 release.discard(folder)
 
-    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    monkeypatch.setattr(protocol, "checkpoint", checkpoint)
     code = _generate(data, out)
     err = capsys.readouterr().err
     assert code == 2, err
@@ -249,12 +249,13 @@ KILLED = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {repo!r})
     from dpsynth.pipelines import cli, job
+    from dpsynth.pipelines.release import protocol
 
     def checkpoint(step):
         if step == "running":  # its key is written: SIGKILL, no cleanup
             os.kill(os.getpid(), signal.SIGKILL)
 
-    job._checkpoint = checkpoint
+    protocol.checkpoint = checkpoint
     cli.main({argv!r})
 """)
 

@@ -199,10 +199,10 @@ def test_every_local_path_is_accepted_on_this_machine(engine):
 
 def _accepted(case: str, engine_flags: list[str]) -> None:
     """The launcher's boundary checks pass (the run would go on)."""
-    from dpsynth.pipelines import job
+    from dpsynth.pipelines import job_plan
     args, beam_argv = generate.parser().parse_known_args(
         _argv(case, engine_flags))
-    job._check_cluster_boundary(generate.spec_from_args(args, beam_argv))
+    job_plan._check_cluster_boundary(generate.spec_from_args(args, beam_argv))
 
 
 def test_refusal_table(tmp_path, capsys, no_network, private_tmp):

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsynth.pipelines import cli, job
+from dpsynth.pipelines import cli
+from dpsynth.pipelines.release import protocol
 from dpsynth.pipelines.budget import store as budget_store
 from dpsynth.pipelines.release import consistency, release
 from tests.conftest import gmm_data
@@ -50,7 +51,7 @@ def _crash_at(monkeypatch, step: str) -> None:
     def checkpoint(name):
         if name == step:
             raise Crash(f"crash at {step}")
-    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    monkeypatch.setattr(protocol, "checkpoint", checkpoint)
 
 
 def _visible(output: str) -> dict[str, str]:

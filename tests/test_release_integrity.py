@@ -28,6 +28,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from dpsynth.pipelines.budget import store as bs
 from dpsynth.pipelines import cli, job
+from dpsynth.pipelines.release import protocol
 from dpsynth.pipelines.release import release
 from dpsynth.pipelines.api import (BudgetOptions, GenerateSpec, InputOptions,
                                    OutputOptions, RunOptions)
@@ -51,7 +52,7 @@ def _crash_after_commit(monkeypatch, *args) -> None:
         if step == "committed":
             raise Crash("crash right after commit_staged")
     with monkeypatch.context() as patch:
-        patch.setattr(job, "_checkpoint", checkpoint)
+        patch.setattr(protocol, "checkpoint", checkpoint)
         with pytest.raises(Crash):
             _generate(*args)
 
@@ -424,7 +425,7 @@ def test_the_losing_launch_exits_2_with_one_line(monkeypatch, tmp_path,
         if step == "committed":  # ours is staged: the rival switches now
             other.start()
             placing.wait()
-    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    monkeypatch.setattr(protocol, "checkpoint", checkpoint)
     capsys.readouterr()
     rc = _generate(data, out, "--run-id", "nightly")
     other.join()

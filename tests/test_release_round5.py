@@ -122,13 +122,13 @@ def test_budget_check_refuses_a_cap_out_of_bounds(tmp_path, capsys):
                                    ["--lifetime-epsilon", "1e300"]])
 def test_generate_with_a_cap_out_of_bounds_reads_nothing(
         tmp_path, capsys, monkeypatch, flags):
-    from dpsynth.pipelines import job
+    from dpsynth.pipelines.release import protocol
     from dpsynth.pipelines.release import release
     from test_release_integrity import _data, _generate, _one_line_error
     data, out = _data(tmp_path), str(tmp_path / "out")
     store = str(tmp_path / "budgets")
     steps: list = []
-    monkeypatch.setattr(job, "_checkpoint", steps.append)
+    monkeypatch.setattr(protocol, "checkpoint", steps.append)
     capsys.readouterr()
     rc = _generate(data, out, "--epsilon", "1", "--run-id", "r",
                    "--budget-store", store, "--dataset-id", "d",
@@ -212,7 +212,7 @@ def test_generate_relabelling_an_unlabelled_document_is_refused(
         store, tmp_path, capsys, monkeypatch):
     """Round 3's attack on a document older than the rule: 1.0071
     accounted, 1.4650 true, cap 1.2."""
-    from dpsynth.pipelines import job
+    from dpsynth.pipelines.release import protocol
     from dpsynth.pipelines.release import release
     from test_label_rule import _generate, _two_label_table
     data = _two_label_table(tmp_path)
@@ -222,7 +222,7 @@ def test_generate_relabelling_an_unlabelled_document_is_refused(
     del doc["label_rule"]  # as an older dpsynth left it
     _put_document(store, "patients", doc)
     steps: list = []
-    monkeypatch.setattr(job, "_checkpoint", steps.append)
+    monkeypatch.setattr(protocol, "checkpoint", steps.append)
     capsys.readouterr()
     second = str(tmp_path / "second")
     code = _generate(data, second, store, "--labels", "1",
@@ -390,7 +390,7 @@ def test_shards_and_an_untagged_record_are_never_published(
     """The attacker of test_written_digests, who kept the tag, here drops
     it: the shards rewritten with real rows and the record rewritten to
     list them, with no tag at all."""
-    from dpsynth.pipelines import job
+    from dpsynth.pipelines.release import protocol
     from dpsynth.pipelines.release import release
     from dpsynth.transforms import digests
     from test_written_digests import (RUN, _data, _everything_under,
@@ -409,7 +409,7 @@ def test_shards_and_an_untagged_record_are_never_published(
             files.pop(digests.RECORD, None)
             _put(folder, digests.RECORD, json.dumps(
                 {"format": digests._FORMAT, "files": files}).encode())
-    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    monkeypatch.setattr(protocol, "checkpoint", checkpoint)
     capsys.readouterr()
     rc = _generate(data, out, *_store(store))
     assert planted, "the attack found no staged shard"

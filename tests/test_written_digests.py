@@ -32,7 +32,7 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 from dpsynth.pipelines.budget import store as bs
-from dpsynth.pipelines import job
+from dpsynth.pipelines.release import protocol
 from dpsynth.pipelines.release import release
 from dpsynth.transforms import digests, write
 
@@ -125,7 +125,7 @@ def _attack_at(monkeypatch, steps, output, data, planted) -> None:
     def checkpoint(step):
         if step in steps:
             _attack(output, data, planted)
-    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    monkeypatch.setattr(protocol, "checkpoint", checkpoint)
     if "placing" in steps:  # after the staged check, before the move
         real = release._place_all
 
@@ -257,9 +257,9 @@ def _killed_at_committed(monkeypatch, data, out, *extra,
         if step == "committed":
             raise Killed()
     with monkeypatch.context() as patch:
-        patch.setattr(job, "_checkpoint", checkpoint)
+        patch.setattr(protocol, "checkpoint", checkpoint)
         if not cleanup:
-            patch.setattr(job, "_stop_attempt", lambda *a, **k: None)
+            patch.setattr(protocol, "_stop_attempt", lambda *a, **k: None)
         with pytest.raises(Killed):
             _generate(data, out, *extra)
 
@@ -298,7 +298,7 @@ def test_without_a_store_a_killed_publish_leaves_no_draw_behind(
     with monkeypatch.context() as patch:
         patch.setattr(release, "_place", place)
         patch.setattr(release, "_remove_unpublished", lambda *a: None)
-        patch.setattr(job, "_stop_attempt", lambda *a, **k: None)
+        patch.setattr(protocol, "_stop_attempt", lambda *a, **k: None)
         with pytest.raises(Killed):
             _generate(data, out, "--run-id", RUN)
     (folder,) = release.staging_folders(out, RUN).values()
@@ -397,7 +397,7 @@ def test_a_write_into_staging_after_publishing_leaves_the_release(
         if step == "published":  # written through those paths
             for path in seen:
                 path.write_bytes(write.parquet_bytes(x, 0))
-    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    monkeypatch.setattr(protocol, "checkpoint", checkpoint)
     assert _generate(data, out, "--run-id", RUN, "--output-format",
                      "parquet") == 0
     assert seen
