@@ -165,7 +165,7 @@ def beam_release(x, y, eps: float, classes: int, dim: int, folder: str):
 
     import numpy as np
     from dpsynth.pipelines import cli
-    from dpsynth.pipelines.release import release
+    from dpsynth.pipelines.release import reading, release
     data = os.path.join(folder, "in.npz")
     out = os.path.join(folder, "release")
     np.savez(data, embeddings=x, labels=y)
@@ -173,7 +173,7 @@ def beam_release(x, y, eps: float, classes: int, dim: int, folder: str):
         rc = cli.main(job_flags(data, out, eps, classes, dim))
     if rc != 0:
         raise RuntimeError(f"generate failed with exit code {rc}")
-    return release.load_gmm(out), release.read_manifest(out)
+    return reading.load_gmm(out), release.read_manifest(out)
 
 
 def beam_run_scores(run: int, eps: float, classes: int, per_class: int,

@@ -23,7 +23,7 @@ from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.pipelines import console
 from dpsynth.pipelines.job_manifest import manifest
 from dpsynth.pipelines.job_plan import ImageSource, Job, make_reader
-from dpsynth.pipelines.release import consistency, protocol, release
+from dpsynth.pipelines.release import consistency, protocol, publisher, release
 from dpsynth.pipelines.runners.beam_temp import pipeline_run
 from dpsynth.pipelines.runners.options import UsageError, beam_options, local_blas_threads
 from dpsynth.pipelines.spec import GenerateSpec
@@ -261,7 +261,7 @@ def stage(job: Job, spec: GenerateSpec, lease, timings: dict) -> str:
     doc["files"] = files  # each publication and reader checks them
     # The digest the store records is of the bytes written here, not of
     # what a read-back finds in the staging folder.
-    return release.write_manifest(job.staging, doc)
+    return publisher.write_manifest(job.staging, doc)
 
 
 def _written_digests(job: Job) -> dict:
@@ -283,7 +283,7 @@ def _run_pipelines(job: Job, spec: GenerateSpec, options,
     """Marks the attempt running and runs the job's pipeline(s) into
     staging; returns when the reading began."""
     console.stop_if_ctrl_c()  # pressed while Beam was imported: read nothing
-    release.discard(job.staging)  # a crashed attempt's partial files
+    publisher.discard(job.staging)  # a crashed attempt's partial files
     if lease.reservation is not None:
         from dpsynth.pipelines.budget import store as budget_store
         budget_store.mark_running(lease.reservation)

@@ -28,7 +28,7 @@ from dpsynth.dp_ops.config import GeneratorConfig, check_delta, labels_from
 from dpsynth.dp_ops.ledger import PrivacyLedger
 from dpsynth.dp_ops.noise import NoiseSource, make_noise_source
 from dpsynth.pipelines import demo
-from dpsynth.pipelines.release import release
+from dpsynth.pipelines.release import publisher, release
 from dpsynth.pipelines.runners import engine, locality, select
 from dpsynth.pipelines.runners.options import UsageError, beam_options
 from dpsynth.pipelines.spec import GenerateSpec, ImageOptions
@@ -100,7 +100,7 @@ def prepare(spec: GenerateSpec) -> Job:
                    staging, run_id, owner, already_published=True,
                    engine=chosen)
     if published is None:  # "recorded": the store's staged release goes there
-        release.check_output(output, out.overwrite)
+        publisher.check_output(output, out.overwrite)
     input_spec = io.InputSpec(pattern, inp.format, inp.embedding_feature,
                               inp.label_feature, tuple(labels), inp.non_finite,
                               inp.block_size, inp.split_bytes,

@@ -200,19 +200,19 @@ MUTATIONS: tuple[Mutation, ...] = (
              "            and lease_left > 0 and False):",
              (OWNERSHIP + "test_a_launch_whose_lease_ran_out_can_change_nothing",)),
     # --- one run id, one release
-    Mutation("publish-over-same-run-id", "pipelines/release/release.py:_is_published",
+    Mutation("publish-over-same-run-id", "pipelines/release/publisher.py:_is_published",
              '    if current.get("run_id") == run_id:',
              "    if False:",
              (OWNERSHIP + "test_one_run_id_never_replaces_its_own_release",)),
     Mutation("publish-unrecorded-manifest",
-             "pipelines/release/release.py:_pinned_manifest",
+             "pipelines/release/publisher.py:_pinned_manifest",
              "    if sha256 is not None and hashlib.sha256(data).hexdigest() "
              "!= sha256:",
              "    if False:",
              ("tests/test_integrity_attacks.py::"
               "test_a_manifest_rewritten_after_it_was_recorded_local",)),
     Mutation("latest-names-a-non-private-release",
-             "pipelines/release/release.py:load_latest",
+             "pipelines/release/reading.py:load_latest",
              '    if pinned.get("private") is not True:', "    if False:",
              ("tests/test_latest_digest.py::"
               "test_latest_edited_to_name_a_non_private_release_is_refused",)),
@@ -250,7 +250,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    problems = []",
              ("tests/test_publish_reads.py::"
               "test_a_same_size_rewrite_on_gcs_differs_in_md5",)),
-    Mutation("placed-files-unchecked", "pipelines/release/release.py:_switch",
+    Mutation("placed-files-unchecked", "pipelines/release/publisher.py:_switch",
              "                verify_files(root, manifest)\n",
              "                pass\n",
              (WRITTEN + "test_a_flipped_byte_is_refused_by_publish[local]",
@@ -261,7 +261,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    if False:\n        _check_recorded(",
              (WRITTEN + "test_latest_json_pins_only_the_manifest_the_store_"
               "recorded[local]",)),
-    Mutation("placed-as-hard-link", "pipelines/release/release.py:_move",
+    Mutation("placed-as-hard-link", "pipelines/release/publisher.py:_move",
              "        os.replace(src, dst)\n",
              "        os.link(src, dst)\n",
              (WRITTEN + "test_a_staged_file_rewritten_after_an_api_publish"
@@ -300,7 +300,7 @@ MUTATIONS += (
              (ROUND5 + "test_a_cap_out_of_the_run_bounds_is_refused"
               "[local-1001.0-1e-05---lifetime-epsilon]",)),
     Mutation("reader-parses-a-second-read",
-             "pipelines/release/release.py:_all_blocks",
+             "pipelines/release/reading.py:_all_blocks",
              "                    for x, y in blocks_of(copy)]\n",
              "                    for x, y in blocks_of(shard)]\n",
              (ROUND5 + "test_a_shard_swapped_after_its_check_is_never_"
@@ -398,7 +398,7 @@ MUTATIONS += (
              (PROOFS + "test_an_image_run_pins_the_images_label_feature"
               "[local]",)),
     Mutation("version-folder-extras-allowed",
-             "pipelines/release/release.py:_switch",
+             "pipelines/release/publisher.py:_switch",
              "                verify_files(root, manifest)\n",
              "                verify_files(root, manifest, "
              "names=list(manifest[\"files\"]))\n",
@@ -410,7 +410,7 @@ MUTATIONS += (
              (PROOFS + "test_a_planted_manifest_naming_the_run_is_not_"
               "already_published[False-local]",)),
     Mutation("copied-manifest-counts-as-published",
-             "pipelines/release/release.py:_switch",
+             "pipelines/release/publisher.py:_switch",
              "                    and _in_place(root, manifest)):",
              "                    ):",
              (PROOFS + "test_the_staged_manifest_copied_to_output_before_"
@@ -423,7 +423,7 @@ MUTATIONS += (
              "if t not in charged):\n        raise release.ReleaseError(folder)\n",
              (PROOFS + "test_a_planted_staging_folder_is_set_aside_not_"
               "obeyed[local]",)),
-    Mutation("latest-store-unchecked", "pipelines/release/release.py:load_latest",
+    Mutation("latest-store-unchecked", "pipelines/release/reading.py:load_latest",
              "    if budget_store is not None:\n"
              "        _check_latest_recorded(",
              "    if False:\n        _check_latest_recorded(",

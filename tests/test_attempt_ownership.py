@@ -27,8 +27,7 @@ import pytest
 from dpsynth.dp_ops.ledger import Mechanism
 from dpsynth.pipelines.budget import store as bs
 from dpsynth.pipelines import cli, job_plan
-from dpsynth.pipelines.release import protocol
-from dpsynth.pipelines.release import release
+from dpsynth.pipelines.release import protocol, publisher, release
 from tests.conftest import gmm_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -258,7 +257,7 @@ def test_a_changed_staged_release_is_not_published(monkeypatch, tmp_path,
     (folder,) = release.staging_folders(out, "nightly-1").values()
     manifest = release.staged_manifest(folder)
     manifest["samples_total"] += 1  # someone edits the staged release
-    release.write_manifest(folder, manifest)
+    publisher.write_manifest(folder, manifest)
     capsys.readouterr()
     assert _generate(data, out, *budget) == 2
     assert "missing or changed" in capsys.readouterr().err
@@ -273,13 +272,13 @@ def test_one_run_id_never_replaces_its_own_release(tmp_path):
         os.makedirs(folder)
         with open(os.path.join(folder, "_gmm.npz"), "w") as f:
             f.write(f"draw {i}")
-        release.write_manifest(folder, {
+        publisher.write_manifest(folder, {
             "run_id": "r", "root": f"v-{i}", "classes": [],
             "files": release.file_digests(folder)})
     out = str(tmp_path / "out")
-    release.publish(staging[0], out)
+    publisher.publish(staging[0], out)
     with pytest.raises(release.ReleaseError, match="one run id has one"):
-        release.publish(staging[1], out, overwrite=True)
+        publisher.publish(staging[1], out, overwrite=True)
     assert release.read_manifest(out)["root"] == "v-0"
 
 

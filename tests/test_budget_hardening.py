@@ -29,8 +29,7 @@ import pytest
 
 from dpsynth.dp_ops.ledger import Mechanism
 from dpsynth.pipelines.budget import store as bs
-from dpsynth.pipelines.release import protocol
-from dpsynth.pipelines.release import release
+from dpsynth.pipelines.release import protocol, publisher, release
 from tests.test_attempt_ownership import _data
 from tests.test_attempt_ownership import _generate as generate_nightly
 
@@ -157,7 +156,7 @@ def test_a_launch_whose_staging_was_cleaned_under_it_says_so_in_one_line(
     def checkpoint(step):
         if step == "pipeline-done":
             for folder in release.staging_folders(out, "nightly-1").values():
-                release.discard(folder)
+                publisher.discard(folder)
 
     monkeypatch.setattr(protocol, "checkpoint", checkpoint)
     code = _generate(data, out)

@@ -35,7 +35,7 @@ from apache_beam.io.filesystems import FileSystems
 from dpsynth.pipelines import graph, job_plan
 from dpsynth.pipelines.release import protocol
 from dpsynth.pipelines.budget import store as bs
-from dpsynth.pipelines.release import release
+from dpsynth.pipelines.release import publisher, reading, release
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
@@ -122,8 +122,8 @@ def _plant_release(out: str, data: Path, run_id: str = RUN) -> dict:
                 "classes": [{"label": 0, "shards": [shard],
                              "samples": int((y == 0).sum())}],
                 "files": release.file_digests(root)}
-    release.write_manifest(out, manifest)
-    assert release.load_release(out)[0].shape[0] == (y == 0).sum()
+    publisher.write_manifest(out, manifest)
+    assert reading.load_release(out)[0].shape[0] == (y == 0).sum()
     return manifest
 
 
@@ -162,7 +162,7 @@ def test_a_planted_staging_folder_is_set_aside_not_obeyed(
     _staged(folder, RUN, "v-0123456789ab")
     rc = _generate(data, out, *_store(store))
     assert rc == 0, capsys.readouterr().err
-    manifest = release.verify_release(out)
+    manifest = reading.verify_release(out)
     assert manifest["root"] != "v-0123456789ab"
     (entry,) = bs.history(store, "d")
     assert entry["status"] == bs.PUBLISHED
@@ -196,7 +196,7 @@ def test_the_staged_manifest_copied_to_output_before_the_switch(
     monkeypatch.setattr(protocol, "checkpoint", checkpoint)
     flags = _store(store) if with_store else ["--run-id", RUN]
     assert _generate(data, out, *flags) == 0
-    x, _, manifest = release.load_release(out)
+    x, _, manifest = reading.load_release(out)
     assert len(x) == manifest["samples_total"] > 0
     if with_store:
         (entry,) = bs.history(store, "d")
@@ -226,7 +226,7 @@ def test_latest_pointed_at_a_self_consistent_copy_is_refused_with_the_store(
     assert publish.main(_publish_args(out, root, store)) == 0
     latest = json.loads(capsys.readouterr().out)
     assert (latest["budget_store"], latest["dataset_id"]) == (store, "d")
-    x, _, _ = release.load_latest(root, budget_store=store, dataset_id="d")
+    x, _, _ = reading.load_latest(root, budget_store=store, dataset_id="d")
     assert len(x) > 0
     # The attacker's copy: real rows, "private": true, self-consistent,
     # and LATEST.json rewritten to pin it (naming the run and the store).
@@ -236,15 +236,15 @@ def test_latest_pointed_at_a_self_consistent_copy_is_refused_with_the_store(
         doc = json.loads(f.read())
     doc.update(release=fake, manifest_sha256=release.manifest_digest(fake))
     _put(root, "LATEST.json", json.dumps(doc).encode())
-    release.load_latest(root)  # unchecked: what a reader without the store gets
+    reading.load_latest(root)  # unchecked: what a reader without the store gets
     reads: list = []
-    real_blocks = release._all_blocks
+    real_blocks = reading._all_blocks
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(release, "_all_blocks",
+        patch.setattr(reading, "_all_blocks",
                       lambda *a, **k: reads.append(a) or real_blocks(*a, **k))
         with pytest.raises(release.ReleaseChanged,
                            match="never recorded") as err:
-            release.load_latest(root, budget_store=store, dataset_id="d")
+            reading.load_latest(root, budget_store=store, dataset_id="d")
     assert "\n" not in str(err.value) and reads == []  # before any row
 
 

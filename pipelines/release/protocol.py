@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 from dpsynth.pipelines import console
 from dpsynth.pipelines.budget import store as budget_store
-from dpsynth.pipelines.release import consistency, release
+from dpsynth.pipelines.release import consistency, publisher, release
 from dpsynth.pipelines.spec import GenerateSpec
 
 log = logging.getLogger("dpsynth")
@@ -52,7 +52,7 @@ def _publish(job, spec: GenerateSpec, digest: str) -> None:
     publication: also when a retry re-publishes an earlier launch's staged
     files, which may have changed since."""
     try:
-        release.publish(job.staging, job.output, spec.output.overwrite,
+        publisher.publish(job.staging, job.output, spec.output.overwrite,
                         check=consistency.check_manifest,
                         manifest_sha256=digest)
     except consistency.InconsistentRelease as err:
@@ -80,7 +80,7 @@ def _stop_attempt(job, spec: GenerateSpec, reservation,
     keep = (not rejected and recorded
             and release.staged_manifest(job.staging) is not None)
     if not keep:
-        release.discard_staged(job.staging, job.output)
+        publisher.discard_staged(job.staging, job.output)
         return
     log.warning("the staged release of run %s is kept at %s: re-run with "
                 "--run-id %s to publish it (no new spend)", job.run_id,
@@ -108,7 +108,7 @@ def check_staged_leftovers(job, spec: GenerateSpec) -> None:
                         "--budget-store nothing trusted recorded it, so it is "
                         "not re-published; this launch draws again",
                         job.run_id, folder)
-            release.discard_staged(folder, job.output)
+            publisher.discard_staged(folder, job.output)
         return
     from dpsynth.pipelines.budget import store as budget_store
     charged = budget_store.run_owners(spec.budget.store, spec.budget.dataset_id,
@@ -149,7 +149,7 @@ def finish_published(job, spec: GenerateSpec) -> None:
                                     job.run_id, job.output,
                                     release.manifest_digest(job.output))
     for folder in release.staging_folders(job.output, job.run_id).values():
-        release.discard(folder)
+        publisher.discard(folder)
 
 
 def publish_attempt(job, spec: GenerateSpec, reservation,
@@ -212,4 +212,4 @@ def publish_attempt(job, spec: GenerateSpec, reservation,
     leftovers = release.staging_folders(job.output, job.run_id)
     remove_abandoned_keys(job, spec, leftovers)  # named by their tokens
     for folder in leftovers.values():
-        release.discard(folder)  # this one and crashed attempts' leftovers
+        publisher.discard(folder)  # this one and crashed attempts' leftovers
