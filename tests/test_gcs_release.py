@@ -226,12 +226,12 @@ def test_crash_while_replacing_keeps_the_old_release_whole(gcs, monkeypatch):
     spy = CopySpy(monkeypatch, gcs, crash_on=".tfrecord")
     with pytest.raises(Crash):
         publisher.publish(_stage(release, gcs, "run-new", shards=3), final,
-                        overwrite=True)
+                          overwrite=True)
     assert release.read_manifest(final)["run_id"] == "run-old"
     assert all("v-run-old" in f for f in reading.release_files(final))
     spy.crash_on = None
     publisher.publish(release.staging_dir(final, "run-new", "t0"), final,
-                    overwrite=True)
+                      overwrite=True)
     assert release.read_manifest(final)["run_id"] == "run-new"
 
 

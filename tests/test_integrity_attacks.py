@@ -102,7 +102,7 @@ def test_publish_checks_the_recorded_digest(tmp_path):
     publisher.write_manifest(staging, manifest)
     with pytest.raises(release.ReleaseChanged, match="not the manifest rec"):
         publisher.publish(staging, str(tmp_path / "out"),
-                        manifest_sha256=recorded)
+                          manifest_sha256=recorded)
     assert not release.release_exists(str(tmp_path / "out"))
 
 

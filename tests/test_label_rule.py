@@ -125,4 +125,4 @@ def test_the_rule_generate_pins_comes_from_public_flags():
     spec = spec_from_args(args, [])
     cfg = spec.generator.config((3, 1))
     assert job_plan.label_rule(spec, cfg) == {"label_feature": "y2",
-                                         "labels": [1, 3]}
+                                              "labels": [1, 3]}

@@ -144,7 +144,7 @@ def test_no_pass_of_the_adaptive_plan_has_two_readers(tmp_path, counts):
     assert mode == ("shared" if counts[0] < 100 else "per-class")
     p = beam.Pipeline()
     graph.build_adaptive(p, j, job_plan.make_reader(j, spec), spec,
-                       np.zeros(8), counts)
+                         np.zeros(8), counts)
     readers = _readers_of_prepared_blocks(p)
     assert any("Moments" in name for name in readers), readers
     assert set(readers.values()) == {1}, readers

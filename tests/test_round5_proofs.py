@@ -328,7 +328,7 @@ def test_the_record_key_never_travels_in_the_job_graph(tmp_path, monkeypatch,
         graph.choose_phase2(j, reader.dim, counts)
         with graph.pipeline_run(None) as p:
             graph.build_adaptive(p, j, job_plan.make_reader(j, spec), spec,
-                               np.zeros(reader.dim), counts)
+                                 np.zeros(reader.dim), counts)
     assert any(uri in blob for blob in blobs)  # the reference travels
     for secret in secrets:
         assert not any(secret in blob or secret.hex().encode() in blob

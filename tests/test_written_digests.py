@@ -562,7 +562,7 @@ def test_the_gcs_manifest_write_is_conditional(gcs):
     assert doc == first and generation > 0  # the loser changed nothing
     with pytest.raises(release.ManifestMoved):
         publisher.write_manifest(folder, {"run_id": "c"},
-                               generation=generation + 1)  # stale / wrong
+                                 generation=generation + 1)  # stale / wrong
     assert release.read_manifest(folder) == first
     second = {"run_id": "d", "root": "v-2"}
     publisher.write_manifest(folder, second, generation=generation)

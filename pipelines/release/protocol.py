@@ -53,8 +53,8 @@ def _publish(job, spec: GenerateSpec, digest: str) -> None:
     files, which may have changed since."""
     try:
         publisher.publish(job.staging, job.output, spec.output.overwrite,
-                        check=consistency.check_manifest,
-                        manifest_sha256=digest)
+                          check=consistency.check_manifest,
+                          manifest_sha256=digest)
     except consistency.InconsistentRelease as err:
         raise release.ReleaseChanged(str(err)) from None
 
