@@ -139,7 +139,7 @@ def test_budget_check_logs_one_fixed_line_not_the_report(nightly, tmp_path,
     refused, log = _check_budget(nightly, monkeypatch, capsys, store,
                                  "digits-demo-2026-01-03", spent + 0.05)
     assert "over the cap" in refused and "\n" not in refused
-    assert "budget_store show --budget-store " + store in refused
+    assert "dpsynth.pipelines.budget.store show --budget-store " + store in refused
     assert log == ""
     for private in ("attempt", f"{spent:.4f}", f"{spent:.4g}", f"{spent:g}"):
         assert private not in line + refused
