@@ -136,11 +136,11 @@ def default_job_config(eps: float, classes: int, dim: int) -> dict:
     import dataclasses
     import json
     from dpsynth.dp_ops.config import labels_from
-    from dpsynth.pipelines import cli, job
+    from dpsynth.pipelines import cli, job_plan
     from dpsynth.pipelines.cli import generate
     args, _ = cli.build_parser().parse_known_args(
         job_flags("in.npz", "out", eps, classes, dim))
-    cfg = job.resolve_config(generate.spec_from_args(args), tuple(
+    cfg = job_plan.resolve_config(generate.spec_from_args(args), tuple(
         labels_from(args.num_classes, args.labels)))
     return json.loads(json.dumps(dataclasses.asdict(cfg)))
 
@@ -165,7 +165,7 @@ def beam_release(x, y, eps: float, classes: int, dim: int, folder: str):
 
     import numpy as np
     from dpsynth.pipelines import cli
-    from dpsynth.pipelines.release import release
+    from dpsynth.pipelines.release import reading, release
     data = os.path.join(folder, "in.npz")
     out = os.path.join(folder, "release")
     np.savez(data, embeddings=x, labels=y)
@@ -173,7 +173,7 @@ def beam_release(x, y, eps: float, classes: int, dim: int, folder: str):
         rc = cli.main(job_flags(data, out, eps, classes, dim))
     if rc != 0:
         raise RuntimeError(f"generate failed with exit code {rc}")
-    return release.load_gmm(out), release.read_manifest(out)
+    return reading.load_gmm(out), release.read_manifest(out)
 
 
 def beam_run_scores(run: int, eps: float, classes: int, per_class: int,

@@ -258,11 +258,11 @@ def _gen_flags(args: argparse.Namespace) -> list[str]:
 def _config(flags: Sequence[str]):
     """GeneratorConfig from generate's own parser (same defaults)."""
     from dpsynth.dp_ops.config import labels_from
-    from dpsynth.pipelines import job
+    from dpsynth.pipelines import job_plan
     from dpsynth.pipelines.cli import generate
     args, _ = _parse_generate(flags)
     # As the job resolves it ("auto" outside the adaptive plan: "shared").
-    return job.resolve_config(generate.spec_from_args(args), tuple(
+    return job_plan.resolve_config(generate.spec_from_args(args), tuple(
         labels_from(args.num_classes, args.labels)))
 
 

@@ -46,7 +46,7 @@ LATEST = "LATEST.json"  # = release.LATEST, which load_latest reads
 
 def summary(output: str, run_id: str, budget_store: Optional[str] = None,
             dataset_id: Optional[str] = None) -> dict:
-    from dpsynth.pipelines.release import release
+    from dpsynth.pipelines.release import reading, release
     if not release.release_exists(output):
         raise release.ReleaseError(f"{output}: no {release.MANIFEST}; not a "
                                    "complete release")
@@ -58,7 +58,7 @@ def summary(output: str, run_id: str, budget_store: Optional[str] = None,
         _check_recorded(output, run_id, digest, budget_store, dataset_id)
     # Refuses incomplete releases, files that differ from the manifest and
     # a manifest without its files' digests (this dpsynth always writes them).
-    manifest = release.verify_release(
+    manifest = reading.verify_release(
         output, release.read_manifest(output, digest), require_files=True)
     named = _named_store(manifest)
     if named is not None and budget_store is None:
@@ -101,7 +101,8 @@ def _check_recorded(output: str, run_id: str, digest: str, store: str,
     for the run (its staged manifest's sha256, taken by the launcher from
     the bytes it wrote): a release rewritten at --output together with its
     manifest's ``files`` checks out on its own, but not against the record."""
-    from dpsynth.pipelines.release import budget_store, release
+    from dpsynth.pipelines.budget import store as budget_store
+    from dpsynth.pipelines.release import reading, release
     recorded = budget_store.recorded_manifest(store, dataset_id, run_id)
     if recorded is None:
         raise release.ReleaseError(
@@ -126,7 +127,7 @@ def write_latest(output_root: str, doc: dict) -> str:
     else:
         os.makedirs(output_root, exist_ok=True)
         # The shards' mode, not mkstemp's 0600: others read the pointer too
-        from dpsynth.pipelines.release.release import open_temp
+        from dpsynth.pipelines.release.publisher import open_temp
         fd, tmp = open_temp(output_root, ".latest-")
         with os.fdopen(fd, "wb") as f:
             f.write(data)

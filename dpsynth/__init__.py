@@ -26,7 +26,7 @@ _API = ("BudgetOptions", "EncodeSpec", "EvaluateSpec", "GenerateSpec",
         "GeneratorOptions", "ImageOptions", "InputOptions", "MLPOptions",
         "OutputOptions", "Release", "RunOptions", "encode",
         "evaluate", "generate", "sample")
-_READERS = ("load_latest", "load_release")  # dpsynth.pipelines.release.release
+_READERS = ("load_latest", "load_release")  # dpsynth.pipelines.release.reading
 
 
 def __getattr__(name: str):
@@ -34,8 +34,8 @@ def __getattr__(name: str):
         from dpsynth.pipelines import api
         return getattr(api, name)
     if name in _READERS:
-        from dpsynth.pipelines.release import release
-        return getattr(release, name)
+        from dpsynth.pipelines.release import reading
+        return getattr(reading, name)
     raise AttributeError(f"module 'dpsynth' has no attribute {name!r}")
 
 

@@ -58,8 +58,8 @@ class Release:
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(x, y) of the synthetic rows."""
-        from dpsynth.pipelines.release import release
-        x, y, _ = release.load_release(self.path)
+        from dpsynth.pipelines.release import reading
+        x, y, _ = reading.load_release(self.path)
         return x, y
 
 
@@ -68,7 +68,7 @@ def generate(spec: GenerateSpec) -> Release:
     returns the published release."""
     _quiet_beam()
     from dpsynth.pipelines import job
-    from dpsynth.pipelines.release import release
+    from dpsynth.pipelines.release import reading, release
     path = job.run(spec)
     return Release(path, release.read_manifest(path))
 

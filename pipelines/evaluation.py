@@ -305,14 +305,14 @@ def _is_glob(path: str) -> bool:
 
 def load_synthetic(path: str) -> tuple[np.ndarray, np.ndarray, Optional[dict]]:
     """A release directory (with manifest) or a labelled data file/glob."""
-    from dpsynth.pipelines.release import release
+    from dpsynth.pipelines.release import reading, release
     from dpsynth.transforms.io import InputError, load_arrays
     if "://" not in path and not _is_glob(path) and not os.path.exists(path):
         raise ValueError(f"--synthetic {path!r}: no such release directory "
                          f"or file")
     try:
         if os.path.isdir(path) or release.release_exists(path):
-            return release.load_release(path)
+            return reading.load_release(path)
         x, y = load_arrays(path)
     except (InputError, release.ReleaseError) as err:
         raise _flag_error("--synthetic", err) from None

@@ -124,7 +124,7 @@ class Release:
 
 
 def read_release(path: str) -> Release:
-    from dpsynth.pipelines.release import release
+    from dpsynth.pipelines.release import reading, release
     from dpsynth.transforms import io
     manifest = release.read_manifest(path)
     summary = manifest.get("classes", [])
@@ -137,7 +137,7 @@ def read_release(path: str) -> Release:
     except Exception:  # older or partial layouts: the manifest's copy
         pass
     try:
-        gmm = release.load_gmm(path)
+        gmm = reading.load_gmm(path)
     except Exception:
         gmm = None
     return Release(path, manifest, summary, gmm)
@@ -148,12 +148,12 @@ def sample_rows(rel: Release, max_points: int, seed: int
     """A uniform subsample of at most ``max_points`` synthetic rows, read
     block by block (memory bounded by the sample, whatever the release
     size): every row gets a random key, the smallest keys are kept."""
-    from dpsynth.pipelines.release import release
+    from dpsynth.pipelines.release import reading
     rng = np.random.default_rng(seed)
     keys = np.zeros(0)
     xs = np.zeros((0, rel.manifest.get("embedding_dim", 0)))
     ys = np.zeros(0, np.int64)
-    for _, x, y in release.release_blocks(rel.path, rel.manifest):
+    for _, x, y in reading.release_blocks(rel.path, rel.manifest):
         keys = np.concatenate([keys, rng.random(len(y))])
         xs = np.vstack([xs, x]) if len(xs) else np.asarray(x, np.float64)
         ys = np.concatenate([ys, y])

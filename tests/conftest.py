@@ -34,7 +34,7 @@ def assert_release_matches_reference(out, x, y, cfg, noise_seed: int,
     returns the reference's (mixtures, synthetic x, synthetic y)."""
     from dpsynth.dp_ops import plan, reference
     from dpsynth.dp_ops.noise import SeededNoise
-    from dpsynth.pipelines.release.release import load_gmm
+    from dpsynth.pipelines.release.reading import load_gmm
     mixes, xs, ys = reference.generate(x, y, cfg, plan.make_ledger(cfg),
                                        SeededNoise(noise_seed))
     gmm = load_gmm(str(out))

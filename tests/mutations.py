@@ -172,7 +172,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              'return {"uri": self._uri, "key": self._key}',
              ("tests/test_noise_key_location.py::"
               "test_only_the_reference_is_pickled_and_draws_are_the_keys",)),
-    Mutation("key-left-in-the-graph", "pipelines/job.py:store_noise_key",
+    Mutation("key-left-in-the-graph", "pipelines/graph.py:store_noise_key",
              "    job.noise = StoredKeyNoise(uri, key)\n",
              "",
              ("tests/test_noise_key_location.py::"
@@ -184,41 +184,41 @@ MUTATIONS: tuple[Mutation, ...] = (
               "test_a_key_folder_others_can_read_or_write_is_refused_before_"
               "any_data[493]",)),
     # --- the lifetime budget store and the attempt protocol
-    Mutation("label-rule-not-pinned", "pipelines/release/budget_store.py:_pin_label_rule",
+    Mutation("label-rule-not-pinned", "pipelines/budget/store.py:_pin_label_rule",
              "    if rule is None:\n        return\n",
              "    return\n",
              ("tests/test_label_rule.py::"
               "test_the_store_pins_the_rule_at_the_first_release[local]",)),
-    Mutation("no-charge-recorded", "pipelines/release/budget_store.py:reserve",
+    Mutation("no-charge-recorded", "pipelines/budget/store.py:reserve",
              '        doc["releases"].append(entry)\n', "",
              (STORE + "test_refuses_over_the_cap_and_writes_nothing[local]",)),
-    Mutation("cap-ignores-prior-spend", "pipelines/release/budget_store.py:reserve",
+    Mutation("cap-ignores-prior-spend", "pipelines/budget/store.py:reserve",
              'spent = _compose(doc["releases"] + [entry], cap_delta, accountant)',
              'spent = _compose([entry], cap_delta, accountant)',
              (STORE + "test_refuses_over_the_cap_and_writes_nothing[local]",)),
-    Mutation("no-owner-check", "pipelines/release/budget_store.py:_check_owner",
+    Mutation("no-owner-check", "pipelines/budget/store.py:_check_owner",
              '    if entry.get("owner") not in (None, reservation.owner) or (',
              '    if False and (',
              (STORE + "test_retry_before_any_data_was_read_spends_nothing"
               "[local]",)),
-    Mutation("no-live-lease-check", "pipelines/release/budget_store.py:_check_retry",
+    Mutation("no-live-lease-check", "pipelines/budget/store.py:_check_retry",
              "            and lease_left > 0):",
              "            and lease_left > 0 and False):",
              (OWNERSHIP + "test_a_launch_whose_lease_ran_out_can_change_nothing",)),
     # --- one run id, one release
-    Mutation("publish-over-same-run-id", "pipelines/release/release.py:_is_published",
+    Mutation("publish-over-same-run-id", "pipelines/release/publisher.py:_is_published",
              '    if current.get("run_id") == run_id:',
              "    if False:",
              (OWNERSHIP + "test_one_run_id_never_replaces_its_own_release",)),
     Mutation("publish-unrecorded-manifest",
-             "pipelines/release/release.py:_pinned_manifest",
+             "pipelines/release/publisher.py:_pinned_manifest",
              "    if sha256 is not None and hashlib.sha256(data).hexdigest() "
              "!= sha256:",
              "    if False:",
              ("tests/test_integrity_attacks.py::"
               "test_a_manifest_rewritten_after_it_was_recorded_local",)),
     Mutation("latest-names-a-non-private-release",
-             "pipelines/release/release.py:load_latest",
+             "pipelines/release/reading.py:load_latest",
              '    if pinned.get("private") is not True:', "    if False:",
              ("tests/test_latest_digest.py::"
               "test_latest_edited_to_name_a_non_private_release_is_refused",)),
@@ -235,7 +235,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              (WRITTEN + "test_the_record_is_bound_to_the_run_key_and_staging_folder",
               WRITTEN + "test_shards_rewritten_after_the_writers_are_never_"
               "published[local-pipeline-done]")),
-    Mutation("staged-manifest-digest-read-back", "pipelines/job.py:_run",
+    Mutation("staged-manifest-digest-read-back",
+             "pipelines/release/protocol.py:publish_attempt",
              "            # One digest from here on: the one written (or "
              "recorded) is the\n            # one published.\n",
              "            digest = release.manifest_digest(job.staging)\n",
@@ -255,7 +256,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    problems = []",
              ("tests/test_publish_reads.py::"
               "test_a_same_size_rewrite_on_gcs_differs_in_md5",)),
-    Mutation("placed-files-unchecked", "pipelines/release/release.py:_switch",
+    Mutation("placed-files-unchecked", "pipelines/release/publisher.py:_switch",
              "                verify_files(root, manifest)\n",
              "                pass\n",
              (WRITTEN + "test_a_flipped_byte_is_refused_by_publish[local]",
@@ -266,7 +267,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    if False:\n        _check_recorded(",
              (WRITTEN + "test_latest_json_pins_only_the_manifest_the_store_"
               "recorded[local]",)),
-    Mutation("placed-as-hard-link", "pipelines/release/release.py:_move",
+    Mutation("placed-as-hard-link", "pipelines/release/publisher.py:_move",
              "        os.replace(src, dst)\n",
              "        os.link(src, dst)\n",
              (WRITTEN + "test_a_staged_file_rewritten_after_an_api_publish"
@@ -289,23 +290,23 @@ MUTATIONS: tuple[Mutation, ...] = (
 ROUND5 = "tests/test_release_round5.py::"
 MUTATIONS += (
     Mutation("unlabelled-store-pins-any-rule",
-             "pipelines/release/budget_store.py:_pin_label_rule",
+             "pipelines/budget/store.py:_pin_label_rule",
              "        _check_unlabelled(doc, store_uri, rule)\n", "",
              (ROUND5 + "test_an_unlabelled_document_pins_no_rule_it_cannot_"
               "check[local-rule0]",)),
     Mutation("lifetime-delta-unbounded",
-             "pipelines/release/budget_store.py:_check_cap",
+             "pipelines/budget/store.py:_check_cap",
              "    if not 0 < lifetime_delta <= MAX_DELTA:  # also rejects NaN\n",
              "    if not 0 < lifetime_delta < 1:\n",
              (ROUND5 + "test_a_cap_of_delta_half_admits_no_release[local]",)),
     Mutation("lifetime-epsilon-unbounded",
-             "pipelines/release/budget_store.py:_check_cap",
+             "pipelines/budget/store.py:_check_cap",
              "            and 0 < lifetime_epsilon <= MAX_EPSILON):",
              "            and 0 < lifetime_epsilon):",
              (ROUND5 + "test_a_cap_out_of_the_run_bounds_is_refused"
               "[local-1001.0-1e-05---lifetime-epsilon]",)),
     Mutation("reader-parses-a-second-read",
-             "pipelines/release/release.py:_all_blocks",
+             "pipelines/release/reading.py:_all_blocks",
              "                    for x, y in blocks_of(copy)]\n",
              "                    for x, y in blocks_of(shard)]\n",
              (ROUND5 + "test_a_shard_swapped_after_its_check_is_never_"
@@ -361,13 +362,13 @@ MUTATIONS += (
              "    if False:",
              ("tests/test_runner_trust.py::"
               "test_an_input_outside_the_pinned_prefix_is_refused",)),
-    Mutation("charged-dim-from-a-row", "pipelines/job.py:make_reader",
+    Mutation("charged-dim-from-a-row", "pipelines/job_plan.py:make_reader",
              "dim_from_rows=spec.budget.store is None)",
              "dim_from_rows=True)",
              ("tests/test_input_columns.py::"
               "test_a_charged_release_takes_no_dimension_from_a_row",)),
     Mutation("input-schema-after-the-charge", "pipelines/job.py:_run",
-             "    _check_input_schema(job, spec)\n", "",
+             "    job_plan.check_input_schema(job, spec)\n", "",
              ("tests/test_input_columns.py::"
               "test_a_charged_release_takes_no_dimension_from_a_row",)),
 )
@@ -397,38 +398,38 @@ MUTATIONS += (
              "                        record_key),",
              (PROOFS + "test_the_record_key_never_travels_in_the_job_graph"
               "[shared]",)),
-    Mutation("image-rule-from-the-embedding-input", "pipelines/job.py:label_rule",
+    Mutation("image-rule-from-the-embedding-input", "pipelines/job_plan.py:label_rule",
              '        rule = {"label_feature": images.label_feature or "label"}',
              '        rule = {"label_feature": spec.input.label_feature}',
              (PROOFS + "test_an_image_run_pins_the_images_label_feature"
               "[local]",)),
     Mutation("version-folder-extras-allowed",
-             "pipelines/release/release.py:_switch",
+             "pipelines/release/publisher.py:_switch",
              "                verify_files(root, manifest)\n",
              "                verify_files(root, manifest, "
              "names=list(manifest[\"files\"]))\n",
              (PROOFS + "test_a_file_planted_in_the_version_folder_is_never_"
               "published[local]",)),
-    Mutation("published-read-from-the-folder", "pipelines/job.py:_published_by",
+    Mutation("published-read-from-the-folder", "pipelines/job_plan.py:_published_by",
              "    if store is None:\n",
              "    if True:\n        return \"published\"\n    if store is None:\n",
              (PROOFS + "test_a_planted_manifest_naming_the_run_is_not_"
               "already_published[False-local]",)),
     Mutation("copied-manifest-counts-as-published",
-             "pipelines/release/release.py:_switch",
+             "pipelines/release/publisher.py:_switch",
              "                    and _in_place(root, manifest)):",
              "                    ):",
              (PROOFS + "test_the_staged_manifest_copied_to_output_before_"
               "the_switch[True-local]",)),
     Mutation("uncharged-staging-blocks-the-run",
-             "pipelines/job.py:_check_staged_leftovers",
+             "pipelines/release/protocol.py:check_staged_leftovers",
              "    for folder in sorted(f for t, f in complete.items() "
              "if t not in charged):\n",
              "    for folder in sorted(f for t, f in complete.items() "
              "if t not in charged):\n        raise release.ReleaseError(folder)\n",
              (PROOFS + "test_a_planted_staging_folder_is_set_aside_not_"
               "obeyed[local]",)),
-    Mutation("latest-store-unchecked", "pipelines/release/release.py:load_latest",
+    Mutation("latest-store-unchecked", "pipelines/release/reading.py:load_latest",
              "    if budget_store is not None:\n"
              "        _check_latest_recorded(",
              "    if False:\n        _check_latest_recorded(",

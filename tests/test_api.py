@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from dpsynth.pipelines import api, cli
-from dpsynth.pipelines.release import release
+from dpsynth.pipelines.release import reading, release
 from tests.conftest import gmm_data
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,15 +25,18 @@ FLAG_READERS = {"spec_from_args", "add_arguments", "register", "handle",
 # Commands that still pass parsed flags below their CLI (not yet moved to
 # a spec); the list may only shrink.
 NOT_YET_TYPED: set = set()
-BELOW_CLI = ["pipelines/job.py", "pipelines/spec.py", "pipelines/api.py",
-             "pipelines/release/release.py", "pipelines/release/consistency.py",
+BELOW_CLI = ["pipelines/job.py", "pipelines/job_plan.py", "pipelines/graph.py",
+             "pipelines/job_manifest.py", "pipelines/release/protocol.py",
+             "pipelines/spec.py", "pipelines/api.py",
+             "pipelines/release/release.py", "pipelines/release/publisher.py",
+             "pipelines/release/reading.py", "pipelines/release/consistency.py",
              "transforms", "dp_ops", "models"]
 
 
 def _data_digests(path: str) -> list[str]:
     manifest = release.read_manifest(path)
     return [hashlib.sha256(Path(f).read_bytes()).hexdigest()
-            for f in release.release_files(path, manifest)]
+            for f in reading.release_files(path, manifest)]
 
 
 def test_the_api_makes_the_cli_release_byte_for_byte(tmp_path):

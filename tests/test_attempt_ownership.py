@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 from dpsynth.dp_ops.ledger import Mechanism
-from dpsynth.pipelines.release import budget_store as bs
-from dpsynth.pipelines import cli, job
-from dpsynth.pipelines.release import release
+from dpsynth.pipelines.budget import store as bs
+from dpsynth.pipelines import cli, job_plan
+from dpsynth.pipelines.release import protocol, publisher, release
 from tests.conftest import gmm_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -57,7 +57,7 @@ def _crash_at(monkeypatch, step: str) -> None:
     def checkpoint(name):
         if name == step:
             raise Crash(f"crash at {step}")
-    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    monkeypatch.setattr(protocol, "checkpoint", checkpoint)
 
 
 # ------------------------------------------- two launches of one run id
@@ -66,6 +66,8 @@ LAUNCH = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {repo!r})
     from dpsynth.pipelines import cli, job
+    from dpsynth.pipelines import job_plan
+    from dpsynth.pipelines.release import protocol
 
     def checkpoint(step):
         # The launch that got the attempt holds it while reading the data.
@@ -74,7 +76,7 @@ LAUNCH = textwrap.dedent("""
             while not os.path.exists({finish!r}):
                 time.sleep(0.02)
 
-    job._checkpoint = checkpoint
+    protocol.checkpoint = checkpoint
     while not os.path.exists({go!r}):
         time.sleep(0.01)
     sys.exit(cli.main(["generate", "--input", {data!r}, "--output",
@@ -190,7 +192,7 @@ def test_a_release_staged_at_eps8_is_not_republished_under_an_eps1_charge(
         _crash_at(patch, "committed")
         # SIGKILLed: its own cleanup (which removes a staged release that
         # no store recorded) never runs.
-        patch.setattr(job, "_stop_attempt", lambda *a, **k: None)
+        patch.setattr(protocol, "_stop_attempt", lambda *a, **k: None)
         with pytest.raises(Crash):
             _generate(data, out, "--epsilon", "8")
     (folder,) = release.staging_folders(out, "nightly-1").values()
@@ -202,7 +204,7 @@ def test_a_release_staged_at_eps8_is_not_republished_under_an_eps1_charge(
     capsys.readouterr()
     with monkeypatch.context() as patch:
         _crash_at(patch, "committed")
-        patch.setattr(job, "_stop_attempt", lambda *a, **k: None)
+        patch.setattr(protocol, "_stop_attempt", lambda *a, **k: None)
         with pytest.raises(Crash):
             _generate(data, out, "--epsilon", "8")
     assert "draws again" in capsys.readouterr().err
@@ -255,7 +257,7 @@ def test_a_changed_staged_release_is_not_published(monkeypatch, tmp_path,
     (folder,) = release.staging_folders(out, "nightly-1").values()
     manifest = release.staged_manifest(folder)
     manifest["samples_total"] += 1  # someone edits the staged release
-    release.write_manifest(folder, manifest)
+    publisher.write_manifest(folder, manifest)
     capsys.readouterr()
     assert _generate(data, out, *budget) == 2
     assert "missing or changed" in capsys.readouterr().err
@@ -270,13 +272,13 @@ def test_one_run_id_never_replaces_its_own_release(tmp_path):
         os.makedirs(folder)
         with open(os.path.join(folder, "_gmm.npz"), "w") as f:
             f.write(f"draw {i}")
-        release.write_manifest(folder, {
+        publisher.write_manifest(folder, {
             "run_id": "r", "root": f"v-{i}", "classes": [],
             "files": release.file_digests(folder)})
     out = str(tmp_path / "out")
-    release.publish(staging[0], out)
+    publisher.publish(staging[0], out)
     with pytest.raises(release.ReleaseError, match="one run id has one"):
-        release.publish(staging[1], out, overwrite=True)
+        publisher.publish(staging[1], out, overwrite=True)
     assert release.read_manifest(out)["root"] == "v-0"
 
 
@@ -366,7 +368,7 @@ def test_a_retried_run_keeps_its_first_attempts_timestamp(monkeypatch,
     data, out, store = _data(tmp_path), str(tmp_path / "out"), \
         str(tmp_path / "b")
     stamps = iter(["20260101T000000Z", "20260101T031500Z"])
-    monkeypatch.setattr(job, "_timestamp", lambda: next(stamps))
+    monkeypatch.setattr(job_plan, "_timestamp", lambda: next(stamps))
     budget = ["--epsilon", "1", "--budget-store", store, "--dataset-id",
               "patients", "--lifetime-epsilon", "5"]
     with monkeypatch.context() as patch:

@@ -25,7 +25,7 @@ import pytest
 from benchmarks import privacy_audit
 from dpsynth.dp_ops import adaptive
 from dpsynth.dp_ops.config import GeneratorConfig, labels_from
-from dpsynth.pipelines import cli, job
+from dpsynth.pipelines import cli, job_plan
 from dpsynth.pipelines.cli import generate
 
 CLASSES, RECORDS, DIM = 100, 40, 8
@@ -36,7 +36,7 @@ def cli_default_config(epsilon: float) -> dict:
     args, _ = cli.build_parser().parse_known_args(
         ["generate", "--num-classes", str(CLASSES), "--epsilon",
          "inf" if math.isinf(epsilon) else str(epsilon)])
-    cfg = job.resolve_config(generate.spec_from_args(args), tuple(
+    cfg = job_plan.resolve_config(generate.spec_from_args(args), tuple(
         labels_from(args.num_classes, args.labels)))
     return json.loads(json.dumps(dataclasses.asdict(cfg)))
 

@@ -527,7 +527,7 @@ def test_empty_class_succeeds_with_a_noisy_mixture_and_delta_warning(
     """Class 2 has no rows: valid, it gets a mixture of pure noise (DP can't
     say a class is empty). The same run has delta > 1/n: a warning with the
     noisy n (not the true one) goes to the manifest."""
-    from dpsynth.pipelines.release.release import load_gmm
+    from dpsynth.pipelines.release.reading import load_gmm
     x, y = _data(300, classes=2)
     path = _npz(tmp_path / "in.npz", x, y)
     out = tmp_path / "out"
@@ -580,7 +580,7 @@ def test_empty_class_reaches_its_mechanisms_in_the_adaptive_plan(tmp_path):
     sums are absent from the combine (no rows), and the noise step still
     gives it the zero aggregate, so its mechanisms run and it gets a
     mixture, as every other class does."""
-    from dpsynth.pipelines.release.release import load_gmm
+    from dpsynth.pipelines.release.reading import load_gmm
     x, y = _data(300, classes=2)
     path = _npz(tmp_path / "in.npz", x, y)
     out = tmp_path / "out"

@@ -105,7 +105,7 @@ def test_an_unforeseen_beam_stops_dask_before_the_budget_is_reserved(
     nothing); a Beam whose internals differ now stops before it."""
     from apache_beam.runners.dask import transform_evaluator
     from dpsynth.pipelines.cli import generate
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
 
     def apply(self, input_bag, side_inputs=None, lazy=False):
         raise AssertionError("never called")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from dpsynth.pipelines import cli
-from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines.budget import store as bs
 
 DELTA = 1e-6
 

@@ -28,9 +28,8 @@ from pathlib import Path
 import pytest
 
 from dpsynth.dp_ops.ledger import Mechanism
-from dpsynth.pipelines.release import budget_store as bs
-from dpsynth.pipelines import job
-from dpsynth.pipelines.release import release
+from dpsynth.pipelines.budget import store as bs
+from dpsynth.pipelines.release import protocol, publisher, release
 from tests.test_attempt_ownership import _data
 from tests.test_attempt_ownership import _generate as generate_nightly
 
@@ -133,7 +132,7 @@ def test_a_launch_taken_over_mid_pipeline_publishes_nothing_in_one_line(
                         bs.history(store, "patients")[0]["mechanisms"]],
                        1.0, DELTA, None, None, owner="retry")
 
-    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    monkeypatch.setattr(protocol, "checkpoint", checkpoint)
     code = _generate(data, out, "--budget-store", store, "--dataset-id",
                      "patients", "--lifetime-epsilon", "10")
     err = capsys.readouterr().err
@@ -157,9 +156,9 @@ def test_a_launch_whose_staging_was_cleaned_under_it_says_so_in_one_line(
     def checkpoint(step):
         if step == "pipeline-done":
             for folder in release.staging_folders(out, "nightly-1").values():
-                release.discard(folder)
+                publisher.discard(folder)
 
-    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    monkeypatch.setattr(protocol, "checkpoint", checkpoint)
     code = _generate(data, out)
     err = capsys.readouterr().err
     assert code == 2, err
@@ -206,7 +205,7 @@ def test_the_store_never_writes_infinity_into_json(tmp_path):
 
 def _budget_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "dpsynth.pipelines.release.budget_store", *args],
+        [sys.executable, "-m", "dpsynth.pipelines.budget.store", *args],
         cwd=REPO, capture_output=True, text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)})
 
@@ -249,12 +248,13 @@ KILLED = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {repo!r})
     from dpsynth.pipelines import cli, job
+    from dpsynth.pipelines.release import protocol
 
     def checkpoint(step):
         if step == "running":  # its key is written: SIGKILL, no cleanup
             os.kill(os.getpid(), signal.SIGKILL)
 
-    job._checkpoint = checkpoint
+    protocol.checkpoint = checkpoint
     cli.main({argv!r})
 """)
 

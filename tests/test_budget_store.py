@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dpsynth.dp_ops.ledger import Mechanism, PrivacyLedger, compose_epsilon
-from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines.budget import store as bs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
@@ -252,7 +252,7 @@ RACER = textwrap.dedent("""
     import json, os, sys, time
     sys.path.insert(0, {repo!r})
     from dpsynth.dp_ops.ledger import Mechanism
-    from dpsynth.pipelines.release import budget_store as bs
+    from dpsynth.pipelines.budget import store as bs
     mechs = [Mechanism(**m) for m in json.loads({mechs!r})]
     open({ready!r}, "w").close()
     while not os.path.exists({go!r}):
@@ -319,7 +319,7 @@ def test_cli_show_and_check(tmp_path):
 
     def cli(*args):
         return subprocess.run(
-            [sys.executable, "-m", "dpsynth.pipelines.release.budget_store", *args],
+            [sys.executable, "-m", "dpsynth.pipelines.budget.store", *args],
             cwd=REPO, capture_output=True, text=True,
             env={**os.environ, "PYTHONPATH": str(REPO)})
 

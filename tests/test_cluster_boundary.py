@@ -199,10 +199,10 @@ def test_every_local_path_is_accepted_on_this_machine(engine):
 
 def _accepted(case: str, engine_flags: list[str]) -> None:
     """The launcher's boundary checks pass (the run would go on)."""
-    from dpsynth.pipelines import job
+    from dpsynth.pipelines import job_plan
     args, beam_argv = generate.parser().parse_known_args(
         _argv(case, engine_flags))
-    job._check_cluster_boundary(generate.spec_from_args(args, beam_argv))
+    job_plan._check_cluster_boundary(generate.spec_from_args(args, beam_argv))
 
 
 def test_refusal_table(tmp_path, capsys, no_network, private_tmp):
@@ -486,7 +486,7 @@ def test_a_real_worker_on_edited_code_stops_the_run_uncharged(tmp_path,
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("dpsynth: error: Dask worker tcp://127.0.0.1:")
     assert "install the launcher's dpsynth and versions on every worker" in err
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     assert budget_store.history(str(store), "d") == []  # nothing charged
     assert not (tmp_path / "out").exists()
 
@@ -545,7 +545,7 @@ def test_an_unreachable_scheduler_stops_the_run_uncharged(tmp_path, capsys):
     assert rc != 0 and len(err.splitlines()) == 1, err
     assert err.startswith("dpsynth: error: cannot reach the Dask scheduler "
                           "at tcp://127.0.0.1:")
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     assert budget_store.history(str(store), "d") == []
     assert not (tmp_path / "out").exists()
 

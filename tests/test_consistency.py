@@ -19,7 +19,8 @@ import pytest
 
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.models.gmm import MixtureRelease
-from dpsynth.pipelines import cli, job
+from dpsynth.pipelines import cli
+from dpsynth.pipelines.release import protocol
 from dpsynth.pipelines.release import consistency, release
 from dpsynth.pipelines.api import (GenerateSpec, GeneratorOptions, InputOptions,
                                    OutputOptions, generate)
@@ -153,7 +154,7 @@ def _lose_a_shard_after_the_pipeline(tmp_path, monkeypatch, run_id: str):
     data = tmp_path / "in.npz"
     np.savez(data, embeddings=x, labels=y)
     out = tmp_path / "out"
-    real = job._checkpoint
+    real = protocol.checkpoint
 
     def lose_a_shard(step: str) -> None:
         if step == "pipeline-done":
@@ -161,7 +162,7 @@ def _lose_a_shard_after_the_pipeline(tmp_path, monkeypatch, run_id: str):
                            .popitem()[1])
             sorted((staging / DATA_DIR).iterdir())[0].unlink()
         real(step)
-    monkeypatch.setattr(job, "_checkpoint", lose_a_shard)
+    monkeypatch.setattr(protocol, "checkpoint", lose_a_shard)
     return data, out
 
 

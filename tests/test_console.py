@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from dpsynth.pipelines import cli, job
+from dpsynth.pipelines.release import protocol
 from tests.conftest import gmm_data
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,7 +95,7 @@ def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
     def interrupt(step):
         if step == "running":
             raise KeyboardInterrupt
-    monkeypatch.setattr(job, "_checkpoint", interrupt)
+    monkeypatch.setattr(protocol, "checkpoint", interrupt)
     out = tmp_path / "out"
     rc = cli.main(["generate", "--input", str(_npz(tmp_path)),
                    "--num-classes", "2", "--output", str(out)])

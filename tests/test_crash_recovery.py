@@ -20,8 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsynth.pipelines import cli, job
-from dpsynth.pipelines.release import budget_store, consistency, release
+from dpsynth.pipelines import cli
+from dpsynth.pipelines.release import protocol
+from dpsynth.pipelines.budget import store as budget_store
+from dpsynth.pipelines.release import consistency, publisher, reading, release
 from tests.conftest import gmm_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,18 +40,18 @@ class Crash(RuntimeError):
 
 def _crash_at(monkeypatch, step: str) -> None:
     if step == "mid-publish":  # the first file lands, then the crash
-        real = release._place
+        real = publisher._place
 
         def place(sources, targets):
             real(sources[:1], targets[:1])
             raise Crash("crash while placing the release's files")
-        monkeypatch.setattr(release, "_place", place)
+        monkeypatch.setattr(publisher, "_place", place)
         return
 
     def checkpoint(name):
         if name == step:
             raise Crash(f"crash at {step}")
-    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    monkeypatch.setattr(protocol, "checkpoint", checkpoint)
 
 
 def _visible(output: str) -> dict[str, str]:
@@ -109,7 +111,7 @@ def _crash_then_retry(monkeypatch, tmp_path, output: str, store: str,
     assert attempts[-1]["status"] == budget_store.PUBLISHED
     assert _versions(after_retry) == {manifest["root"]}
     root = release.release_root(output, manifest)
-    x_rel, _, _ = release.load_release(output)
+    x_rel, _, _ = reading.load_release(output)
     assert len(x_rel) == manifest["samples_total"]
     from dpsynth.dp_ops.config import GeneratorConfig
     conf = dict(manifest["config"], labels=tuple(manifest["config"]["labels"]))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dpsynth.pipelines import cli
-from dpsynth.pipelines.release import release
+from dpsynth.pipelines.release import reading
 from dpsynth.transforms import io
 from tests.conftest import gmm_data
 
@@ -128,7 +128,7 @@ def test_generate_on_csv_is_the_release_of_the_same_npz(tmp_path):
         assert _generate("--input", path, "--num-classes", 3, "--output",
                          tmp_path / name, "--noise-seed", 5,
                          "--epsilon", 4) == 0
-    a, b = (release.load_release(str(tmp_path / n))[:2] for n in ("csv", "npz"))
+    a, b = (reading.load_release(str(tmp_path / n))[:2] for n in ("csv", "npz"))
     np.testing.assert_array_equal(a[0], b[0])
     np.testing.assert_array_equal(a[1], b[1])
 

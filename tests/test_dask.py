@@ -546,7 +546,7 @@ def test_secure_noise_release_is_self_consistent(scheduler, tmp_path):
     makes Dask recompute its results, which only the keyed noise of the
     privacy change (noise = f(per-run secret key, mechanism)) makes
     harmless."""
-    from dpsynth.pipelines.release.release import load_gmm, load_release
+    from dpsynth.pipelines.release.reading import load_gmm, load_release
     out = tmp_path / "rel"
     _generate(out, *_dask(scheduler))
     _, y, manifest = load_release(str(out))

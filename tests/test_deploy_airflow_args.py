@@ -113,7 +113,7 @@ def test_budget_check_logs_one_fixed_line_not_the_report(nightly, tmp_path,
     data. A re-run of a run id with 3 attempts and an over-cap run each
     log one line of fixed text and configuration."""
     from dpsynth.dp_ops.ledger import Mechanism
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     store = str(tmp_path / "budgets")
     mech = [Mechanism("class=0/sum", "moments", "class=0", 1.0, 2.0)]
     for attempt in range(3):
@@ -126,7 +126,7 @@ def test_budget_check_logs_one_fixed_line_not_the_report(nightly, tmp_path,
     spent = budget_store.lifetime_spent(store, "digits-demo", 1e-5)
     # control: the store's own report does hold the attempt count
     report = subprocess.run(
-        [sys.executable, "-m", "dpsynth.pipelines.release.budget_store", "check",
+        [sys.executable, "-m", "dpsynth.pipelines.budget.store", "check",
          "--budget-store", store, "--dataset-id", "digits-demo", "--run-id",
          "digits-demo-2026-01-02", "--epsilon", "1", "--num-classes", "10"],
         capture_output=True, text=True)
@@ -139,7 +139,7 @@ def test_budget_check_logs_one_fixed_line_not_the_report(nightly, tmp_path,
     refused, log = _check_budget(nightly, monkeypatch, capsys, store,
                                  "digits-demo-2026-01-03", spent + 0.05)
     assert "over the cap" in refused and "\n" not in refused
-    assert "budget_store show --budget-store " + store in refused
+    assert "dpsynth.pipelines.budget.store show --budget-store " + store in refused
     assert log == ""
     for private in ("attempt", f"{spent:.4f}", f"{spent:.4g}", f"{spent:g}"):
         assert private not in line + refused

@@ -189,8 +189,8 @@ def test_rerun_of_the_same_date_spends_nothing_twice(nightly, airflow_venv,
                                                      airflow_home):
     if not _generate_records_budget():
         pytest.skip("dpsynth generate has no --budget-store yet (the lead "
-                    "wires dpsynth.pipelines.release.budget_store.reserve into generate)")
-    from dpsynth.pipelines.release import budget_store
+                    "wires dpsynth.pipelines.budget.store.reserve into generate)")
+    from dpsynth.pipelines.budget import store as budget_store
     root, config = nightly["root"], nightly["config"]
     store = nightly["operator"]["budget_store"]
     first = budget_store.history(store, "digits-demo")
@@ -208,7 +208,7 @@ def test_rerun_of_the_same_date_spends_nothing_twice(nightly, airflow_venv,
 def test_exhausted_budget_stops_before_generate(airflow_venv, airflow_home,
                                                 tmp_path):
     from dpsynth.dp_ops.ledger import Mechanism
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     store = str(tmp_path / "budgets")
     # An earlier release already spent almost all of the lifetime cap: the
     # nightly epsilon=1 release cannot fit in the 0.05 that is left.

@@ -102,7 +102,7 @@ def test_manifest_differs_only_in_run_metadata(releases):
 
 
 def test_different_noise_seed_gives_different_noise(releases):
-    from dpsynth.pipelines.release.release import load_gmm
+    from dpsynth.pipelines.release.reading import load_gmm
     ref = load_gmm(str(releases["one-worker"]))
     other = load_gmm(str(releases["other-noise-seed"]))
     ref_files = release_bytes(releases["one-worker"])

@@ -75,9 +75,12 @@ def _names_in_code(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", [REPO / "pipelines" / "job.py",
-                                  *sorted((REPO / "transforms").glob("*.py"))],
-                         ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize("path", [
+    *(REPO / "pipelines" / m for m in ("job.py", "job_plan.py", "graph.py",
+                                       "job_manifest.py")),
+    REPO / "pipelines" / "release" / "protocol.py",
+    *sorted((REPO / "transforms").glob("*.py"))],
+    ids=lambda p: str(p.relative_to(REPO)))
 def test_the_job_and_the_transforms_never_name_an_engine(path):
     named = [n for n in _names_in_code(path)
              if any(word in n.lower() for word in ENGINE_WORDS)]

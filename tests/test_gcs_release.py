@@ -3,7 +3,7 @@
 Covers: google-cloud-storage <-> Beam FileSystems round trip; a real
 `python -m dpsynth.pipelines.cli.generate` run that reads its input from gs:// and
 publishes its release to gs://; and the atomic publication protocol of
-pipelines/release/release.py on an object store (the manifest is the commit point; a
+pipelines/release/ (publisher, reading) on an object store (the manifest is the commit point; a
 crash at any step leaves no readable release).
 """
 
@@ -25,12 +25,13 @@ from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _release_module():
+def _release_modules():
+    """The release room's shared storage, its publisher and its reader."""
     try:
-        from dpsynth.pipelines.release import release
+        from dpsynth.pipelines.release import publisher, reading, release
     except ImportError as e:
         pytest.skip(f"dpsynth.pipelines.release.release is not importable yet: {e}")
-    return release
+    return release, publisher, reading
 
 
 def test_storage_client_and_beam_filesystems_round_trip(gcs):
@@ -91,7 +92,7 @@ def test_npz_ranges_read_the_same_rows_through_gs(gcs, monkeypatch):
 
 
 def test_generate_reads_gs_input_and_publishes_gs_release(gcs):
-    release = _release_module()
+    release, publisher, reading = _release_modules()
     from dpsynth.pipelines import demo
     train, _ = demo.demo_files()
     gcs.client().bucket(gcs.bucket).blob("private/digits-train.npz") \
@@ -110,7 +111,7 @@ def test_generate_reads_gs_input_and_publishes_gs_release(gcs):
     final = [n for n in names if n.startswith("releases/2026-01-01/")]
     assert set(names) == set(final), "staging objects left behind"
     assert "releases/2026-01-01/_manifest.json" in final
-    x, y, manifest = release.load_release(output)  # reads through gs://
+    x, y, manifest = reading.load_release(output)  # reads through gs://
     root = f"releases/2026-01-01/{manifest['root']}/"
     assert f"{root}_gmm.npz" in final
     shards = [n for n in final if n.startswith(f"{root}data/")]
@@ -123,7 +124,7 @@ def test_generate_reads_gs_input_and_publishes_gs_release(gcs):
     assert x.shape[0] == manifest["samples_total"] == len(y) > 0
     assert set(np.unique(y)) <= set(range(10))
     # the shuffled form reads the shards on several threads
-    xs, ys = release.load_release(output, as_="numpy")
+    xs, ys = reading.load_release(output, as_="numpy")
     order = np.random.default_rng(0).permutation(len(y))
     np.testing.assert_array_equal(xs, x[order].astype(np.float32))
     np.testing.assert_array_equal(ys, y[order])
@@ -136,6 +137,8 @@ def _stage(release, gcs, run: str, shards: int) -> str:
     """A complete staging directory on gs:// (what a run leaves before
     publishing): data shards, gmm.npz, the staged manifest naming them."""
     from apache_beam.io.filesystems import FileSystems
+
+    from dpsynth.pipelines.release import publisher
     staging = release.staging_dir(gcs.uri("rel/final"), run, "t0")
     names = [f"synthetic-{i:05d}-of-{shards:05d}.tfrecord"
              for i in range(shards)]
@@ -146,7 +149,7 @@ def _stage(release, gcs, run: str, shards: int) -> str:
     np.savez(buf, run=np.array([run]))
     with FileSystems.create(f"{staging}/gmm.npz") as f:
         f.write(buf.getvalue())
-    release.write_manifest(staging, {
+    publisher.write_manifest(staging, {
         "run_id": run, "root": f"v-{run}", "embedding_dim": 2,
         "classes": [{"label": 0, "shards": names}],
         "files": release.file_digests(staging)})
@@ -177,18 +180,18 @@ class CopySpy:
 
 
 def test_manifest_is_committed_last_on_gcs(gcs, monkeypatch):
-    release = _release_module()
+    release, publisher, reading = _release_modules()
     final = gcs.uri("rel/final")
     staging = _stage(release, gcs, "run-a", shards=3)
     seen = CopySpy(monkeypatch, gcs).seen
     before_manifest = []
-    real_write = release.write_manifest
+    real_write = publisher.write_manifest
 
     def spy_write(folder, doc, *generation):
         before_manifest.append(gcs.names("rel/final/"))
         return real_write(folder, doc, *generation)
-    monkeypatch.setattr(release, "write_manifest", spy_write)
-    release.publish(staging, final)
+    monkeypatch.setattr(publisher, "write_manifest", spy_write)
+    publisher.publish(staging, final)
 
     assert seen and len(before_manifest) == 1
     # neither the manifest nor its pre-format-3 name exists before the data
@@ -197,49 +200,49 @@ def test_manifest_is_committed_last_on_gcs(gcs, monkeypatch):
     assert {f"rel/final/v-run-a/data/synthetic-{i:05d}-of-00003.tfrecord"
             for i in range(3)} <= set(before_manifest[0])
     assert release.read_manifest(final)["run_id"] == "run-a"
-    assert release.release_files(final)[0].startswith(
+    assert reading.release_files(final)[0].startswith(
         gcs.uri("rel/final/v-run-a/data/"))
 
 
 def test_crash_midway_leaves_no_readable_release(gcs, monkeypatch):
-    release = _release_module()
+    release, publisher, reading = _release_modules()
     final = gcs.uri("rel/final")
     staging = _stage(release, gcs, "run-a", shards=3)
     CopySpy(monkeypatch, gcs, crash_on=".tfrecord")
     with pytest.raises(Crash):
-        release.publish(staging, final)
+        publisher.publish(staging, final)
     assert not release.release_exists(final)
     with pytest.raises(release.ReleaseError):
-        release.load_release(final)
+        reading.load_release(final)
     assert release.staged_manifest(staging)["run_id"] == "run-a"
 
 
 def test_crash_while_replacing_keeps_the_old_release_whole(gcs, monkeypatch):
     """The old manifest names the old version folder until the new one is
     complete: readers see the old release or the new, never a mix."""
-    release = _release_module()
+    release, publisher, reading = _release_modules()
     final = gcs.uri("rel/final")
-    release.publish(_stage(release, gcs, "run-old", shards=2), final)
+    publisher.publish(_stage(release, gcs, "run-old", shards=2), final)
     spy = CopySpy(monkeypatch, gcs, crash_on=".tfrecord")
     with pytest.raises(Crash):
-        release.publish(_stage(release, gcs, "run-new", shards=3), final,
-                        overwrite=True)
+        publisher.publish(_stage(release, gcs, "run-new", shards=3), final,
+                          overwrite=True)
     assert release.read_manifest(final)["run_id"] == "run-old"
-    assert all("v-run-old" in f for f in release.release_files(final))
+    assert all("v-run-old" in f for f in reading.release_files(final))
     spy.crash_on = None
-    release.publish(release.staging_dir(final, "run-new", "t0"), final,
-                    overwrite=True)
+    publisher.publish(release.staging_dir(final, "run-new", "t0"), final,
+                      overwrite=True)
     assert release.read_manifest(final)["run_id"] == "run-new"
 
 
 def test_republish_after_crash_leaves_no_orphan_objects(gcs, monkeypatch):
-    release = _release_module()
+    release, publisher, reading = _release_modules()
     final = gcs.uri("rel/final")
     spy = CopySpy(monkeypatch, gcs, crash_on=".tfrecord")
     with pytest.raises(Crash):
-        release.publish(_stage(release, gcs, "run-crashed", shards=4), final)
+        publisher.publish(_stage(release, gcs, "run-crashed", shards=4), final)
     spy.crash_on = None  # the retry runs to completion
-    release.publish(_stage(release, gcs, "run-retry", shards=2), final)
+    publisher.publish(_stage(release, gcs, "run-retry", shards=2), final)
     manifest = release.read_manifest(final)
     listed = {f"rel/final/v-run-retry/data/{n}" for c in manifest["classes"]
               for n in c["shards"]}
@@ -250,7 +253,7 @@ def test_republish_after_crash_leaves_no_orphan_objects(gcs, monkeypatch):
 def test_budget_store_document_is_json_on_gcs(gcs):
     """The ledger object is plain JSON readable by any GCS client."""
     from dpsynth.dp_ops.ledger import Mechanism
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     m = [Mechanism("class=0/count", "moments", "class=0", 1.0, 5.0)]
     budget_store.reserve(gcs.uri("budgets"), "digits", "r1", m, 0.5, 1e-5,
                          5.0, 1e-5)

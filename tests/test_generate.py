@@ -9,7 +9,7 @@ import pytest
 from dpsynth.dp_ops import plan
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.pipelines import cli
-from dpsynth.pipelines.release.release import load_gmm, load_release
+from dpsynth.pipelines.release.reading import load_gmm, load_release
 from tests.conftest import (assert_release_matches_reference, gmm_data,
                             release_dir)
 

@@ -12,7 +12,7 @@ from dpsynth.dp_ops import adaptive, generator, reference
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import SeededNoise
 from dpsynth.pipelines import cli
-from dpsynth.pipelines.release.release import load_gmm
+from dpsynth.pipelines.release.reading import load_gmm
 from tests.conftest import gmm_data
 
 # Each mode forced through the rule's public constants (the test hook:

@@ -5,7 +5,7 @@ import json
 import numpy as np
 
 from dpsynth.pipelines import cli
-from dpsynth.pipelines.release import budget_store
+from dpsynth.pipelines.budget import store as budget_store
 from tests.conftest import gmm_data
 
 

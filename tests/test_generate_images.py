@@ -71,8 +71,8 @@ def _plan(root, classes):
                               "--encoder", "keras:/nowhere.keras",
                               "--embedding-dim", "6", "--output",
                               str(root) + "-out", "--epsilon", "2"])
-    from dpsynth.pipelines import job as job_module
-    job = job_module.prepare(generate.spec_from_args(args))
+    from dpsynth.pipelines import job_plan
+    job = job_plan.prepare(generate.spec_from_args(args))
     return job.cfg.labels, [m.to_dict() for m in job.ledger.mechanisms]
 
 

@@ -593,7 +593,7 @@ def _store_flags(bucket) -> list[str]:
 
 
 def _attempts(bucket, run_id: str) -> list[dict]:
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     return [e for e in budget_store.history(bucket.uri("budgets"), "hosts")
             if e["run_id"] == run_id]
 

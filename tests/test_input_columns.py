@@ -61,7 +61,7 @@ def test_a_charged_release_takes_no_dimension_from_a_row(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--embedding-dim" in err[0], err
     assert "budget store" in err[0] and not (tmp_path / "a").exists()
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     assert budget_store.history(str(store), "d") == []  # nothing charged
     assert cli.main([*common, "--embedding-dim", str(DIM),
                      "--output", str(tmp_path / "b")]) == 0

@@ -41,8 +41,8 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth.pipelines.release import budget_store as bs
-from dpsynth.pipelines.release import release
+from dpsynth.pipelines.budget import store as bs
+from dpsynth.pipelines.release import publisher, reading, release
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
@@ -68,7 +68,7 @@ def _manifest_swapped_after_commit(monkeypatch, tmp_path, capsys, out, store):
         real(reservation, folder, digest)
         manifest = release.staged_manifest(folder)
         manifest["note"] = "rewritten after it was recorded"
-        release.write_manifest(folder, manifest)
+        publisher.write_manifest(folder, manifest)
     monkeypatch.setattr(bs, "commit_staged", commit_then_rewrite)
     capsys.readouterr()
     rc = _generate(_data(tmp_path), out, "--run-id", "nightly",
@@ -99,10 +99,10 @@ def test_publish_checks_the_recorded_digest(tmp_path):
     recorded = release.manifest_digest(staging)
     manifest = release.staged_manifest(staging)
     manifest["privacy"] = {"spent": {"epsilon": 1.0}}
-    release.write_manifest(staging, manifest)
+    publisher.write_manifest(staging, manifest)
     with pytest.raises(release.ReleaseChanged, match="not the manifest rec"):
-        release.publish(staging, str(tmp_path / "out"),
-                        manifest_sha256=recorded)
+        publisher.publish(staging, str(tmp_path / "out"),
+                          manifest_sha256=recorded)
     assert not release.release_exists(str(tmp_path / "out"))
 
 
@@ -111,14 +111,14 @@ def test_publish_checks_the_recorded_digest(tmp_path):
 def _strip_files(out: str) -> None:
     manifest = release.read_manifest(out)
     del manifest["files"]
-    release.write_manifest(out, manifest)
+    publisher.write_manifest(out, manifest)
 
 
 def _stripped_release(tmp_path, gcs_or_none) -> tuple[str, str]:
     root = (str(tmp_path / "releases") if gcs_or_none is None
             else gcs_or_none.uri("releases"))
     out = f"{root}/2026-01-01"
-    release.publish(_staged(f"{root}/s", "nightly", "v-1"), out)
+    publisher.publish(_staged(f"{root}/s", "nightly", "v-1"), out)
     _strip_files(out)
     _delete_shard(release.release_root(out))
     return root, out
@@ -138,10 +138,10 @@ def test_latest_json_refuses_a_manifest_without_digests(tmp_path, capsys,
 
 def test_reading_a_release_without_digests_warns(tmp_path):
     out = str(tmp_path / "out")
-    release.publish(_staged(str(tmp_path / "s"), "r", "v-1"), out)
+    publisher.publish(_staged(str(tmp_path / "s"), "r", "v-1"), out)
     _strip_files(out)
     with pytest.warns(UserWarning, match="read unchecked"):
-        release.verify_release(out)
+        reading.verify_release(out)
 
 
 # --------------------------------- fixed: a malformed files entry, one line
@@ -152,9 +152,9 @@ def test_a_malformed_files_entry_is_refused(tmp_path, entry):
     staging = _staged(str(tmp_path / "s"), "r", "v-1")
     manifest = release.staged_manifest(staging)
     manifest["files"]["_gmm.npz"] = entry
-    release.write_manifest(staging, manifest)
+    publisher.write_manifest(staging, manifest)
     with pytest.raises(release.ReleaseChanged, match="not a size and sha256"):
-        release.publish(staging, str(tmp_path / "out"))
+        publisher.publish(staging, str(tmp_path / "out"))
 
 
 # ------------------------------------------------------------------- held
@@ -166,9 +166,9 @@ def test_a_files_entry_outside_the_folder_is_never_read(tmp_path, name):
     _put(str(tmp_path), "evil", b"E" * 10)
     manifest = release.staged_manifest(staging)
     manifest["files"][name] = {"bytes": 10, "sha256": "0" * 64}
-    release.write_manifest(staging, manifest)
+    publisher.write_manifest(staging, manifest)
     with pytest.raises(release.ReleaseChanged, match="is missing"):
-        release.publish(staging, str(tmp_path / "out"))
+        publisher.publish(staging, str(tmp_path / "out"))
     assert not os.path.exists(tmp_path / "out" / "v-1")
 
 
@@ -176,10 +176,10 @@ def test_a_huge_listed_size_is_refused_before_hashing(tmp_path, monkeypatch):
     staging = _staged(str(tmp_path / "s"), "r", "v-1")
     manifest = release.staged_manifest(staging)
     manifest["files"]["_gmm.npz"]["bytes"] = 1 << 50
-    release.write_manifest(staging, manifest)
+    publisher.write_manifest(staging, manifest)
     monkeypatch.setattr(release, "_sha256_all", None)  # never reached
     with pytest.raises(release.ReleaseChanged, match="bytes, not"):
-        release.publish(staging, str(tmp_path / "out"))
+        publisher.publish(staging, str(tmp_path / "out"))
 
 
 @pytest.mark.parametrize("where", ["local", "gcs"])
@@ -187,10 +187,10 @@ def test_a_file_added_after_publication_is_refused(tmp_path, request, where):
     base = (str(tmp_path) if where == "local"
             else request.getfixturevalue("gcs").uri("rel"))
     out = f"{base}/out"
-    release.publish(_staged(f"{base}/s", "r", "v-1"), out)
+    publisher.publish(_staged(f"{base}/s", "r", "v-1"), out)
     _put(release.release_root(out), "data/s-9.tfrecord", b"rows")
     with pytest.raises(release.ReleaseChanged, match="not in the manifest"):
-        release.load_release(out)
+        reading.load_release(out)
 
 
 @pytest.mark.parametrize("where", ["local", "gcs"])
@@ -209,7 +209,7 @@ def test_one_staged_folder_published_twice_at_once(tmp_path, monkeypatch,
 
         def publish(k):
             try:
-                results[k] = release.publish(staging, out)
+                results[k] = publisher.publish(staging, out)
             except release.ReleaseError as err:
                 results[k] = err
         threads = [threading.Thread(target=publish, args=(k,))
@@ -219,7 +219,7 @@ def test_one_staged_folder_published_twice_at_once(tmp_path, monkeypatch,
         for t in threads:
             t.join()
         assert all(isinstance(r, dict) for r in results), results
-        assert release.verify_release(out)["root"] == f"v-{i}"
+        assert reading.verify_release(out)["root"] == f"v-{i}"
 
 
 @pytest.mark.parametrize("store", ["./out/../out/budgets", "out/./budgets",
@@ -250,7 +250,7 @@ def test_a_published_manifest_names_what_was_published(tmp_path):
     staging = _staged(str(tmp_path / "s"), "r", "v-1")
     digest = release.manifest_digest(staging)
     out = str(tmp_path / "out")
-    release.publish(staging, out, manifest_sha256=digest)
+    publisher.publish(staging, out, manifest_sha256=digest)
     assert json.loads(Path(out, "_manifest.json").read_text()) == \
         release.staged_manifest(staging)
 
@@ -262,7 +262,7 @@ def test_a_staging_on_another_file_system_is_refused(tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path)
     staging = _staged(str(tmp_path / "s"), "r", "v-1")
     with pytest.raises(release.ReleaseError, match="different file systems"):
-        release.publish(staging, gcs.uri("rel", "out"))
+        publisher.publish(staging, gcs.uri("rel", "out"))
     assert not (tmp_path / "gs:").exists()
 
 
@@ -283,7 +283,7 @@ def test_the_printed_parquet_hint_reads_only_the_published_release(tmp_path,
     leftover = Path(out, "v-killedlaunch")
     shutil.copytree(Path(release.release_root(out)), leftover)
     assert len(pd.read_parquet(path)) == published["samples_total"]
-    assert len(release.load_release(out)[1]) == published["samples_total"]
+    assert len(reading.load_release(out)[1]) == published["samples_total"]
 
 
 @pytest.mark.parametrize("where", ["local", "gcs"])
@@ -296,11 +296,11 @@ def test_a_staged_release_naming_the_published_folder_is_refused(
     base = (str(tmp_path) if where == "local"
             else request.getfixturevalue("gcs").uri("rel"))
     out = f"{base}/out"
-    release.publish(_staged(f"{base}/a", "a", "v-1", body=b"A"), out)
+    publisher.publish(_staged(f"{base}/a", "a", "v-1", body=b"A"), out)
     other = _staged(f"{base}/b", "b", "v-1", body=b"B")
     with pytest.raises(release.ReleaseError, match="version folder this"):
-        release.publish(other, out, overwrite=True)
-    assert release.verify_release(out)["run_id"] == "a"  # whole, untouched
+        publisher.publish(other, out, overwrite=True)
+    assert reading.verify_release(out)["run_id"] == "a"  # whole, untouched
 
 
 @pytest.mark.parametrize("body", ['{"run_id": "x", "ro', "[1, 2]", "\xff"])
@@ -316,7 +316,7 @@ def test_a_broken_manifest_at_the_output_is_one_line_naming_it(
     err = _one_line_error(capsys)
     assert rc == 2 and f"{out}/_manifest.json: not a dpsynth manifest" in err
     with pytest.raises(release.ReleaseError, match="not a dpsynth manifest"):
-        release.load_release(str(out))
+        reading.load_release(str(out))
 
 
 @pytest.mark.parametrize("target", ["folder", "nowhere"])
@@ -325,13 +325,13 @@ def test_a_link_added_to_a_published_release_is_refused(tmp_path, target):
     enter it, a Parquet reader of the folder may); a broken link ended in
     a FileNotFoundError traceback."""
     out = str(tmp_path / "out")
-    release.publish(_staged(str(tmp_path / "s"), "r", "v-1"), out)
+    publisher.publish(_staged(str(tmp_path / "s"), "r", "v-1"), out)
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / "s-9.tfrecord").write_bytes(b"rows")
     Path(release.release_root(out), "data", "more").symlink_to(
         tmp_path / target)
     with pytest.raises(release.ReleaseChanged, match="data/more is not in"):
-        release.load_release(out)
+        reading.load_release(out)
 
 
 @pytest.mark.parametrize("flags", [("--epsilon", "inf"),

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsynth.pipelines.release import budget_store, release
+from dpsynth.pipelines.budget import store as budget_store
+from dpsynth.pipelines.release import release
 from tests.conftest import gmm_data
 
 REPO = Path(__file__).resolve().parent.parent
@@ -198,13 +199,13 @@ def _swallowed_ctrl_c() -> None:
 
 def test_a_ctrl_c_a_library_swallowed_still_stops_the_job(
         tmp_path, capsys, monkeypatch):
-    from dpsynth.pipelines import cli, job
-    real = job.prepare
+    from dpsynth.pipelines import cli, job_plan
+    real = job_plan.prepare
 
     def prepare(spec):
         _swallowed_ctrl_c()
         return real(spec)
-    monkeypatch.setattr(job, "prepare", prepare)
+    monkeypatch.setattr(job_plan, "prepare", prepare)
     x, y = gmm_data(300, d=4, classes=2)
     np.savez(tmp_path / "in.npz", embeddings=x, labels=y)
     out, store = tmp_path / "out", tmp_path / "b"
@@ -258,7 +259,8 @@ def test_ctrl_c_after_publishing_says_the_release_is_there(
     """Ctrl-C between publishing and recording it: the line must not say
     that nothing was published; the release is complete, and a retry of
     the run id finishes at no new cost."""
-    from dpsynth.pipelines import cli, job
+    from dpsynth.pipelines import cli
+    from dpsynth.pipelines.release import protocol
 
     def checkpoint(step):
         if step == "published":
@@ -270,7 +272,7 @@ def test_ctrl_c_after_publishing_says_the_release_is_there(
             "2", "--output", str(out), "--run-id", "r1", "--budget-store",
             str(store), "--dataset-id", "p", "--lifetime-epsilon", "10"]
     with monkeypatch.context() as patch:
-        patch.setattr(job, "_checkpoint", checkpoint)
+        patch.setattr(protocol, "checkpoint", checkpoint)
         assert cli.main(argv) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == (f"dpsynth: interrupted after the release at {out} "

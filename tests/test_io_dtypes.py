@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from dpsynth.pipelines import cli
-from dpsynth.pipelines.release import release
+from dpsynth.pipelines.release import reading, release
 from tests.conftest import gmm_data
 from dpsynth.transforms import io
 from dpsynth.transforms.io import validation
@@ -107,7 +107,7 @@ def test_every_format_yields_float32_rows_as_stored(tmp_path, fmt):
 def _digests(path: str) -> list[str]:
     manifest = release.read_manifest(path)
     return [hashlib.sha256(Path(f).read_bytes()).hexdigest()
-            for f in release.release_files(path, manifest)]
+            for f in reading.release_files(path, manifest)]
 
 
 def test_float32_files_give_the_release_of_the_same_values_in_float64(

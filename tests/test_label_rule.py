@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 from dpsynth.dp_ops.ledger import Mechanism
-from dpsynth.pipelines.release import budget_store as bs
-from dpsynth.pipelines import cli, job
+from dpsynth.pipelines.budget import store as bs
+from dpsynth.pipelines import cli, job_plan
+from dpsynth.pipelines.release import protocol
 from tests.conftest import gmm_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -67,7 +68,7 @@ def test_relabelling_the_same_records_is_refused_in_one_line(
     (entry,) = before = bs.history(store, "patients")
     assert entry["status"] == bs.PUBLISHED
     reads = []
-    monkeypatch.setattr(job, "_checkpoint", reads.append)
+    monkeypatch.setattr(protocol, "checkpoint", reads.append)
     second = str(tmp_path / "second")
     code = _generate(data, second, store, "--labels", "1",
                      "--label-feature", "label2")
@@ -123,5 +124,5 @@ def test_the_rule_generate_pins_comes_from_public_flags():
                                 "--label-feature", "y2"])
     spec = spec_from_args(args, [])
     cfg = spec.generator.config((3, 1))
-    assert job.label_rule(spec, cfg) == {"label_feature": "y2",
-                                         "labels": [1, 3]}
+    assert job_plan.label_rule(spec, cfg) == {"label_feature": "y2",
+                                              "labels": [1, 3]}

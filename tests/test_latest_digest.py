@@ -15,7 +15,7 @@ import pytest
 
 import dpsynth
 from dpsynth.deploy import publish
-from dpsynth.pipelines.release import release
+from dpsynth.pipelines.release import reading, release
 from tests.test_deploy_scripts import _fake_release
 
 RUN = "nightly-2026-01-01"
@@ -49,7 +49,7 @@ def test_publish_records_the_verified_manifest_digest(published, capsys):
 
 def test_load_latest_reads_the_verified_release(published):
     root, _ = published
-    x, y, manifest = release.load_latest(str(root))
+    x, y, manifest = reading.load_latest(str(root))
     assert manifest["run_id"] == RUN and len(x) == len(y) == 0
     x, y = dpsynth.load_latest(str(root), as_="numpy")  # load_release kwargs
     assert x.dtype == np.float32 and len(y) == 0
@@ -64,10 +64,10 @@ def test_a_folder_republished_since_is_refused_in_one_line(published,
     shutil.rmtree(out)
     shutil.copytree(other, out)
     # The path alone now names the other run's release ...
-    assert release.load_release(str(out))[2]["run_id"] == "someone-else"
+    assert reading.load_release(str(out))[2]["run_id"] == "someone-else"
     # ... which the pinned reader refuses.
     with pytest.raises(release.ReleaseChanged) as e:
-        release.load_latest(str(root))
+        reading.load_latest(str(root))
     assert str(e.value).startswith(f"{out}: ")
     assert "not the one pinned" in str(e.value) and "\n" not in str(e.value)
 
@@ -75,9 +75,9 @@ def test_a_folder_republished_since_is_refused_in_one_line(published,
 def test_load_release_refuses_a_wrong_digest(published):
     root, out = published
     with pytest.raises(release.ReleaseChanged, match="not the one pinned"):
-        release.load_release(str(out), manifest_sha256="0" * 64)
+        reading.load_release(str(out), manifest_sha256="0" * 64)
     # The right one reads (the same bytes are hashed and parsed).
-    pinned = release.load_release(
+    pinned = reading.load_release(
         str(out), manifest_sha256=_sha256(out / "_manifest.json"))
     assert pinned[2]["run_id"] == RUN
 
@@ -87,7 +87,7 @@ def test_latest_without_a_digest_is_refused_not_read_unpinned(published):
     (root / "LATEST.json").write_text(json.dumps({"release": str(out)}))
     with pytest.raises(release.ReleaseError, match="no release with its "
                        "manifest_sha256"):
-        release.load_latest(str(root))
+        reading.load_latest(str(root))
 
 
 def test_publish_refuses_a_manifest_rewritten_while_it_reads(
@@ -121,10 +121,10 @@ def test_latest_edited_to_name_a_non_private_release_is_refused(
         "release": str(debug), "run_id": "debug-inf",
         "manifest_sha256": _sha256(debug / "_manifest.json")}))
     reads = []
-    monkeypatch.setattr(release, "_all_blocks",
+    monkeypatch.setattr(reading, "_all_blocks",
                         lambda *a, **k: reads.append(a) or ([], []))
     with pytest.raises(release.ReleaseError) as err:
-        release.load_latest(str(root))
+        reading.load_latest(str(root))
     assert type(err.value) is release.ReleaseError
     assert "NOT PRIVATE" in str(err.value) and "\n" not in str(err.value)
     assert str(debug) in str(err.value)
@@ -136,5 +136,5 @@ def test_latest_edited_to_name_a_non_private_release_is_refused(
         "release": str(debug), "run_id": "debug-inf",
         "manifest_sha256": _sha256(debug / "_manifest.json")}))
     with pytest.raises(release.ReleaseError, match="NOT PRIVATE"):
-        release.load_latest(str(root))
+        reading.load_latest(str(root))
     assert reads == []

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from dpsynth.dp_ops.noise import KeyedNoise
-from dpsynth.pipelines import cli, job
+from dpsynth.pipelines import cli, graph, job_plan
+from dpsynth.pipelines.release import protocol
 from dpsynth.pipelines.release import release
 from tests.conftest import gmm_data
 from dpsynth.transforms.keyed_noise import StoredKeyNoise, key_uri, write_key
@@ -48,9 +49,9 @@ def test_the_launcher_gives_the_job_a_reference_not_the_key(tmp_path):
          "2", "--output", str(tmp_path / "out"), "--noise-key-location",
          str(tmp_path / "keys")])
     spec = generate.spec_from_args(args)
-    j = job.prepare(spec)
+    j = job_plan.prepare(spec)
     key = j.noise.export_key()
-    uri = job.store_noise_key(j, spec)
+    uri = graph.store_noise_key(j, spec)
     blob = pickle.dumps(j.noise)
     assert uri.encode() in blob
     assert key not in blob and key.hex().encode() not in blob
@@ -88,14 +89,14 @@ def test_a_run_with_a_key_location_writes_reads_and_deletes_the_key(
     keys = tmp_path / "keys"
     keys.mkdir(mode=0o700)  # only ours (issue 58)
     seen, keys_used = [], []
-    real = job.store_noise_key
+    real = graph.store_noise_key
 
     def spy(j, spec):
         keys_used.append(j.noise.export_key())  # the run's real key
         uri = real(j, spec)
         seen.append((uri, Path(uri).exists()))
         return uri
-    monkeypatch.setattr(job, "store_noise_key", spy)
+    monkeypatch.setattr(graph, "store_noise_key", spy)
     pickled = pickled_payloads(monkeypatch)
     out = str(tmp_path / "out")
     # Worker processes (multi_processing) unpickle the reference and read
@@ -146,7 +147,7 @@ def test_a_key_folder_others_can_read_or_write_is_refused_before_any_data(
         check_key_folder(str(keys))
     assert type(err.value) is KeyLocationError and "\n" not in str(err.value)
     steps = []
-    monkeypatch.setattr(job, "_checkpoint", steps.append)
+    monkeypatch.setattr(protocol, "checkpoint", steps.append)
     for location in (str(keys), "file://" + str(keys)):
         assert cli.main(_argv(tmp_path, location)) == 2
         lines = capsys.readouterr().err.strip().splitlines()

@@ -13,8 +13,9 @@ import pytest
 
 from dpsynth.dp_ops import calibration
 from dpsynth.dp_ops.config import GeneratorConfig
-from dpsynth.pipelines import cli, job
-from dpsynth.pipelines.release import budget_store
+from dpsynth.pipelines import cli
+from dpsynth.pipelines.release import protocol
+from dpsynth.pipelines.budget import store as budget_store
 
 BIG = "100000000000000000000"  # 1e20 as an integer
 
@@ -51,7 +52,7 @@ def test_a_huge_or_tiny_number_is_one_line_before_any_data(
     flags = [str(store) if f == "STORE" else f for f in flags]
     out = tmp_path / "out"
     steps = []
-    monkeypatch.setattr(job, "_checkpoint", steps.append)
+    monkeypatch.setattr(protocol, "checkpoint", steps.append)
     try:
         code = cli.main(["generate", "--output", str(out), *flags])
     except SystemExit as stop:  # argparse's own errors

@@ -108,7 +108,7 @@ def _readers_of_prepared_blocks(p: beam.Pipeline) -> dict:
 
 
 def _job(tmp_path, *flags):
-    from dpsynth.pipelines import job
+    from dpsynth.pipelines import job_plan
     from dpsynth.pipelines.cli import generate
     x = np.random.default_rng(1).normal(size=(60, 8)).astype(np.float32)
     np.savez(tmp_path / "a.npz", embeddings=x, labels=np.arange(60) % 3)
@@ -117,7 +117,7 @@ def _job(tmp_path, *flags):
          str(tmp_path / "out"), "--num-classes", "3", "--noise-seed", "1",
          *flags])
     spec = generate.spec_from_args(args, beam_argv)
-    return job.prepare(spec), spec
+    return job_plan.prepare(spec), spec
 
 
 @pytest.mark.parametrize("flags", [
@@ -125,10 +125,10 @@ def _job(tmp_path, *flags):
     ["--clusters", "4", "--covariance", "per-class"],
     ["--clusters", "4", "--vote-filter"]])
 def test_no_pass_of_a_fixed_plan_has_two_readers(tmp_path, flags):
-    from dpsynth.pipelines import job
+    from dpsynth.pipelines import graph, job_plan
     j, spec = _job(tmp_path, *flags)
     p = beam.Pipeline()
-    job.build(p, j, job.make_reader(j, spec), spec)
+    graph.build(p, j, job_plan.make_reader(j, spec), spec)
     readers = _readers_of_prepared_blocks(p)
     assert any("Moments" in name for name in readers), readers
     assert set(readers.values()) == {1}, readers
@@ -138,13 +138,13 @@ def test_no_pass_of_a_fixed_plan_has_two_readers(tmp_path, flags):
 def test_no_pass_of_the_adaptive_plan_has_two_readers(tmp_path, counts):
     """Phase 2 in the shared mode (class sums + the global second moment)
     and in the per-class mode."""
-    from dpsynth.pipelines import job
+    from dpsynth.pipelines import graph, job_plan
     j, spec = _job(tmp_path)
-    mode = job.choose_phase2(j, 8, counts).mode
+    mode = graph.choose_phase2(j, 8, counts).mode
     assert mode == ("shared" if counts[0] < 100 else "per-class")
     p = beam.Pipeline()
-    job.build_adaptive(p, j, job.make_reader(j, spec), spec,
-                       np.zeros(8), counts)
+    graph.build_adaptive(p, j, job_plan.make_reader(j, spec), spec,
+                         np.zeros(8), counts)
     readers = _readers_of_prepared_blocks(p)
     assert any("Moments" in name for name in readers), readers
     assert set(readers.values()) == {1}, readers

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpsynth.pipelines import cli, job
+from dpsynth.pipelines import cli, job_plan
 from dpsynth.pipelines.cli import generate
-from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines.budget import store as bs
 from tests.conftest import gmm_data
 
 DELTA = 1e-5
@@ -48,8 +48,8 @@ def test_the_plan_is_what_the_run_charges(tmp_path, covariance):
             "--output", str(tmp_path / "out"), "--covariance", covariance,
             "--budget-store", str(tmp_path / "b"), "--dataset-id", "d",
             "--lifetime-epsilon", "10", "--epsilon", "1"]
-    plan = job.plan_only(_spec(argv))
-    prepared = job.prepare(_spec(argv))
+    plan = job_plan.plan_only(_spec(argv))
+    prepared = job_plan.prepare(_spec(argv))
     charged = prepared.reserved or prepared.ledger.mechanisms
     assert plan["mechanisms"] == [m.to_dict() for m in charged]
     assert plan["epsilon_charged"] <= 1.0 + 1e-9

@@ -46,7 +46,7 @@ import numpy as np
 import pytest
 
 from dpsynth.dp_ops import adaptive
-from dpsynth.pipelines import cli, job
+from dpsynth.pipelines import cli, job_plan
 from dpsynth.pipelines.release.release import read_manifest
 from tests.conftest import assert_same_release, dask_test_cluster
 from tests.forcing_noise import ForcingNoise, RecordingNoise, load_draws
@@ -127,7 +127,7 @@ class Runner:
         argv = ["generate", "--input", str(self.input), "--output", str(out),
                 *map(str, COMMON + PLANS[plan] + flags)]
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(job, "make_noise_source", lambda seed: noise)
+            patch.setattr(job_plan, "make_noise_source", lambda seed: noise)
             if plan in PLAN_CONSTANTS:
                 patch.setattr(adaptive, "constants_for", lambda cfg: (
                     adaptive.RuleConstants(shared_rank=cfg.covariance_rank,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth.pipelines.release import release
+from dpsynth.pipelines.release import reading, release
 from dpsynth.transforms import digests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -69,7 +69,7 @@ def test_a_same_size_rewrite_on_gcs_differs_in_md5(tmp_path, gcs):
         f.write(bytes(body))
     with pytest.raises(release.ReleaseChanged,
                        match=rf"{name} differs \(md5\)"):
-        release.verify_release(out)
+        reading.verify_release(out)
 
 
 def test_an_object_without_a_stored_md5_is_read(tmp_path, monkeypatch, gcs):
@@ -81,7 +81,7 @@ def test_an_object_without_a_stored_md5_is_read(tmp_path, monkeypatch, gcs):
     name = next(n for n in stored if n.startswith("data/"))
     stored[name] = (stored[name][0], None)
     monkeypatch.setattr(release, "_stored_md5s", lambda folder: stored)
-    seen = _hashed_while(monkeypatch, lambda: release.verify_release(out)
+    seen = _hashed_while(monkeypatch, lambda: reading.verify_release(out)
                          and 0)
     assert seen == collections.Counter([name])
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dpsynth.pipelines import cli
-from dpsynth.pipelines.release import release
+from dpsynth.pipelines.release import reading
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,22 +25,22 @@ def demo(tmp_path_factory) -> str:
 
 
 def test_numpy_pandas_and_tf_hold_the_same_shuffled_rows(demo):
-    x0, y0, manifest = release.load_release(demo)  # file order
+    x0, y0, manifest = reading.load_release(demo)  # file order
     assert len(np.unique(y0[:50])) == 1  # one class per shard
-    x, y = release.load_release(demo, as_="numpy")
+    x, y = reading.load_release(demo, as_="numpy")
     assert x.dtype == np.float32 and len(y) == manifest["samples_total"]
     assert len(np.unique(y[:50])) > 3  # shuffled: mixed batches
     assert sorted(map(tuple, x.round(5))) == sorted(map(tuple, x0.astype(
         np.float32).round(5)))
-    frame = release.load_release(demo, as_="pandas")
+    frame = reading.load_release(demo, as_="pandas")
     assert list(frame.columns) == ["embedding", "label"]
     np.testing.assert_array_equal(np.stack(frame.embedding), x)
     tf = pytest.importorskip("tensorflow")
-    batch = next(iter(release.load_release(demo, as_="tf").batch(64)))
+    batch = next(iter(reading.load_release(demo, as_="tf").batch(64)))
     assert batch[0].shape == (64, x.shape[1]) and batch[0].dtype == tf.float32
     assert len(np.unique(batch[1].numpy())) > 3
     with pytest.raises(ValueError, match="as_ must be one of"):
-        release.load_release(demo, as_="arrow")
+        reading.load_release(demo, as_="arrow")
 
 
 def test_tf_without_tensorflow_is_one_line_naming_the_extra(
@@ -49,7 +49,7 @@ def test_tf_without_tensorflow_is_one_line_naming_the_extra(
     an import traceback (issue 51)."""
     monkeypatch.setitem(sys.modules, "tensorflow", None)  # import fails
     with pytest.raises(ImportError) as err:
-        release.load_release(demo, as_="tf")
+        reading.load_release(demo, as_="tf")
     assert str(err.value) == ("load_release(as_='tf') needs TensorFlow: "
                               "pip install 'dpsynth[tf]'")
     assert err.value.__cause__ is None and err.value.__suppress_context__
@@ -65,22 +65,22 @@ def test_pandas_is_a_base_dependency():
 
 def test_shuffled_rows_are_the_files_rows_in_the_seeded_order(
         demo, monkeypatch):
-    monkeypatch.setattr(release, "_READ_BLOCK_ROWS", 7)  # many blocks
-    x0, y0, _ = release.load_release(demo)
+    monkeypatch.setattr(reading, "_READ_BLOCK_ROWS", 7)  # many blocks
+    x0, y0, _ = reading.load_release(demo)
     for seed in (0, 3):
         order = np.random.default_rng(seed).permutation(len(y0))
-        x, y = release.load_release(demo, as_="numpy", seed=seed)
+        x, y = reading.load_release(demo, as_="numpy", seed=seed)
         np.testing.assert_array_equal(x, x0[order].astype(np.float32))
         np.testing.assert_array_equal(y, y0[order])
-    x, y = release.load_release(demo, as_="numpy", shuffle=False)
+    x, y = reading.load_release(demo, as_="numpy", shuffle=False)
     np.testing.assert_array_equal(x, x0.astype(np.float32))
     np.testing.assert_array_equal(y, y0)
 
 
 def test_reading_a_release_prints_nothing(demo):
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); "
-            "from dpsynth.pipelines.release import release; "
-            f"x, y = release.load_release({demo!r}, as_='numpy')")
+            "from dpsynth.pipelines.release import reading; "
+            f"x, y = reading.load_release({demo!r}, as_='numpy')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -97,7 +97,7 @@ def test_the_readme_pandas_snippet_reads_a_parquet_release(demo):
     scope: dict = {}
     exec(compile(code, "README.md", "exec"), scope)
     df = scope["df"]
-    _, y, manifest = release.load_release(demo)
+    _, y, manifest = reading.load_release(demo)
     assert len(df) == manifest["samples_total"]
     assert len(np.unique(df.label.to_numpy()[:50])) > 3  # shuffled
     assert sorted(df.label) == sorted(y)
@@ -105,7 +105,7 @@ def test_the_readme_pandas_snippet_reads_a_parquet_release(demo):
 
 def test_parquet_readers_open_the_release_in_one_call(demo):
     import pyarrow.dataset as ds
-    _, y, manifest = release.load_release(demo)
+    _, y, manifest = reading.load_release(demo)
     data = f"{demo}/{manifest['root']}/data"  # as the README reads it
     table = ds.dataset(data, format="parquet").to_table()
     assert table.num_rows == manifest["samples_total"]
@@ -128,7 +128,7 @@ def test_a_release_in_the_older_layout_still_reads(demo, tmp_path):
     (old / "manifest.json").write_text(json.dumps(manifest))
     (old / "_manifest.json").unlink()
     with pytest.warns(UserWarning, match="read unchecked"):  # no digests
-        x, y, read = release.load_release(str(old))
+        x, y, read = reading.load_release(str(old))
     assert read["format"] == "dpsynth-release/2"
     assert len(y) == manifest["samples_total"]
-    assert release.load_gmm(str(old)) is not None
+    assert reading.load_gmm(str(old)) is not None

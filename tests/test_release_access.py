@@ -14,7 +14,7 @@ import pytest
 
 from dpsynth.deploy import publish
 from dpsynth.pipelines import cli
-from dpsynth.pipelines.release import release
+from dpsynth.pipelines.release import reading
 
 RUN = "access-1"
 NOBODY = 65534
@@ -90,13 +90,13 @@ def _as_nobody(read) -> str:
                     reason="switching to another account needs root")
 def test_another_account_reads_the_release(published):
     root, out = published
-    x, y, _ = release.load_release(str(out))  # imports what the child uses
+    x, y, _ = reading.load_release(str(out))  # imports what the child uses
     assert len(y)
 
     def read() -> None:
-        got = release.load_release(str(out))
+        got = reading.load_release(str(out))
         assert len(got[1]) == len(y)
-        release.load_latest(str(root))
+        reading.load_latest(str(root))
         for p in root.rglob("*"):  # the README's recipe: plain file reads
             if p.is_file():
                 p.read_bytes()

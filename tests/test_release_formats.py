@@ -12,7 +12,7 @@ import pytest
 
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.pipelines import cli
-from dpsynth.pipelines.release.release import load_gmm, load_release
+from dpsynth.pipelines.release.reading import load_gmm, load_release
 from tests.conftest import gmm_data, release_dir
 from dpsynth.transforms import write
 

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
-from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines.budget import store as bs
 from dpsynth.pipelines import cli, job
-from dpsynth.pipelines.release import release
+from dpsynth.pipelines.release import protocol, publisher, reading, release
 from dpsynth.pipelines.api import (BudgetOptions, GenerateSpec, InputOptions,
                                    OutputOptions, RunOptions)
 
@@ -51,7 +51,7 @@ def _crash_after_commit(monkeypatch, *args) -> None:
         if step == "committed":
             raise Crash("crash right after commit_staged")
     with monkeypatch.context() as patch:
-        patch.setattr(job, "_checkpoint", checkpoint)
+        patch.setattr(protocol, "checkpoint", checkpoint)
         with pytest.raises(Crash):
             _generate(*args)
 
@@ -140,7 +140,7 @@ def test_publishing_removes_only_what_dpsynth_recorded_local(tmp_path):
     assert _generate(data, str(out), "--run-id", "a", *store) == 0  # again
     assert _generate(data, str(out), "--run-id", "b", "--overwrite",
                      *store) == 0
-    manifest = release.verify_release(str(out))
+    manifest = reading.verify_release(str(out))
     assert manifest["run_id"] == "b"
     for name in planted:
         assert (out / name).read_bytes() == b"the operator's, not dpsynth's"
@@ -161,7 +161,7 @@ def test_publishing_removes_only_what_dpsynth_recorded_gcs(tmp_path, gcs):
     assert _generate(data, out, *store) == 0
     assert _generate(data, out, *store) == 0  # a re-run: already published
     assert set(planted) <= set(gcs.names("releases/"))
-    release.verify_release(out)
+    reading.verify_release(out)
 
 
 # ------------------------------------------- 2. every file is verified
@@ -216,7 +216,7 @@ def _swap_after_crash_then_retry(monkeypatch, tmp_path, capsys, out: str,
     assert _generate(data, out, *budget) == 0  # a new, charged attempt
     first, second = bs.history(store, "d")
     assert second["attempt"] == 2 and second["status"] == bs.PUBLISHED
-    manifest = release.verify_release(out)
+    manifest = reading.verify_release(out)
     assert manifest["private"] and _files(
         release.release_root(out))["_gmm.npz"] != _files(donor)["_gmm.npz"]
 
@@ -244,7 +244,7 @@ def _staged(folder: str, run_id: str, root: str, body: bytes = b"x") -> str:
     """A small staged release (publish-level tests)."""
     for name in ("_gmm.npz", "data/s-0.tfrecord", "data/s-1.tfrecord"):
         _put(folder, name, body + name.encode() * 200)
-    release.write_manifest(folder, {
+    publisher.write_manifest(folder, {
         "run_id": run_id, "root": root, "classes": [
             {"label": 0, "shards": ["s-0.tfrecord", "s-1.tfrecord"]}],
         "files": release.file_digests(folder)})
@@ -269,26 +269,26 @@ def test_a_changed_staged_file_is_never_published(tmp_path, tamper):
     staging = _staged(str(tmp_path / "s"), "r", "v-1")
     tamper(staging)
     with pytest.raises(release.ReleaseChanged, match="manifest lists"):
-        release.publish(staging, str(tmp_path / "out"))
+        publisher.publish(staging, str(tmp_path / "out"))
     assert not release.release_exists(str(tmp_path / "out"))
 
 
 def test_readers_verify_the_files(tmp_path):
     out = str(tmp_path / "out")
-    release.publish(_staged(str(tmp_path / "s"), "r", "v-1"), out)
-    release.verify_release(out)
+    publisher.publish(_staged(str(tmp_path / "s"), "r", "v-1"), out)
+    reading.verify_release(out)
     _truncate(release.release_root(out))
     with pytest.raises(release.ReleaseChanged, match="s-0.tfrecord has"):
-        release.verify_release(out)
+        reading.verify_release(out)
     with pytest.raises(release.ReleaseChanged):
-        release.load_release(out)
+        reading.load_release(out)
 
 
 def test_latest_json_never_points_at_a_changed_release(tmp_path, capsys):
     from dpsynth.deploy import publish
     root = tmp_path / "releases"
     out = str(root / "2026-01-01")
-    release.publish(_staged(str(tmp_path / "s"), "nightly", "v-1"), out)
+    publisher.publish(_staged(str(tmp_path / "s"), "nightly", "v-1"), out)
     _delete_shard(release.release_root(out))
     assert publish.main(["--output", out, "--run-id", "nightly",
                          "--output-root", str(root)]) == 1
@@ -299,12 +299,12 @@ def test_latest_json_never_points_at_a_changed_release(tmp_path, capsys):
 # --------------------------------------- 3. the conditional manifest switch
 
 def _slow_place(monkeypatch, seconds: float = 0.3) -> None:
-    real = release._place
+    real = publisher._place
 
     def place(sources, targets):
         time.sleep(seconds)  # a slow copy: the other publisher runs now
         real(sources, targets)
-    monkeypatch.setattr(release, "_place", place)
+    monkeypatch.setattr(publisher, "_place", place)
 
 
 def _race(stagings: list[str], output: str, overwrite: bool) -> list:
@@ -316,7 +316,7 @@ def _race(stagings: list[str], output: str, overwrite: bool) -> list:
 
     def publish(i):
         try:
-            outcomes[i] = release.publish(stagings[i], output, overwrite)
+            outcomes[i] = publisher.publish(stagings[i], output, overwrite)
         except release.ReleaseError as err:
             outcomes[i] = err
 
@@ -333,7 +333,7 @@ def _race(stagings: list[str], output: str, overwrite: bool) -> list:
             if before is None:
                 continue
             try:
-                release.verify_release(output)
+                reading.verify_release(output)
                 seen.add(before)
             except Exception as err:  # noqa: BLE001  (a file went away)
                 if root() == before:  # named all along, and not whole
@@ -364,7 +364,7 @@ def _two_launches_of_one_run_id(monkeypatch, base: str, tries: int) -> None:
         assert len(won) == 1 and len(lost) == 1, outcomes
         assert "one run id has one release" in str(lost[0])
         assert seen <= {won[0]["root"]}, seen  # one release, always whole
-        assert release.verify_release(output)["root"] == won[0]["root"]
+        assert reading.verify_release(output)["root"] == won[0]["root"]
         loser = ({f"v-{i}0", f"v-{i}1"} - {won[0]["root"]}).pop()
         assert not FileSystems.match([f"{output}/{loser}/**"])[0] \
             .metadata_list  # the loser removed what it had placed
@@ -382,12 +382,12 @@ def _two_run_ids_overwrite(monkeypatch, base: str, tries: int) -> None:
     _slow_place(monkeypatch)
     for i in range(tries):
         output = f"{base}/out-{i}"
-        release.publish(_staged(f"{base}/p-{i}", "old", f"v-old{i}"), output)
+        publisher.publish(_staged(f"{base}/p-{i}", "old", f"v-old{i}"), output)
         stagings = [_staged(f"{base}/s-{i}-{k}", f"run-{k}", f"v-{i}{k}",
                             body=f"run {k}".encode()) for k in range(2)]
         outcomes, seen = _race(stagings, output, overwrite=True)
         assert any(isinstance(o, dict) for o in outcomes), outcomes
-        final = release.verify_release(output)["root"]
+        final = reading.verify_release(output)["root"]
         assert not [s for s in seen if s.startswith("incomplete")], seen
         # Only the final release's files remain.
         names = [m.path[len(output) + 1:] for m in
@@ -410,25 +410,25 @@ def test_the_losing_launch_exits_2_with_one_line(monkeypatch, tmp_path,
     that run id publishes its own draw (it holds the switch meanwhile)."""
     data, out = _data(tmp_path), str(tmp_path / "out")
     rival = _staged(str(tmp_path / "rival"), "nightly", "v-rival")
-    real, placing = release._place, threading.Event()
+    real, placing = publisher._place, threading.Event()
 
     def place(sources, targets):
         if rival in sources[0]:
             placing.set()
             time.sleep(1.0)
         real(sources, targets)
-    monkeypatch.setattr(release, "_place", place)
-    other = threading.Thread(target=release.publish, args=(rival, out))
+    monkeypatch.setattr(publisher, "_place", place)
+    other = threading.Thread(target=publisher.publish, args=(rival, out))
 
     def checkpoint(step):
         if step == "committed":  # ours is staged: the rival switches now
             other.start()
             placing.wait()
-    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    monkeypatch.setattr(protocol, "checkpoint", checkpoint)
     capsys.readouterr()
     rc = _generate(data, out, "--run-id", "nightly")
     other.join()
     err = _one_line_error(capsys)
     assert rc == 2 and "one run id has one release" in err, err
-    assert release.verify_release(out)["root"] == "v-rival"
+    assert reading.verify_release(out)["root"] == "v-rival"
     assert sorted(os.listdir(out)) == ["_manifest.json", "v-rival"]

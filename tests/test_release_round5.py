@@ -29,7 +29,7 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 from dpsynth.dp_ops.ledger import Mechanism
-from dpsynth.pipelines.release import budget_store as bs
+from dpsynth.pipelines.budget import store as bs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
@@ -122,13 +122,12 @@ def test_budget_check_refuses_a_cap_out_of_bounds(tmp_path, capsys):
                                    ["--lifetime-epsilon", "1e300"]])
 def test_generate_with_a_cap_out_of_bounds_reads_nothing(
         tmp_path, capsys, monkeypatch, flags):
-    from dpsynth.pipelines import job
-    from dpsynth.pipelines.release import release
+    from dpsynth.pipelines.release import protocol, reading, release
     from test_release_integrity import _data, _generate, _one_line_error
     data, out = _data(tmp_path), str(tmp_path / "out")
     store = str(tmp_path / "budgets")
     steps: list = []
-    monkeypatch.setattr(job, "_checkpoint", steps.append)
+    monkeypatch.setattr(protocol, "checkpoint", steps.append)
     capsys.readouterr()
     rc = _generate(data, out, "--epsilon", "1", "--run-id", "r",
                    "--budget-store", store, "--dataset-id", "d",
@@ -212,8 +211,7 @@ def test_generate_relabelling_an_unlabelled_document_is_refused(
         store, tmp_path, capsys, monkeypatch):
     """Round 3's attack on a document older than the rule: 1.0071
     accounted, 1.4650 true, cap 1.2."""
-    from dpsynth.pipelines import job
-    from dpsynth.pipelines.release import release
+    from dpsynth.pipelines.release import protocol, reading, release
     from test_label_rule import _generate, _two_label_table
     data = _two_label_table(tmp_path)
     assert _generate(data, str(tmp_path / "first"), store, "--labels", "0",
@@ -222,7 +220,7 @@ def test_generate_relabelling_an_unlabelled_document_is_refused(
     del doc["label_rule"]  # as an older dpsynth left it
     _put_document(store, "patients", doc)
     steps: list = []
-    monkeypatch.setattr(job, "_checkpoint", steps.append)
+    monkeypatch.setattr(protocol, "checkpoint", steps.append)
     capsys.readouterr()
     second = str(tmp_path / "second")
     code = _generate(data, second, store, "--labels", "1",
@@ -300,7 +298,7 @@ def _alias(monkeypatch, tmp_path: Path, target: Path) -> Path:
     """A second path to ``target`` that its spelling does not reveal: a
     link whose resolution the spelling check is not allowed to see (as a
     bind mount, which realpath cannot see either)."""
-    from dpsynth.pipelines.release import release
+    from dpsynth.pipelines.release import reading, release
     alias = tmp_path / "alias"
     alias.symlink_to(target)
     real = release._path_forms
@@ -390,8 +388,7 @@ def test_shards_and_an_untagged_record_are_never_published(
     """The attacker of test_written_digests, who kept the tag, here drops
     it: the shards rewritten with real rows and the record rewritten to
     list them, with no tag at all."""
-    from dpsynth.pipelines import job
-    from dpsynth.pipelines.release import release
+    from dpsynth.pipelines.release import protocol, reading, release
     from dpsynth.transforms import digests
     from test_written_digests import (RUN, _data, _everything_under,
                                       _generate, _one_line_error, _put,
@@ -409,7 +406,7 @@ def test_shards_and_an_untagged_record_are_never_published(
             files.pop(digests.RECORD, None)
             _put(folder, digests.RECORD, json.dumps(
                 {"format": digests._FORMAT, "files": files}).encode())
-    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    monkeypatch.setattr(protocol, "checkpoint", checkpoint)
     capsys.readouterr()
     rc = _generate(data, out, *_store(store))
     assert planted, "the attack found no staged shard"
@@ -443,7 +440,7 @@ def _swap_between_check_and_parse(monkeypatch, where: str, root: str,
     reader has checked them: locally the first shard read, right after
     that read (which gets the release's own bytes); on gs:// every shard,
     right after the listing whose md5s vouched for the objects."""
-    from dpsynth.pipelines.release import release
+    from dpsynth.pipelines.release import reading, release
     from test_written_digests import _put, _rewrite_shards
     if where == "gcs":
         real_list = release._stored_md5s
@@ -474,12 +471,12 @@ def _swap_between_check_and_parse(monkeypatch, where: str, root: str,
 @pytest.mark.parametrize("where", ["local", "gcs"])
 def test_a_shard_swapped_after_its_check_is_never_returned(
         tmp_path, request, monkeypatch, where, reader):
-    from dpsynth.pipelines.release import release
+    from dpsynth.pipelines.release import reading, release
     from test_written_digests import _data, _generate, _put, _where
     data = _data(tmp_path)
     out, _ = _where(tmp_path, request, where)
     assert _generate(data, out, "--epsilon", "1") == 0
-    x0, y0, _ = release.load_release(out)
+    x0, y0, _ = reading.load_release(out)
     base = out.rsplit("/", 1)[0]
     _put(base, "LATEST.json", json.dumps(
         {"release": out,
@@ -487,8 +484,8 @@ def test_a_shard_swapped_after_its_check_is_never_returned(
     planted: dict = {}
     _swap_between_check_and_parse(monkeypatch, where,
                                   release.release_root(out), data, planted)
-    read = ((lambda: release.load_release(out)) if reader == "load_release"
-            else (lambda: release.load_latest(base)))
+    read = ((lambda: reading.load_release(out)) if reader == "load_release"
+            else (lambda: reading.load_latest(base)))
     if where == "gcs":  # every object changed after the listing
         with pytest.raises(release.ReleaseChanged, match="differs"):
             read()

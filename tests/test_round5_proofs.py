@@ -32,9 +32,10 @@ import numpy as np
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
-from dpsynth.pipelines import job
-from dpsynth.pipelines.release import budget_store as bs
-from dpsynth.pipelines.release import release
+from dpsynth.pipelines import graph, job_plan
+from dpsynth.pipelines.release import protocol
+from dpsynth.pipelines.budget import store as bs
+from dpsynth.pipelines.release import publisher, reading, release
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
@@ -62,7 +63,7 @@ def test_phase1_replaced_before_its_read_is_never_published(
     tag they made up."""
     data = _data(tmp_path)
     out, store = _where(tmp_path, request, where)
-    real = job.read_phase1
+    real = graph.read_phase1
     replaced: list = []
 
     def attacked(path, *args):
@@ -73,7 +74,7 @@ def test_phase1_replaced_before_its_read_is_never_published(
         _put(folder, name, json.dumps(body).encode())
         replaced.append(path)
         return real(path, *args)
-    monkeypatch.setattr(job, "read_phase1", attacked)
+    monkeypatch.setattr(graph, "read_phase1", attacked)
     capsys.readouterr()
     rc = _generate(data, out, *_store(store))
     assert replaced, "the run had no phase 1"
@@ -121,8 +122,8 @@ def _plant_release(out: str, data: Path, run_id: str = RUN) -> dict:
                 "classes": [{"label": 0, "shards": [shard],
                              "samples": int((y == 0).sum())}],
                 "files": release.file_digests(root)}
-    release.write_manifest(out, manifest)
-    assert release.load_release(out)[0].shape[0] == (y == 0).sum()
+    publisher.write_manifest(out, manifest)
+    assert reading.load_release(out)[0].shape[0] == (y == 0).sum()
     return manifest
 
 
@@ -134,7 +135,7 @@ def test_a_planted_manifest_naming_the_run_is_not_already_published(
     out, store = _where(tmp_path, request, where)
     planted = _plant_release(out, data)
     steps: list = []
-    monkeypatch.setattr(job, "_checkpoint", steps.append)
+    monkeypatch.setattr(protocol, "checkpoint", steps.append)
     capsys.readouterr()
     flags = _store(store) if with_store else ["--run-id", RUN]
     rc = _generate(data, out, *flags)
@@ -161,7 +162,7 @@ def test_a_planted_staging_folder_is_set_aside_not_obeyed(
     _staged(folder, RUN, "v-0123456789ab")
     rc = _generate(data, out, *_store(store))
     assert rc == 0, capsys.readouterr().err
-    manifest = release.verify_release(out)
+    manifest = reading.verify_release(out)
     assert manifest["root"] != "v-0123456789ab"
     (entry,) = bs.history(store, "d")
     assert entry["status"] == bs.PUBLISHED
@@ -192,10 +193,10 @@ def test_the_staged_manifest_copied_to_output_before_the_switch(
             (folder,) = release.staging_folders(out, RUN).values()
             with FileSystems.open(release.manifest_path(folder)) as f:
                 _put(out, release.MANIFEST, f.read())
-    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    monkeypatch.setattr(protocol, "checkpoint", checkpoint)
     flags = _store(store) if with_store else ["--run-id", RUN]
     assert _generate(data, out, *flags) == 0
-    x, _, manifest = release.load_release(out)
+    x, _, manifest = reading.load_release(out)
     assert len(x) == manifest["samples_total"] > 0
     if with_store:
         (entry,) = bs.history(store, "d")
@@ -225,7 +226,7 @@ def test_latest_pointed_at_a_self_consistent_copy_is_refused_with_the_store(
     assert publish.main(_publish_args(out, root, store)) == 0
     latest = json.loads(capsys.readouterr().out)
     assert (latest["budget_store"], latest["dataset_id"]) == (store, "d")
-    x, _, _ = release.load_latest(root, budget_store=store, dataset_id="d")
+    x, _, _ = reading.load_latest(root, budget_store=store, dataset_id="d")
     assert len(x) > 0
     # The attacker's copy: real rows, "private": true, self-consistent,
     # and LATEST.json rewritten to pin it (naming the run and the store).
@@ -235,15 +236,15 @@ def test_latest_pointed_at_a_self_consistent_copy_is_refused_with_the_store(
         doc = json.loads(f.read())
     doc.update(release=fake, manifest_sha256=release.manifest_digest(fake))
     _put(root, "LATEST.json", json.dumps(doc).encode())
-    release.load_latest(root)  # unchecked: what a reader without the store gets
+    reading.load_latest(root)  # unchecked: what a reader without the store gets
     reads: list = []
-    real_blocks = release._all_blocks
+    real_blocks = reading._all_blocks
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(release, "_all_blocks",
+        patch.setattr(reading, "_all_blocks",
                       lambda *a, **k: reads.append(a) or real_blocks(*a, **k))
         with pytest.raises(release.ReleaseChanged,
                            match="never recorded") as err:
-            release.load_latest(root, budget_store=store, dataset_id="d")
+            reading.load_latest(root, budget_store=store, dataset_id="d")
     assert "\n" not in str(err.value) and reads == []  # before any row
 
 
@@ -284,8 +285,8 @@ def _graph_only(monkeypatch) -> None:
         p = beam.Pipeline()
         yield p
         p.to_runner_api()
-    monkeypatch.setattr(job, "pipeline_run", built)
-    monkeypatch.setattr(job, "read_phase1", lambda path, key: (
+    monkeypatch.setattr(graph, "pipeline_run", built)
+    monkeypatch.setattr(graph, "read_phase1", lambda path, key: (
         np.zeros(4), np.array([100.0, 100.0])))
     monkeypatch.setattr(FileSystems, "delete", lambda paths: None)
 
@@ -311,23 +312,23 @@ def test_the_record_key_never_travels_in_the_job_graph(tmp_path, monkeypatch,
          str(tmp_path / "out"), "--noise-key-location", str(keys),
          "--covariance", covariance])
     spec = generate.spec_from_args(args)
-    j = job.prepare(spec)
+    j = job_plan.prepare(spec)
     assert (j.adaptive_mu is None) == (covariance == "shared")
     secrets = [j.noise.export_key(), j.noise.derived_key(digests.PURPOSE),
                j.noise.derived_key(two_phase.PHASE1_PURPOSE)]
-    uri = job.store_noise_key(j, spec).encode()
+    uri = graph.store_noise_key(j, spec).encode()
     blobs = pickled_payloads(monkeypatch)
     _graph_only(monkeypatch)
-    reader = job.make_reader(j, spec)
+    reader = job_plan.make_reader(j, spec)
     if j.adaptive_mu is None:
-        with job.pipeline_run(None) as p:
-            job.build(p, j, reader, spec)
+        with graph.pipeline_run(None) as p:
+            graph.build(p, j, reader, spec)
     else:
-        _, counts = job.run_phase1(j, reader, None)
-        job.choose_phase2(j, reader.dim, counts)
-        with job.pipeline_run(None) as p:
-            job.build_adaptive(p, j, job.make_reader(j, spec), spec,
-                               np.zeros(reader.dim), counts)
+        _, counts = graph.run_phase1(j, reader, None)
+        graph.choose_phase2(j, reader.dim, counts)
+        with graph.pipeline_run(None) as p:
+            graph.build_adaptive(p, j, job_plan.make_reader(j, spec), spec,
+                                 np.zeros(reader.dim), counts)
     assert any(uri in blob for blob in blobs)  # the reference travels
     for secret in secrets:
         assert not any(secret in blob or secret.hex().encode() in blob
@@ -370,14 +371,14 @@ def test_an_image_run_pins_the_images_label_feature(tmp_path, request,
     _, store = _where(tmp_path, request, where)
     first = _image_spec(tmp_path, store, "r1", "label")
     second = _image_spec(tmp_path, store, "r2", "label2")
-    assert job.label_rule(second, job.prepare(second).cfg)[
+    assert job_plan.label_rule(second, job_plan.prepare(second).cfg)[
         "label_feature"] == "label2"
-    j = job.prepare(first)
-    job._reserve(j, first)
+    j = job_plan.prepare(first)
+    job_plan.reserve(j, first)
     doc = bs._backend(store, "d").read()
     assert doc["label_rule"]["label_feature"] == "label"
     with pytest.raises(bs.LabelRuleConflict) as err:
-        job._reserve(job.prepare(second), second)
+        job_plan.reserve(job_plan.prepare(second), second)
     assert "\n" not in str(err.value)
     assert bs._backend(store, "d").read() == doc  # nothing charged
 
@@ -405,7 +406,7 @@ def test_a_file_planted_in_the_version_folder_is_never_published(
             root = release.staged_manifest(folder)["root"]
             _put(f"{out}/{root}", "data/class0-99999-of-99999.tfrecord", fake)
             planted.append(root)
-    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    monkeypatch.setattr(protocol, "checkpoint", checkpoint)
     capsys.readouterr()
     rc = _generate(data, out, *_store(store))
     assert planted, "the attack found no staged manifest"

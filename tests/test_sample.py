@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dpsynth.pipelines import cli
-from dpsynth.pipelines.release import release, sample
+from dpsynth.pipelines.release import reading, release, sample
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,7 +27,7 @@ def source(tmp_path_factory) -> str:
 
 
 def _by_class(path: str) -> dict[int, np.ndarray]:
-    x, y, _ = release.load_release(path)
+    x, y, _ = reading.load_release(path)
     return {int(c): x[y == c] for c in np.unique(y)}
 
 
@@ -46,7 +46,7 @@ def test_rows_are_drawn_from_the_source_mixture(source, tmp_path):
     mine, theirs = _by_class(out), _by_class(source)
     for label in same:
         np.testing.assert_array_equal(mine[label], theirs[label])
-    a, b = release.load_gmm(out), release.load_gmm(source)
+    a, b = reading.load_gmm(out), reading.load_gmm(source)
     for label, mix in b.mixtures.items():
         np.testing.assert_array_equal(a.mixtures[label].means, mix.means)
 
@@ -64,7 +64,7 @@ def test_requested_rows_in_the_class_proportions_and_a_post_processing_manifest(
                      "--seed", "5"]) == 0
     monkeypatch.undo()
     manifest = release.read_manifest(out)
-    x, y, _ = release.load_release(out)
+    x, y, _ = reading.load_release(out)
     assert len(y) == manifest["samples_total"] == 3001
     assert x.shape[1] == src["embedding_dim"]
     counts = np.array([c["noisy_count"] for c in src["classes"]])
@@ -178,7 +178,7 @@ def test_a_mixture_swapped_after_the_check_is_not_sampled(source, tmp_path,
     gmm = os.path.join(root, src["outputs"].get("gmm", "gmm.npz"))
     saved = str(tmp_path / "saved.npz")
     shutil.copy(gmm, saved)
-    check = release.verify_release
+    check = reading.verify_release
 
     def check_then_swap(path, manifest=None, **kwargs):
         got = check(path, manifest, **kwargs)
@@ -189,7 +189,7 @@ def test_a_mixture_swapped_after_the_check_is_not_sampled(source, tmp_path,
             f.write(data)
         return got
 
-    monkeypatch.setattr(release, "verify_release", check_then_swap)
+    monkeypatch.setattr(reading, "verify_release", check_then_swap)
     out = str(tmp_path / "swapped")
     try:
         with pytest.raises(sample.SampleError, match="not the mixture its "
@@ -300,7 +300,7 @@ def test_output_never_overlaps_the_source_in_any_spelling(
     # A sibling is fine (and the source still reads).
     assert cli.main(["sample", str(src), "--rows", "10", "--output",
                      str(tmp_path / "area" / "rel-2")]) == 0
-    release.load_release(str(src))
+    reading.load_release(str(src))
 
 
 def test_gcs_output_overlapping_a_gcs_source_is_refused():

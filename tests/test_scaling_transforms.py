@@ -78,8 +78,8 @@ def test_both_block_layouts_match_in_memory_reference(tmp_path, layout):
             *layout]
     assert cli.main(argv) == 0
     args, _ = generate.parser().parse_known_args(argv[1:])
-    from dpsynth.pipelines import job
-    cfg = job.resolve_config(generate.spec_from_args(args), (0, 1, 2))
+    from dpsynth.pipelines import job_plan
+    cfg = job_plan.resolve_config(generate.spec_from_args(args), (0, 1, 2))
     _, _, ys = assert_release_matches_reference(out, x, y, cfg, 5)
     assert len(load_release(str(out))[1]) == len(ys)
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dpsynth.pipelines import cli
-from dpsynth.pipelines.release import budget_store
+from dpsynth.pipelines.budget import store as budget_store
 from dpsynth.dp_ops.ledger import Mechanism
 
 REPO = Path(__file__).resolve().parent.parent

@@ -31,9 +31,8 @@ import numpy as np
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
-from dpsynth.pipelines.release import budget_store as bs
-from dpsynth.pipelines import job
-from dpsynth.pipelines.release import release
+from dpsynth.pipelines.budget import store as bs
+from dpsynth.pipelines.release import protocol, publisher, reading, release
 from dpsynth.transforms import digests, write
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -98,7 +97,7 @@ def _forge_records(folder: str) -> None:
     if release.staged_manifest(folder) is not None:
         manifest = release.staged_manifest(folder)
         manifest["files"] = release.file_digests(folder)
-        release.write_manifest(folder, manifest)
+        publisher.write_manifest(folder, manifest)
 
 
 def _attack(output: str, data: Path, planted: dict) -> None:
@@ -125,14 +124,14 @@ def _attack_at(monkeypatch, steps, output, data, planted) -> None:
     def checkpoint(step):
         if step in steps:
             _attack(output, data, planted)
-    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    monkeypatch.setattr(protocol, "checkpoint", checkpoint)
     if "placing" in steps:  # after the staged check, before the move
-        real = release._place_all
+        real = publisher._place_all
 
         def place_all(staging, root, manifest):
             _attack(output, data, planted)
             real(staging, root, manifest)
-        monkeypatch.setattr(release, "_place_all", place_all)
+        monkeypatch.setattr(publisher, "_place_all", place_all)
 
 
 @pytest.mark.parametrize("where,steps", [
@@ -177,13 +176,13 @@ def test_the_store_records_the_manifest_the_launcher_wrote(monkeypatch,
     data, out, store = _data(tmp_path), str(tmp_path / "out"), \
         str(tmp_path / "b")
     written = []
-    real = release.write_manifest
+    real = publisher.write_manifest
 
     def write_manifest(folder, manifest, generation=None):
         digest = real(folder, manifest, generation)
         written.append((folder, digest))
         return digest
-    monkeypatch.setattr(release, "write_manifest", write_manifest)
+    monkeypatch.setattr(publisher, "write_manifest", write_manifest)
     monkeypatch.setattr(release, "file_digests", None)  # never called
     assert _generate(data, out, *_store(store)) == 0
     (entry,) = bs.history(store, "d")
@@ -257,9 +256,9 @@ def _killed_at_committed(monkeypatch, data, out, *extra,
         if step == "committed":
             raise Killed()
     with monkeypatch.context() as patch:
-        patch.setattr(job, "_checkpoint", checkpoint)
+        patch.setattr(protocol, "checkpoint", checkpoint)
         if not cleanup:
-            patch.setattr(job, "_stop_attempt", lambda *a, **k: None)
+            patch.setattr(protocol, "_stop_attempt", lambda *a, **k: None)
         with pytest.raises(Killed):
             _generate(data, out, *extra)
 
@@ -276,7 +275,7 @@ def test_without_a_store_a_rewritten_staged_release_is_drawn_again(
     rewritten = release.staged_manifest(folder)
     release.verify_files(folder, rewritten)  # it checks out on its own
     assert _generate(data, out, "--run-id", RUN) == 0
-    published = release.verify_release(out)
+    published = reading.verify_release(out)
     assert published["root"] != rewritten["root"]  # a fresh draw
     assert not set(planted.values()) & set(_everything_under(out))
     assert release.staging_folders(out, RUN) == {}
@@ -290,15 +289,15 @@ def test_without_a_store_a_killed_publish_leaves_no_draw_behind(
     class Killed(BaseException):
         pass
     data, out = _data(tmp_path), str(tmp_path / "out")
-    real = release._place
+    real = publisher._place
 
     def place(sources, targets):
         real(sources[:1], targets[:1])
         raise Killed()
     with monkeypatch.context() as patch:
-        patch.setattr(release, "_place", place)
-        patch.setattr(release, "_remove_unpublished", lambda *a: None)
-        patch.setattr(job, "_stop_attempt", lambda *a, **k: None)
+        patch.setattr(publisher, "_place", place)
+        patch.setattr(publisher, "_remove_unpublished", lambda *a: None)
+        patch.setattr(protocol, "_stop_attempt", lambda *a, **k: None)
         with pytest.raises(Killed):
             _generate(data, out, "--run-id", RUN)
     (folder,) = release.staging_folders(out, RUN).values()
@@ -317,8 +316,8 @@ def _rewrite_published(out: str, data: Path) -> dict:
     planted = _rewrite_shards(root, data)
     manifest = release.read_manifest(out)
     manifest["files"] = release.file_digests(root)
-    release.write_manifest(out, manifest)
-    release.verify_release(out)  # it checks out on its own
+    publisher.write_manifest(out, manifest)
+    reading.verify_release(out)  # it checks out on its own
     return planted
 
 
@@ -397,11 +396,11 @@ def test_a_write_into_staging_after_publishing_leaves_the_release(
         if step == "published":  # written through those paths
             for path in seen:
                 path.write_bytes(write.parquet_bytes(x, 0))
-    monkeypatch.setattr(job, "_checkpoint", checkpoint)
+    monkeypatch.setattr(protocol, "checkpoint", checkpoint)
     assert _generate(data, out, "--run-id", RUN, "--output-format",
                      "parquet") == 0
     assert seen
-    manifest = release.verify_release(out)  # untouched
+    manifest = reading.verify_release(out)  # untouched
     frame = pd.read_parquet(_parquet_data(out))
     assert len(frame) == manifest["samples_total"]
     assert not np.isin(np.stack(frame["embedding"]), x).all(axis=1).any()
@@ -413,10 +412,10 @@ def test_a_staged_file_rewritten_after_an_api_publish(tmp_path, request,
     base = (str(tmp_path) if where == "local"
             else request.getfixturevalue("gcs").uri("rel"))
     staging, out = _staged(f"{base}/s", "r", "v-1"), f"{base}/out"
-    release.publish(staging, out)
+    publisher.publish(staging, out)
     _put(staging, "data/s-0.tfrecord", b"y" * len(
         _files(release.release_root(out))["data/s-0.tfrecord"]))
-    release.verify_release(out)  # the live release is not the staged file
+    reading.verify_release(out)  # the live release is not the staged file
 
 
 def test_local_publish_moves_no_bytes(tmp_path, monkeypatch):
@@ -424,8 +423,8 @@ def test_local_publish_moves_no_bytes(tmp_path, monkeypatch):
         str(tmp_path / "out")
     inodes = {n: os.stat(os.path.join(staging, n)).st_ino
               for n in release.staged_manifest(staging)["files"]}
-    monkeypatch.setattr(release.shutil, "copyfile", None)  # no copy
-    release.publish(staging, out)
+    monkeypatch.setattr(publisher.shutil, "copyfile", None)  # no copy
+    publisher.publish(staging, out)
     root = release.release_root(out)
     for name, inode in inodes.items():
         assert os.stat(os.path.join(root, name)).st_ino == inode
@@ -438,24 +437,24 @@ def test_a_failed_local_publish_puts_the_files_back(tmp_path, monkeypatch):
     nothing in the version folder; the published release is untouched."""
     base = str(tmp_path)
     out = f"{base}/out"
-    release.publish(_staged(f"{base}/a", "a", "v-1", body=b"A"), out)
+    publisher.publish(_staged(f"{base}/a", "a", "v-1", body=b"A"), out)
     staging = _staged(f"{base}/b", "b", "v-2", body=b"B")
     before = _files(staging)
-    real = release.write_manifest
+    real = publisher.write_manifest
 
     def full_disk(folder, manifest, generation=None):
         if folder == out:
             raise OSError(28, "No space left on device")
         return real(folder, manifest, generation)
     with monkeypatch.context() as patch:
-        patch.setattr(release, "write_manifest", full_disk)
+        patch.setattr(publisher, "write_manifest", full_disk)
         with pytest.raises(OSError, match="No space"):
-            release.publish(staging, out, overwrite=True)
+            publisher.publish(staging, out, overwrite=True)
     assert _files(staging) == before  # whole again
     assert not os.path.exists(f"{out}/v-2")
-    assert release.verify_release(out)["run_id"] == "a"
-    release.publish(staging, out, overwrite=True)  # the retry publishes it
-    assert release.verify_release(out)["run_id"] == "b"
+    assert reading.verify_release(out)["run_id"] == "a"
+    publisher.publish(staging, out, overwrite=True)  # the retry publishes it
+    assert reading.verify_release(out)["run_id"] == "b"
 
 
 def test_a_killed_publish_is_resumed_from_where_its_files_are(tmp_path):
@@ -464,10 +463,10 @@ def test_a_killed_publish_is_resumed_from_where_its_files_are(tmp_path):
     staging, out = _staged(str(tmp_path / "s"), "r", "v-1"), \
         str(tmp_path / "out")
     names = sorted(release.staged_manifest(staging)["files"])
-    release._place([os.path.join(staging, names[0])],
+    publisher._place([os.path.join(staging, names[0])],
                    [os.path.join(out, "v-1", names[0])])
-    manifest = release.publish(staging, out)
-    assert release.verify_release(out) == manifest
+    manifest = publisher.publish(staging, out)
+    assert reading.verify_release(out) == manifest
 
 
 # ------------------------- gaps: same-size content changes, every reader
@@ -486,7 +485,7 @@ def test_a_flipped_byte_is_refused_by_publish(tmp_path, request, where):
     before = _files(staging)
     _flip_byte(staging, "data/s-0.tfrecord")
     with pytest.raises(release.ReleaseChanged, match="differs \\(sha256\\)"):
-        release.publish(staging, out)
+        publisher.publish(staging, out)
     assert not release.release_exists(out)
     assert not FileSystems.match([f"{out}/v-1/**"])[0].metadata_list
     assert {n: len(b) for n, b in _files(staging).items()} == \
@@ -500,12 +499,12 @@ def test_a_flipped_byte_is_refused_by_verify_and_readers(tmp_path, request,
     base = (str(tmp_path) if where == "local"
             else request.getfixturevalue("gcs").uri("rel"))
     out = f"{base}/out"
-    release.publish(_staged(f"{base}/s", "r", "v-1"), out)
+    publisher.publish(_staged(f"{base}/s", "r", "v-1"), out)
     _flip_byte(release.release_root(out), "data/s-1.tfrecord")
     with pytest.raises(release.ReleaseChanged, match="differs \\(sha256\\)"):
-        release.verify_release(out)
+        reading.verify_release(out)
     with pytest.raises(release.ReleaseChanged, match="differs \\(sha256\\)"):
-        release.load_release(out)
+        reading.load_release(out)
     with pytest.raises(release.ReleaseChanged):
         publish.summary(out, "r")
     assert not FileSystems.exists(f"{base}/LATEST.json")
@@ -532,9 +531,9 @@ def test_a_same_shape_gmm_is_refused_everywhere(tmp_path, monkeypatch,
     assert _generate(data, out, "--run-id", RUN) == 0
     root = release.release_root(out)
     _put(root, write.GMM_FILE, _same_shapes_gmm(_files(root)[write.GMM_FILE]))
-    for read, on_gcs in ((release.verify_release, "md5"),
-                         (release.load_release, "md5"),
-                         (release.load_gmm, "sha256")):  # of the bytes read
+    for read, on_gcs in ((reading.verify_release, "md5"),
+                         (reading.load_release, "md5"),
+                         (reading.load_gmm, "sha256")):  # of the bytes read
         with pytest.raises(release.ReleaseChanged,
                            match=on_gcs if where == "gcs" else "sha256"):
             read(out)
@@ -556,19 +555,19 @@ def test_a_same_shape_gmm_is_refused_everywhere(tmp_path, monkeypatch,
 def test_the_gcs_manifest_write_is_conditional(gcs):
     folder = gcs.uri("rel", "out")
     first = {"run_id": "a", "root": "v-1"}
-    release.write_manifest(folder, first, generation=0)  # must not exist
+    publisher.write_manifest(folder, first, generation=0)  # must not exist
     with pytest.raises(release.ManifestMoved):
-        release.write_manifest(folder, {"run_id": "b"}, generation=0)
+        publisher.write_manifest(folder, {"run_id": "b"}, generation=0)
     doc, generation = release._gcs_read(release.manifest_path(folder))
     assert doc == first and generation > 0  # the loser changed nothing
     with pytest.raises(release.ManifestMoved):
-        release.write_manifest(folder, {"run_id": "c"},
-                               generation=generation + 1)  # stale / wrong
+        publisher.write_manifest(folder, {"run_id": "c"},
+                                 generation=generation + 1)  # stale / wrong
     assert release.read_manifest(folder) == first
     second = {"run_id": "d", "root": "v-2"}
-    release.write_manifest(folder, second, generation=generation)
+    publisher.write_manifest(folder, second, generation=generation)
     doc, newer = release._gcs_read(release.manifest_path(folder))
     assert doc == second and newer != generation
     with pytest.raises(release.ManifestMoved):  # the old generation is gone
-        release.write_manifest(folder, first, generation=generation)
+        publisher.write_manifest(folder, first, generation=generation)
     assert release.read_manifest(folder) == second

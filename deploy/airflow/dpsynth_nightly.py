@@ -3,11 +3,11 @@
     budget_check  ->  generate (BeamRunPythonPipelineOperator)  ->  publish_notify
 
 * ``budget_check`` asks the dataset's budget store whether one more release
-  fits under the lifetime cap (``python -m dpsynth.pipelines.release.budget_store check``);
+  fits under the lifetime cap (``python -m dpsynth.pipelines.budget.store check``);
   if not it fails the run *without retries* and nothing is launched. The
   task log gets one fixed line (fits / does not fit), never the check's
   report (attempt counts, lifetime epsilon spent): read that with
-  ``python -m dpsynth.pipelines.release.budget_store show`` where the store is. It also
+  ``python -m dpsynth.pipelines.budget.store show`` where the store is. It also
   builds the runner's Beam options (``dpsynth.deploy.runner_options``) for the next task.
 * ``generate`` runs ``python -m dpsynth.deploy.launch`` (= ``dpsynth
   generate``) with the chosen runner. The authoritative spend is recorded by the job itself
@@ -27,7 +27,7 @@ Privacy settings of the operator (see deploy/README.md, "Operating the budget
 store"): the lifetime cap is pinned in the dataset's budget document by its
 first run (``lifetime_epsilon`` / ``lifetime_delta`` below only create it; a
 trigger cannot change them, and a later run cannot widen the pinned cap: only
-``python -m dpsynth.pipelines.release.budget_store set-cap --reason ...`` can). The job's
+``python -m dpsynth.pipelines.budget.store set-cap --reason ...`` can). The job's
 console, which the Beam operator forwards to the task log, carries no exact
 row counts, wall times or file names (``extra_args`` is an allowlist:
 ``EXTRA_ARGS_ALLOWED``; ``--verbose``, ``--record-timings``,
@@ -383,13 +383,13 @@ def check_budget(cfg: dict, run_id: str) -> str:
     from airflow.exceptions import AirflowFailException
     store, dataset = cfg["budget_store"], cfg["dataset_id"]
     check = _dpsynth([
-        "dpsynth.pipelines.release.budget_store", "check",
+        "dpsynth.pipelines.budget.store", "check",
         "--budget-store", store, "--dataset-id", dataset, "--run-id", run_id,
         "--epsilon", str(cfg["epsilon"]), "--delta", str(cfg["delta"]),
         "--num-classes", str(cfg["num_classes"]), *_cap_flags(cfg)],
         echo=False)
     where = (f"details where the store is: python -m "
-             f"dpsynth.pipelines.release.budget_store show --budget-store {store} "
+             f"dpsynth.pipelines.budget.store show --budget-store {store} "
              f"--dataset-id {dataset}")
     if check.returncode == 3:
         raise AirflowFailException(

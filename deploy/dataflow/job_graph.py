@@ -20,8 +20,8 @@ second.
 
 ``print`` runs Dataflow's own translation with ``--dry_run`` (Beam's
 TestOptions: ``DataflowRunner.run_pipeline`` stops before the API client) for
-both phases of ``--covariance auto``: phase 1 as ``job.run_phase1`` builds it,
-phase 2 as ``job.build_adaptive`` builds it from a *stand-in* phase-1 result
+both phases of ``--covariance auto``: phase 1 as ``graph.run_phase1`` builds it,
+phase 2 as ``graph.build_adaptive`` builds it from a *stand-in* phase-1 result
 (a zero centre and ``--phase1-counts``, default 1000 per class; the real
 counts are noisy outputs of phase 1 and may pick another covariance
 structure, see ``structure`` in the output). For each phase it writes
@@ -414,7 +414,7 @@ def build_graphs(generate_argv: Sequence[str],
     flags (Beam's options included) would launch: {"phase1", "phase2"}
     for ``--covariance auto``, {"main"} for a fixed plan."""
     from dpsynth.pipelines.cli import generate
-    from dpsynth.pipelines import job as job_mod
+    from dpsynth.pipelines import graph, job_plan
     from dpsynth.pipelines.runners.options import beam_options
     from dpsynth.transforms.progress import ProgressFile
 
@@ -425,7 +425,7 @@ def build_graphs(generate_argv: Sequence[str],
     runner = str(options.get_all_options().get("runner") or "")
     if runner.lower() not in ("dataflow", "dataflowrunner"):
         raise ValueError(f"--runner must be DataflowRunner, got {runner!r}")
-    job = job_mod.prepare(spec)  # validates, calibrates; reads no rows
+    job = job_plan.prepare(spec)  # validates, calibrates; reads no rows
     if job.already_published:
         raise ValueError(f"run {job.run_id} is already published at "
                          f"{job.output}: a launch would build no graph")
@@ -433,9 +433,9 @@ def build_graphs(generate_argv: Sequence[str],
     out: dict = {"run_id": job.run_id}
     # As a launch does: the key goes to --noise-key-location, the graph
     # holds only its URI; the object is deleted when the build ends.
-    key_object = job_mod.store_noise_key(job, spec)
+    key_object = graph.store_noise_key(job, spec)
     try:
-        _build(job_mod, job, spec, options, no_progress, phase1_counts, out)
+        _build(job, spec, options, no_progress, phase1_counts, out)
     finally:
         if key_object is not None:
             from dpsynth.transforms.keyed_noise import delete_key
@@ -443,18 +443,20 @@ def build_graphs(generate_argv: Sequence[str],
     return out
 
 
-def _build(job_mod, job, spec, options, no_progress, phase1_counts,
+def _build(job, spec, options, no_progress, phase1_counts,
            out: dict) -> None:
     from unittest import mock
 
     import apache_beam as beam
     import numpy as np
     from apache_beam.io.filesystems import FileSystems
+
+    from dpsynth.pipelines import graph, job_plan
     with _Capture() as capture:
-        reader = job_mod.make_reader(job, spec)
+        reader = job_plan.make_reader(job, spec)
         if job.adaptive_mu is None:
             p = beam.Pipeline(options=options)
-            job_mod.build(p, job, reader, spec, no_progress)
+            graph.build(p, job, reader, spec, no_progress)
             p.run().wait_until_finish()
             names = ["main"]
         else:
@@ -463,16 +465,16 @@ def _build(job_mod, job, spec, options, no_progress, phase1_counts,
             centre = np.zeros(reader.dim)
             # Phase 1 as a launch runs it; its output file is never written
             # (dry run), so the stand-in result takes its place.
-            with mock.patch.object(job_mod, "read_phase1",
+            with mock.patch.object(graph, "read_phase1",
                                    return_value=(centre, counts)), \
                     mock.patch.object(FileSystems, "delete"):
-                centre, counts = job_mod.run_phase1(job, reader, options,
-                                                    no_progress)
-            structure = job_mod.choose_phase2(job, reader.dim, counts)
-            reader = job_mod.make_reader(job, spec)
+                centre, counts = graph.run_phase1(job, reader, options,
+                                                  no_progress)
+            structure = graph.choose_phase2(job, reader.dim, counts)
+            reader = job_plan.make_reader(job, spec)
             p = beam.Pipeline(options=options)
-            job_mod.build_adaptive(p, job, reader, spec, centre, counts,
-                                   no_progress)
+            graph.build_adaptive(p, job, reader, spec, centre, counts,
+                                 no_progress)
             p.run().wait_until_finish()
             names = ["phase1", "phase2"]
             out["structure"] = structure.name

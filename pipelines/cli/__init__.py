@@ -22,7 +22,7 @@ COMMANDS = (("generate", "dpsynth.pipelines.cli.generate", True),
             ("evaluate", "dpsynth.pipelines.cli.evaluate", False),
             ("report", "dpsynth.pipelines.cli.report", False),
             ("sample", "dpsynth.pipelines.release.sample", False),
-            ("budget", "dpsynth.pipelines.release.budget_store", False))
+            ("budget", "dpsynth.pipelines.budget.store", False))
 
 
 def build_parser(only: Optional[str] = None) -> console.Parser:

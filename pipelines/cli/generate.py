@@ -189,7 +189,8 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
         # Beam and the pipeline load here, after the flags parsed (--help
         # and flag errors answer without them).
         from dpsynth.pipelines import demo
-        from dpsynth.pipelines.release import budget_store, release, summary
+        from dpsynth.pipelines.budget import store as budget_store
+        from dpsynth.pipelines.release import release, summary
         from dpsynth.pipelines.runners.options import (ClusterLost, UsageError,
                                                        check_beam_args)
         from dpsynth.pipelines.runners.runner_names import JobServerFailed
@@ -223,16 +224,16 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
 
 def _plan_only(make_spec: Callable[[], GenerateSpec], verbose: bool,
                beam_argv: Sequence[str]) -> int:
-    """`generate --plan-only`: prints ``job.plan_only``'s plan of the spec
+    """`generate --plan-only`: prints ``job_plan.plan_only``'s plan of the spec
     ``make_spec`` builds (inside the one-line error policy)."""
     with console.quiet_stderr(verbose):
-        from dpsynth.pipelines import job
-        from dpsynth.pipelines.release import budget_store
+        from dpsynth.pipelines import job_plan
+        from dpsynth.pipelines.budget import store as budget_store
         from dpsynth.pipelines.runners.options import UsageError, check_beam_args
 
         def go() -> int:
             check_beam_args(beam_argv, parser(), "generate")
-            print(render_plan(job.plan_only(make_spec())))
+            print(render_plan(job_plan.plan_only(make_spec())))
             return 0
 
         return console.run_command(go, "generate", (
@@ -240,7 +241,7 @@ def _plan_only(make_spec: Callable[[], GenerateSpec], verbose: bool,
 
 
 def render_plan(plan: dict) -> str:
-    """The plan as the console shows it (``job.plan_only``'s document)."""
+    """The plan as the console shows it (``job_plan.plan_only``'s document)."""
     lines = [f"plan of the release (no data read, nothing charged): epsilon "
              f"{plan['epsilon']:g}, delta {plan['delta']:g}, accountant "
              f"{plan['accountant']}, {plan['classes']} classes, covariance "
@@ -299,7 +300,7 @@ def _lifetime(spec: GenerateSpec):
     budget = spec.budget
     if budget.store is None:
         return None
-    from dpsynth.pipelines.release import budget_store
+    from dpsynth.pipelines.budget import store as budget_store
     cap = budget_store.pinned_cap(budget.store, budget.dataset_id)
     if cap is None:  # the ledger vanished while the run published
         from dpsynth.pipelines.release.release import ReleaseError

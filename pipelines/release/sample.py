@@ -172,7 +172,7 @@ def read_source(path: str) -> Source:
     mixture does not match its manifest (wrong classes, noisy counts,
     width or covariance ranks: a swapped or damaged ``_gmm.npz``)."""
     from dpsynth.models.gmm import MixtureRelease
-    from dpsynth.pipelines.release import release
+    from dpsynth.pipelines.release import publisher, reading, release
     from dpsynth.transforms import io
     if ".staging-" in path.rstrip("/").rsplit("/", 1)[-1]:
         raise SampleError(f"{path} is a run's staging folder, not a "
@@ -183,7 +183,7 @@ def read_source(path: str) -> Source:
     release.read_manifest(path)  # none: not a (complete) release
     digest = release.manifest_digest(path)
     manifest = release.read_manifest(path, digest)
-    release.verify_release(path, manifest)  # its files are the manifest's
+    reading.verify_release(path, manifest)  # its files are the manifest's
     if not str(manifest.get("format", "")).startswith("dpsynth-release/"):
         raise SampleError(f"{path}: not a dpsynth release (format "
                           f"{manifest.get('format')!r})")
@@ -345,9 +345,9 @@ def run(spec: SampleSpec) -> dict:
     """Draws ``spec.rows`` rows from the source's mixture and publishes them
     at ``spec.output``; returns the new manifest. Nothing is published on
     error (the staging folder is removed)."""
-    from dpsynth.pipelines.release import release
+    from dpsynth.pipelines.release import publisher, reading, release
     from dpsynth.transforms import io, write
-    release.check_output(spec.output, spec.overwrite)
+    publisher.check_output(spec.output, spec.overwrite)
     source = read_source(spec.release)
     mixes = source.mixtures.mixtures
     _check_rows(spec, len(mixes))
@@ -375,12 +375,12 @@ def run(spec: SampleSpec) -> dict:
                 io.join(staging, write.SCHEMA_FILE), source.schema_bytes)
         doc = sample_manifest(source, spec, run_id, root, summary)
         doc["files"] = dict(sorted(files.items()))  # publish checks them
-        release.write_manifest(staging, doc)
-        release.check_output(spec.output, spec.overwrite)  # still ours
+        publisher.write_manifest(staging, doc)
+        publisher.check_output(spec.output, spec.overwrite)  # still ours
         _check_apart(spec.release, spec.output)  # and still apart
-        return release.publish(staging, spec.output, spec.overwrite)
+        return publisher.publish(staging, spec.output, spec.overwrite)
     finally:
-        release.discard(staging)
+        publisher.discard(staging)
 
 
 def _check_rows(spec: SampleSpec, classes: int) -> None:
@@ -440,7 +440,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def handle(args: argparse.Namespace) -> int:
     """`dpsynth sample`: returns the exit status."""
-    from dpsynth.pipelines.release import release
+    from dpsynth.pipelines.release import publisher, reading, release
     try:
         manifest = run(SampleSpec(args.release, args.output, args.rows,
                                   args.seed, args.overwrite))

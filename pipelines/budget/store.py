@@ -1088,7 +1088,7 @@ def _epsilon_flag(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dpsynth.pipelines.release.budget_store")
+    p = argparse.ArgumentParser(prog="python -m dpsynth.pipelines.budget.store")
     add_commands(p)
     return p
 
@@ -1162,7 +1162,7 @@ def _labels_flag(text: str) -> list[int]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m dpsynth.pipelines.release.budget_store {show,check,
+    """``python -m dpsynth.pipelines.budget.store {show,check,
     set-cap,set-label-rule} ...``.
 
     ``show`` prints the history and the lifetime epsilon; ``check`` is the
