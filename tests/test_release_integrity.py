@@ -23,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
@@ -98,7 +99,10 @@ def test_a_budget_store_under_output_is_refused_before_reading(tmp_path,
     """The review's repro: the ledger under --output was deleted by the
     first publish and the next run at eps=1 went past the pinned cap."""
     out = str(tmp_path / "out")
-    missing = tmp_path / "not-read.npz"  # reading it would fail otherwise
+    # an input that exists (a missing one is refused even earlier)
+    missing = tmp_path / "not-read.npz"
+    np.savez(missing, embeddings=np.zeros((4, 3), np.float32),
+             labels=np.array([0, 1, 0, 1]))
     rc = _generate(missing, out, "--epsilon", "1", "--budget-store",
                    str(tmp_path / "out" / "budgets"), "--dataset-id", "d",
                    "--lifetime-epsilon", "1.2")

@@ -17,14 +17,19 @@ import re
 from typing import Optional, Sequence
 
 from dpsynth.pipelines.cli.beam_flags import BEAM_FLAGS
+from dpsynth.pipelines.runners import runner_names
 
 
 def problem(own: argparse.ArgumentParser, beam_argv: Sequence[str],
             command: str, input_glob: Optional[str] = None) -> Optional[str]:
     """The one-line refusal of the command line, or None (then the full
-    checks run after the imports)."""
+    checks run after the imports). The input is looked for here only for
+    the local runner: with another, where its workers read comes first (a
+    local path a cluster elsewhere cannot read is refused as such)."""
+    runner = runner_names.runner_flag(beam_argv)
+    local = runner is None or runner.lower() in runner_names.LOCAL_RUNNERS
     return (unknown_flag(own, beam_argv, command)
-            or missing_input(input_glob))
+            or (missing_input(input_glob) if local else None))
 
 
 def unknown_flag(own: argparse.ArgumentParser, beam_argv: Sequence[str],
