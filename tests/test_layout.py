@@ -16,12 +16,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("dp_ops", "models", "transforms", "pipelines", "deploy")
-# The package root (``dpsynth/``: the version, the API's names on first
-# use) is a room too: below everything but the API it re-exports.
+# The package root (``dpsynth/__init__``: the API's names on first use) is
+# a room above ``pipelines``; its version module (``dpsynth/version.py``,
+# imports nothing) a room below everything.
 ROOT_PACKAGE = "dpsynth"
+VERSION = "version"
 # Not installed (no ``dpsynth.`` prefix) but held to the same rules.
 SCRIPTS = ("benchmarks",)
-FOLDERS = PACKAGES + SCRIPTS + (ROOT_PACKAGE,)
+FOLDERS = PACKAGES + SCRIPTS + (ROOT_PACKAGE, VERSION)
 # What each folder may import from the project.
 ALLOWED = {
     "dp_ops": {"dp_ops"},
@@ -33,10 +35,11 @@ ALLOWED = {
     # dpsynth/__init__ re-exports the API and the readers (imported on
     # first use); dpsynth/version imports nothing.
     "dpsynth": {"dpsynth", "pipelines"},
+    "version": set(),
 }
-# Every other folder may read the version (a leaf).
+# Every folder may read the version (a leaf).
 for _allowed in ALLOWED.values():
-    _allowed.add("dpsynth")
+    _allowed.add(VERSION)
 IMPORTERS = {"import_module", "__import__"}  # called with a module's name
 
 
@@ -57,8 +60,10 @@ def _package(name: str) -> str:
         return parts[0]
     if parts[0] != "dpsynth":
         return ""
+    if parts[1:2] == [VERSION]:
+        return VERSION
     if len(parts) == 1 or parts[1] not in PACKAGES:
-        return ROOT_PACKAGE  # dpsynth, dpsynth.version
+        return ROOT_PACKAGE
     return parts[1]
 
 
