@@ -21,7 +21,7 @@ from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.ledger import PrivacyLedger, Mechanism
 from dpsynth.dp_ops.noise import SeededNoise
 from dpsynth.pipelines import cli
-from dpsynth.pipelines.release.release import load_release
+from dpsynth.pipelines.release.reading import load_release
 from dpsynth.transforms import write
 from tests.conftest import gmm_data
 
