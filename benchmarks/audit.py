@@ -38,7 +38,8 @@ from typing import Optional, Sequence
 import numpy as np
 from scipy import optimize, stats
 
-from dpsynth.dp_ops import clipping, plan, reference
+from dpsynth.dp_ops import clipping, plan
+from benchmarks import reference
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.generator import ClassMixture
 from dpsynth.dp_ops.ledger import Mechanism, PrivacyLedger

@@ -284,7 +284,7 @@ def reference_section(rows, args) -> str:
         "(no record has mass on axis 0); canary = R e_0 on the clip sphere "
         "(R = 1), the worst case for the sum and the sum of squares. Each "
         "trial is a full run of the reference generator "
-        "(`dpsynth.dp_ops.reference`, the fixed plans of the Beam pipeline; the "
+        "(`benchmarks.reference`, the fixed plans of the Beam pipeline; the "
         "Beam arm below audits the default adaptive plan) with a fresh "
         "`SeededNoise`; the attacker sees the released mixture and the "
         "public configuration and thresholds "

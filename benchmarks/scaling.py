@@ -10,7 +10,7 @@ once as several .npz shards under ``benchmarks/cache/`` (git-ignored; 1M x
 and peak RSS (sampled with psutil over the child and all its descendants,
 e.g. the DirectRunner's worker processes) are its own:
 
-* ``reference``: ``dpsynth.dp_ops.reference.generate`` on the whole array in memory
+* ``reference``: ``benchmarks.reference.generate`` on the whole array in memory
   (also times its stages, the vote filter among them);
 * ``direct``: ``python -m dpsynth.pipelines.cli.generate --materialise-blocks`` on
   DirectRunner, in process (one materialised PCollection of blocks);
@@ -305,7 +305,8 @@ def rows_of(data: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def child_reference(data: str, flags: Sequence[str], result: str) -> None:
-    from dpsynth.dp_ops import plan, reference
+    from dpsynth.dp_ops import plan
+    from benchmarks import reference
     from dpsynth.dp_ops.noise import SeededNoise
     t0 = time.perf_counter()
     cfg = _config(flags)

@@ -32,7 +32,8 @@ def assert_release_matches_reference(out, x, y, cfg, noise_seed: int,
     """The release written to ``out`` holds the mixture fields that the
     in-memory reference computes on (x, y) with the same noise seed;
     returns the reference's (mixtures, synthetic x, synthetic y)."""
-    from dpsynth.dp_ops import plan, reference
+    from dpsynth.dp_ops import plan
+    from benchmarks import reference
     from dpsynth.dp_ops.noise import SeededNoise
     from dpsynth.pipelines.release.reading import load_gmm
     mixes, xs, ys = reference.generate(x, y, cfg, plan.make_ledger(cfg),

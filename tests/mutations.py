@@ -146,7 +146,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "np.diag(exact), sigma,",
              (UNITS + "test_covariance_factors_use_only_the_released_second_moment",)),
     Mutation("shrunk-weights-from-exact-moments",
-             "dp_ops/reference.py:_adaptive_mixtures",
+             "benchmarks/reference.py:_adaptive_mixtures",
              "        return adaptive.per_class_mixtures(released, noisy_n, "
              "n, means,",
              "        if class_deviation == \"shrunk\":\n"

@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from dpsynth.dp_ops import adaptive, covariance, reference
+from dpsynth.dp_ops import adaptive, covariance
+from benchmarks import reference
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import SeededNoise
 from tests.conftest import gmm_data

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from dpsynth.dp_ops import adaptive, generator, kmeans, reference
+from dpsynth.dp_ops import adaptive, generator, kmeans
+from benchmarks import reference
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import SeededNoise
 

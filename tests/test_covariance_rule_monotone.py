@@ -11,7 +11,8 @@ import pytest
 
 from benchmarks.studies import covariance_sweep as sweep
 from benchmarks.studies import fast_probe
-from dpsynth.dp_ops import adaptive, reference
+from dpsynth.dp_ops import adaptive
+from benchmarks import reference
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import SeededNoise
 

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from dpsynth.dp_ops import adaptive, generator, reference
+from dpsynth.dp_ops import adaptive, generator
+from benchmarks import reference
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import SeededNoise
 from dpsynth.pipelines import cli

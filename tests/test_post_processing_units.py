@@ -251,7 +251,8 @@ def test_shrunk_class_matrices_use_only_the_released_values():
     61: each class covariance mixed with the pooled one by weights from
     the released matrices and the ledger's sigma): on D' with D's
     released values forced, D's mixtures and rows."""
-    from dpsynth.dp_ops import adaptive, reference
+    from dpsynth.dp_ops import adaptive
+    from benchmarks import reference
     from tests.conftest import gmm_data
     cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=4.0)
     consts = adaptive.RuleConstants(class_deviation="shrunk",

@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsynth.dp_ops import clipping, plan, reference
+from dpsynth.dp_ops import clipping, plan
+from benchmarks import reference
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import SeededNoise
 from dpsynth.pipelines import cli

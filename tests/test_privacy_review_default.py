@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth.dp_ops import reference
+from benchmarks import reference
 from tests.test_privacy_review import (_NUMBER, OPERATOR, SIZES, RecordingNoise,
                                        _allowed_numbers, _explained,
                                        _int_token, _leaves,

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
 
-from dpsynth.dp_ops import plan, reference
+from dpsynth.dp_ops import plan
+from benchmarks import reference
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import SeededNoise
 from tests.conftest import gmm_data

@@ -15,7 +15,8 @@ import math
 import numpy as np
 import pytest
 
-from dpsynth.dp_ops import adaptive, generator, reference, vote
+from dpsynth.dp_ops import adaptive, generator, vote
+from benchmarks import reference
 from dpsynth.dp_ops.calibration import gdp_mu
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.ledger import PrivacyLedger, Mechanism

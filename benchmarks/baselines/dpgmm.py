@@ -1,6 +1,6 @@
 """dpgmm: our generator (per class DP k-means + DP diagonal GMM), in memory.
 
-Runs ``dpsynth.dp_ops.reference.generate``, the numpy twin of the Beam pipeline, with
+Runs ``benchmarks.reference.generate``, the numpy twin of the Beam pipeline, with
 the run's ``GeneratorConfig``. Privacy: every mechanism is planned and
 calibrated by ``dpsynth.dp_ops.plan.make_ledger`` before the data is read; each is a
 Gaussian mechanism whose L2 sensitivity is stated for the add/remove one
@@ -16,7 +16,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from dpsynth.dp_ops import plan, reference
+from dpsynth.dp_ops import plan
+from benchmarks import reference
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import make_noise_source
 from benchmarks.baselines.base import (Generator, MethodOutput, assert_within_budget,

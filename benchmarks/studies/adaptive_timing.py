@@ -3,7 +3,7 @@
 A proxy for the Beam job's wall time (the Beam side mirrors these steps):
 the reference generator on the full CIFAR-10 train set at epsilon 1, old
 defaults then the adaptive plan, back to back in one process, with the
-per-stage seconds of ``dpsynth.dp_ops.reference``.
+per-stage seconds of ``benchmarks.reference``.
 
     nice -n 10 python benchmarks/studies/adaptive_timing.py --epsilon 1
 """

@@ -102,7 +102,8 @@ def run(split: Split, eps: float, seed: int) -> list[dict]:
     (``adaptive.per_class_mixtures``) is re-run with each variant as its
     "spectral" class deviation."""
     from benchmarks.studies import fast_probe
-    from dpsynth.dp_ops import generator, reference
+    from dpsynth.dp_ops import generator
+    from benchmarks import reference
     from dpsynth.dp_ops.config import GeneratorConfig
     from dpsynth.dp_ops.noise import SeededNoise
     t = time.time()

@@ -285,7 +285,7 @@ def generate(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig, noise,
                             for r in rows])
     else:
         exact_m = covariance.block_second_moment(xc, cfg.clip_norm)
-    from dpsynth.dp_ops.reference import _adaptive_mixtures
+    from benchmarks.reference import _adaptive_mixtures
     mixes = _adaptive_mixtures(rows, sums, exact_m, noisy_n, centre,
                                structure, cfg, ledger, noise,
                                constants.deviation,

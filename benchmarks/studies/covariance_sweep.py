@@ -1,6 +1,6 @@
 """Covariance sweep (issue 30): which menu mode wins on which shape?
 
-Runs the adaptive plan (dpsynth.dp_ops.reference.generate_adaptive, in memory)
+Runs the adaptive plan (benchmarks.reference.generate_adaptive, in memory)
 with each menu mode forced (``RuleConstants(force_mode=...)``; the sum
 share still follows the rule's ``sum_share_rule``) on public simulated
 shapes and on validation splits of both shared TRAIN files, at epsilon in
@@ -251,7 +251,7 @@ def run_one(split: Split, mode: str, eps: float, seed: int,
             constants: Optional[dict] = None) -> dict:
     """One release with ``mode`` forced, probed on the split's test rows."""
     from benchmarks.studies import fast_probe
-    from dpsynth.dp_ops import reference
+    from benchmarks import reference
     from dpsynth.dp_ops.config import GeneratorConfig
     from dpsynth.dp_ops.noise import SeededNoise
     t = time.time()
@@ -306,7 +306,7 @@ def family_rows(mixes: dict, cfg, family: str, seed: int
 def run_family(split: Split, family: str, eps: float, seed: int) -> dict:
     """The rule's own pick (default constants), sampled by ``family``."""
     from benchmarks.studies import fast_probe
-    from dpsynth.dp_ops import reference
+    from benchmarks import reference
     from dpsynth.dp_ops.config import GeneratorConfig
     from dpsynth.dp_ops.noise import SeededNoise
     t = time.time()

@@ -159,7 +159,7 @@ def estimate_table(curves: Curves) -> str:
 def release(split: Split, mode: str, mu: float, seed: int
             ) -> tuple[np.ndarray, np.ndarray, float]:
     """Synthetic (x, y) of ``mode`` at the given mu, and the mu it ran at."""
-    from dpsynth.dp_ops import reference
+    from benchmarks import reference
     from dpsynth.dp_ops.config import GeneratorConfig
     from dpsynth.dp_ops.noise import SeededNoise
     cfg = GeneratorConfig(labels=tuple(range(split.classes)),

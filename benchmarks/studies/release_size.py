@@ -6,7 +6,7 @@ so a release could hold any number of rows at no privacy cost. For each
 shared set (validation split carved from the TRAIN file only:
 study_data.selection_split) or real set built by benchmarks/studies/real_sets.py
 (``real:<name>``: train / validation splits), epsilon and seed, this runs the default
-generator once (dpsynth.dp_ops.reference.generate_adaptive, the Beam job's
+generator once (benchmarks.reference.generate_adaptive, the Beam job's
 in-memory twin, default rule constants) and scores the shared README's
 linear probe (fast_probe) trained on 1x, 2x and 5x the noisy class counts
 drawn from that one mixture (generator.sample with ``oversample``: the
@@ -55,7 +55,8 @@ DELTA = 1e-5
 def run_one(split, eps: float, seed: int) -> dict:
     """One default release; the probe on 1x / 2x / 5x its rows."""
     from benchmarks.studies import fast_probe
-    from dpsynth.dp_ops import generator, reference
+    from dpsynth.dp_ops import generator
+    from benchmarks import reference
     from dpsynth.dp_ops.config import GeneratorConfig
     from dpsynth.dp_ops.noise import SeededNoise
     t = time.time()

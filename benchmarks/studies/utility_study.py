@@ -19,7 +19,7 @@ with its clip radius. Round 1 (before the centre) is kept in
 benchmarks/results/studies/utility_study-round1.md; benchmarks/studies/gaussian_ceiling.py gives the
 non-private ceilings of each covariance model.
 
-Every configuration is the in-memory reference (dpsynth.dp_ops.reference), which
+Every configuration is the in-memory reference (benchmarks.reference), which
 the test suite checks equal to the Beam pipeline.
 
     python benchmarks/studies/utility_study.py                  # full study

@@ -43,7 +43,7 @@ RECIPES = {
 LOG = os.path.join(DATA, "utility_study-issue13.jsonl")
 INF = float("inf")
 FIXED_SUM = {"sum_min": 0.398, "sum_max": 0.398, "sum_levels": 1}
-# Runs of the dp_ops implementation itself (dpsynth.dp_ops.reference):
+# Runs of the dp_ops implementation itself (benchmarks.reference):
 # "ref:" = generate_adaptive with these RuleConstants overrides,
 # "old:" = the issue-8 generator (reference.generate) with these
 # GeneratorConfig overrides.
@@ -79,7 +79,8 @@ REF = {
 def adaptive_release(split, eps: float, seed: int, overrides: dict):
     """(rows, labels, ledger, structure) of the adaptive plan on the fit
     part, RuleConstants(**overrides), noise SeededNoise(1000 + seed)."""
-    from dpsynth.dp_ops import adaptive, reference
+    from dpsynth.dp_ops import adaptive
+    from benchmarks import reference
     from dpsynth.dp_ops.config import GeneratorConfig
     from dpsynth.dp_ops.noise import SeededNoise
     cfg = GeneratorConfig(labels=tuple(range(split.classes)), epsilon=eps,
@@ -96,7 +97,8 @@ def run_reference(name: str, eps: float, seed: int, split,
     import time
     import numpy as np
     from benchmarks.studies.study_data import probe
-    from dpsynth.dp_ops import plan, reference
+    from dpsynth.dp_ops import plan
+    from benchmarks import reference
     from dpsynth.dp_ops.config import GeneratorConfig
     from dpsynth.dp_ops.noise import SeededNoise
     t = time.time()

@@ -37,7 +37,8 @@ import time
 
 import numpy as np
 
-from dpsynth.dp_ops import clipping, plan, reference
+from dpsynth.dp_ops import clipping, plan
+from benchmarks import reference
 from benchmarks.studies import components
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import make_noise_source

@@ -25,7 +25,8 @@ import time
 import numpy as np
 
 from benchmarks.studies import vote_resample as vr
-from dpsynth.dp_ops import generator, reference, sampling, vote
+from dpsynth.dp_ops import generator, sampling, vote
+from benchmarks import reference
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import make_noise_source
 
