@@ -33,15 +33,7 @@ from dpsynth.pipelines.budget import store as bs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
-
-DELTA = 1e-5
-
-
-@pytest.fixture(params=["local", "gcs"])
-def store(request, tmp_path) -> str:
-    if request.param == "local":
-        return str(tmp_path / "budgets")
-    return request.getfixturevalue("gcs").uri("budgets")
+from tests.test_label_rule import DELTA, store  # noqa: E402,F401 (fixture)
 
 
 def _mech(label: int) -> list[Mechanism]:
@@ -245,14 +237,7 @@ def sample_source(tmp_path_factory) -> str:
     return out
 
 
-def _tree(path) -> dict:
-    out = {}
-    for folder, _, files in os.walk(path):
-        for name in files:
-            full = os.path.join(folder, name)
-            with open(full, "rb") as f:
-                out[os.path.relpath(full, path)] = f.read()
-    return out
+from tests.test_sample import _tree  # noqa: E402 (every file's bytes)
 
 
 def _no_huge_draw(monkeypatch) -> None:

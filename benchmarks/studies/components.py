@@ -105,22 +105,10 @@ def calibrate(cfg: GeneratorConfig, d: int, constants: RuleConstants,
     the pass (at mu sqrt(share))."""
     if math.isinf(cfg.epsilon):
         return math.inf
-    mu = gdp_mu(cfg.epsilon, cfg.delta)
-    todo = menu(d, constants)
-    for _ in range(80):
-        failing = None
-        for s in todo:
-            mechs = (ledgers.mechanisms(cfg, s, mu * math.sqrt(1 - share))
-                     + pass_mechanisms(cfg, mu, share))
-            spent = ledgers._worst_epsilon(mechs, cfg.delta, cfg.accountant)
-            if spent > cfg.epsilon:
-                failing = s
-                break
-        if failing is None:
-            return mu
-        todo = [failing] + [s for s in todo if s is not failing]
-        mu = shrink_mu(mu, spent, cfg.epsilon)
-    raise ValueError("component calibration did not converge")
+    return ledgers.largest_mu(
+        cfg, menu(d, constants), gdp_mu(cfg.epsilon, cfg.delta),
+        lambda s, mu: (ledgers.mechanisms(cfg, s, mu * math.sqrt(1 - share))
+                       + pass_mechanisms(cfg, mu, share)))
 
 
 def component_count(noisy_n: float, sum_mu: float, d: int,

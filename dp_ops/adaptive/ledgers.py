@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -141,14 +141,24 @@ def calibrate_mu(cfg: GeneratorConfig, d: int,
     if math.isinf(cfg.epsilon):
         return math.inf
     # the plan's part of the total (the vote's mechanisms are in the check)
-    mu = gdp_mu(cfg.epsilon, cfg.delta) * math.sqrt(1 - vote_share(cfg))
-    todo = menu(d, constants)
+    start = gdp_mu(cfg.epsilon, cfg.delta) * math.sqrt(1 - vote_share(cfg))
+    return largest_mu(cfg, menu(d, constants), start,
+                      lambda s, mu: mechanisms(cfg, s, mu))
+
+
+def largest_mu(cfg: GeneratorConfig, structures: Sequence[Structure],
+               mu: float,
+               mechanisms_of: Callable[[Structure, float], list[Mechanism]]
+               ) -> float:
+    """Shrinks ``mu`` from its start until dp_accounting certifies
+    (epsilon, delta) for the mechanisms of every structure."""
+    todo = list(structures)
     for _ in range(80):
         # Shrink on the first failing structure only, then re-check all
         # (each check is one dp_accounting composition).
         failing = None
         for s in todo:
-            spent = _worst_epsilon(mechanisms(cfg, s, mu), cfg.delta,
+            spent = _worst_epsilon(mechanisms_of(s, mu), cfg.delta,
                                    cfg.accountant)
             if spent > cfg.epsilon:
                 failing = s
