@@ -282,9 +282,7 @@ def _check_cluster_boundary(spec: GenerateSpec,
 
 def _check_noise_key_location(spec: GenerateSpec, opts: dict,
                               chosen: engine.Engine) -> None:
-    secure = (spec.generator.noise_seed is None
-              and not math.isinf(spec.generator.epsilon))
-    if not secure or spec.run.noise_key_location is not None:
+    if not spec.secure_noise or spec.run.noise_key_location is not None:
         return
     if chosen.keeps_job_graph:
         raise ValueError(chosen.job_graph_refusal())

@@ -407,6 +407,13 @@ class GenerateSpec:
     budget: BudgetOptions = BudgetOptions()
     run: RunOptions = RunOptions()
 
+    @property
+    def secure_noise(self) -> bool:
+        """Whether the run draws private noise (no --noise-seed, finite
+        epsilon): then its key must stay out of any graph others read."""
+        return (self.generator.noise_seed is None
+                and not math.isinf(self.generator.epsilon))
+
 
 # ------------------------------------------------------------------ encode
 

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import Any
 
@@ -34,8 +33,7 @@ class DaskEngine(Engine):
         from dpsynth.pipelines.runners.dask import cluster
         cluster.check_cluster(
             options, locality.local_paths(spec, options.get_all_options()),
-            secure=(spec.generator.noise_seed is None
-                    and not math.isinf(spec.generator.epsilon)),
+            secure=spec.secure_noise,
             key_location=spec.run.noise_key_location)
 
     def close(self) -> None:
