@@ -180,14 +180,15 @@ def choose_phase2(job: Job, dim: int, noisy_counts) -> adaptive.Structure:
     return job.structure
 
 
-def adaptive_pass_names(structure: adaptive.Structure,
+def adaptive_pass_names(structure: adaptive.Structure, cfg: GeneratorConfig,
                         spec: GenerateSpec) -> list[str]:
-    """Phase 2's passes over the private rows (progress lines)."""
+    """Phase 2's passes over the private rows (progress lines); ``cfg``:
+    the run's, after the vote's signal rule."""
     if spec.run.materialise_blocks:
         return ["Read"]
     return (["Moments"]
             + (["ClassSubspace"] if structure.mode == "subspace" else [])
-            + (["Votes"] if spec.generator.vote_filter else []))
+            + (["Votes"] if cfg.vote_filter else []))
 
 
 def pass_names(cfg: GeneratorConfig, spec: GenerateSpec) -> list[str]:
@@ -327,7 +328,7 @@ def _run_adaptive(job: Job, spec: GenerateSpec, options,
     progress.reset()
     reader = make_reader(job, spec)  # a transform belongs to one pipeline
     with console.ProgressPrinter(progress.path,
-                                 adaptive_pass_names(structure, spec),
+                                 adaptive_pass_names(structure, job.cfg, spec),
                                  show_rows=spec.run.show_row_counts,
                                  done=1,  # phase 1's pass
                                  on_pass=lease.verify):

@@ -76,6 +76,8 @@ def manifest(job: Job, spec: GenerateSpec, dim: int,
         plan_doc["shares_of_mu2"] = {
             **{k: w * (1 - v) for k, w in plan_doc["shares_of_mu2"].items()},
             "vote": v}
+    if plan_doc is not None and job.vote_note is not None:
+        plan_doc["vote_rule"] = job.vote_note
     noise = (NOISE_DESCRIPTION.format(kind="seeded",
                                       key="a key from the secret --noise-seed")
              if spec.generator.noise_seed is not None else

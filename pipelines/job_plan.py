@@ -67,6 +67,9 @@ class Job:
     pipelinedp_explain: list = dataclasses.field(default_factory=list)
     # The engine the flags chose (``runners.engine``), resolved once.
     engine: Optional[engine.Engine] = None
+    # --vote-filter under the signal rule (``adaptive.resolve_vote``):
+    # whether it ran and why, for the manifest; None where it does not apply.
+    vote_note: Optional[dict] = None
 
 
 def prepare(spec: GenerateSpec) -> Job:
@@ -115,9 +118,27 @@ def prepare(spec: GenerateSpec) -> Job:
               created_utc=_timestamp(),
               noise=make_noise_source(spec.generator.noise_seed),
               engine=chosen)
+    job.cfg, job.vote_note = resolve_vote(cfg, inp.embedding_dim)
+    cfg = job.cfg
     job.adaptive_mu, job.ledger, job.reserved = calibrate(
         cfg, inp.embedding_dim, spec.budget.store is not None)
     return job
+
+
+def resolve_vote(cfg: GeneratorConfig, embedding_dim: Optional[int]
+                 ) -> tuple[GeneratorConfig, Optional[dict]]:
+    """``--vote-filter`` after the signal rule (public: epsilon, delta, d,
+    the candidates per row); says so in the log when the vote is skipped."""
+    cfg, note = adaptive.resolve_vote(cfg, embedding_dim or 1,
+                                      adaptive.constants_for(cfg))
+    if note is not None and not note["ran"]:
+        log.warning(
+            "--vote-filter: skipped. At epsilon %g its histogram's noise "
+            "(sigma %.2f) drowns a candidate's expected %.2f votes, so the "
+            "vote's share stays with the mixture and the release is the "
+            "plain one; pass --vote-share to spend it on the vote anyway",
+            cfg.epsilon, note["sigma"], note["votes_per_candidate"])
+    return cfg, note
 
 
 def calibrate(cfg: GeneratorConfig, embedding_dim: Optional[int],
@@ -150,6 +171,7 @@ def plan_only(spec: GenerateSpec) -> dict:
     _check_budget_flags(spec)
     if not adaptive.two_phase(cfg):
         validate_weights(cfg.weights(), cfg.stages)
+    cfg, vote_note = resolve_vote(cfg, spec.input.embedding_dim)
     mu, ledger, _ = calibrate(cfg, spec.input.embedding_dim, False)
     charged = (ledger.mechanisms if mu is None else
                adaptive.reserved_mechanisms(cfg, mu,
@@ -161,6 +183,7 @@ def plan_only(spec: GenerateSpec) -> dict:
             "mechanisms": [m.to_dict() for m in charged],
             "budget_split": budget_split(charged),
             "epsilon_charged": _charged_epsilon(charged, cfg),
+            "vote_rule": vote_note,
             "store": _store_plan(spec, cfg, charged)}
 
 

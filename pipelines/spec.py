@@ -281,7 +281,11 @@ class GeneratorOptions:
         "--vote-filter", GeneratorConfig.vote_filter, switch=True,
         help="DP nearest-neighbour vote: each record votes for its nearest "
              "candidate; the release draws its rows (as many as without the "
-             "vote) from the candidates in proportion to the noisy votes")
+             "vote) from the candidates in proportion to the noisy votes. "
+             "In the adaptive plan it runs only where its noise lets a "
+             "candidate's votes show (a public rule of epsilon, delta and "
+             "the candidates per row; otherwise the plain release, said in "
+             "the log and the manifest)")
     vote_threshold: Optional[float] = option(
         "--vote-threshold", GeneratorConfig.vote_threshold, type=float,
         help="legacy rule instead: keep each candidate with at least this "
@@ -289,7 +293,8 @@ class GeneratorOptions:
     vote_share: Optional[float] = option(
         "--vote-share", GeneratorConfig.vote_share, type=float,
         help="share of the budget (of mu^2) for the vote in the adaptive "
-             "plan (default: 0.05)")
+             "plan (default: 0.05; giving it runs the vote whatever its "
+             "noise)")
     vote_oversample: float = option(
         "--vote-oversample", GeneratorConfig.vote_oversample, type=float,
         help="candidates generated per wanted sample")

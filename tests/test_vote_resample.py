@@ -187,13 +187,14 @@ def test_beam_release_equals_reference(tmp_path, data):
     assert cli.main(["generate", "--input", path, "--output", str(out),
                      "--num-classes", "3", "--epsilon", str(EPS),
                      "--noise-seed", str(SEED), "--block-size", "400",
-                     "--rows-per-shard", "150", "--vote-filter"]) == 0
+                     "--rows-per-shard", "150", "--vote-filter",
+                     "--vote-share", str(adaptive.VOTE_SHARE)]) == 0
     mixes, xs, ys, ledger, _ = reference.generate_adaptive(
-        x, y, _cfg(), SeededNoise(SEED))
+        x, y, _cfg(vote_share=adaptive.VOTE_SHARE), SeededNoise(SEED))
     xr, yr, _ = load_release(str(out))
     for c in (0, 1, 2):
         assert (yr == c).sum() == (ys == c).sum() == \
-            generator.num_samples(mixes[c], _cfg())
+            generator.num_samples(mixes[c], _cfg(vote_share=0.05))
         got = np.asarray(xr[yr == c], np.float32)
         want = np.asarray(xs[ys == c], np.float32)
         order = lambda a: a[np.lexsort(a.T[::-1])]  # noqa: E731
@@ -207,3 +208,81 @@ def test_beam_release_equals_reference(tmp_path, data):
     shares = manifest["adaptive_plan"]["shares_of_mu2"]
     assert shares["vote"] == adaptive.VOTE_SHARE
     assert sum(shares.values()) == pytest.approx(1.0)
+
+
+# ------------------------------------------------------ the signal rule
+
+GRID = [0.5, 1.0, 2.0, 4.0, 8.0, 32.0, 128.0, 512.0, 1000.0]
+
+
+def test_the_vote_runs_only_where_its_histogram_can_carry_signal():
+    """A candidate expects 1 / vote_oversample votes; the vote runs when
+    that reaches VOTE_MIN_SNR noise sigmas. A public function of (epsilon,
+    delta, d, the plan): skipped at every epsilon the issue measured,
+    running at very large epsilon, and monotone in epsilon."""
+    ran = []
+    for eps in GRID:
+        cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=eps,
+                              vote_filter=True, covariance="auto")
+        out, note = adaptive.resolve_vote(cfg, 12)
+        assert note["sigma"] == pytest.approx(
+            1 / adaptive.vote_mu(cfg, adaptive.calibrate_mu(cfg, 12)))
+        assert note["ran"] == (note["votes_per_candidate"]
+                               >= adaptive.VOTE_MIN_SNR * note["sigma"])
+        assert out.vote_filter == note["ran"]
+        assert out == (cfg if note["ran"] else
+                       GeneratorConfig(labels=(0, 1, 2), epsilon=eps,
+                                       covariance="auto"))
+        ran.append(note["ran"])
+    assert ran[:5] == [False] * 5 and ran[-1]
+    assert ran == sorted(ran)  # once it runs, it runs at every larger eps
+
+
+@pytest.mark.parametrize("kw", [dict(vote_share=0.05),
+                                dict(vote_threshold=6.0),
+                                dict(epsilon=math.inf),
+                                dict(vote_filter=False)])
+def test_what_the_user_asked_explicitly_is_not_gated(kw):
+    cfg = GeneratorConfig(**{**dict(labels=(0, 1, 2), epsilon=EPS,
+                                    vote_filter=True, covariance="auto"),
+                             **kw})
+    assert adaptive.resolve_vote(cfg, 12) == (cfg, None)
+
+
+def test_a_skipped_vote_releases_the_plain_release(tmp_path, data, capsys):
+    """`--vote-filter` where the vote cannot pay: the rows are the default
+    release's, byte for byte; no vote mechanism is charged; the manifest
+    and the console say why."""
+    _, _, path = data
+    flags = ["--input", path, "--num-classes", "3", "--epsilon", str(EPS),
+             "--noise-seed", str(SEED), "--block-size", "400",
+             "--rows-per-shard", "150"]
+    plain, voted = tmp_path / "plain", tmp_path / "voted"
+    assert cli.main(["generate", *flags, "--output", str(plain)]) == 0
+    capsys.readouterr()
+    assert cli.main(["generate", *flags, "--output", str(voted),
+                     "--vote-filter"]) == 0
+    assert "--vote-filter: skipped" in capsys.readouterr().err
+    xp, yp, _ = load_release(str(plain))
+    xv, yv, _ = load_release(str(voted))
+    np.testing.assert_array_equal(xp, xv)
+    np.testing.assert_array_equal(yp, yv)
+    manifest = json.loads((voted / "_manifest.json").read_text())
+    assert not any("/vote/" in m["name"]
+                   for m in manifest["privacy"]["mechanisms"])
+    rule = manifest["adaptive_plan"]["vote_rule"]
+    assert rule["asked"] and not rule["ran"]
+    assert rule["votes_per_candidate"] < rule["sigma"]
+    assert manifest["privacy"] == json.loads(
+        (plain / "_manifest.json").read_text())["privacy"]
+
+
+def test_the_plan_says_whether_the_vote_runs(data, capsys):
+    _, _, path = data
+    for eps, verdict in (("4", "vote: skipped"), ("1000", "vote: runs")):
+        assert cli.main(["generate", "--plan-only", "--input", path,
+                         "--num-classes", "3", "--epsilon", eps,
+                         "--vote-filter"]) == 0
+        out = capsys.readouterr().out
+        assert verdict in out
+        assert ("stage vote" in out) == (verdict == "vote: runs")

@@ -9,8 +9,12 @@ Variants (``--variants``):
   default   ``dpsynth generate``'s default: the adaptive plan, no vote
   legacy    the old ``--vote-filter``: fixed "shared" plan, vote 0.1 of the
             weights, keep candidates with >= 6 noisy votes
-  resample  the new ``--vote-filter``: the adaptive plan with the vote's
-            share; rows drawn in proportion to the clipped noisy votes
+  resample  the resampling vote, forced (``--vote-filter --vote-share
+            0.05``): the adaptive plan with the vote's share; rows drawn in
+            proportion to the clipped noisy votes
+  asked     what ``--vote-filter`` runs: the signal rule
+            (``adaptive.resolve_vote``) first, then resample or the plain
+            release
   resample:share=0.05,over=2  the same with overrides (tuning)
   mixture   the adaptive plan + a mixture per class (issue 74 item 2,
             benchmarks/studies/components.py); overrides as
@@ -37,15 +41,14 @@ import time
 
 import numpy as np
 
-from dpsynth.dp_ops import clipping, plan
+from dpsynth.dp_ops import adaptive, clipping, plan
 from benchmarks import reference
 from benchmarks.studies import components
+from benchmarks.studies.study_data import SHARED as DATA
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import make_noise_source
 from dpsynth.models import classifiers
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-DATA = os.path.join(HERE, "..", "..", "shared", "data")
 DELTA = 1e-5
 LEGACY_THRESHOLD = 6.0
 COMPONENTS: dict = {}  # variant -> its last release's k per class
@@ -94,12 +97,16 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, extra
 
 
-def release(variant: str, x, y, labels, epsilon: float, seed: int):
-    """(synthetic x, y, ledger) of one variant."""
+def release(variant: str, x, y, labels, epsilon: float, seed: int,
+            paired: bool = False):
+    """(synthetic x, y, ledger) of one variant. ``paired``: every variant
+    of a seed draws its noise from the same seeded stream (a study-only
+    key, 1000 + seed), so identical algorithms give identical releases
+    and the seeds' spread cancels in the differences; else secure noise."""
     name, extra = parse_variant(variant)
     base = dict(labels=tuple(labels), epsilon=epsilon, delta=DELTA,
                 seed=seed)
-    noise = make_noise_source(None)
+    noise = make_noise_source(1000 + seed if paired else None)
     if name == "legacy":
         cfg = GeneratorConfig(**base, covariance="shared", vote_filter=True,
                               vote_threshold=LEGACY_THRESHOLD)
@@ -123,7 +130,11 @@ def release(variant: str, x, y, labels, epsilon: float, seed: int):
         COMPONENTS[variant] = ks
         return xs, ys, ledger
     cfg = GeneratorConfig(**base, covariance="auto",
-                          vote_filter=(name == "resample"), **extra)
+                          vote_filter=(name in ("resample", "asked")),
+                          **extra)
+    if name == "asked":  # what `--vote-filter` runs: the signal rule first
+        cfg, _ = adaptive.resolve_vote(cfg, x.shape[1],
+                                       adaptive.constants_for(cfg))
     _, xs, ys, ledger, _ = reference.generate_adaptive(x, y, cfg, noise)
     return xs, ys, ledger
 
@@ -149,11 +160,12 @@ def run(args) -> None:
                     continue
                 t = time.time()
                 xs, ys, ledger = release(variant, x, y, labels, epsilon,
-                                         seed)
+                                         seed, args.paired)
                 made = time.time() - t
                 acc = probe(xs, ys, x_eval, y_eval, labels, seed)
                 vote = [m for m in ledger.mechanisms if "/vote/" in m.name]
                 rec = {"dataset": args.dataset, "split": args.split,
+                       "paired": args.paired,
                        "train_rows": int(len(y)), "variant": variant,
                        "epsilon": epsilon, "seed": seed,
                        "rows": int(len(ys)), "probe": round(100 * acc, 2),
@@ -208,6 +220,8 @@ def main(argv=None) -> None:
     p.add_argument("--variants", nargs="+",
                    default=["default", "legacy", "resample"])
     p.add_argument("--out", default="vote_resample.jsonl")
+    p.add_argument("--paired", action="store_true",
+                   help="seeded noise shared by the variants of a seed")
     p.add_argument("--table", nargs="*",
                    help="print the markdown table of these JSONL files")
     args = p.parse_args(argv)

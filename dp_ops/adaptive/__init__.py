@@ -69,8 +69,9 @@ from dpsynth.dp_ops.adaptive.ledgers import (
     count_name, exact_class_counts, mechanisms, noisy_class_block,
     noisy_class_second_moments, noisy_class_sums, noisy_counts,
     phase1_ledger, phase1_slots, phase2_slots, projected_block_moment,
-    reserved_mechanisms, shared_stage, sum_name, VOTE_SHARE, vote_mechanisms,
-    vote_mu, vote_share, vote_slots)
+    reserved_mechanisms, resolve_vote, shared_stage, sum_name, VOTE_MIN_SNR,
+    VOTE_SHARE, vote_gated, vote_mechanisms, vote_mu, vote_share,
+    vote_signal, vote_slots)
 from dpsynth.dp_ops.adaptive.postprocess import (
     SharedModel, class_block, class_factors, class_means, eigen,
     noise_edge, noise_energy, per_class_mixture, per_class_mixtures,
@@ -93,12 +94,13 @@ __all__ = [
     "noisy_class_block", "noisy_class_second_moments", "noisy_class_sums",
     "noisy_counts", "per_class_mixture", "per_class_mixtures", "PHASE1",
     "phase1_ledger", "phase1_slots", "phase2_slots", "pooled_within",
-    "projected_block_moment", "reserved_mechanisms", "RuleConstants",
+    "projected_block_moment", "reserved_mechanisms", "resolve_vote",
+    "RuleConstants",
     "shared_mixtures", "shared_model", "shared_stage", "shared_within",
     "SharedModel", "shrink_class_deviations", "shrink_deviation",
     "shrink_towards_pooled", "shrinkage_weights", "spike_shrink",
     "spiked_band", "spiked_within", "Structure", "sum_grid", "sum_name",
     "sum_share_rule", "TWO_PHASE", "two_phase", "typical_count",
-    "variance_floor", "VOTE_SHARE", "vote_mechanisms", "vote_mu",
-    "vote_share", "vote_slots",
+    "variance_floor", "VOTE_MIN_SNR", "VOTE_SHARE", "vote_gated",
+    "vote_mechanisms", "vote_mu", "vote_share", "vote_signal", "vote_slots",
 ]

@@ -8,6 +8,7 @@ outputs only."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Callable, Iterator, Optional, Sequence
@@ -21,7 +22,8 @@ from dpsynth.dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger, compose_epsi
 from dpsynth.dp_ops.adaptive.postprocess import (
     SharedModel, class_block, noise_edge, shared_model, shared_within,
     shrink_deviation, variance_floor)
-from dpsynth.dp_ops.adaptive.rule import CENTRE_SPLIT, PHASE1, RuleConstants, Structure, menu
+from dpsynth.dp_ops.adaptive.rule import (
+    CENTRE_SPLIT, PHASE1, RuleConstants, Structure, menu, two_phase)
 
 
 def count_name(label: int) -> str:
@@ -79,6 +81,53 @@ def vote_share(cfg: GeneratorConfig) -> float:
 # of the 20 Newsgroups train file, so the vote's cost is its share, taken
 # from the mixture (docs/method.md, "The vote").
 VOTE_SHARE = 0.05
+
+
+# The vote runs only where its histogram can carry signal: if the mixture
+# were right, a candidate would get 1 / (candidates per row) votes, and the
+# vote runs when that is at least VOTE_MIN_SNR of its noise sigma. Below it
+# the histogram is noise, the draw is no better than the mixture's own, and
+# the vote's share stays with the mixture's moments. On both shared sets
+# that is every epsilon up to a few hundred with 6 candidates per row
+# (benchmarks/results/vote_resample.md: the vote scored at or below the
+# plain release at epsilon 1-8, and noiseless votes were neutral).
+VOTE_MIN_SNR = 1.0
+
+
+def vote_gated(cfg: GeneratorConfig) -> bool:
+    """Whether ``--vote-filter`` is subject to the signal rule: the
+    adaptive plan's resampling vote at its default share. An explicit
+    ``--vote-share`` or the legacy ``--vote-threshold`` runs as asked."""
+    return (cfg.vote_filter and two_phase(cfg) and cfg.vote_share is None
+            and cfg.vote_threshold is None and not math.isinf(cfg.epsilon))
+
+
+def vote_signal(cfg: GeneratorConfig) -> float:
+    """Votes a candidate expects if the mixture were right: 1 over the
+    candidates per row (``--vote-oversample``; a ``--vote-max-candidates``
+    cap only lowers it, so this is the smallest signal)."""
+    return 1.0 / max(cfg.vote_oversample, 1.0)
+
+
+def resolve_vote(cfg: GeneratorConfig, d: int,
+                 constants: Optional[RuleConstants] = None
+                 ) -> tuple[GeneratorConfig, Optional[dict]]:
+    """The run's configuration after the signal rule, and the public note
+    for the manifest (None where the rule does not apply). A public
+    function of (epsilon, delta, d, the plan's shares, the candidates per
+    row): no data is read and nothing is charged."""
+    if not vote_gated(cfg):
+        return cfg, None
+    mu = calibrate_mu(cfg, d, constants)
+    sigma = 1.0 / vote_mu(cfg, mu)
+    signal = vote_signal(cfg)
+    runs = signal >= VOTE_MIN_SNR * sigma
+    note = {"asked": True, "ran": runs, "sigma": sigma,
+            "votes_per_candidate": signal, "min_snr": VOTE_MIN_SNR,
+            "rule": "the vote runs when a candidate's expected votes "
+                    "(1 / candidates per row) reach min_snr noise sigmas; "
+                    "otherwise its share stays with the mixture"}
+    return (cfg if runs else dataclasses.replace(cfg, vote_filter=False)), note
 
 
 def vote_slots(cfg: GeneratorConfig) -> list[Slot]:

@@ -251,6 +251,13 @@ def render_plan(plan: dict) -> str:
                      "first; the public rule then picks the structure from "
                      "the noisy counts. Shown: phase 1 + the costliest "
                      "structure, what the budget store is charged")
+    vote = plan.get("vote_rule")
+    if vote is not None:
+        lines.append(
+            f"  vote: {'runs' if vote['ran'] else 'skipped'} (noise sigma "
+            f"{vote['sigma']:.2f} against a candidate's expected "
+            f"{vote['votes_per_candidate']:.2f} votes; it runs from "
+            f"{vote['min_snr']:g} sigma, or with --vote-share)")
     split = ", ".join(f"{stage} {share:.1%}" for stage, share
                       in plan["budget_split"].items())
     lines.append(f"budget split (share of one class's privacy loss): {split}")
