@@ -135,6 +135,7 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
         # and flag errors answer without them).
         from dpsynth.pipelines import demo
         from dpsynth.pipelines.budget import store as budget_store
+        from dpsynth.pipelines.budget.record import LabelRuleConflict
         from dpsynth.pipelines.release import release, summary
         from dpsynth.pipelines.runners.options import (ClusterLost, UsageError,
                                                        check_beam_args)
@@ -163,7 +164,7 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
                              budget_store.BudgetExceeded,
                              budget_store.RunConflict,
                              budget_store.CapConflict,
-                             budget_store.LabelRuleConflict, ImageInputError,
+                             LabelRuleConflict, ImageInputError,
                              ClusterLost, JobServerFailed))
 
 
