@@ -29,27 +29,17 @@ import numpy as np
 
 from dpsynth.dp_ops.clipping import clip_rows, normalize_rows
 from dpsynth.models import classifiers, metrics
-from dpsynth.pipelines.spec import EvaluateSpec
+# The protocols, the size policies and the learning-rate and demo constants
+# are declared with evaluate's options (its flags' choices and help quote
+# them).
+from dpsynth.pipelines.spec import (DEMO_LOGREG_C, MAX_AUTO_LR, PROTOCOLS,
+                                    REFERENCE_STEPS, SIZE_POLICIES,
+                                    EvaluateSpec)
 
-SIZE_POLICIES = ("paper", "match", "none")
-
-# Training budget per protocol; --seeds / --mlp-epochs override either.
-# quick keeps the paper's 50 MLP epochs: 10 epochs under-fit by ~4 points on
-# the CIFAR-10 release (0.703 vs 0.741, measured), so one seed is the saving.
-PROTOCOLS = {
-    "quick": {"seeds": 1, "mlp_epochs": classifiers.MLPConfig().epochs},
-    "full": {"seeds": 3, "mlp_epochs": classifiers.MLPConfig().epochs},
-}
 # Models whose training is deterministic given the rows (lbfgs): when the
 # rows do not depend on the seed either, one fit serves every seed.
 DETERMINISTIC_MODELS = ("logreg",)
-# The paper's CIFAR-10 recipe makes 98 batches of 512 x 50 epochs = 4,900
-# SGD steps; at lr 1e-3 a small set's few steps under-fit (the demo's 1,437
-# real rows: 150 steps, 0.66 test accuracy; 0.975 with lr scaled up).
-REFERENCE_STEPS = 4900
-MAX_AUTO_LR = 0.1
 # generate's demo utility line: scikit-learn's LogisticRegression defaults.
-DEMO_LOGREG_C = 1.0
 DEMO_LOGREG_MAX_ITER = 2000
 PRIVACY_NOTE = ("ceiling and distribution metrics are computed on the real "
                 "training data: NOT differentially private; keep this report "

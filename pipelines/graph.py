@@ -221,7 +221,7 @@ def stage(job: Job, spec: GenerateSpec, lease, timings: dict) -> str:
     """Runs the pipeline into staging and writes the staged manifest;
     returns the sha256 of the manifest bytes written. Stops
     (``AttemptLost``) at a pass boundary once another launch took the
-    attempt over (``lease``: ``budget_store.Lease``)."""
+    attempt over (``lease``: ``budget.lease.Lease``)."""
     options = beam_options(job.engine.beam_args)
     try:
         reader = make_reader(job, spec)

@@ -8,13 +8,13 @@ notebooks) build them directly and call ``dpsynth.pipelines.api.generate``.
 Every field is public configuration: nothing here is read from the private
 data.
 
-Each `dpsynth generate` option is declared once, here, by its field
-(``option``): the field's default is the flag's (the generator's are
-``GeneratorConfig``'s, referenced), and the field carries its flag, help
-and how its text is read (type, choices, a switch). ``cli.generate``
-builds its parser from the fields and reads the parsed flags back through
-them. (The image and encoder flags, shared with `dpsynth encode`, are
-still declared in ``cli.image_flags``.)
+Each option of `dpsynth generate`, `encode` and `evaluate` is declared
+once, here, by its field (``option``): the field's default is the flag's
+(the generator's are ``GeneratorConfig``'s, the MLP's ``MLPConfig``'s,
+referenced), and the field carries its flag, help and how its text is read
+(type, choices, a switch). The commands build their parsers from the
+fields and read the parsed flags back through them
+(``dpsynth.pipelines.cli.spec_flags``).
 
 This module imports neither Beam nor TensorFlow, so building a spec is
 instant.
@@ -31,9 +31,12 @@ from dpsynth.dp_ops.config import (COVARIANCE_MODES, GeneratorConfig,
                                    parse_epsilon, parse_weights)
 from dpsynth.dp_ops.ledger import ACCOUNTANTS
 # numpy only: Keras loads inside the trainers.
-from dpsynth.models.classifiers import MLPConfig
-from dpsynth.transforms.formats import (FORMATS, NON_FINITE_POLICIES,
-                                        OUTPUT_FORMATS, SPLIT_BYTES)
+from dpsynth.models.classifiers import LogRegConfig, MLPConfig
+# names only: each encoder's framework loads when it is built.
+from dpsynth.models.encoders.registry import list_encoders
+from dpsynth.transforms.formats import (FORMATS, IMAGE_LAYOUTS,
+                                        NON_FINITE_POLICIES, OUTPUT_FORMATS,
+                                        SPLIT_BYTES, ImageInputError)
 
 
 def option(flag: str, default: Any = None, *, help: str,
@@ -41,18 +44,26 @@ def option(flag: str, default: Any = None, *, help: str,
            parse: Optional[Callable[[str], Any]] = None,
            choices: Optional[Sequence[str]] = None,
            metavar: Optional[str] = None, switch: bool = False,
-           negatable: bool = False,
+           off_switch: bool = False, negatable: bool = False,
+           required: bool = False,
            to_spec: Optional[Callable[[Any], Any]] = None) -> Any:
     """A spec field and its command-line flag, declared once: ``default``
     is the field's and the flag's. The flag's text is read by ``type``
     (int, float: the parser's own error) or ``parse`` (dpsynth's reader: its
     ValueError is the one-line error); ``switch``: a flag without a value
-    that sets True; ``negatable``: --x / --no-x; ``to_spec`` turns the
-    parsed value into the field's (default: as parsed)."""
-    return dataclasses.field(default=default, metadata={
+    that sets True; ``off_switch``: one that sets False (``--no-x`` of a
+    field that is on by default); ``negatable``: --x / --no-x;
+    ``required``: the field has no default and the flag must be given;
+    ``to_spec`` turns the parsed value into the field's (default: as
+    parsed; its ValueError is raised when the spec is built)."""
+    metadata = {
         "flag": flag, "help": help, "type": type, "parse": parse,
         "choices": choices, "metavar": metavar, "switch": switch,
-        "negatable": negatable, "to_spec": to_spec})
+        "off_switch": off_switch, "negatable": negatable,
+        "required": required, "to_spec": to_spec}
+    if required:
+        return dataclasses.field(metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 # ------------------------------------------------ the flags' value readers
@@ -102,28 +113,96 @@ def _weights(text: str) -> dict:
             str(err).replace("--budget-weights: ", "")) from None
 
 
+def _image_size(text: str) -> tuple[int, int]:
+    parts = text.replace("x", ",").split(",")
+    try:
+        size = tuple(int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"--image-size must be H,W or S, got {text!r}") from None
+    size = size * 2 if len(size) == 1 else size
+    if len(size) != 2 or min(size) < 1:
+        raise ValueError(f"--image-size must be H,W or S, got {text!r}")
+    return size
+
+
+def _classes(text: Optional[str]) -> Optional[tuple[str, ...]]:
+    """--classes as a tuple of names (None when not given); duplicates are
+    refused (ImageInputError, when the spec is built)."""
+    if not text:
+        return None
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    if len(set(names)) != len(names):
+        raise ImageInputError(f"--classes has duplicates: {text!r}")
+    return tuple(names) if names else None
+
+
+def _evaluate_labels(text: Optional[str]) -> Optional[tuple[int, ...]]:
+    """evaluate's --labels 0,1,2 as integers (None when not given)."""
+    if text is None:
+        return None
+    try:
+        return tuple([int(v) for v in text.split(",") if v.strip()])
+    except ValueError:
+        raise ValueError(f"--labels: expected integers, got {text!r}") from None
+
+
 # ---------------------------------------------------------------- generate
 
 @dataclasses.dataclass(frozen=True)
 class ImageOptions:
     """`generate --images`: images encoded by a public encoder in the
-    workers, then the DP job on the embeddings."""
+    workers, then the DP job on the embeddings (and `dpsynth encode`'s
+    images; the help that differs in `generate` is ``cli.image_flags``')."""
 
-    path: str  # folder-per-class ROOT, or a glob of .tfrecord / .npz files
-    encoder: str = "efficientnet-lite0"
-    encoder_weights: Optional[str] = None
-    image_size: Optional[tuple[int, int]] = None
-    pixel_scale: Optional[str] = None
-    resize_mode: Optional[str] = None
-    encoder_output_key: Optional[str] = None
-    encoder_threads: Optional[int] = None
-    batch_size: int = 64
-    l2_normalize: bool = False
-    bad_images_report: Optional[str] = None
-    classes: Optional[tuple[str, ...]] = None  # folder names in label order
-    layout: Optional[str] = None
-    image_feature: Optional[str] = None
-    label_feature: Optional[str] = None
+    # folder-per-class ROOT, or a glob of .tfrecord / .npz files
+    path: str = option(
+        "--images", required=True,
+        help="ROOT of a folder-per-class layout (ROOT/<class>/*.jpg|png), or a glob of .tfrecord "
+             "files (tf.train.Example: encoded image + int64 label) or .npz files (images uint8, "
+             "labels); local or gs://")
+    encoder: str = option(
+        "--encoder", "efficientnet-lite0",
+        help="encoder name: " + ", ".join(list_encoders()) + " (default efficientnet-lite0)")
+    encoder_weights: Optional[str] = option(
+        "--encoder-weights",
+        help="local or gs:// copy of a named encoder's weights (CLIP: a keras-hub preset folder)")
+    image_size: Optional[tuple[int, int]] = option(
+        "--image-size", parse=_image_size,
+        help="H,W input size for keras:/onnx: models")
+    pixel_scale: Optional[str] = option(
+        "--pixel-scale",
+        help="pixel scaling for keras:/onnx: models: raw, unit (default), symmetric, effnet, "
+             "imagenet, clip")
+    resize_mode: Optional[str] = option(
+        "--resize-mode", choices=("resize", "resize_crop"),
+        help="keras:/onnx: models: plain resize (default) or shorter side + centre crop")
+    encoder_output_key: Optional[str] = option(
+        "--encoder-output-key", help="output name of a multi-output SavedModel")
+    encoder_threads: Optional[int] = option(
+        "--encoder-threads", type=int,
+        help="framework threads per worker (default: CPU cores / DirectRunner workers)")
+    batch_size: int = option(
+        "--batch-size", 64, type=int,
+        help="images per RunInference batch (default 64)")
+    l2_normalize: bool = option(
+        "--l2-normalize", False, switch=True,
+        help="L2-normalise each embedding (public, per-row)")
+    bad_images_report: Optional[str] = option(
+        "--bad-images-report",
+        help="write the unreadable files (name, reason) here: an operator file naming private "
+             "files (default for encode: next to output)")
+    # folder names in label order
+    classes: Optional[tuple[str, ...]] = option(
+        "--classes", to_spec=_classes,
+        help="comma-separated class folder names in label order (default: all folders, sorted)")
+    layout: Optional[str] = option(
+        "--image-layout", choices=IMAGE_LAYOUTS,
+        help="override layout detection")
+    image_feature: Optional[str] = option(
+        "--image-feature", help="TFRecord image bytes feature (default: auto)")
+    # generate: its own --label-feature (InputOptions')
+    label_feature: Optional[str] = option(
+        "--label-feature", help="TFRecord int64 label feature (default: auto)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -429,15 +508,47 @@ class EncodeSpec:
     ``images.bad_images_report`` None: next to the output."""
 
     images: ImageOptions
-    output: str  # OUT.npz or OUT.tfrecord, local or gs://
-    num_shards: int = 1  # TFRecord output shards
-    keep_source_ids: bool = False  # also store each row's source file
-    max_bad_images: int = 0  # stop the run above this many unreadable images
+    # OUT.npz or OUT.tfrecord, local or gs://
+    output: str = option(
+        "--output", required=True,
+        help="OUT.npz or OUT.tfrecord (local or gs://); a labels JSON is written next to it")
+    # TFRecord output shards
+    num_shards: int = option(
+        "--num-shards", 1, type=int,
+        help="TFRecord output shards (1: exactly --output; more: OUT-SSSSS-of-NNNNN)")
+    # also store each row's source file
+    keep_source_ids: bool = option(
+        "--keep-source-ids", False, switch=True,
+        help="also store each row's source file (npz array `sources`, TFRecord bytes `source`)")
+    # stop the run above this many unreadable images
+    max_bad_images: int = option(
+        "--max-bad-images", 0, type=int,
+        help="stop the run if more images than this cannot be read or decoded")
     beam_args: tuple[str, ...] = ()  # Beam pipeline options (--runner ...)
-    verbose: bool = False
+    verbose: bool = option(
+        "--verbose", False, switch=True,
+        help="also show Beam's and other libraries' logs")
 
 
 # ---------------------------------------------------------------- evaluate
+
+SIZE_POLICIES = ("paper", "match", "none")
+
+# Training budget per protocol; --seeds / --mlp-epochs override either.
+# quick keeps the paper's 50 MLP epochs: 10 epochs under-fit by ~4 points on
+# the CIFAR-10 release (0.703 vs 0.741, measured), so one seed is the saving.
+PROTOCOLS = {
+    "quick": {"seeds": 1, "mlp_epochs": MLPConfig().epochs},
+    "full": {"seeds": 3, "mlp_epochs": MLPConfig().epochs},
+}
+# The paper's CIFAR-10 recipe makes 98 batches of 512 x 50 epochs = 4,900
+# SGD steps; at lr 1e-3 a small set's few steps under-fit (the demo's 1,437
+# real rows: 150 steps, 0.66 test accuracy; 0.975 with lr scaled up).
+REFERENCE_STEPS = 4900
+MAX_AUTO_LR = 0.1
+# generate's demo utility line: scikit-learn's LogisticRegression defaults.
+DEMO_LOGREG_C = 1.0
+
 
 @dataclasses.dataclass(frozen=True)
 class MLPOptions:
@@ -446,16 +557,41 @@ class MLPOptions:
     training sets (see
     ``dpsynth.pipelines.evaluation.scaled_learning_rate``)."""
 
-    hidden: int = MLPConfig.hidden
-    epochs: Optional[int] = None
-    batch_size: int = MLPConfig.batch_size
-    learning_rate: Optional[float] = None
-    momentum: float = MLPConfig.momentum
-    dropout: float = MLPConfig.dropout
-    label_smoothing: float = MLPConfig.label_smoothing
-    weight_decay: float = MLPConfig.weight_decay
-    batch_norm: bool = MLPConfig.batch_norm
-    cosine_decay: bool = MLPConfig.cosine_decay
+    hidden: int = option(
+        "--mlp-hidden", MLPConfig.hidden, type=int, help="hidden units")
+    epochs: Optional[int] = option(
+        "--mlp-epochs", type=int,
+        help="training epochs (default: the protocol's)")
+    batch_size: int = option(
+        "--mlp-batch-size", MLPConfig.batch_size, type=int,
+        help="batch size")
+    learning_rate: Optional[float] = option(
+        "--mlp-lr", type=float,
+        help="initial SGD learning rate (default: the paper's "
+             "%g, raised on small sets to %g x %d / SGD steps, at "
+             "most %g, so that they train as much as the paper's "
+             "CIFAR-10 runs: its 50,000 rows / batch 512 x 50 epochs "
+             "= %d steps; the demo's 1,437 rows make %d)" % (
+                 MLPConfig.learning_rate, MLPConfig.learning_rate,
+                 REFERENCE_STEPS, MAX_AUTO_LR,
+                 REFERENCE_STEPS, 3 * MLPConfig.epochs))
+    momentum: float = option(
+        "--mlp-momentum", MLPConfig.momentum, type=float, help="SGD momentum")
+    dropout: float = option(
+        "--mlp-dropout", MLPConfig.dropout, type=float,
+        help="dropout after the hidden layer")
+    label_smoothing: float = option(
+        "--mlp-label-smoothing", MLPConfig.label_smoothing, type=float,
+        help="label smoothing")
+    weight_decay: float = option(
+        "--mlp-weight-decay", MLPConfig.weight_decay, type=float,
+        help="weight decay")
+    batch_norm: bool = option(
+        "--mlp-no-batch-norm", MLPConfig.batch_norm, off_switch=True,
+        help="no batch normalisation after the hidden layer")
+    cosine_decay: bool = option(
+        "--mlp-no-cosine", MLPConfig.cosine_decay, off_switch=True,
+        help="constant learning rate instead of cosine decay")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -464,27 +600,113 @@ class EvaluateSpec:
     The report reads the real training data and is NOT differentially
     private."""
 
-    synthetic: str  # release directory, or a labelled data file or glob
-    real_train: Optional[str] = None  # None: the demo's, for a demo release
-    real_test: Optional[str] = None
-    demo: bool = False  # score on the embedded demo's split
-    real_holdout: Optional[str] = None  # None: real_test
-    input_format: Optional[str] = None  # of the real files; None: from names
-    embedding_feature: str = "embedding"
-    label_feature: str = "label"
-    normalize: str = "auto"  # auto: the release's config
-    labels: Optional[tuple[int, ...]] = None  # None: the release's, or seen
-    protocol: str = "quick"  # or "full"
-    seeds: Optional[int] = None  # None: the protocol's
-    models: Optional[tuple[str, ...]] = None  # None: mlp (with Keras), logreg
-    size_policy: Optional[str] = None  # None: paper; none on the demo
-    ceiling: bool = True  # also train on the real rows
-    distribution: bool = True  # Fréchet / precision-recall / DCR
-    metrics_max_rows: int = 2000
-    knn_k: int = 3
+    # release directory, or a labelled data file or glob
+    synthetic: str = option(
+        "--synthetic", required=True,
+        help="release directory (_manifest.json + data/), or a "
+             "labelled .npz/TFRecord/Parquet file or glob")
+    # None: the demo's, for a demo release
+    real_train: Optional[str] = option(
+        "--real-train",
+        help="real training rows the release was made from "
+             "(default: the demo's train file, for a demo release)")
+    real_test: Optional[str] = option(
+        "--real-test",
+        help="held-out real rows used for scoring (default: "
+             "the demo's test file, for a demo release)")
+    # score on the embedded demo's split
+    demo: bool = option(
+        "--demo", False, switch=True,
+        help="score on the embedded demo's split (the rows "
+             "`dpsynth generate` with no --input uses; see above)")
+    # None: real_test
+    real_holdout: Optional[str] = option(
+        "--real-holdout",
+        help="real rows for the memorisation check "
+             "(default: --real-test)")
+    # of the real files; None: from names
+    input_format: Optional[str] = option(
+        "--input-format", choices=("npz", "tfrecord", "parquet", "csv"),
+        help="format of the real files (default: from the name)")
+    embedding_feature: str = option(
+        "--embedding-feature", "embedding",
+        help="TFRecord/Parquet embedding feature of the real files")
+    label_feature: str = option(
+        "--label-feature", "label",
+        help="TFRecord/Parquet label feature of the real files")
+    # auto: the release's config
+    normalize: str = option(
+        "--normalize", "auto", choices=("auto",) + NORMALIZATIONS,
+        help="public per-record transform of "
+             "real rows; auto: the release's config")
+    # None: the release's, or seen
+    labels: Optional[tuple[int, ...]] = option(
+        "--labels", to_spec=_evaluate_labels,
+        help="public label set, e.g. 0,1,2 "
+             "(default: the release's, else the labels seen)")
+    # or "full"
+    protocol: str = option(
+        "--protocol", "quick", choices=tuple(PROTOCOLS),
+        help="quick: %d seed, MLP %d epochs (minutes on "
+             "CIFAR-10-size data, no std); full: the paper's "
+             "protocol, %d seeds, MLP %d epochs, mean and std "
+             "(about twice as long)" % (
+                 PROTOCOLS["quick"]["seeds"],
+                 PROTOCOLS["quick"]["mlp_epochs"],
+                 PROTOCOLS["full"]["seeds"],
+                 PROTOCOLS["full"]["mlp_epochs"]))
+    # None: the protocol's
+    seeds: Optional[int] = option(
+        "--seeds", type=int,
+        help="training seeds per model (default: the "
+             "protocol's)")
+    # None: mlp (with Keras), logreg; the flag's text is read by
+    # ``evaluation.parse_models`` (cli.evaluate), which knows the trainers
+    models: Optional[tuple[str, ...]] = option(
+        "--models",
+        help="comma list of mlp, logreg (default: both; "
+             "logreg alone where Keras/TensorFlow is not installed"
+             ", e.g. the base install)")
+    # None: paper; none on the demo
+    size_policy: Optional[str] = option(
+        "--size-policy", choices=SIZE_POLICIES,
+        help="paper: cut synthetic sets larger than the real "
+             "train set to its size; match: also repeat smaller "
+             "ones up to it; none: use as is (default: paper; "
+             "none on the demo, like generate's utility line)")
+    # also train on the real rows
+    ceiling: bool = option(
+        "--no-ceiling", True, off_switch=True,
+        help="skip the models trained on real data")
+    # Fréchet / precision-recall / DCR
+    distribution: bool = option(
+        "--no-distribution", True, off_switch=True,
+        help="skip Fréchet / precision-recall / DCR")
+    metrics_max_rows: int = option(
+        "--metrics-max-rows", 2000, type=int,
+        help="rows per class and set for the metrics")
+    knn_k: int = option(
+        "--knn-k", 3, type=int, help="k of the k-NN precision/recall")
     mlp: MLPOptions = MLPOptions()
-    logreg_c: Optional[float] = None  # None: LogRegConfig's; 1 on the demo
-    output: Optional[str] = None  # None: <release>-evaluation.json beside it
-    overwrite: bool = False
-    verbose: bool = False
-
+    # None: LogRegConfig's; 1 on the demo
+    logreg_c: Optional[float] = option(
+        "--logreg-c", type=float,
+        help="inverse L2 strength of the logistic-regression "
+             "probe (default: %g, the reference probe of CIFAR-10 / "
+             "20 Newsgroups; %g on the demo, scikit-learn's default "
+             "that generate's utility line uses)" % (
+                 LogRegConfig().C, DEMO_LOGREG_C))
+    # None: <release>-evaluation.json beside it
+    output: Optional[str] = option(
+        "--output",
+        help="JSON report path; an existing file is kept unless "
+             "--overwrite (default: beside what it evaluates, "
+             "<release>-evaluation.json, never inside the release: "
+             "the report is not DP; a gs:// release's in "
+             "~/.cache/dpsynth-evaluations)")
+    overwrite: bool = option(
+        "--overwrite", False, switch=True,
+        help="replace an existing --output file")
+    verbose: bool = option(
+        "--verbose", False, switch=True,
+        help="show TensorFlow's own start-up and warning lines")

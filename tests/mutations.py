@@ -184,7 +184,7 @@ MUTATIONS: tuple[Mutation, ...] = (
               "test_a_key_folder_others_can_read_or_write_is_refused_before_"
               "any_data[493]",)),
     # --- the lifetime budget store and the attempt protocol
-    Mutation("label-rule-not-pinned", "pipelines/budget/store.py:_pin_label_rule",
+    Mutation("label-rule-not-pinned", "pipelines/budget/label_rule.py:_pin_label_rule",
              "    if rule is None:\n        return\n",
              "    return\n",
              ("tests/test_label_rule.py::"
@@ -196,12 +196,12 @@ MUTATIONS: tuple[Mutation, ...] = (
              'spent = _compose(doc["releases"] + [entry], cap_delta, accountant)',
              'spent = _compose([entry], cap_delta, accountant)',
              (STORE + "test_refuses_over_the_cap_and_writes_nothing[local]",)),
-    Mutation("no-owner-check", "pipelines/budget/store.py:_check_owner",
+    Mutation("no-owner-check", "pipelines/budget/ownership.py:_check_owner",
              '    if entry.get("owner") not in (None, reservation.owner) or (',
              '    if False and (',
              (STORE + "test_retry_before_any_data_was_read_spends_nothing"
               "[local]",)),
-    Mutation("no-live-lease-check", "pipelines/budget/store.py:_check_retry",
+    Mutation("no-live-lease-check", "pipelines/budget/ownership.py:_check_retry",
              "            and lease_left > 0):",
              "            and lease_left > 0 and False):",
              (OWNERSHIP + "test_a_launch_whose_lease_ran_out_can_change_nothing",)),
@@ -290,17 +290,17 @@ MUTATIONS: tuple[Mutation, ...] = (
 ROUND5 = "tests/test_release_round5.py::"
 MUTATIONS += (
     Mutation("unlabelled-store-pins-any-rule",
-             "pipelines/budget/store.py:_pin_label_rule",
+             "pipelines/budget/label_rule.py:_pin_label_rule",
              "        _check_unlabelled(doc, store_uri, rule)\n", "",
              (ROUND5 + "test_an_unlabelled_document_pins_no_rule_it_cannot_"
               "check[local-rule0]",)),
     Mutation("lifetime-delta-unbounded",
-             "pipelines/budget/store.py:_check_cap",
+             "pipelines/budget/record.py:_check_cap",
              "    if not 0 < lifetime_delta <= MAX_DELTA:  # also rejects NaN\n",
              "    if not 0 < lifetime_delta < 1:\n",
              (ROUND5 + "test_a_cap_of_delta_half_admits_no_release[local]",)),
     Mutation("lifetime-epsilon-unbounded",
-             "pipelines/budget/store.py:_check_cap",
+             "pipelines/budget/record.py:_check_cap",
              "            and 0 < lifetime_epsilon <= MAX_EPSILON):",
              "            and 0 < lifetime_epsilon):",
              (ROUND5 + "test_a_cap_out_of_the_run_bounds_is_refused"

@@ -25,7 +25,9 @@ import numpy as np
 import pytest
 
 from dpsynth.dp_ops.ledger import Mechanism
+from dpsynth.pipelines.budget import record
 from dpsynth.pipelines.budget import store as bs
+from dpsynth.pipelines.budget.lease import Lease
 from dpsynth.pipelines import cli, job_plan
 from dpsynth.pipelines.release import protocol, publisher, release
 from tests.conftest import gmm_data
@@ -150,7 +152,7 @@ def test_a_launch_whose_lease_ran_out_can_change_nothing(tmp_path):
     zombie = bs.reserve(store, "d", "run", _mechanisms(), 1.0, DELTA, 50,
                         DELTA, owner="zombie", lease=0.2)
     bs.mark_running(zombie)
-    with pytest.raises(bs.AttemptInProgress, match="retry in 1 s"):
+    with pytest.raises(record.AttemptInProgress, match="retry in 1 s"):
         bs.reserve(store, "d", "run", _mechanisms(), 1.0, DELTA, None, None,
                    owner="retry")
     time.sleep(0.3)  # the zombie stopped renewing
@@ -161,7 +163,7 @@ def test_a_launch_whose_lease_ran_out_can_change_nothing(tmp_path):
     assert first["status"] == bs.ABANDONED and second["owner"] == "retry"
     for change in (lambda: bs.commit_staged(zombie, "/s@zombie", "ab" * 32),
                    lambda: bs.commit(zombie, "/out"), lambda: bs.renew(zombie)):
-        with pytest.raises(bs.AttemptLost, match="taken over"):
+        with pytest.raises(record.AttemptLost, match="taken over"):
             change()
     bs.release_failed(zombie)  # a no-op for a lost attempt
     assert bs.history(store, "d")[0]["status"] == bs.ABANDONED
@@ -172,9 +174,9 @@ def test_the_lease_is_renewed_while_the_owner_works(tmp_path):
     store = str(tmp_path / "b")
     r = bs.reserve(store, "d", "run", _mechanisms(), 1.0, DELTA, 50, DELTA,
                    owner="a", lease=0.4)
-    with bs.Lease(r) as lease:
+    with Lease(r) as lease:
         time.sleep(1.0)  # longer than the lease: renewals keep it
-        with pytest.raises(bs.AttemptInProgress):
+        with pytest.raises(record.AttemptInProgress):
             bs.reserve(store, "d", "run", _mechanisms(), 1.0, DELTA, None,
                        None, owner="b")
         lease.check()

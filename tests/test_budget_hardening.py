@@ -28,7 +28,9 @@ from pathlib import Path
 import pytest
 
 from dpsynth.dp_ops.ledger import Mechanism
+from dpsynth.pipelines.budget import record, storage
 from dpsynth.pipelines.budget import store as bs
+from dpsynth.pipelines.budget.lease import Lease
 from dpsynth.pipelines.release import protocol, publisher, release
 from tests.test_attempt_ownership import _data
 from tests.test_attempt_ownership import _generate as generate_nightly
@@ -52,12 +54,12 @@ def store(request, tmp_path) -> str:
 
 
 def _launcher_clock(monkeypatch, skew: float) -> None:
-    """This launcher's clock (what budget_store would read) is off by
+    """This launcher's clock (what the budget storage would read) is off by
     ``skew`` seconds; the store's clock is not."""
     real = time.time
     fake = types.SimpleNamespace(time=lambda: real() + skew,
                                  sleep=time.sleep, monotonic=time.monotonic)
-    monkeypatch.setattr(bs, "time", fake)
+    monkeypatch.setattr(storage, "time", fake)
 
 
 # ------------------------------------------------------ the store's clock
@@ -68,7 +70,7 @@ def test_a_launcher_300s_fast_does_not_take_over_a_live_owner(
                        DELTA, owner="owner", lease=120)
     bs.mark_running(owner)
     _launcher_clock(monkeypatch, +300)
-    with pytest.raises(bs.AttemptInProgress, match="another launch"):
+    with pytest.raises(record.AttemptInProgress, match="another launch"):
         bs.reserve(store, "d", "run", _mechanisms(), 1.0, DELTA, None, None,
                    owner="fast")
     (entry,) = bs.history(store, "d")
@@ -95,8 +97,8 @@ def test_an_owner_taken_over_stops_at_the_next_pass_boundary(tmp_path):
     time.sleep(0.5)  # SIGSTOPped past its lease
     bs.reserve(store, "d", "run", _mechanisms(), 1.0, DELTA, None, None,
                owner="retry")
-    lease = bs.Lease(zombie)
-    with pytest.raises(bs.AttemptLost, match="taken over"):
+    lease = Lease(zombie)
+    with pytest.raises(record.AttemptLost, match="taken over"):
         lease.verify()
     assert lease.lost is not None
 

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from dpsynth.dp_ops.ledger import Mechanism, PrivacyLedger, compose_epsilon
+from dpsynth.pipelines.budget import record
 from dpsynth.pipelines.budget import store as bs
+from dpsynth.pipelines.budget.storage import _GcsDocument
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
@@ -115,7 +117,7 @@ def test_retry_before_any_data_was_read_spends_nothing(store):
                        DELTA, cap, DELTA)
     assert again.already_spent and again.attempt == first.attempt == 1
     assert again.owner != first.owner  # taken over: the first owns nothing
-    with pytest.raises(bs.AttemptLost):
+    with pytest.raises(record.AttemptLost):
         bs.mark_running(first)
     assert again.lifetime_epsilon_spent == pytest.approx(
         first.lifetime_epsilon_spent)
@@ -219,7 +221,7 @@ def test_gcs_compare_and_swap_rechecks_after_a_lost_race(gcs):
     and our write; the CAS fails, we re-read, and the cap now refuses us."""
     store = gcs.uri("budgets")
     cap = (eps_of(1) + eps_of(2)) / 2
-    doc = bs._GcsDocument(bs._document_uri(store, "digits"))
+    doc = _GcsDocument(bs._document_uri(store, "digits"))
     original_get = doc._get
     calls = []
 

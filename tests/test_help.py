@@ -4,6 +4,7 @@ from light modules only, and errors share one prefix."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import textwrap
@@ -72,17 +73,57 @@ def test_typos_suggest_the_flag_meant(capsys):
     assert capsys.readouterr().err.startswith("dpsynth: error: ")
 
 
-def test_every_declared_generate_option_is_a_flag():
-    """Each option is declared once, by its spec field (spec.option):
-    a declared field left out of generate's groups would be no flag."""
+def _declared(*options_classes, leave_out=()) -> list:
+    """The option fields (``spec.option``) of ``options_classes``."""
+    import dataclasses
+    return [f for options in options_classes
+            for f in dataclasses.fields(options)
+            if "flag" in f.metadata and f not in leave_out]
+
+
+def _commands():
+    """(command, its parser, the option fields its flags are built from)."""
     import dataclasses
 
     from dpsynth.pipelines import spec
-    from dpsynth.pipelines.cli import generate
-    flags = {s for a in generate.parser()._actions for s in a.option_strings}
-    declared = [f.metadata["flag"] for options in (
-        spec.InputOptions, spec.GeneratorOptions, spec.OutputOptions,
-        spec.BudgetOptions, spec.RunOptions)
-        for f in dataclasses.fields(options) if "flag" in f.metadata]
-    assert len(declared) == len(set(declared)) > 40
-    assert set(declared) <= flags, set(declared) - flags
+    from dpsynth.pipelines.cli import encode, evaluate, generate
+    image_label = {f.name: f for f in dataclasses.fields(spec.ImageOptions)}[
+        "label_feature"]  # generate's --label-feature is InputOptions'
+    return [
+        ("generate", generate.parser(), _declared(
+            spec.InputOptions, spec.GeneratorOptions, spec.OutputOptions,
+            spec.BudgetOptions, spec.RunOptions, spec.ImageOptions,
+            leave_out=(image_label,))),
+        ("encode", encode.parser(), _declared(spec.ImageOptions,
+                                              spec.EncodeSpec)),
+        ("evaluate", evaluate.parser(), _declared(spec.EvaluateSpec,
+                                                  spec.MLPOptions))]
+
+
+@pytest.mark.parametrize("command", ["generate", "encode", "evaluate"])
+def test_every_declared_option_is_one_flag_with_the_fields_default(command):
+    """Each option is declared once, by its spec field (spec.option): a
+    declared field left out of a command's groups would be no flag, and
+    the flag's default, read back into the spec, is the field's."""
+    import dataclasses
+
+    from dpsynth.pipelines.cli import spec_flags
+    _, parser, declared = [c for c in _commands() if c[0] == command][0]
+    actions = {}
+    for action in parser._actions:
+        for flag in action.option_strings:
+            assert flag not in actions, f"{command}: {flag} twice"
+            actions[flag] = action
+    flags = [f.metadata["flag"] for f in declared]
+    assert len(flags) == len(set(flags)), f"{command}: a flag declared twice"
+    assert set(flags) <= set(actions), set(flags) - set(actions)
+    assert len(flags) > {"generate": 55, "encode": 18, "evaluate": 30}[command]
+    for field in declared:
+        action = actions[field.metadata["flag"]]
+        if field.default is dataclasses.MISSING:  # a required flag
+            assert field.metadata["required"]
+            assert action.required or action.default is None, action
+            continue
+        args = argparse.Namespace(**{action.dest: action.default})
+        assert spec_flags.field_value(args, field) == field.default, (
+            command, field.name, action.default, field.default)

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from dpsynth.dp_ops.ledger import Mechanism
+from dpsynth.pipelines.budget import record
 from dpsynth.pipelines.budget import store as bs
 from dpsynth.pipelines import cli, job_plan
 from dpsynth.pipelines.release import protocol
@@ -103,14 +104,14 @@ def test_the_store_pins_the_rule_at_the_first_release(store):
                   {"label_feature": "label", "labels": [1]},
                   {"label_feature": "label", "labels": [0, 1, 2]},
                   {"class_folders": ["cat", "dog"], "labels": [0, 1]}):
-        with pytest.raises(bs.LabelRuleConflict) as err:
+        with pytest.raises(record.LabelRuleConflict) as err:
             bs.reserve(store, "d", "r3", _mech(0), 1.0, DELTA, None, None,
                        label_rule=other)
-        assert type(err.value) is bs.LabelRuleConflict
+        assert type(err.value) is record.LabelRuleConflict
         assert "\n" not in str(err.value)
         assert bs.history(store, "d") == before  # nothing written
     # A retry of a recorded run id under another rule is refused too.
-    with pytest.raises(bs.LabelRuleConflict):
+    with pytest.raises(record.LabelRuleConflict):
         bs.reserve(store, "d", "r2", _mech(1), 1.0, DELTA, None, None,
                    label_rule={"label_feature": "x", "labels": [0, 1]})
     # Another dataset id has its own rule.

@@ -29,7 +29,9 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 from dpsynth.dp_ops.ledger import Mechanism
+from dpsynth.pipelines.budget import record
 from dpsynth.pipelines.budget import store as bs
+from dpsynth.pipelines.budget.storage import _dumps
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gcs_emulator import gcs, gcs_server  # noqa: E402,F401  (fixtures)
@@ -53,7 +55,7 @@ def _put_document(store: str, dataset_id: str, doc: dict) -> None:
     if not uri.startswith("gs://"):
         os.makedirs(os.path.dirname(uri), exist_ok=True)
     with FileSystems.create(uri) as f:
-        f.write(bs._dumps(doc).encode())
+        f.write(_dumps(doc).encode())
 
 
 # ----------------------------------------- 7. the lifetime cap's bounds
@@ -154,7 +156,7 @@ def _legacy_document(store: str, dataset_id: str = "d") -> dict:
     {"label_feature": "label", "labels": [1]}, RULE])
 def test_an_unlabelled_document_pins_no_rule_it_cannot_check(store, rule):
     doc = _legacy_document(store)
-    with pytest.raises(bs.LabelRuleConflict) as err:
+    with pytest.raises(record.LabelRuleConflict) as err:
         bs.reserve(store, "d", "r2", _mech(1), 1.0, DELTA, None, None,
                    label_rule=rule)
     message = str(err.value)
@@ -176,7 +178,7 @@ def test_the_admin_command_sets_the_rule_once(store, capsys):
     assert doc["label_rule"]["label_feature"] == "label"
     assert doc["label_rule_changes"][0]["reason"] == "audit"
     # Now the relabelling is refused as for any pinned rule ...
-    with pytest.raises(bs.LabelRuleConflict, match="pinned"):
+    with pytest.raises(record.LabelRuleConflict, match="pinned"):
         bs.reserve(store, "d", "r2", _mech(1), 1.0, DELTA, None, None,
                    label_rule={"label_feature": "label2", "labels": [0, 1]})
     # ... the rule is never changed by the command ...

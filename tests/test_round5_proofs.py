@@ -34,6 +34,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from dpsynth.pipelines import graph, job_plan
 from dpsynth.pipelines.release import protocol
+from dpsynth.pipelines.budget import record
 from dpsynth.pipelines.budget import store as bs
 from dpsynth.pipelines.release import publisher, reading, release
 
@@ -377,7 +378,7 @@ def test_an_image_run_pins_the_images_label_feature(tmp_path, request,
     job_plan.reserve(j, first)
     doc = bs._backend(store, "d").read()
     assert doc["label_rule"]["label_feature"] == "label"
-    with pytest.raises(bs.LabelRuleConflict) as err:
+    with pytest.raises(record.LabelRuleConflict) as err:
         job_plan.reserve(job_plan.prepare(second), second)
     assert "\n" not in str(err.value)
     assert bs._backend(store, "d").read() == doc  # nothing charged

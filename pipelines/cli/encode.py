@@ -27,6 +27,7 @@ from typing import Optional, Sequence
 
 from dpsynth.pipelines.help_format import DefaultsHelpFormatter
 from dpsynth.pipelines.cli.image_flags import add_image_arguments
+from dpsynth.pipelines.cli.spec_flags import add_flags, spec_values
 from dpsynth.pipelines.spec import EncodeSpec, ImageOptions
 from dpsynth.transforms.formats import ImageInputError
 
@@ -34,14 +35,9 @@ from dpsynth.transforms.formats import ImageInputError
 # ------------------------------------------------------------------ flags
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """encode's flags, as ``EncodeSpec``'s and ``ImageOptions``' fields declare them."""
     add_image_arguments(parser)
-    parser.add_argument("--verbose", action="store_true", help="also show Beam's and other libraries' logs")
-    parser.add_argument("--output", required=True,
-                        help="OUT.npz or OUT.tfrecord (local or gs://); a labels JSON is written next to it")
-    parser.add_argument("--num-shards", type=int, default=1,
-                        help="TFRecord output shards (1: exactly --output; more: OUT-SSSSS-of-NNNNN)")
-    parser.add_argument("--keep-source-ids", action="store_true",
-                        help="also store each row's source file (npz array `sources`, TFRecord bytes `source`)")
+    add_flags(parser, EncodeSpec, "verbose", "output", "num_shards", "keep_source_ids")
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -64,27 +60,8 @@ def parser() -> argparse.ArgumentParser:
 def spec_from_args(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> EncodeSpec:
     """The command line's flags as the typed spec of the run (everything below the command line takes the
     spec, never the flags). Raises ImageInputError for duplicate --classes."""
-    classes = class_names(args.classes)
-    images = ImageOptions(
-        path=args.images, encoder=args.encoder, encoder_weights=args.encoder_weights,
-        image_size=args.image_size, pixel_scale=args.pixel_scale, resize_mode=args.resize_mode,
-        encoder_output_key=args.encoder_output_key, encoder_threads=args.encoder_threads,
-        batch_size=args.batch_size, l2_normalize=args.l2_normalize, bad_images_report=args.bad_images_report,
-        classes=tuple(classes) if classes else None, layout=args.image_layout,
-        image_feature=args.image_feature, label_feature=args.label_feature)
-    return EncodeSpec(images=images, output=args.output, num_shards=args.num_shards,
-                      keep_source_ids=args.keep_source_ids, max_bad_images=args.max_bad_images,
-                      beam_args=tuple(beam_argv), verbose=args.verbose)
-
-
-def class_names(text: Optional[str]) -> Optional[list[str]]:
-    """--classes as a list of names (None when not given); duplicates are refused."""
-    if not text:
-        return None
-    names = [c.strip() for c in text.split(",") if c.strip()]
-    if len(set(names)) != len(names):
-        raise ImageInputError(f"--classes has duplicates: {text!r}")
-    return names
+    return spec_values(args, EncodeSpec, images=spec_values(args, ImageOptions),
+                       beam_args=tuple(beam_argv))
 
 
 def handle(args: argparse.Namespace, beam_argv: Sequence[str] = ()) -> int:

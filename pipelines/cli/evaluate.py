@@ -34,13 +34,14 @@ do not publish it with the release.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from typing import Optional, Sequence
 
-from dpsynth.dp_ops.clipping import NORMALIZATIONS
 from dpsynth.models import classifiers
 from dpsynth.pipelines import console, evaluation
+from dpsynth.pipelines.cli.spec_flags import add_flags, spec_values
 from dpsynth.pipelines.help_format import DefaultsHelpFormatter
 from dpsynth.pipelines.spec import EvaluateSpec, MLPOptions
 
@@ -48,142 +49,35 @@ from dpsynth.pipelines.spec import EvaluateSpec, MLPOptions
 # ------------------------------------------------------------- arguments
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """evaluate's flags, as ``EvaluateSpec``'s and ``MLPOptions``' fields
+    declare them (``dpsynth.pipelines.spec``)."""
     data = p.add_argument_group("data")
-    data.add_argument("--synthetic", required=True,
-                      help="release directory (_manifest.json + data/), or a "
-                      "labelled .npz/TFRecord/Parquet file or glob")
-    data.add_argument("--real-train",
-                      help="real training rows the release was made from "
-                      "(default: the demo's train file, for a demo release)")
-    data.add_argument("--real-test",
-                      help="held-out real rows used for scoring (default: "
-                      "the demo's test file, for a demo release)")
-    data.add_argument("--demo", action="store_true",
-                      help="score on the embedded demo's split (the rows "
-                      "`dpsynth generate` with no --input uses; see above)")
-    data.add_argument("--real-holdout",
-                      help="real rows for the memorisation check "
-                      "(default: --real-test)")
-    data.add_argument("--input-format", choices=("npz", "tfrecord", "parquet", "csv"),
-                      help="format of the real files (default: from the name)")
-    data.add_argument("--embedding-feature", default="embedding",
-                      help="TFRecord/Parquet embedding feature of the real files")
-    data.add_argument("--label-feature", default="label",
-                      help="TFRecord/Parquet label feature of the real files")
-    data.add_argument("--normalize", choices=("auto",) + NORMALIZATIONS,
-                      default="auto", help="public per-record transform of "
-                      "real rows; auto: the release's config")
-    data.add_argument("--labels", help="public label set, e.g. 0,1,2 "
-                      "(default: the release's, else the labels seen)")
+    add_flags(data, EvaluateSpec, "synthetic", "real_train", "real_test",
+              "demo", "real_holdout", "input_format", "embedding_feature",
+              "label_feature", "normalize", "labels")
 
     proto = p.add_argument_group("protocol")
-    protocols = evaluation.PROTOCOLS
-    proto.add_argument("--protocol", choices=tuple(protocols), default="quick",
-                       help="quick: %d seed, MLP %d epochs (minutes on "
-                       "CIFAR-10-size data, no std); full: the paper's "
-                       "protocol, %d seeds, MLP %d epochs, mean and std "
-                       "(about twice as long)" % (
-                           protocols["quick"]["seeds"],
-                           protocols["quick"]["mlp_epochs"],
-                           protocols["full"]["seeds"],
-                           protocols["full"]["mlp_epochs"]))
-    proto.add_argument("--seeds", type=int, default=None,
-                       help="training seeds per model (default: the "
-                       "protocol's)")
-    proto.add_argument("--models", default=None,
-                       help="comma list of mlp, logreg (default: both; "
-                       "logreg alone where Keras/TensorFlow is not installed"
-                       ", e.g. the base install)")
-    proto.add_argument("--size-policy", choices=evaluation.SIZE_POLICIES,
-                       default=None,
-                       help="paper: cut synthetic sets larger than the real "
-                       "train set to its size; match: also repeat smaller "
-                       "ones up to it; none: use as is (default: paper; "
-                       "none on the demo, like generate's utility line)")
-    proto.add_argument("--no-ceiling", action="store_true",
-                       help="skip the models trained on real data")
-    proto.add_argument("--no-distribution", action="store_true",
-                       help="skip Fréchet / precision-recall / DCR")
-    proto.add_argument("--metrics-max-rows", type=int, default=2000,
-                       help="rows per class and set for the metrics")
-    proto.add_argument("--knn-k", type=int, default=3,
-                       help="k of the k-NN precision/recall")
+    add_flags(proto, EvaluateSpec, "protocol", "seeds", "models",
+              "size_policy", "ceiling", "distribution", "metrics_max_rows",
+              "knn_k")
 
     mlp = p.add_argument_group("MLP (paper App. C.3 defaults)")
-    d = classifiers.MLPConfig()
-    mlp.add_argument("--mlp-hidden", type=int, default=d.hidden,
-                     help="hidden units")
-    mlp.add_argument("--mlp-epochs", type=int, default=None,
-                     help="training epochs (default: the protocol's)")
-    mlp.add_argument("--mlp-batch-size", type=int, default=d.batch_size,
-                     help="batch size")
-    mlp.add_argument("--mlp-lr", type=float, default=None,
-                     help="initial SGD learning rate (default: the paper's "
-                     "%g, raised on small sets to %g x %d / SGD steps, at "
-                     "most %g, so that they train as much as the paper's "
-                     "CIFAR-10 runs: its 50,000 rows / batch 512 x 50 epochs "
-                     "= %d steps; the demo's 1,437 rows make %d)" % (
-                         d.learning_rate, d.learning_rate,
-                         evaluation.REFERENCE_STEPS, evaluation.MAX_AUTO_LR,
-                         evaluation.REFERENCE_STEPS, 3 * d.epochs))
-    mlp.add_argument("--mlp-momentum", type=float, default=d.momentum,
-                     help="SGD momentum")
-    mlp.add_argument("--mlp-dropout", type=float, default=d.dropout,
-                     help="dropout after the hidden layer")
-    mlp.add_argument("--mlp-label-smoothing", type=float,
-                     default=d.label_smoothing, help="label smoothing")
-    mlp.add_argument("--mlp-weight-decay", type=float, default=d.weight_decay,
-                     help="weight decay")
-    mlp.add_argument("--mlp-no-batch-norm", action="store_true",
-                     help="no batch normalisation after the hidden layer")
-    mlp.add_argument("--mlp-no-cosine", action="store_true",
-                     help="constant learning rate instead of cosine decay")
-    p.add_argument("--logreg-c", type=float, default=None,
-                   help="inverse L2 strength of the logistic-regression "
-                   "probe (default: %g, the reference probe of CIFAR-10 / "
-                   "20 Newsgroups; %g on the demo, scikit-learn's default "
-                   "that generate's utility line uses)" % (
-                       classifiers.LogRegConfig().C, evaluation.DEMO_LOGREG_C))
-    p.add_argument("--verbose", action="store_true",
-                   help="show TensorFlow's own start-up and warning lines")
-    p.add_argument("--output", default=None,
-                   help="JSON report path; an existing file is kept unless "
-                   "--overwrite (default: beside what it evaluates, "
-                   "<release>-evaluation.json, never inside the release: "
-                   "the report is not DP; a gs:// release's in "
-                   "~/.cache/dpsynth-evaluations)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing --output file")
+    add_flags(mlp, MLPOptions, "hidden", "epochs", "batch_size",
+              "learning_rate", "momentum", "dropout", "label_smoothing",
+              "weight_decay", "batch_norm", "cosine_decay")
+    add_flags(p, EvaluateSpec, "logreg_c", "verbose", "output", "overwrite")
 
 
 def spec_from_args(args: argparse.Namespace) -> EvaluateSpec:
     """The command line's flags as the typed spec of the run (everything
     below the command line takes the spec, never the flags). Raises
     ValueError for a bad --models or --labels."""
-    return EvaluateSpec(
-        synthetic=args.synthetic, real_train=args.real_train,
-        real_test=args.real_test, demo=args.demo,
-        real_holdout=args.real_holdout, input_format=args.input_format,
-        embedding_feature=args.embedding_feature,
-        label_feature=args.label_feature, normalize=args.normalize,
-        labels=(None if args.labels is None
-                else tuple(parse_labels(args.labels))),
-        protocol=args.protocol, seeds=args.seeds,
-        models=(None if args.models is None
-                else tuple(evaluation.parse_models(args.models))),
-        size_policy=args.size_policy, ceiling=not args.no_ceiling,
-        distribution=not args.no_distribution,
-        metrics_max_rows=args.metrics_max_rows, knn_k=args.knn_k,
-        mlp=MLPOptions(
-            hidden=args.mlp_hidden, epochs=args.mlp_epochs,
-            batch_size=args.mlp_batch_size, learning_rate=args.mlp_lr,
-            momentum=args.mlp_momentum, dropout=args.mlp_dropout,
-            label_smoothing=args.mlp_label_smoothing,
-            weight_decay=args.mlp_weight_decay,
-            batch_norm=not args.mlp_no_batch_norm,
-            cosine_decay=not args.mlp_no_cosine),
-        logreg_c=args.logreg_c, output=args.output, overwrite=args.overwrite,
-        verbose=args.verbose)
+    spec = spec_values(args, EvaluateSpec, models=None,
+                       mlp=spec_values(args, MLPOptions))
+    # --models is read by the evaluation, which knows the trainers.
+    return dataclasses.replace(spec, models=(
+        None if args.models is None
+        else tuple(evaluation.parse_models(args.models))))
 
 
 class Progress:
@@ -197,14 +91,6 @@ class Progress:
         elapsed = int(time.time() - self.start)
         print(f"dpsynth evaluate: {message} [{elapsed // 60}:{elapsed % 60:02d} "
               f"elapsed]", file=self.stream or sys.stderr, flush=True)
-
-
-def parse_labels(text: str) -> list[int]:
-    """--labels 0,1,2 as integers."""
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"--labels: expected integers, got {text!r}") from None
 
 
 # ---------------------------------------------------------------- output

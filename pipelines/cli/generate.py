@@ -11,11 +11,11 @@ from __future__ import annotations
 from dpsynth.pipelines import console  # noqa: I001  isort:skip
 
 import argparse
-import dataclasses
 import logging
 import sys
 from typing import Callable, Optional, Sequence
 
+from dpsynth.pipelines.cli.spec_flags import add_flags, spec_values
 from dpsynth.pipelines.spec import (BudgetOptions, GenerateSpec, GeneratorOptions,
                             ImageOptions, InputOptions, OutputOptions,
                             RunOptions)
@@ -30,114 +30,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     Each flag is declared by its spec field (``dpsynth.pipelines.spec``)."""
     from dpsynth.pipelines.cli.image_flags import add_image_arguments
     data = parser.add_argument_group("input (private labelled embeddings)")
-    _add_flags(data, InputOptions, "path", "num_classes", "labels", "format",
-               "embedding_feature", "embedding_columns", "label_feature",
-               "embedding_dim", "non_finite")
+    add_flags(data, InputOptions, "path", "num_classes", "labels", "format",
+              "embedding_feature", "embedding_columns", "label_feature",
+              "embedding_dim", "non_finite")
 
     out = parser.add_argument_group("output (the release)")
-    _add_flags(out, OutputOptions, "path", "format", "run_id", "overwrite",
-               "rows_per_shard")
+    add_flags(out, OutputOptions, "path", "format", "run_id", "overwrite",
+              "rows_per_shard")
 
     dp = parser.add_argument_group("privacy")
-    _add_flags(dp, GeneratorOptions, "epsilon", "delta", "allow_large_delta",
-               "accountant", "budget_weights")
+    add_flags(dp, GeneratorOptions, "epsilon", "delta", "allow_large_delta",
+              "accountant", "budget_weights")
     dp.add_argument("--plan-only", action="store_true",
                     help="print the plan and stop: the mechanisms, their "
                     "sensitivities and sigmas, the budget split and what "
                     "--budget-store would be charged; reads no data, "
                     "writes and charges nothing")
-    _add_flags(dp, GeneratorOptions, "noise_seed")
+    add_flags(dp, GeneratorOptions, "noise_seed")
 
     life = parser.add_argument_group(
         "lifetime budget (every release of the same private data spends again)")
-    _add_flags(life, BudgetOptions, "store", "dataset_id", "lifetime_epsilon",
-               "lifetime_delta")
+    add_flags(life, BudgetOptions, "store", "dataset_id", "lifetime_epsilon",
+              "lifetime_delta")
 
     gen = parser.add_argument_group("generator")
-    _add_flags(gen, GeneratorOptions, "covariance", "clusters", "clip_norm",
-               "normalize", "center", "covariance_rank", "samples_per_class",
-               "seed", "cluster_dim", "tree_depth", "branch_threshold",
-               "lloyd_rounds", "variance_floor", "vote_filter",
-               "vote_threshold", "vote_share", "vote_oversample",
-               "vote_max_candidates")
+    add_flags(gen, GeneratorOptions, "covariance", "clusters", "clip_norm",
+              "normalize", "center", "covariance_rank", "samples_per_class",
+              "seed", "cluster_dim", "tree_depth", "branch_threshold",
+              "lloyd_rounds", "variance_floor", "vote_filter",
+              "vote_threshold", "vote_share", "vote_oversample",
+              "vote_max_candidates")
 
     add_image_arguments(parser, images_required=False, for_release=True)
 
     ops = parser.add_argument_group("running (none of these changes the "
                                     "release)")
-    _add_flags(ops, InputOptions, "block_size", "split_bytes")
-    _add_flags(ops, RunOptions, "materialise_blocks", "noise_key_location",
-               "verbose", "show_row_counts", "record_timings")
-
-
-def _add_flags(group, options: type, *names: str) -> None:
-    """The flags of ``options``' fields ``names``, as their fields declare
-    them (``dpsynth.pipelines.spec.option``)."""
-    fields = {f.name: f for f in dataclasses.fields(options)}
-    for name in names:
-        meta = fields[name].metadata
-        kwargs = {k: meta[k] for k in ("type", "choices", "metavar")
-                  if meta[k] is not None}
-        if meta["parse"] is not None:
-            kwargs["type"] = _argparse_type(meta["parse"])
-        if meta["switch"]:
-            kwargs["action"] = "store_true"
-        if meta["negatable"]:
-            kwargs["action"] = argparse.BooleanOptionalAction
-        group.add_argument(meta["flag"], default=fields[name].default,
-                           help=meta["help"], **kwargs)
-
-
-def _argparse_type(parse):
-    """``parse`` for argparse: its ValueError's message is the error
-    (argparse would otherwise hide it behind "invalid value")."""
-    def read(text: str):
-        try:
-            return parse(text)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-    read.__name__ = parse.__name__
-    return read
+    add_flags(ops, InputOptions, "block_size", "split_bytes")
+    add_flags(ops, RunOptions, "materialise_blocks", "noise_key_location",
+              "verbose", "show_row_counts", "record_timings")
 
 
 def spec_from_args(args: argparse.Namespace,
                    beam_argv: Sequence[str] = ()) -> GenerateSpec:
     """The command line's flags as the typed spec of the run (everything
     below the command line takes the spec, never the flags)."""
-    def parsed(options: type, **given):
-        """``options`` with each flagged field as parsed (through its
-        ``to_spec``), and ``given`` for the rest."""
-        values = dict(given)
-        for field in dataclasses.fields(options):
-            if "flag" not in field.metadata:
-                continue
-            flag = field.metadata["flag"]
-            value = getattr(args, flag[2:].replace("-", "_"))
-            to_spec = field.metadata["to_spec"]
-            values[field.name] = to_spec(value) if to_spec else value
-        return options(**values)
-
     image_options = None
-    if args.images:
-        from dpsynth.pipelines.cli.encode import class_names
-        classes = class_names(args.classes)
-        image_options = ImageOptions(
-            path=args.images, encoder=args.encoder,
-            encoder_weights=args.encoder_weights, image_size=args.image_size,
-            pixel_scale=args.pixel_scale, resize_mode=args.resize_mode,
-            encoder_output_key=args.encoder_output_key,
-            encoder_threads=args.encoder_threads, batch_size=args.batch_size,
-            l2_normalize=args.l2_normalize,
-            bad_images_report=args.bad_images_report,
-            classes=tuple(classes) if classes else None,
-            layout=args.image_layout, image_feature=args.image_feature,
-            label_feature=args.label_feature)
+    if args.images:  # generate's --label-feature is the images' too
+        image_options = spec_values(args, ImageOptions)
     return GenerateSpec(
-        input=parsed(InputOptions, images=image_options),
-        generator=parsed(GeneratorOptions),
-        output=parsed(OutputOptions),
-        budget=parsed(BudgetOptions),
-        run=parsed(RunOptions, beam_args=tuple(beam_argv)))
+        input=spec_values(args, InputOptions, images=image_options),
+        generator=spec_values(args, GeneratorOptions),
+        output=spec_values(args, OutputOptions),
+        budget=spec_values(args, BudgetOptions),
+        run=spec_values(args, RunOptions, beam_args=tuple(beam_argv)))
 
 
 DESCRIPTION = ("Generate a differentially private synthetic embedding "
@@ -190,6 +135,7 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
         # and flag errors answer without them).
         from dpsynth.pipelines import demo
         from dpsynth.pipelines.budget import store as budget_store
+        from dpsynth.pipelines.budget.record import LabelRuleConflict
         from dpsynth.pipelines.release import release, summary
         from dpsynth.pipelines.runners.options import (ClusterLost, UsageError,
                                                        check_beam_args)
@@ -218,7 +164,7 @@ def handle(args: argparse.Namespace, beam_argv: Sequence[str]) -> int:
                              budget_store.BudgetExceeded,
                              budget_store.RunConflict,
                              budget_store.CapConflict,
-                             budget_store.LabelRuleConflict, ImageInputError,
+                             LabelRuleConflict, ImageInputError,
                              ClusterLost, JobServerFailed))
 
 

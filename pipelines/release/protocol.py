@@ -22,6 +22,7 @@ from typing import Callable, Optional
 
 from dpsynth.pipelines import console
 from dpsynth.pipelines.budget import store as budget_store
+from dpsynth.pipelines.budget.lease import Lease
 from dpsynth.pipelines.release import consistency, publisher, release
 from dpsynth.pipelines.spec import GenerateSpec
 
@@ -162,7 +163,7 @@ def publish_attempt(job, spec: GenerateSpec, reservation,
     staged = None  # the recorded staged release a retry re-publishes
     recorded = False  # this launch's staged folder is recorded in the store
     published = False
-    with budget_store.Lease(reservation) as lease:
+    with Lease(reservation) as lease:
         try:
             if reservation is not None and reservation.staged is not None:
                 staged = _recorded_staged(job, reservation)
