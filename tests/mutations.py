@@ -365,7 +365,8 @@ MUTATIONS += (
              "    if False:",
              ("tests/test_runner_trust.py::"
               "test_an_input_outside_the_pinned_prefix_is_refused",)),
-    Mutation("charged-dim-from-a-row", "pipelines/job_plan.py:make_reader",
+    Mutation("charged-dim-from-a-row",
+             "pipelines/job_plan.py:check_input_schema",
              "dim_from_rows=spec.budget.store is None)",
              "dim_from_rows=True)",
              ("tests/test_input_columns.py::"
