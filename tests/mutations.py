@@ -310,10 +310,12 @@ MUTATIONS += (
               "[local-1001.0-1e-05---lifetime-epsilon]",)),
     Mutation("reader-parses-a-second-read",
              "pipelines/release/reading.py:_all_blocks",
-             "                    for x, y in blocks_of(copy)]\n",
-             "                    for x, y in blocks_of(shard)]\n",
+             "                for x, y in blocks_of(shard, data)]\n",
+             "                for x, y in blocks_of(shard)]\n",
              (ROUND5 + "test_a_shard_swapped_after_its_check_is_never_"
-              "returned[local-load_release]",)),
+              "returned[local-load_release]",
+              "tests/test_read_release.py::test_a_shard_is_parsed_from_the_"
+              "bytes_it_was_checked_on[sample_source]")),
     Mutation("sample-overlap-by-spelling-only",
              "pipelines/release/sample.py:_check_apart",
              "            or _same_tree(source, output)):", "            ):",

@@ -50,6 +50,9 @@ def file_ranges(path: str, size: int, spec: InputSpec) -> list[FileRange]:
 def _raw_blocks(r: FileRange, spec: InputSpec
                 ) -> Iterator[tuple[Rows, np.ndarray, np.ndarray]]:
     fmt = detect_format(r.path, spec.fmt)
+    if r.data is not None and fmt not in ("tfrecord", "parquet"):
+        raise InputError(f"{r.path}: in-memory bytes are parsed as "
+                         f"TFRecord or Parquet only, not {fmt}")
     if fmt == "npz" and (r.start, r.stop) == (0, None):
         yield from _npz_blocks(r.path, spec)
     elif fmt == "npz":
@@ -63,10 +66,14 @@ def _raw_blocks(r: FileRange, spec: InputSpec
 
 
 def read_file_blocks(path: str, spec: InputSpec, dim: Optional[int] = None,
-                     dim_source: Optional[str] = None
+                     dim_source: Optional[str] = None,
+                     data: Optional[bytes] = None
                      ) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
-    """Validated (x, y, dropped) blocks of one whole file."""
-    return read_range_blocks(FileRange(path), spec, dim, dim_source)
+    """Validated (x, y, dropped) blocks of one whole file; with ``data``
+    (the file's bytes, TFRecord or Parquet), of those bytes: ``path`` is
+    not opened, only named in errors."""
+    return read_range_blocks(FileRange(path, data=data), spec, dim,
+                             dim_source)
 
 
 def read_range_blocks(r: FileRange, spec: InputSpec,
