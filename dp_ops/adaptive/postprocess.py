@@ -13,7 +13,6 @@ import numpy as np
 
 from dpsynth.dp_ops import covariance, generator, kmeans, plan
 from dpsynth.dp_ops.config import GeneratorConfig
-from dpsynth.dp_ops.ledger import PrivacyLedger
 from dpsynth.dp_ops.adaptive.rule import Structure
 
 
