@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -18,6 +18,15 @@ from dpsynth.dp_ops import (adaptive, clipping, covariance, generator, kmeans,
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.ledger import PrivacyLedger
 from dpsynth.dp_ops.noise import NoiseSource
+
+# Study post-processings of DP outputs (benchmarks/studies/
+# class_deviations.py), hooks of ``generate_adaptive``: the per-class
+# mode's raw class within covariances, their noisy counts (>= 1) and the
+# ledger's sigmas -> the matrices to factor; a subspace block, the shared
+# model, the class's noisy count and its mechanism's sigma -> the block.
+ClassPost = Callable[[list, np.ndarray, Sequence[float]], list]
+BlockPost = Callable[[np.ndarray, "adaptive.SharedModel", float, float],
+                     np.ndarray]
 
 
 @contextlib.contextmanager
@@ -161,7 +170,9 @@ def generate(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
 def generate_adaptive(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
                       noise: NoiseSource,
                       constants: Optional[adaptive.RuleConstants] = None,
-                      timings: Optional[dict] = None):
+                      timings: Optional[dict] = None,
+                      class_post: Optional[ClassPost] = None,
+                      block_post: Optional[BlockPost] = None):
     """The adaptive two-phase generator (dpsynth.dp_ops.adaptive), in memory: the
     same exact aggregates, mechanism names and keyed noise as the Beam job
     (``dpsynth.transforms.two_phase``), so a ``SeededNoise`` gives the same release.
@@ -172,6 +183,12 @@ def generate_adaptive(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
     the structure comes from the rule (``constants`` default:
     ``adaptive.constants_for(cfg)``). The ledger is built in two phases and
     ends up holding exactly the mechanisms that ran.
+
+    ``class_post`` / ``block_post``: study post-processings the product
+    does not ship (benchmarks/studies/class_deviations.py), of DP outputs
+    only, so the mechanisms, the ledger and the noise draws are the
+    product's (``per_class_mixtures``; ``block_post`` on each subspace
+    block, in the subspace mode).
     """
     unknown = np.setdiff1d(np.unique(y), np.array(cfg.labels))
     if unknown.size:
@@ -205,8 +222,7 @@ def generate_adaptive(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig,
     with _timed(timings, "covariance"):
         mixes = _adaptive_mixtures(rows, sums, exact_m, noisy_n, centre,
                                    structure, cfg, ledger, noise,
-                                   constants.deviation,
-                                   structure.class_deviation)
+                                   class_post, block_post)
     xs, ys = [], []
     for i, c in enumerate(labels):
         synth = sample_class(mixes[c], rows[i], cfg, ledger, noise, timings)
@@ -219,8 +235,8 @@ def _adaptive_mixtures(rows: list, exact_sums: np.ndarray,
                        exact_m: np.ndarray, noisy_n: np.ndarray,
                        centre: np.ndarray, structure, cfg: GeneratorConfig,
                        ledger: PrivacyLedger, noise: NoiseSource,
-                       deviation: str = "raw",
-                       class_deviation: str = "raw") -> dict:
+                       class_post: Optional[ClassPost] = None,
+                       block_post: Optional[BlockPost] = None) -> dict:
     """Phase-2 mechanisms on the exact aggregates (and, in the subspace
     mode, pass 3 over the rows), then one Gaussian per class."""
     noisy_sums = adaptive.noisy_class_sums(exact_sums, cfg.labels, ledger,
@@ -229,16 +245,49 @@ def _adaptive_mixtures(rows: list, exact_sums: np.ndarray,
     if structure.mode == "per-class":
         released = adaptive.noisy_class_second_moments(exact_m, cfg.labels,
                                                        ledger, noise)
-        return adaptive.per_class_mixtures(released, noisy_n, n, means,
-                                           centre, structure, cfg, ledger,
-                                           class_deviation)
+        return per_class_mixtures(released, noisy_n, n, means, centre,
+                                  structure, cfg, ledger, class_post)
     shared = adaptive.shared_stage(exact_m, n, means, structure, cfg, ledger,
                                    noise)
     blocks = None
     if structure.mode == "subspace":  # pass 3: the class subspace moments
         blocks = [adaptive.noisy_class_block(
             adaptive.projected_block_moment(r, shared.basis, cfg.clip_norm),
-            c, n[i], means[i], shared, ledger, noise, deviation)
+            c, n[i], means[i], shared, ledger, noise)
             for i, (c, r) in enumerate(zip(cfg.labels, rows))]
+        if block_post is not None:
+            blocks = [block_post(b, shared, n[i], ledger.get(
+                adaptive.class_matrix_name(c)).sigma)
+                for i, (c, b) in enumerate(zip(cfg.labels, blocks))]
     return adaptive.shared_mixtures(noisy_n, n, means, shared, blocks, centre,
                                     cfg)
+
+
+def per_class_mixtures(noisy_m: Iterable[np.ndarray], noisy_n: np.ndarray,
+                       n: np.ndarray, means: np.ndarray, centre: np.ndarray,
+                       structure: adaptive.Structure, cfg: GeneratorConfig,
+                       ledger: PrivacyLedger,
+                       class_post: Optional[ClassPost] = None) -> dict:
+    """The per-class mode's mixtures from the released class second
+    moments ``noisy_m`` (label order), as the Beam job forms them: one
+    class at a time (``adaptive.per_class_mixture`` with the structure's
+    class deviation). With ``class_post`` (a study's all-class
+    post-processing; the structure's deviation must then be "raw"), the
+    classes' raw within covariances (``adaptive.class_within``) go
+    through ``class_post(withins, n, sigmas)`` (sigmas: the ledger's, of
+    each class's second-moment mechanism) before ``adaptive.within_mixture``."""
+    labels = list(cfg.labels)
+    sigmas = [ledger.get(plan.class_covariance(c)).sigma for c in labels]
+    if class_post is None:
+        return {c: adaptive.per_class_mixture(
+            c, m, noisy_n[i], (n[i], means[i]), centre, structure, cfg,
+            sigmas[i]) for (i, c), m in zip(enumerate(labels), noisy_m)}
+    if structure.class_deviation != "raw":
+        raise ValueError("a study's class post-processing starts from the "
+                         "raw class matrices (class_deviation='raw')")
+    withins = [adaptive.class_within(m, n[i], means[i])
+               for i, m in enumerate(noisy_m)]
+    withins = class_post(withins, n, sigmas)
+    return {c: adaptive.within_mixture(c, withins[i], noisy_n[i], means[i],
+                                       centre, structure, cfg)
+            for i, c in enumerate(labels)}

@@ -70,6 +70,9 @@ class Job:
     # --vote-filter under the signal rule (``adaptive.resolve_vote``):
     # whether it ran and why, for the manifest; None where it does not apply.
     vote_note: Optional[dict] = None
+    # The input's files and dimension, checked once before the charge
+    # (``check_input_schema``); every reader of the run is built from it.
+    input_schema: Optional[io.InputSchema] = None
 
 
 def prepare(spec: GenerateSpec) -> Job:
@@ -456,13 +459,20 @@ def image_labels(images: ImageOptions, num_classes: Optional[int],
 
 
 def check_input_schema(job: Job, spec: GenerateSpec) -> None:
-    """The input's files and embedding dimension (what ``make_reader``
-    checks), before the budget is reserved: a refusal there charged the
-    run's epsilon for a run that read no row."""
+    """The input's files and embedding dimension, before the budget is
+    reserved (a refusal after it charged the run's epsilon for a run that
+    read no row), once per run: the result rides on the job
+    (``job.input_schema``) and ``make_reader`` builds every reader of the
+    run (phase 1 and phase 2) from it."""
     if spec.input.images:
         return
     try:
-        make_reader(job, spec)
+        # A charged release (a budget store) takes no dimension from a
+        # row: whether it exists must not depend on n (an empty input
+        # would fail).
+        job.input_schema = io.check_schema(
+            job.spec, dim=spec.input.embedding_dim,
+            dim_from_rows=spec.budget.store is None)
     except (io.InputError, release.ReleaseError):
         raise
     except ValueError as err:
@@ -470,9 +480,11 @@ def check_input_schema(job: Job, spec: GenerateSpec) -> None:
 
 
 def make_reader(job: Job, spec: GenerateSpec) -> beam.PTransform:
+    """The run's reader, from the schema checked before the charge (a
+    caller that built the job without that check, as graph tests do,
+    checks it here, once)."""
     if spec.input.images:
         return ImageSource(spec.input.images, spec.input.embedding_dim)
-    # A charged release (a budget store) takes no dimension from a row:
-    # whether it exists must not depend on n (an empty input would fail).
-    return io.ReadEmbeddingBlocks(job.spec, dim=spec.input.embedding_dim,
-                                  dim_from_rows=spec.budget.store is None)
+    if job.input_schema is None:
+        check_input_schema(job, spec)
+    return io.ReadEmbeddingBlocks(job.spec, schema=job.input_schema)

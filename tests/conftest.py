@@ -140,6 +140,18 @@ def small_npz(tmp_path):
     return str(path)
 
 
+@pytest.fixture(scope="session")
+def sample_source(tmp_path_factory) -> str:
+    """The default demo release with ``--noise-seed 3`` (no input: the
+    bundled demo data), the source of the ``dpsynth sample`` tests
+    (tests/test_sample.py, tests/test_release_round5.py): one run for both.
+    Tests copy it or read it; one that changes a file puts its bytes back."""
+    from dpsynth.pipelines import cli
+    out = str(tmp_path_factory.mktemp("sample") / "source")
+    assert cli.main(["generate", "--output", out, "--noise-seed", "3"]) == 0
+    return out
+
+
 def pytest_unconfigure(config):
     shutil.rmtree(SUITE_TMP, ignore_errors=True)
 

@@ -1,7 +1,9 @@
-"""The per-class mode's "spectral", "spiked" and "shrunk" class deviations
-(RuleConstants.class_deviation, study options) are post-processing only:
-same ledger, same mechanisms, same noise draws; with zero noise they give
-the raw covariances' factors."""
+"""The per-class mode's class deviations are post-processing only: the
+product's "spiked" (RuleConstants.class_deviation) and the studies'
+all-class "spectral" and "shrunk" (benchmarks/studies/class_deviations.py,
+through the reference's ``class_post`` hook), and the studies' "spectral"
+subspace blocks (``block_post``): same ledger, same mechanisms, same noise
+draws; with zero noise they give the raw covariances' factors."""
 
 import dataclasses
 import math
@@ -9,8 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from dpsynth.dp_ops import adaptive, covariance
 from benchmarks import reference
+from benchmarks.studies import class_deviations
+from dpsynth.dp_ops import adaptive, covariance
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import SeededNoise
 from tests.conftest import gmm_data
@@ -34,10 +37,9 @@ def _run(eps, class_deviation, seed=3):
     x, y = gmm_data(3000, d=12, classes=3, spread=0.2)
     cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=eps)
     noise = RecordingNoise(seed)
-    consts = adaptive.RuleConstants(class_deviation=class_deviation,
-                                    **({} if math.isinf(eps) else PER_CLASS))
-    mixes, xs, ys, ledger, st = reference.generate_adaptive(
-        x, y, cfg, noise, consts)
+    mixes, xs, ys, ledger, st = class_deviations.generate(
+        x, y, cfg, noise, {"class_deviation": class_deviation,
+                           **({} if math.isinf(eps) else PER_CLASS)})
     assert st.mode == "per-class"
     return mixes, ledger, noise, st
 
@@ -52,8 +54,11 @@ def test_class_deviation_is_post_processing_only(deviation):
     raw_mix, raw_ledger, raw_noise, raw_st = _run(2.0, "raw")
     sp_mix, sp_ledger, sp_noise, sp_st = _run(2.0, deviation)
     # the same structure: only the post-processing named in it differs
-    assert sp_st.class_deviation == deviation
-    assert dataclasses.replace(raw_st, class_deviation=deviation) == sp_st
+    # (a study's starts from the raw matrices: the structure says "raw")
+    product = deviation in adaptive.CLASS_DEVIATIONS
+    assert sp_st.class_deviation == (deviation if product else "raw")
+    assert dataclasses.replace(
+        raw_st, class_deviation=sp_st.class_deviation) == sp_st
     assert _mech(raw_ledger) == _mech(sp_ledger)
     assert sp_ledger.spent_epsilon() == raw_ledger.spent_epsilon()
     assert raw_noise.draws.keys() == sp_noise.draws.keys()
@@ -90,11 +95,11 @@ def test_shrink_class_deviations_edges():
         a = rng.normal(size=(6, 6))
         cs.append(a @ a.T)
     n = np.array([10.0, 20.0, 30.0])
-    same = adaptive.shrink_class_deviations(cs, n, [0.0, 0.0, 0.0])
+    same = class_deviations.shrink_class_deviations(cs, n, [0.0] * 3)
     for a, b in zip(cs, same):
         np.testing.assert_allclose(a, b, atol=1e-10)
     pooled = sum(w * c for w, c in zip(n, cs)) / n.sum()
-    big = adaptive.shrink_class_deviations(cs, n, [1e9] * 3)
+    big = class_deviations.shrink_class_deviations(cs, n, [1e9] * 3)
     for b in big:
         np.testing.assert_allclose(b, pooled, atol=1e-10)
 
@@ -130,14 +135,46 @@ def test_spiked_within_without_noise_is_the_identity():
 
 
 def test_unknown_deviation_is_refused():
+    """The product knows the deviations it ships; the studies' are
+    refused there and named only through class_deviations.split."""
+    for name in ("js", *class_deviations.CLASS_DEVIATIONS):
+        with pytest.raises(ValueError):
+            adaptive.RuleConstants(class_deviation=name)
     with pytest.raises(ValueError):
-        adaptive.RuleConstants(class_deviation="js")
+        class_deviations.split({"deviation": "js"})
+    consts, hooks = class_deviations.split({"class_deviation": "shrunk",
+                                            "deviation": "spectral"})
+    assert consts.class_deviation == "raw"
+    assert set(hooks) == {"class_post", "block_post"}
 
 
-def test_one_class_at_a_time_is_the_raw_rule_bit_for_bit():
+def test_spectral_subspace_blocks_are_post_processing_only():
+    """The studies' "spectral" subspace blocks (``block_post``): the same
+    mechanisms and draws as the product's raw blocks, other factors."""
+    x, y = gmm_data(3000, d=24, classes=3, spread=0.2)
+    cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=4.0)
+    runs = []
+    for deviation in ("raw", "spectral"):
+        noise = RecordingNoise(5)
+        mixes, _, _, ledger, st = class_deviations.generate(
+            x, y, cfg, noise, {"force_mode": "subspace",
+                               "deviation": deviation})
+        assert st.mode == "subspace"
+        runs.append((mixes, ledger, noise))
+    (raw, raw_ledger, raw_noise), (sp, sp_ledger, sp_noise) = runs
+    assert _mech(raw_ledger) == _mech(sp_ledger)
+    assert raw_noise.draws.keys() == sp_noise.draws.keys()
+    for key, (sigma, value) in raw_noise.draws.items():
+        assert np.array_equal(sp_noise.draws[key][1], value)
+    assert any(not np.allclose(raw[c].factors @ raw[c].factors.T,
+                               sp[c].factors @ sp[c].factors.T) for c in raw)
+
+
+def test_the_study_hook_path_is_the_raw_rule_bit_for_bit():
     """``per_class_mixture`` (the pipeline forms each class's mixture on
-    the worker that released its moments) gives the same bits as
-    ``per_class_mixtures`` over all classes at once."""
+    the worker that released its moments) gives the same bits as the
+    studies' path over all classes at once (``class_within``, a
+    ``class_post`` that changes nothing, ``within_mixture``)."""
     rng = np.random.default_rng(4)
     cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=2.0)
     d, counts = 12, np.array([900.0, 0.4, 2100.0])  # a class under 1 row
@@ -148,8 +185,9 @@ def test_one_class_at_a_time_is_the_raw_rule_bit_for_bit():
     second = [a @ a.T for a in rng.standard_normal((3, d, d))]
     n, means = adaptive.class_means(sums, counts, cfg.clip_norm)
     centre = rng.standard_normal(d) * 0.01
-    whole = adaptive.per_class_mixtures(second, counts, n, means, centre,
-                                        st, cfg, ledger)
+    whole = reference.per_class_mixtures(
+        second, counts, n, means, centre, st, cfg, ledger,
+        class_post=lambda withins, n, sigmas: withins)
     for i, c in enumerate(cfg.labels):
         n_c, mean_c = adaptive.class_means(sums[i:i + 1], counts[i:i + 1],
                                            cfg.clip_norm)
@@ -185,7 +223,7 @@ def test_noise_energy_is_the_frobenius_energy_of_the_mechanism_noise():
     d, sigma, n_c = 20, 3.0, 50.0
     got = np.mean([np.sum((_noise(rng, sigma, d) / n_c) ** 2)
                    for _ in range(400)])
-    assert got == pytest.approx(adaptive.noise_energy(sigma, n_c, d),
+    assert got == pytest.approx(class_deviations.noise_energy(sigma, n_c, d),
                                 rel=0.03)
 
 
@@ -198,10 +236,10 @@ def test_shared_covariance_under_heavy_noise_pools():
     sigmas = [2000.0] * k
     withins = [c + _noise(rng, s, d) / m for c, s, m in
                zip(_classes(rng, d, k, own=False), sigmas, n)]
-    lam = adaptive.shrinkage_weights(withins, n, sigmas)
+    lam = class_deviations.shrinkage_weights(withins, n, sigmas)
     assert np.all(lam > 0.9)
-    out = adaptive.shrink_towards_pooled(withins, n, sigmas)
-    pooled = adaptive.pooled_within(withins, n)
+    out = class_deviations.shrink_towards_pooled(withins, n, sigmas)
+    pooled = class_deviations.pooled_within(withins, n)
     for c, o, l in zip(withins, out, lam):
         np.testing.assert_allclose(o, l * pooled + (1 - l) * c)
 
@@ -212,7 +250,7 @@ def test_distinct_covariances_under_light_noise_stay_own():
     sigmas = [5.0] * k
     withins = [c + _noise(rng, s, d) / m for c, s, m in
                zip(_classes(rng, d, k, own=True), sigmas, n)]
-    lam = adaptive.shrinkage_weights(withins, n, sigmas)
+    lam = class_deviations.shrinkage_weights(withins, n, sigmas)
     assert np.all(lam < 0.01) and np.all(lam > 0)
 
 
@@ -220,10 +258,10 @@ def test_no_noise_keeps_the_raw_matrices_and_one_class_cannot_pool():
     rng = np.random.default_rng(8)
     mats = _classes(rng, 6, 3, own=True)
     n = np.array([10.0, 20.0, 30.0])
-    assert np.array_equal(adaptive.shrinkage_weights(mats, n, [0.0] * 3),
+    assert np.array_equal(class_deviations.shrinkage_weights(mats, n, [0.0] * 3),
                           np.zeros(3))
-    for a, b in zip(mats, adaptive.shrink_towards_pooled(mats, n,
+    for a, b in zip(mats, class_deviations.shrink_towards_pooled(mats, n,
                                                          [0.0] * 3)):
         np.testing.assert_array_equal(a, b)
     # one class: w_c = 1, its pooled matrix is itself: nothing to gain
-    assert adaptive.shrinkage_weights(mats[:1], n[:1], [9.0])[0] == 0.0
+    assert class_deviations.shrinkage_weights(mats[:1], n[:1], [9.0])[0] == 0.0

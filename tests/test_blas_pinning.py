@@ -16,8 +16,8 @@ from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.noise import SeededNoise
 
 PINNED = [adaptive.shared_stage, adaptive.noisy_class_block,
-          adaptive.shared_mixtures, adaptive.per_class_mixtures,
-          adaptive.per_class_mixture,
+          adaptive.shared_mixtures, adaptive.per_class_mixture,
+          adaptive.within_mixture,
           generator.add_factors, generator.sample_rows]
 
 

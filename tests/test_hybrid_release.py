@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from benchmarks.studies import class_deviations
 from benchmarks.studies import covariance_sweep as sweep
 from benchmarks.studies import hybrid_release as hybrid
 from dpsynth.dp_ops import adaptive, covariance, plan
@@ -274,7 +275,7 @@ def test_the_js_block_keeps_a_real_deviation_and_drops_pure_noise():
     weights = [hybrid.js_weight(e, sigma, n) for e in noise]
     assert min(weights) > 0.8
     signal = np.diag(np.linspace(4.0, 0.4, r))  # energy ~36 v
-    v = adaptive.noise_energy(sigma, n, r)
+    v = class_deviations.noise_energy(sigma, n, r)
     lam = hybrid.js_weight(signal + noise[0], sigma, n)
     assert lam == pytest.approx(v / np.sum((signal + noise[0]) ** 2))
     assert lam < 0.05

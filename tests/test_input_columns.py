@@ -47,6 +47,27 @@ def test_a_pandas_parquet_needs_no_embedding_dim(tmp_path):
     assert _manifest(out)["embedding_dim"] == DIM
 
 
+def test_the_schema_is_read_once_per_run(tmp_path, monkeypatch):
+    """The input's schema is checked once, before the charge, and both
+    phases' readers are built from that check (job.input_schema), not
+    by reading it again."""
+    from dpsynth.transforms.io import read
+    calls = []
+    real = read.release_schema
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(read, "release_schema", counted)
+    x, y = _rows()
+    path = _pandas_parquet(tmp_path / "train.parquet", x, y)
+    out = tmp_path / "out"
+    assert _generate("--input", path, "--num-classes", 2,
+                     "--output", out) == 0
+    assert _manifest(out)["adaptive_plan"]  # two phases, two readers
+    assert calls == [[path]]
+
+
 def test_a_charged_release_takes_no_dimension_from_a_row(tmp_path, capsys):
     """With a budget store the dimension must be public configuration: an
     empty input would be refused where a one-row input is released, so

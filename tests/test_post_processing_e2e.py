@@ -20,12 +20,13 @@ on D' = D with one record added or removed and every earlier release the
 same, each mechanism's exact input moves by at most its L2 sensitivity.
 
 Plans: the adaptive plan in each of its modes (shared, subspace, per-class:
-the rule picks them from the forced noisy counts; per-class also with the
-opt-in "shrunk" class matrices, issue 61), --clusters 3 with the
-LSH tree, Lloyd rounds and --vote-filter, and the fixed per-class plan;
+the rule picks them from the forced noisy counts; the studies' all-class
+"shrunk" class matrices of issue 61 left the product in issue 73, and
+tests/test_post_processing_units.py checks them on the reference),
+--clusters 3 with the LSH tree, Lloyd rounds and --vote-filter, and the fixed per-class plan;
 the per-class counts, sums and second moments go through the PipelineDP
 aggregations (transforms/pipelinedp.py). Engines: DirectRunner
-(multi_processing, two workers) and Dask (two worker processes). 24 small
+(multi_processing, two workers) and Dask (two worker processes). 22 small
 runs (305 rows, d = 8): ~2-4 minutes on two cores.
 
 Teeth (each mutation applied alone, this file run): the tree branching on
@@ -45,7 +46,6 @@ import math
 import numpy as np
 import pytest
 
-from dpsynth.dp_ops import adaptive
 from dpsynth.pipelines import cli, job_plan
 from dpsynth.pipelines.release.release import read_manifest
 from tests.conftest import assert_same_release, dask_test_cluster
@@ -60,19 +60,13 @@ PLANS = {
     "adaptive-shared": ["--epsilon", 1],
     "adaptive-subspace": ["--epsilon", 2],
     "adaptive-per-class": ["--epsilon", 16],
-    "adaptive-per-class-shrunk": ["--epsilon", 16],
     "kmeans-vote": ["--epsilon", 4, "--covariance", "shared", "--clusters", 3,
                     "--vote-filter", "--vote-threshold", 1],
     "fixed-per-class": ["--epsilon", 8, "--covariance", "per-class"],
 }
 ADAPTIVE_MODE = {"adaptive-shared": "shared",
                  "adaptive-subspace": "subspace",
-                 "adaptive-per-class": "per-class",
-                 "adaptive-per-class-shrunk": "per-class"}
-# Rule constants a plan sets in the launcher (no flag selects them): the
-# "shrunk" class matrices of issue 61 (mixed with the pooled one by
-# weights from the released matrices, an all-class post-processing step).
-PLAN_CONSTANTS = {"adaptive-per-class-shrunk": {"class_deviation": "shrunk"}}
+                 "adaptive-per-class": "per-class"}
 # D's run draws real keyed noise; a fixed key makes which leaks the
 # neighbour test sees reproducible (tests/mutations depend on it).
 KEY = bytes(range(7, 39))
@@ -128,10 +122,6 @@ class Runner:
                 *map(str, COMMON + PLANS[plan] + flags)]
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(job_plan, "make_noise_source", lambda seed: noise)
-            if plan in PLAN_CONSTANTS:
-                patch.setattr(adaptive, "constants_for", lambda cfg: (
-                    adaptive.RuleConstants(shared_rank=cfg.covariance_rank,
-                                           **PLAN_CONSTANTS[plan])))
             assert cli.main(argv) == 0, f"{plan} on {engine} failed"
         return out
 
@@ -187,9 +177,8 @@ def test_release_on_other_data_is_byte_identical_when_draws_are_forced(
     if plan in ADAPTIVE_MODE:
         doc = read_manifest(str(out))["adaptive_plan"]
         assert doc["mode"] == ADAPTIVE_MODE[plan]
-        assert doc["class_matrices"] == PLAN_CONSTANTS.get(plan, {}).get(
-            "class_deviation", "spiked" if doc["mode"] == "per-class"
-            else "raw")
+        assert doc["class_matrices"] == ("spiked" if doc["mode"] == "per-class"
+                                         else "raw")
 
 
 def _isometric_norm(draws: dict, name: str, other: dict) -> float:
@@ -210,7 +199,7 @@ def _isometric_norm(draws: dict, name: str, other: dict) -> float:
     ("adaptive-shared", "added", "direct"),
     ("adaptive-subspace", "removed", "dask"),
     ("adaptive-per-class", "added", "direct"),
-    ("adaptive-per-class-shrunk", "removed", "dask"),
+    ("adaptive-per-class", "removed", "dask"),
     ("kmeans-vote", "added", "direct"),
     ("kmeans-vote", "removed", "dask"),
     ("fixed-per-class", "removed", "direct"),

@@ -247,26 +247,31 @@ def test_vote_filter_keeps_candidates_by_the_released_votes(ledger,
 
 
 def test_shrunk_class_matrices_use_only_the_released_values():
-    """The adaptive per-class mode's opt-in "shrunk" class matrices (issue
-    61: each class covariance mixed with the pooled one by weights from
-    the released matrices and the ledger's sigma): on D' with D's
-    released values forced, D's mixtures and rows."""
-    from dpsynth.dp_ops import adaptive
-    from benchmarks import reference
+    """The studies' "shrunk" class matrices (issue 61, not in the product:
+    benchmarks/studies/class_deviations.py; each class covariance mixed
+    with the pooled one by weights from the released matrices and the
+    ledger's sigma, through the reference's ``class_post`` hook): on D'
+    with D's released values forced, D's mixtures and rows."""
+    from benchmarks.studies import class_deviations
     from tests.conftest import gmm_data
     cfg = GeneratorConfig(labels=(0, 1, 2), epsilon=4.0)
-    consts = adaptive.RuleConstants(class_deviation="shrunk",
-                                    per_class_min_signal=0.0)
+    weights = []
+    spy = class_deviations.shrinkage_weights
 
     def run(data, noise):
-        mixes, xs, _, _, st = reference.generate_adaptive(
-            *data, cfg, noise, consts)
-        assert st.class_deviation == "shrunk"
+        mixes, xs, _, _, st = class_deviations.generate(
+            *data, cfg, noise, {"class_deviation": "shrunk",
+                                "per_class_min_signal": 0.0})
+        assert st.mode == "per-class"
         return mixes, xs
-    rec = RecordingNoise()
-    first = run(gmm_data(900, d=6, seed=1, spread=0.3), rec)
-    forcing = ForcingNoise(rec.released)
-    again = run(gmm_data(500, d=6, seed=2, spread=0.9), forcing)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(class_deviations, "shrinkage_weights",
+                      lambda *a: weights.append(spy(*a)) or weights[-1])
+        rec = RecordingNoise()
+        first = run(gmm_data(900, d=6, seed=1, spread=0.3), rec)
+        forcing = ForcingNoise(rec.released)
+        again = run(gmm_data(500, d=6, seed=2, spread=0.9), forcing)
+    assert len(weights) == 2 and np.all(weights[0] > 0)  # it did shrink
     assert forcing.used == set(rec.released)
     for c in cfg.labels:
         same(again[0][c], first[0][c])

@@ -132,3 +132,60 @@ def test_a_release_in_the_older_layout_still_reads(demo, tmp_path):
     assert read["format"] == "dpsynth-release/2"
     assert len(y) == manifest["samples_total"]
     assert reading.load_gmm(str(old)) is not None
+
+
+# demo: Parquet shards; sample_source (tests/conftest.py): TFRecord
+@pytest.mark.parametrize("which", ["demo", "sample_source"])
+def test_a_shard_is_parsed_from_the_bytes_it_was_checked_on(
+        which, request, tmp_path, monkeypatch):
+    """The reader hashes each shard's bytes and parses those very bytes
+    (in memory, no copy on disk): a shard changed on disk after its
+    check is never parsed, so the release read is the one checked."""
+    import os
+    import shutil
+    import tempfile
+    src = tmp_path / "release"
+    shutil.copytree(request.getfixturevalue(which), src)
+    x0, y0, _ = reading.load_release(str(src), shuffle=False)
+    real = reading._checked_bytes
+    changed = []
+
+    def check_then_change(shard, root, files):
+        data = real(shard, root, files)
+        with open(shard, "r+b") as f:  # same size, other bytes
+            f.write(bytes(len(data)))
+        changed.append(shard)
+        return data
+    monkeypatch.setattr(reading, "_checked_bytes", check_then_change)
+    before = set(os.listdir(tempfile.gettempdir()))
+    x, y, _ = reading.load_release(str(src), shuffle=False)
+    assert changed, "no shard was checked"
+    np.testing.assert_array_equal(x, x0)
+    np.testing.assert_array_equal(y, y0)
+    assert set(os.listdir(tempfile.gettempdir())) == before  # no copies
+    # the files as they are now are not the release: read again, refused
+    monkeypatch.undo()
+    with pytest.raises(Exception, match="differs"):
+        reading.load_release(str(src))
+
+
+def test_read_file_blocks_parses_given_bytes_not_the_file(demo, tmp_path):
+    """``io.read_file_blocks(path, spec, data=...)`` reads ``data``; the
+    path only names the file (here it no longer exists)."""
+    from dpsynth.pipelines.release import release
+    from dpsynth.transforms import io
+    manifest = release.read_manifest(demo)
+    shard = reading.release_files(demo, manifest)[0]
+    spec = io.InputSpec(shard, "parquet", block_size=1 << 16)
+    want = list(io.read_file_blocks(shard, spec))
+    with open(shard, "rb") as f:
+        data = f.read()
+    gone = str(tmp_path / "gone.parquet")
+    got = list(io.read_file_blocks(gone, spec, data=data))
+    assert len(got) == len(want)
+    for (xa, ya, _), (xb, yb, _) in zip(got, want):
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
+    with pytest.raises(io.InputError, match="in-memory"):
+        list(io.read_file_blocks(str(tmp_path / "x.npz"),
+                                 io.InputSpec("x.npz"), data=b"PK"))

@@ -231,12 +231,8 @@ def test_generate_relabelling_an_unlabelled_document_is_refused(
 
 # ------------------------------------------------------ 8. dpsynth sample
 
-@pytest.fixture(scope="module")
-def sample_source(tmp_path_factory) -> str:
-    from dpsynth.pipelines import cli
-    out = str(tmp_path_factory.mktemp("round5-sample") / "source")
-    assert cli.main(["generate", "--output", out, "--noise-seed", "3"]) == 0
-    return out
+# ``sample_source``: the seeded demo release of tests/conftest.py (shared
+# with tests/test_sample.py).
 
 
 from tests.test_sample import _tree  # noqa: E402 (every file's bytes)

@@ -19,49 +19,42 @@ from dpsynth.pipelines.release import reading, release, sample
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory) -> str:
-    out = str(tmp_path_factory.mktemp("sample") / "source")
-    assert cli.main(["generate", "--output", out, "--noise-seed", "3"]) == 0
-    return out
-
-
 def _by_class(path: str) -> dict[int, np.ndarray]:
     x, y, _ = reading.load_release(path)
     return {int(c): x[y == c] for c in np.unique(y)}
 
 
-def test_rows_are_drawn_from_the_source_mixture(source, tmp_path):
+def test_rows_are_drawn_from_the_source_mixture(sample_source, tmp_path):
     """With the source's own seed and row count, every class that gets the
     source's number of rows gets the source's very rows: the same mixture,
     the same sampler."""
-    src = release.read_manifest(source)
+    src = release.read_manifest(sample_source)
     out = str(tmp_path / "again")
     manifest = sample.run(sample.SampleSpec(
-        source, out, src["samples_total"], seed=src["config"]["seed"]))
+        sample_source, out, src["samples_total"], seed=src["config"]["seed"]))
     assert manifest["samples_total"] == src["samples_total"]
     same = [c["label"] for c, s in zip(manifest["classes"], src["classes"])
             if c["samples"] == s["samples"]]
     assert len(same) >= len(src["classes"]) // 2
-    mine, theirs = _by_class(out), _by_class(source)
+    mine, theirs = _by_class(out), _by_class(sample_source)
     for label in same:
         np.testing.assert_array_equal(mine[label], theirs[label])
-    a, b = reading.load_gmm(out), reading.load_gmm(source)
+    a, b = reading.load_gmm(out), reading.load_gmm(sample_source)
     for label, mix in b.mixtures.items():
         np.testing.assert_array_equal(a.mixtures[label].means, mix.means)
 
 
 def test_requested_rows_in_the_class_proportions_and_a_post_processing_manifest(
-        source, tmp_path, monkeypatch):
+        sample_source, tmp_path, monkeypatch):
     from dpsynth.transforms import io
 
     def no_private_read(*args, **kwargs):
         raise AssertionError("sample read input rows")
-    src = release.read_manifest(source)
+    src = release.read_manifest(sample_source)
     out = str(tmp_path / "more")
     monkeypatch.setattr(io, "ReadEmbeddingBlocks", no_private_read)
-    assert cli.main(["sample", source, "--rows", "3001", "--output", out,
-                     "--seed", "5"]) == 0
+    assert cli.main(["sample", sample_source, "--rows", "3001", "--output",
+                     out, "--seed", "5"]) == 0
     monkeypatch.undo()
     manifest = release.read_manifest(out)
     x, y, _ = reading.load_release(out)
@@ -73,24 +66,26 @@ def test_requested_rows_in_the_class_proportions_and_a_post_processing_manifest(
     assert manifest["post_processing"] is True
     assert manifest["source"]["run_id"] == src["run_id"]
     assert manifest["source"]["manifest_sha256"] == \
-        release.manifest_digest(source)
+        release.manifest_digest(sample_source)
     assert manifest["privacy_cost"]["epsilon"] == 0.0
     assert manifest["privacy_cost"]["delta"] == 0.0
     assert manifest["lifetime_budget"] is None
     assert manifest["outputs"]["format"] == src["outputs"]["format"]
     assert manifest["run_id"] != src["run_id"]
     # Another seed: other rows.
-    assert not np.array_equal(_by_class(out)[0][:5], _by_class(source)[0][:5])
+    assert not np.array_equal(_by_class(out)[0][:5],
+                              _by_class(sample_source)[0][:5])
 
 
-def test_user_errors_are_one_line_and_write_nothing(source, tmp_path, capsys):
+def test_user_errors_are_one_line_and_write_nothing(sample_source, tmp_path,
+                                                    capsys):
     out = str(tmp_path / "out")
     cases = [
         ([str(tmp_path / "nothing"), "--rows", "10"], "no _manifest.json"),
-        ([source, "--rows", "0"], "--rows"),
-        ([source, "--rows", "ten"], "--rows"),
-        ([source, "--rows", "-3"], "--rows"),
-        ([source, "--rows", "10", "--sead", "1"], "--sead"),
+        ([sample_source, "--rows", "0"], "--rows"),
+        ([sample_source, "--rows", "ten"], "--rows"),
+        ([sample_source, "--rows", "-3"], "--rows"),
+        ([sample_source, "--rows", "10", "--sead", "1"], "--sead"),
     ]
     # An unpublished release: version folder, no manifest.
     half = tmp_path / "half"
@@ -110,14 +105,14 @@ def test_user_errors_are_one_line_and_write_nothing(source, tmp_path, capsys):
             "dpsynth: error: ") and needle in err, (argv, err)
         assert not os.path.exists(out)
     with pytest.raises(sample.SampleError, match="is the source release"):
-        sample.SampleSpec(source, source + "/", 10)
+        sample.SampleSpec(sample_source, sample_source + "/", 10)
 
 
 def test_a_release_whose_mixture_fails_verification_is_refused(
-        source, tmp_path, capsys):
+        sample_source, tmp_path, capsys):
     import shutil
     copy = tmp_path / "tampered"
-    shutil.copytree(source, copy)
+    shutil.copytree(sample_source, copy)
     manifest = json.loads((copy / release.MANIFEST).read_text())
     manifest["classes"][0]["noisy_count"] += 1.0  # not the mixture's
     (copy / release.MANIFEST).write_text(json.dumps(manifest))
@@ -130,7 +125,7 @@ def test_a_release_whose_mixture_fails_verification_is_refused(
     assert not [p for p in os.listdir(tmp_path) if ".staging-" in p]
     gmm = copy / manifest["root"] / manifest["outputs"]["gmm"]
     gmm.write_bytes(b"not an npz")
-    assert cli.main(["sample", str(source), "--rows", "1", "--output",
+    assert cli.main(["sample", str(sample_source), "--rows", "1", "--output",
                      out]) == 0  # the source itself is fine
     manifest["classes"][0]["noisy_count"] -= 1.0
     (copy / release.MANIFEST).write_text(json.dumps(manifest))
@@ -160,21 +155,22 @@ def test_class_rows_sum_to_the_request_and_skip_empty_classes():
         sample.class_rows({0: -1.0}, 5)
 
 
-def test_the_api_returns_the_new_release(source, tmp_path):
+def test_the_api_returns_the_new_release(sample_source, tmp_path):
     from dpsynth.pipelines import api
-    out = api.sample(source, str(tmp_path / "api"), 40, seed=2)
+    out = api.sample(sample_source, str(tmp_path / "api"), 40, seed=2)
     x, y = out.arrays()
     assert len(y) == 40 and out.manifest["post_processing"] is True
 
 
-def test_a_mixture_swapped_after_the_check_is_not_sampled(source, tmp_path,
+def test_a_mixture_swapped_after_the_check_is_not_sampled(sample_source,
+                                                          tmp_path,
                                                           monkeypatch):
     """The mixture is checked on the bytes sample reads: one replaced
     between the release's check and that read (here: by a hook on the
     check) is refused in one line, and nothing is written."""
     import shutil
-    src = release.read_manifest(source)
-    root = release.release_root(source, src)
+    src = release.read_manifest(sample_source)
+    root = release.release_root(sample_source, src)
     gmm = os.path.join(root, src["outputs"].get("gmm", "gmm.npz"))
     saved = str(tmp_path / "saved.npz")
     shutil.copy(gmm, saved)
@@ -194,7 +190,7 @@ def test_a_mixture_swapped_after_the_check_is_not_sampled(source, tmp_path,
     try:
         with pytest.raises(sample.SampleError, match="not the mixture its "
                            "manifest lists"):
-            sample.run(sample.SampleSpec(source, out, 50))
+            sample.run(sample.SampleSpec(sample_source, out, 50))
     finally:
         shutil.copy(saved, gmm)
     assert not os.path.exists(out)
@@ -204,7 +200,8 @@ def test_a_mixture_swapped_after_the_check_is_not_sampled(source, tmp_path,
 
 @pytest.fixture(scope="module")
 def private_source(tmp_path_factory) -> str:
-    """A private release (secure noise), beside the seeded ``source``."""
+    """A private release (secure noise), beside the seeded
+    ``sample_source`` (tests/conftest.py)."""
     out = str(tmp_path_factory.mktemp("sample-private") / "source")
     assert cli.main(["generate", "--output", out, "--epsilon", "2"]) == 0
     return out
@@ -221,7 +218,7 @@ def _tree(path) -> dict:
     return out
 
 
-@pytest.mark.parametrize("which", ["source", "private_source"])
+@pytest.mark.parametrize("which", ["sample_source", "private_source"])
 def test_the_sample_claims_what_its_source_claims(which, request, tmp_path,
                                                   capsys):
     """The sample's private flag and warnings are its source's; a sample
@@ -241,7 +238,7 @@ def test_the_sample_claims_what_its_source_claims(which, request, tmp_path,
         assert "DP mixture" in text and "NOT PRIVATE" not in text
         assert "no privacy cost" in said.out
     else:
-        assert which == "source"  # --noise-seed
+        assert which == "sample_source"  # --noise-seed
         assert src["warnings"] and "NOT PRIVATE" in " ".join(src["warnings"])
         assert "DP" not in text and "NOT PRIVATE" in manifest["noise"]
         assert "NOT PRIVATE" in said.out and "no privacy cost" not in said.out

@@ -163,27 +163,22 @@ class _Phase2:
 
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
                  structure: adaptive.Structure, noisy_counts: np.ndarray,
-                 centre: np.ndarray, noise: NoiseSource,
-                 deviation: str) -> None:
+                 centre: np.ndarray, noise: NoiseSource) -> None:
         self.cfg, self.ledger, self.dim = cfg, ledger, dim
-        self.structure, self.noise, self.deviation = structure, noise, deviation
+        self.structure, self.noise = structure, noise
         self.counts = np.asarray(noisy_counts, np.float64)
         self.centre = np.asarray(centre, np.float64)
 
-    def moments(self, _, released: dict, second=None) -> dict:
-        """The released class sums (and, per-class mode, class second
-        moments) of pass "Moments" -> the mixtures, unless the subspace pass
-        is still to come. ``second``: the exact global second moment
-        (shared and subspace modes; None: no rows), noised here."""
+    def moments(self, _, released: dict, second) -> dict:
+        """Shared and subspace modes: the released class sums of pass
+        "Moments" -> the mixtures, unless the subspace pass is still to
+        come. ``second``: the exact global second moment (None: no rows),
+        noised here."""
         cfg, d, s = self.cfg, self.dim, self.structure
         ledger, noise, labels = self.ledger, self.noise, list(cfg.labels)
         n, means = adaptive.class_means(
             np.stack([released[c][0] for c in labels]), self.counts,
             cfg.clip_norm)
-        if s.mode == "per-class":
-            return {"mixtures": adaptive.per_class_mixtures(
-                (released[c][1] for c in labels), self.counts, n, means,
-                self.centre, s, cfg, ledger, s.class_deviation)}
         shared = adaptive.shared_stage(
             np.zeros((d, d)) if second is None else second, n, means, s, cfg,
             ledger, noise)
@@ -194,9 +189,8 @@ class _Phase2:
         return out
 
     def class_mixture(self, kv) -> tuple[int, ClassMixture]:
-        """Per-class mode, "raw" or "spiked" deviation: one class's mixture
-        from its released (sum, second moment), on the worker that released
-        them."""
+        """Per-class mode: one class's mixture from its released (sum,
+        second moment), on the worker that released them."""
         label, (total, second) = kv
         i = list(self.cfg.labels).index(label)
         n, means = adaptive.class_means(total[None, :],
@@ -214,7 +208,7 @@ class _Phase2:
                         for c, v in projected.items()}, labels, r * r)
         blocks = [adaptive.noisy_class_block(
             exact[i].reshape(r, r), c, st["n"][i], st["means"][i],
-            st["shared"], self.ledger, self.noise, self.deviation)
+            st["shared"], self.ledger, self.noise)
             for i, c in enumerate(labels)]
         return {"mixtures": adaptive.shared_mixtures(
             self.counts, st["n"], st["means"], st["shared"], blocks,
@@ -240,12 +234,11 @@ class AdaptiveMixture(beam.PTransform):
     def __init__(self, cfg: GeneratorConfig, ledger: PrivacyLedger, dim: int,
                  structure: adaptive.Structure, noisy_counts: np.ndarray,
                  centre: np.ndarray, noise: NoiseSource, blocks: Blocks,
-                 accountant: LedgerAccountant, deviation: str = "raw"
-                 ) -> None:
+                 accountant: LedgerAccountant) -> None:
         super().__init__()
         self._cfg, self._blocks = cfg, blocks
         self._steps = _Phase2(cfg, ledger, dim, structure, noisy_counts,
-                              centre, noise, deviation)
+                              centre, noise)
         # Per-class mode: the sums and the d x d second moments in one
         # aggregation (one read of the blocks feeds both families; two
         # readers would make Dask keep every block for the second).
@@ -262,25 +255,19 @@ class AdaptiveMixture(beam.PTransform):
         blocks = pass_blocks(self._blocks, "Moments")  # one read
         # (label, (sum, [second moment])): released values
         if mode == "per-class":
-            sums, second = blocks | "ClassSums" >> self._sums, None
-        else:  # with the global second moment, from the same ParDo
-            both = blocks | "Moments" >> OnePass({
-                "ClassSums": self._sums,
-                "SecondMoment": GlobalSum(SecondMoment(cfg.clip_norm))})
-            sums, second = both["ClassSums"], AsSingleton(
-                both["SecondMoment"])
-        if (mode == "per-class"
-                and steps.structure.class_deviation in ("raw", "spiked")):
             # One task a class, not one for all: K eigendecompositions of
             # d x d matrices (0.2 s at d = 384, K = 10) spread over the
-            # workers instead of running while the others wait. "spectral"
-            # and "shrunk" need the pooled matrix of every class: one step
-            # ("Phase2Noise", ``per_class_mixtures`` as the reference).
-            return sums | "ClassMixture" >> beam.Map(steps.class_mixture)
+            # workers instead of running while the others wait.
+            return (blocks | "ClassSums" >> self._sums
+                    | "ClassMixture" >> beam.Map(steps.class_mixture))
+        # with the global second moment, from the same ParDo
+        both = blocks | "Moments" >> OnePass({
+            "ClassSums": self._sums,
+            "SecondMoment": GlobalSum(SecondMoment(cfg.clip_norm))})
+        sums, second = both["ClassSums"], AsSingleton(both["SecondMoment"])
         stats = (pbegin | "Once" >> beam.Create([None])
                  | "Phase2Noise" >> beam.Map(steps.moments, AsDict(sums),
-                                             *([] if second is None
-                                               else [second])))
+                                             second))
         if mode == "subspace":
             proj = (pass_blocks(self._blocks, "ClassSubspace")
                     | "ClassSubspace" >> PerClassSum(

@@ -25,6 +25,7 @@ where the accuracy comes from, not a release. Probe as the sweep's
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -35,6 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from benchmarks import reference  # noqa: E402
 from benchmarks.studies import covariance_sweep as sweep  # noqa: E402
 from benchmarks.studies.study_data import (DATA, RESULTS, Split,  # noqa: E402
                                            append_record)
@@ -95,9 +97,10 @@ def run(split: Split, eps: float, seed: int) -> dict:
                          "pooled+noise": n[i] * pooled + between
                          + released[i] - exact[i],
                          "spiked": released[i]}[part])
-        mixes = adaptive.per_class_mixtures(
-            mats, noisy_n, n, means, centre, st, cfg, ledger,
-            "spiked" if part == "spiked" else "raw")
+        mixes = reference.per_class_mixtures(
+            mats, noisy_n, n, means, centre, dataclasses.replace(
+                st, class_deviation="spiked" if part == "spiked" else "raw"),
+            cfg, ledger)
         xs = [generator.sample(mixes[c], cfg) for c in cfg.labels]
         ys = [np.full(len(x), c) for c, x in zip(cfg.labels, xs)]
         out[part] = fast_probe.accuracy(np.vstack(xs), np.concatenate(ys),

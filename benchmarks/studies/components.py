@@ -275,9 +275,7 @@ def generate(x: np.ndarray, y: np.ndarray, cfg: GeneratorConfig, noise,
         exact_m = covariance.block_second_moment(xc, cfg.clip_norm)
     from benchmarks.reference import _adaptive_mixtures
     mixes = _adaptive_mixtures(rows, sums, exact_m, noisy_n, centre,
-                               structure, cfg, ledger, noise,
-                               constants.deviation,
-                               structure.class_deviation)
+                               structure, cfg, ledger, noise)
     sum_mu = (math.inf if math.isinf(mu) else
               cfg.clip_norm / ledger.get(sum_name(labels[0])).sigma)
     floor = adaptive.variance_floor(cfg, d)

@@ -250,18 +250,17 @@ def load_shape(name: str) -> Split:
 def run_one(split: Split, mode: str, eps: float, seed: int,
             constants: Optional[dict] = None) -> dict:
     """One release with ``mode`` forced, probed on the split's test rows."""
-    from benchmarks.studies import fast_probe
-    from benchmarks import reference
+    from benchmarks.studies import class_deviations, fast_probe
     from dpsynth.dp_ops.config import GeneratorConfig
     from dpsynth.dp_ops.noise import SeededNoise
     t = time.time()
     cfg = GeneratorConfig(labels=tuple(range(split.classes)), epsilon=eps,
                           delta=DELTA, seed=seed)
     mode, extra = VARIANTS.get(mode, (mode, {}))
-    rc = adaptive.RuleConstants(force_mode=mode,
-                                **{**extra, **(constants or {})})
-    _, xs, ys, ledger, st = reference.generate_adaptive(
-        split.x_fit, split.y_fit, cfg, SeededNoise(1000 + seed), rc)
+    # "shrunk" is a study deviation (class_deviations.split)
+    _, xs, ys, ledger, st = class_deviations.generate(
+        split.x_fit, split.y_fit, cfg, SeededNoise(1000 + seed),
+        {"force_mode": mode, **extra, **(constants or {})})
     acc = fast_probe.accuracy(xs, ys, split.x_val, split.y_val,
                               split.classes, warm=f"{split.name}/{mode}")
     inputs = dict(st.inputs)

@@ -31,7 +31,7 @@ sigma).
 
 ``excess`` is the statistic a post-processing selector could use:
 mean over classes of ||C_c - W||_F^2 / v_c - 1, v_c the noise energy of
-C_c - W (``adaptive.noise_energy`` of both matrices): an estimate of the
+C_c - W (``class_deviations.noise_energy`` of both matrices): an estimate of the
 classes' true covariance differences in units of their noise. Phase 1,
 the class sums and their share are the per-class mode's
 (``covariance_sweep.run_one``'s noise seed 1000 + seed); the matrices'
@@ -69,6 +69,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from benchmarks.studies import class_deviations  # noqa: E402
 from benchmarks.studies import covariance_sweep as sweep  # noqa: E402
 from benchmarks.studies import goal_noise  # noqa: E402
 from benchmarks.studies.study_data import (  # noqa: E402
@@ -165,8 +166,8 @@ def excess(rel: Release) -> float:
     total = float(rel.n.sum())
     out = []
     for i, c in enumerate(rel.classes):
-        v = (adaptive.noise_energy(rel.sigma_class, float(rel.n[i]), d)
-             + adaptive.noise_energy(rel.sigma_global, total, d))
+        v = (class_deviations.noise_energy(rel.sigma_class, float(rel.n[i]), d)
+             + class_deviations.noise_energy(rel.sigma_global, total, d))
         out.append(float(np.sum((c - rel.within) ** 2)) / v - 1.0)
     return float(np.mean(out))
 
@@ -250,14 +251,14 @@ def pooled_rank(within: np.ndarray, pooled: np.ndarray, edge: float
 
 def js_weight(deviation: np.ndarray, sigma: float, n: float) -> float:
     """lambda = clip(v / ||D||_F^2, 0, 1) for a class block's deviation D
-    from the shared block, v = ``adaptive.noise_energy`` of an r x r block
+    from the shared block, v = ``class_deviations.noise_energy`` of an r x r block
     at the class matrix's sigma and noisy count (an r x r block of the
     isometric noise is an r x r release, see ``symmetric_noise``): the
-    James-Stein plug-in of ``adaptive.shrinkage_weights`` with the shared
+    James-Stein plug-in of ``class_deviations.shrinkage_weights`` with the shared
     block's weight w_c taken as 0 (it comes from the global matrix).
     Post-processing: released matrices, DP counts, the ledger's sigma."""
     energy = float(np.sum(deviation * deviation))
-    v = adaptive.noise_energy(sigma, n, deviation.shape[0])
+    v = class_deviations.noise_energy(sigma, n, deviation.shape[0])
     return 1.0 if energy <= 0 else float(np.clip(v / energy, 0.0, 1.0))
 
 
@@ -300,7 +301,7 @@ def branch_mixtures(rel: Release, branch: str) -> dict:
     elif branch == "raw":
         withins = rel.classes
     elif branch in ("spiked+pooled", "rank+pooled"):
-        pooled = adaptive.pooled_within(rel.classes, rel.n)
+        pooled = class_deviations.pooled_within(rel.classes, rel.n)
         post = spiked_pooled if branch == "spiked+pooled" else pooled_rank
         withins = [post(c, pooled, adaptive.noise_edge(
             rel.sigma_class, float(rel.n[i]), d))
@@ -311,9 +312,9 @@ def branch_mixtures(rel: Release, branch: str) -> dict:
             for i, c in enumerate(rel.classes)]
     else:
         raise ValueError(f"unknown branch {branch!r}")
-    return {c: postprocess._within_mixture(c, withins[i], rel.noisy_n[i],
-                                        rel.means[i], rel.centre,
-                                        rel.structure, floor)
+    return {c: adaptive.within_mixture(c, withins[i], rel.noisy_n[i],
+                                       rel.means[i], rel.centre,
+                                       rel.structure, rel.cfg)
             for i, c in enumerate(labels)}
 
 

@@ -1,5 +1,5 @@
 """Shrunk class matrices (issue 61): the per-class release post-processed
-"shrunk" (``adaptive.shrinkage_weights``: each class covariance mixed with
+"shrunk" (``class_deviations.shrinkage_weights``: each class covariance mixed with
 the pooled one by a James-Stein weight from released values and the
 ledger's sigma) against the covariance sweep's menu on the same sets.
 
@@ -35,7 +35,7 @@ if ROOT not in sys.path:
 
 from benchmarks.studies import covariance_sweep as sweep  # noqa: E402
 from benchmarks.studies.study_data import DATA, RESULTS, write_report  # noqa: E402
-from dpsynth.dp_ops import adaptive  # noqa: E402
+from benchmarks.studies import class_deviations  # noqa: E402
 
 LOG = os.path.join(DATA, "shrunk_issue61.jsonl")
 REPORT = os.path.join(RESULTS, "shrunk_issue61.md")
@@ -46,17 +46,17 @@ MENU = ("shared", "subspace", "per-class", "per-class+spiked")
 def run(split, eps: float, seed: int) -> dict:
     """One shrunk release and its probe; records the weights lambda_c."""
     weights = []
-    original = adaptive.shrinkage_weights
+    original = class_deviations.shrinkage_weights
 
     def spy(*args):
         lam = original(*args)
         weights.append([round(float(v), 4) for v in lam])
         return lam
-    adaptive.shrinkage_weights = spy
+    class_deviations.shrinkage_weights = spy
     try:
         rec = sweep.run_one(split, VARIANT, eps, seed)
     finally:
-        adaptive.shrinkage_weights = original
+        class_deviations.shrinkage_weights = original
     rec.pop("noisy_counts", None)
     return {**rec, "lambda": weights[0] if weights else None}
 

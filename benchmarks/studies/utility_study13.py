@@ -79,15 +79,14 @@ REF = {
 def adaptive_release(split, eps: float, seed: int, overrides: dict):
     """(rows, labels, ledger, structure) of the adaptive plan on the fit
     part, RuleConstants(**overrides), noise SeededNoise(1000 + seed)."""
-    from dpsynth.dp_ops import adaptive
-    from benchmarks import reference
+    from benchmarks.studies import class_deviations
     from dpsynth.dp_ops.config import GeneratorConfig
     from dpsynth.dp_ops.noise import SeededNoise
     cfg = GeneratorConfig(labels=tuple(range(split.classes)), epsilon=eps,
                           seed=seed)
-    _, xs, ys, ledger, st = reference.generate_adaptive(
-        split.x_fit, split.y_fit, cfg, SeededNoise(1000 + seed),
-        adaptive.RuleConstants(**overrides))
+    # overrides may name a study deviation (class_deviations.split)
+    _, xs, ys, ledger, st = class_deviations.generate(
+        split.x_fit, split.y_fit, cfg, SeededNoise(1000 + seed), overrides)
     return xs, ys, ledger, st
 
 

@@ -50,11 +50,15 @@ within-class covariance W from the global matrix; in the subspace mode,
 per class, the top-r block of W is replaced by the class's own DP block
 (a hierarchy: per-class inside the subspace, shared outside), repaired to
 be positive semi-definite; in the per-class mode each class's factors come
-from its own matrix (as released, "spiked", or, opt-in, "shrunk": mixed
-with the pooled matrix by a James-Stein weight computed from the released
-matrices, the noisy counts and the ledger's sigma, ``shrinkage_weights``).
-Every class is released as factors [d, r'] + a diagonal, so sampling stays
-two matrix products.
+from its own released matrix alone ("spiked": its eigenvalues above its
+mechanism's noise edge, debiased, and a flat bulk, ``spiked_within``; or
+"raw", as released), on the worker that released it
+(``per_class_mixture``). Every class is released as factors [d, r'] + a
+diagonal, so sampling stays two matrix products. Post-processings measured
+and not adopted (pooling the class matrices, "spectral" / "shrunk", and
+the subspace blocks' "spectral") are study code
+(benchmarks/studies/class_deviations.py): they hand their matrices to
+``within_mixture``, the per-class mode's last step.
 
 The package: ``rule`` (the structure from public inputs and the noisy
 counts), ``ledgers`` (the mechanisms: slots, mu, the two phases' ledgers,
@@ -73,13 +77,12 @@ from dpsynth.dp_ops.adaptive.ledgers import (
     VOTE_SHARE, vote_gated, vote_mechanisms, vote_mu, vote_share,
     vote_signal, vote_slots)
 from dpsynth.dp_ops.adaptive.postprocess import (
-    SharedModel, class_block, class_factors, class_means, eigen,
-    noise_edge, noise_energy, per_class_mixture, per_class_mixtures,
-    pooled_within, shared_mixtures, shared_model, shared_within,
-    shrink_class_deviations, shrink_deviation, shrink_towards_pooled,
-    shrinkage_weights, spike_shrink, spiked_within, variance_floor)
+    SharedModel, class_block, class_factors, class_means, class_within,
+    eigen, noise_edge, per_class_mixture, shared_mixtures, shared_model,
+    shared_within, spike_shrink, spiked_within, variance_floor,
+    within_mixture)
 from dpsynth.dp_ops.adaptive.rule import (
-    CENTRE_SPLIT, CLASS_DEVIATIONS, DEVIATIONS, MODES, PHASE1,
+    CENTRE_SPLIT, CLASS_DEVIATIONS, MODES, PHASE1,
     RuleConstants, Structure, TWO_PHASE, applies, choose_mode,
     choose_structure, class_signal, constants_for, make_structure, menu,
     spiked_band, sum_grid, sum_share_rule, two_phase, typical_count)
@@ -88,19 +91,18 @@ __all__ = [
     "add_phase2", "applies", "block_class_sum", "calibrate_mu",
     "CENTRE_SPLIT", "choose_mode", "choose_structure", "class_block",
     "CLASS_DEVIATIONS", "class_factors", "class_matrix_name",
-    "class_means", "class_signal", "constants_for", "count_name",
-    "DEVIATIONS", "eigen", "exact_class_counts", "make_structure",
-    "mechanisms", "menu", "MODES", "noise_edge", "noise_energy",
+    "class_means", "class_signal", "class_within", "constants_for",
+    "count_name", "eigen", "exact_class_counts", "make_structure",
+    "mechanisms", "menu", "MODES", "noise_edge",
     "noisy_class_block", "noisy_class_second_moments", "noisy_class_sums",
-    "noisy_counts", "per_class_mixture", "per_class_mixtures", "PHASE1",
-    "phase1_ledger", "phase1_slots", "phase2_slots", "pooled_within",
+    "noisy_counts", "per_class_mixture", "PHASE1",
+    "phase1_ledger", "phase1_slots", "phase2_slots",
     "projected_block_moment", "reserved_mechanisms", "resolve_vote",
     "RuleConstants",
     "shared_mixtures", "shared_model", "shared_stage", "shared_within",
-    "SharedModel", "shrink_class_deviations", "shrink_deviation",
-    "shrink_towards_pooled", "shrinkage_weights", "spike_shrink",
-    "spiked_band", "spiked_within", "Structure", "sum_grid", "sum_name",
+    "SharedModel", "spike_shrink", "spiked_band", "spiked_within", "Structure", "sum_grid", "sum_name",
     "sum_share_rule", "TWO_PHASE", "two_phase", "typical_count",
     "variance_floor", "VOTE_MIN_SNR", "VOTE_SHARE", "vote_gated",
     "vote_mechanisms", "vote_mu", "vote_share", "vote_signal", "vote_slots",
+    "within_mixture",
 ]

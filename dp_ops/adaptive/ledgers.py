@@ -20,8 +20,7 @@ from dpsynth.dp_ops.calibration import Slot, _mechanisms, gdp_mu, shrink_mu
 from dpsynth.dp_ops.config import GeneratorConfig
 from dpsynth.dp_ops.ledger import GLOBAL, Mechanism, PrivacyLedger, compose_epsilon
 from dpsynth.dp_ops.adaptive.postprocess import (
-    SharedModel, class_block, noise_edge, shared_model, shared_within,
-    shrink_deviation, variance_floor)
+    SharedModel, class_block, shared_model, shared_within, variance_floor)
 from dpsynth.dp_ops.adaptive.rule import (
     CENTRE_SPLIT, PHASE1, RuleConstants, Structure, menu, two_phase)
 
@@ -322,8 +321,7 @@ def projected_block_moment(x: np.ndarray, basis: np.ndarray,
 @kmeans.one_blas_thread
 def noisy_class_block(exact_proj: np.ndarray, label: int, n_c: float,
                       mean_c: np.ndarray, shared: SharedModel,
-                      ledger: PrivacyLedger, noise,
-                      deviation: str = "raw") -> np.ndarray:
+                      ledger: PrivacyLedger, noise) -> np.ndarray:
     """Mechanism ``class=<c>/covariance/subspace``: sum over class c of
     z z^T, z = P^T x (``projected_block_moment``; P public: the top
     eigenvectors of the noisy W), as its isometric upper triangle;
@@ -331,12 +329,7 @@ def noisy_class_block(exact_proj: np.ndarray, label: int, n_c: float,
     record. Then the class's block inside the subspace (post-processing)."""
     name = class_matrix_name(label)
     proj = generator.noisy_second_moment(exact_proj, ledger, noise, name)
-    block = class_block(proj, n_c, mean_c, shared.basis)
-    if deviation == "spectral":
-        r = shared.rank_in
-        block = shrink_deviation(block, np.diag(shared.vals[:r]),
-                                 noise_edge(ledger.get(name).sigma, n_c, r))
-    return block
+    return class_block(proj, n_c, mean_c, shared.basis)
 
 
 def noisy_class_second_moments(exact_m: np.ndarray, labels: Sequence[int],

@@ -21,8 +21,12 @@ CENTRE_SPLIT = {"sum": 0.8, "count": 0.2}  # inside the centre's share
 
 
 MODES = ("shared", "subspace", "per-class")
-DEVIATIONS = ("raw", "spectral")
-CLASS_DEVIATIONS = DEVIATIONS + ("spiked", "shrunk")
+# Post-processing of the per-class mode's released class matrices
+# (``Structure.class_deviation``): "spiked" (what the rule picks) or "raw"
+# (as released; every other mode). Study-only ones (all-class "spectral" and
+# "shrunk", the subspace blocks' "spectral") live in
+# benchmarks/studies/class_deviations.py.
+CLASS_DEVIATIONS = ("raw", "spiked")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,32 +75,24 @@ class RuleConstants:
     subspace_rank: int = 128
     subspace_share: float = 0.5  # of the covariance part of phase 2
     shared_rank: int = 128
-    # Post-processing of a class's subspace block: "raw" keeps the noisy
-    # estimate; "spectral" shrinks its deviation from the shared block by
-    # the noise edge (spike_shrink; a study option, no CLI flag). Raw
-    # measured better (the noise regularises the downstream classifier).
-    deviation: str = "raw"
     # Post-processing of the per-class mode's d x d class covariances C_c:
     # "spiked" (the default) replaces each noisy C_c by its spikes above
     # the noise edge and a flat bulk (``spiked_within``): within 0.5
     # points of "raw" where raw per-class matrices are picked, far ahead
-    # in the spiked band. Study options, no CLI flag: "raw" (each noisy
-    # C_c as it is), "spectral" (pooled + spike_shrink(C_c - pooled),
-    # ``shrink_class_deviations``) and "shrunk" (lambda_c pooled +
-    # (1 - lambda_c) C_c with a James-Stein weight from the released
-    # matrices and the ledger's sigma, ``shrinkage_weights``), each
-    # measured below the default (docs/method.md, "The rule's constants").
+    # in the spiked band. "raw" (each noisy C_c as it is) is a study
+    # option, no CLI flag; so are the all-class post-processings measured
+    # below the default ("spectral", "shrunk": benchmarks/studies/
+    # class_deviations.py; docs/method.md, "The rule's constants").
     class_deviation: str = "spiked"
     # A fixed mode (one of MODES) instead of the rule's pick: studies and
     # ablations only (the sum share still follows ``sum_share_rule``).
     force_mode: Optional[str] = None
 
     def __post_init__(self) -> None:
-        for field, allowed in (("deviation", DEVIATIONS),
-                               ("class_deviation", CLASS_DEVIATIONS)):
-            if getattr(self, field) not in allowed:
-                raise ValueError(f"{field} must be one of {allowed}, "
-                                 f"got {getattr(self, field)!r}")
+        if self.class_deviation not in CLASS_DEVIATIONS:
+            raise ValueError(f"class_deviation must be one of "
+                             f"{CLASS_DEVIATIONS}, got "
+                             f"{self.class_deviation!r}")
         if self.force_mode is not None and self.force_mode not in MODES:
             raise ValueError(f"force_mode must be one of {MODES} or None, "
                              f"got {self.force_mode!r}")

@@ -7,16 +7,11 @@ imports nothing of the publisher (``publisher``).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import posixpath
-import shutil
-import tempfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -76,13 +71,15 @@ def _shard_reader(manifest: dict):
     features = outputs.get("features") or {}
     role = {f.get("role"): name for name, f in features.items()}
 
-    def read(shard: str):
+    def read(shard: str, data: Optional[bytes] = None):
+        """``data``: the shard's bytes as checked, parsed instead of the
+        file (``_checked_bytes``)."""
         spec = io.InputSpec(shard,
                             io.detect_format(shard, outputs.get("format")),
                             role.get("embedding", "embedding"),
                             role.get("label", "label"),
                             block_size=_READ_BLOCK_ROWS)
-        for x, y, _ in io.read_file_blocks(shard, spec):
+        for x, y, _ in io.read_file_blocks(shard, spec, data=data):
             yield x, y
     return read
 
@@ -94,7 +91,7 @@ def _all_blocks(path: str, manifest: dict, dtype: type,
     usable cores (Arrow's decoding and numpy's conversions release the
     GIL); they hold float32, which the reader hands over as it is.
     ``checked``: each shard is read once and the bytes parsed are the bytes
-    checked against the manifest (``_checked_copy``)."""
+    checked against the manifest (``_checked_bytes``)."""
     blocks_of = _shard_reader(manifest)
     root = release_root(path, manifest)
 
@@ -102,9 +99,9 @@ def _all_blocks(path: str, manifest: dict, dtype: type,
         if not checked:
             return [(x.astype(dtype, copy=False), y)
                     for x, y in blocks_of(shard)]
-        with _checked_copy(shard, root, manifest["files"]) as copy:
-            return [(x.astype(dtype, copy=False), y)
-                    for x, y in blocks_of(copy)]
+        data = _checked_bytes(shard, root, manifest["files"])
+        return [(x.astype(dtype, copy=False), y)
+                for x, y in blocks_of(shard, data)]
     with ThreadPoolExecutor(usable_cores()) as pool:
         futures = [pool.submit(read, shard)
                    for shard in release_files(path, manifest)]
@@ -116,14 +113,14 @@ def _all_blocks(path: str, manifest: dict, dtype: type,
     return [b[0] for b in blocks], [b[1] for b in blocks]
 
 
-@contextlib.contextmanager
-def _checked_copy(shard: str, root: str, files: dict) -> Iterator[str]:
-    """A private copy of ``shard``'s bytes, read once and checked against
-    its manifest entry (size, sha256) before it is parsed: hashing a file
-    and then opening it again to parse it reads whatever is there by then
-    (a shard swapped between the two reads was returned as the release).
-    On gs:// too the bytes hashed are the bytes parsed, whichever
-    generation they came from."""
+def _checked_bytes(shard: str, root: str, files: dict) -> bytes:
+    """``shard``'s bytes, read once and checked against its manifest entry
+    (size, sha256); the reader parses these very bytes (TFRecord and
+    Parquet readers take them in memory), never the file again: hashing a
+    file and then opening it again to parse it reads whatever is there by
+    then (a shard swapped between the two reads was returned as the
+    release). On gs:// too the bytes hashed are the bytes parsed,
+    whichever generation they came from."""
     name = shard[len(root.rstrip("/")) + 1:]
     entry = files.get(name)
     with FileSystems.open(shard, compression_type="uncompressed") as f:
@@ -132,15 +129,7 @@ def _checked_copy(shard: str, root: str, files: dict) -> Iterator[str]:
             or hashlib.sha256(data).hexdigest() != entry.get("sha256")):
         raise ReleaseChanged(f"{root}: {name} differs (sha256) as read: its "
                              "files are not the ones its manifest lists")
-    folder = tempfile.mkdtemp(prefix="dpsynth-read-")  # ours only (0700)
-    try:
-        copy = os.path.join(folder, posixpath.basename(shard))
-        with open(copy, "wb") as f:
-            f.write(data)
-        del data
-        yield copy
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    return data
 
 
 def _verify_for_reading(path: str, manifest: dict) -> bool:

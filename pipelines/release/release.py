@@ -62,7 +62,6 @@ version folder left by a killed launch stays until removed by hand.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -70,7 +69,6 @@ import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping, Optional
 
-import numpy as np
 
 
 def _import_filesystems():

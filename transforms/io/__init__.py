@@ -34,8 +34,9 @@ transform. This package exposes the names its importers use as ``io.X``.
 from dpsynth.transforms.io.csv import csv_embedding_columns
 from dpsynth.transforms.io.ranges import FileRange, join, match_files
 from dpsynth.transforms.io.read import (
-    ReadEmbeddingBlocks, file_ranges, input_schema, list_ranges, load_arrays,
-    peek_dim, read_file_blocks, read_range_blocks, release_schema)
+    InputSchema, ReadEmbeddingBlocks, check_schema, file_ranges, input_schema,
+    list_ranges, load_arrays, peek_dim, read_file_blocks, read_range_blocks,
+    release_schema)
 from dpsynth.transforms.io.tfrecord import (
     masked_crc32c, masked_crc32c_strided, tfrecord_payloads)
 from dpsynth.transforms.io.validation import (
@@ -43,8 +44,9 @@ from dpsynth.transforms.io.validation import (
     match_columns, validate_block)
 
 __all__ = [
-    "FileRange", "InputError", "InputSpec", "ReadEmbeddingBlocks", "Rows",
-    "check_columns_format", "csv_embedding_columns", "detect_format",
+    "FileRange", "InputError", "InputSchema", "InputSpec",
+    "ReadEmbeddingBlocks", "Rows", "check_columns_format", "check_schema",
+    "csv_embedding_columns", "detect_format",
     "file_ranges", "input_schema", "join", "list_ranges", "load_arrays",
     "masked_crc32c", "masked_crc32c_strided", "match_columns", "match_files",
     "peek_dim", "read_file_blocks", "read_range_blocks", "release_schema",

@@ -29,7 +29,7 @@ def _parquet_blocks(r: FileRange, spec: InputSpec
     exact: the footer gives every row group's size)."""
     import pyarrow.parquet as pq
     path = r.path
-    with _open(path) as f:
+    with _open(path, r.data) as f:
         try:
             pf = pq.ParquetFile(f)
         except Exception as err:

@@ -5,6 +5,7 @@ several ranges (``read.file_ranges`` lists them)."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 from typing import Optional
 
@@ -45,7 +46,11 @@ def _read_bytes(path: str) -> bytes:
         raise InputError(f"{path}: cannot read ({err})") from None
 
 
-def _open(path: str):
+def _open(path: str, data: Optional[bytes] = None):
+    """``path`` opened for reading, or ``data`` (its bytes, already read
+    by the caller) as a file object: nothing opens ``path`` then."""
+    if data is not None:
+        return io.BytesIO(data)
     try:
         return FileSystems.open(path, compression_type="uncompressed")
     except Exception as err:
@@ -75,8 +80,15 @@ class FileRange:
     range that holds its first byte (a compressed .npz: all to the first
     range). A TFRecord range's start and stop are record boundaries, found
     by ``file_ranges`` walking the file's records from its start.
+
+    ``data``: the whole file's bytes, read (and checked) by the caller,
+    parsed instead of opening ``path`` (TFRecord and Parquet; ``path``
+    then only names the file in errors). Never set on the pipeline's
+    ranges: a release's reader sets it (pipelines/release/reading.py).
     """
 
     path: str
     start: int = 0
     stop: Optional[int] = None
+    data: Optional[bytes] = dataclasses.field(default=None, repr=False,
+                                              compare=False)

@@ -50,6 +50,9 @@ def file_ranges(path: str, size: int, spec: InputSpec) -> list[FileRange]:
 def _raw_blocks(r: FileRange, spec: InputSpec
                 ) -> Iterator[tuple[Rows, np.ndarray, np.ndarray]]:
     fmt = detect_format(r.path, spec.fmt)
+    if r.data is not None and fmt not in ("tfrecord", "parquet"):
+        raise InputError(f"{r.path}: in-memory bytes are parsed as "
+                         f"TFRecord or Parquet only, not {fmt}")
     if fmt == "npz" and (r.start, r.stop) == (0, None):
         yield from _npz_blocks(r.path, spec)
     elif fmt == "npz":
@@ -63,10 +66,14 @@ def _raw_blocks(r: FileRange, spec: InputSpec
 
 
 def read_file_blocks(path: str, spec: InputSpec, dim: Optional[int] = None,
-                     dim_source: Optional[str] = None
+                     dim_source: Optional[str] = None,
+                     data: Optional[bytes] = None
                      ) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
-    """Validated (x, y, dropped) blocks of one whole file."""
-    return read_range_blocks(FileRange(path), spec, dim, dim_source)
+    """Validated (x, y, dropped) blocks of one whole file; with ``data``
+    (the file's bytes, TFRecord or Parquet), of those bytes: ``path`` is
+    not opened, only named in errors."""
+    return read_range_blocks(FileRange(path, data=data), spec, dim,
+                             dim_source)
 
 
 def read_range_blocks(r: FileRange, spec: InputSpec,
@@ -209,6 +216,36 @@ def load_arrays(pattern: str, fmt: Optional[str] = None,
     return np.concatenate(xs, dtype=np.float64), np.concatenate(ys)
 
 
+@dataclasses.dataclass(frozen=True)
+class InputSchema:
+    """The input as checked before a run (``check_schema``): the matched
+    files, the embedding dimension and where it came from, worded by the
+    pattern (the job graph carries no private file name). A run checks it
+    once and builds each of its readers from it."""
+
+    paths: tuple[str, ...]
+    dim: int
+    dim_source: str
+
+
+def check_schema(spec: InputSpec, dim: Optional[int] = None,
+                 dim_from_rows: bool = True) -> InputSchema:
+    """Lists the files matching ``spec.pattern`` (missing input: refused),
+    checks their columns' format and takes the embedding dimension:
+    ``dim`` (public configuration, ``--embedding-dim``) as given, else
+    what the schema records (``release_schema``; ``dim_from_rows`` False,
+    a charged release, takes none from a row)."""
+    paths = tuple(path for path, _ in _match(spec.pattern))
+    for path in paths:
+        check_columns_format(path, spec)
+    if dim is not None:
+        return InputSchema(paths, int(dim), "--embedding-dim")
+    found, first = release_schema(list(paths), spec, dim_from_rows)
+    return InputSchema(paths, found, (
+        f"the first file matching --input {spec.pattern!r}"
+        if first != spec.pattern else first))
+
+
 # ------------------------------------------------------------------- Beam
 
 class _ReadBlocksFn(beam.DoFn):
@@ -234,8 +271,9 @@ class ReadEmbeddingBlocks(beam.PTransform):
     """Files matching ``spec.pattern`` -> validated (x, y) numpy blocks.
 
     The file list and the embedding dimension (schema) are checked when
-    the graph is built, so a missing input fails before the pipeline
-    starts; the graph itself holds only the pattern (a service that keeps
+    the graph is built (``check_schema``; or passed in as ``schema``, what
+    the run checked before its charge), so a missing input fails before
+    the pipeline starts; the graph itself holds only the pattern (a service that keeps
     the job graph, like Dataflow, never sees the private file names): the
     read ranges (``file_ranges``: files in ``spec.split_bytes`` pieces, a
     compressed .npz whole) are listed by a worker. Each range is one
@@ -250,23 +288,16 @@ class ReadEmbeddingBlocks(beam.PTransform):
     """
 
     def __init__(self, spec: InputSpec, dim: Optional[int] = None,
-                 dim_from_rows: bool = True) -> None:
+                 dim_from_rows: bool = True,
+                 schema: Optional[InputSchema] = None) -> None:
         super().__init__()
         self.spec = spec
-        sizes = _match(spec.pattern)
-        self.paths = [path for path, _ in sizes]
-        for path in self.paths:
-            check_columns_format(path, spec)
-        if dim is None:
-            self.dim, first = release_schema(self.paths, spec,
-                                             dim_from_rows)
-            # Named by the pattern: the DoFns (the job graph) carry no
-            # private file name.
-            self.dim_source = (f"the first file matching --input "
-                               f"{spec.pattern!r}" if first != spec.pattern
-                               else first)
-        else:
-            self.dim, self.dim_source = int(dim), "--embedding-dim"
+        if schema is None:
+            schema = check_schema(spec, dim, dim_from_rows)
+        self.paths = list(schema.paths)
+        # dim_source is named by the pattern: the DoFns (the job graph)
+        # carry no private file name.
+        self.dim, self.dim_source = schema.dim, schema.dim_source
 
     @property
     def ranges(self) -> list["FileRange"]:

@@ -153,7 +153,7 @@ def _tfrecord_runs(r: FileRange) -> Iterator[_Run]:
     path, pos = r.path, r.start
     if r.stop is not None and pos >= r.stop:
         return  # no record starts in this range
-    with _open(path) as f:
+    with _open(path, r.data) as f:
         index = 0 if r.start == 0 else None
         read = _Window(f, pos)
         while r.stop is None or pos < r.stop:
