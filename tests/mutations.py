@@ -168,6 +168,15 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        return vote.keep_mask(exact_votes, cfg.vote_threshold)"
              ".astype(np.int64)",
              (UNITS + "test_vote_filter_keeps_candidates_by_the_released_votes",)),
+    # --- the vote's signal rule: what the manifest says is what ran
+    Mutation("vote-rule-ignored", "dp_ops/adaptive/ledgers.py:resolve_vote",
+             "    return (cfg if runs else dataclasses.replace(cfg, "
+             "vote_filter=False)), note",
+             "    return cfg, note",
+             ("tests/test_vote_resample.py::"
+              "test_a_skipped_vote_releases_the_plain_release",
+              "tests/test_vote_resample.py::"
+              "test_the_vote_runs_only_where_its_histogram_can_carry_signal")),
     # --- the noise key stays out of the job graph
     Mutation("key-pickled-with-the-reference",
              "transforms/keyed_noise.py:StoredKeyNoise.__getstate__",
