@@ -238,7 +238,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              '    private = src.get("private") is True\n',
              "    private = True\n",
              ("tests/test_sample.py::"
-              "test_the_sample_claims_what_its_source_claims[source]",)),
+              "test_the_sample_claims_what_its_source_claims[sample_source]",)),
     # --- the release's files: digests from the writers (issue 58)
     Mutation("digest-record-unauthenticated",
              "transforms/digests.py:read_record",
