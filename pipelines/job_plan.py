@@ -115,14 +115,13 @@ def prepare(spec: GenerateSpec) -> Job:
         validate_weights(cfg.weights(), cfg.stages)
     if not inp.images:
         io.match_files(input_spec.pattern)  # lists names only: no data read
+    cfg, vote_note = resolve_vote(cfg, inp.embedding_dim)
     job = Job(cfg, PrivacyLedger(cfg.epsilon, cfg.delta), input_spec, output,
               staging, run_id, owner,
               version=f"{release.VERSION_PREFIX}{uuid.uuid4().hex[:12]}",
               created_utc=_timestamp(),
               noise=make_noise_source(spec.generator.noise_seed),
-              engine=chosen)
-    job.cfg, job.vote_note = resolve_vote(cfg, inp.embedding_dim)
-    cfg = job.cfg
+              engine=chosen, vote_note=vote_note)
     job.adaptive_mu, job.ledger, job.reserved = calibrate(
         cfg, inp.embedding_dim, spec.budget.store is not None)
     return job

@@ -38,7 +38,7 @@ import base64
 import hashlib
 import hmac
 import json
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -119,10 +119,36 @@ def merge(entries: Iterable[tuple[str, dict]]) -> dict:
     return dict(sorted(files.items()))
 
 
-def _tag(key: bytes, staging: str, files: Mapping[str, dict]) -> str:
-    body = json.dumps({"staging": staging, "files": files}, sort_keys=True,
+def hmac_tag(key: bytes, signed: Mapping) -> str:
+    """HMAC-SHA256 under ``key`` of ``signed`` as canonical JSON: a
+    record's payload together with where it belongs (its path or staging
+    folder), so a record copied elsewhere does not verify."""
+    body = json.dumps(dict(signed), sort_keys=True,
                       separators=(",", ":")).encode()
     return hmac.new(key, body, "sha256").hexdigest()
+
+
+def tagged_payload(path: str, field: str, key: bytes,
+                   where: tuple[str, str]) -> Optional[dict]:
+    """The dict under ``field`` of the JSON record at ``path`` when its
+    "hmac_sha256" verifies as ``hmac_tag(key, {where[0]: where[1], field:
+    payload})``; None when the record is missing, unreadable, malformed or
+    forged (the callers raise their own refusal)."""
+    try:
+        with FileSystems.open(path) as f:
+            record = json.loads(f.read().decode())
+        payload, tag = record[field], record["hmac_sha256"]
+        signed = {where[0]: where[1], field: payload}
+        if (isinstance(payload, dict) and isinstance(tag, str)
+                and hmac.compare_digest(tag, hmac_tag(key, signed))):
+            return payload
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _tag(key: bytes, staging: str, files: Mapping[str, dict]) -> str:
+    return hmac_tag(key, {"staging": staging, "files": files})
 
 
 def put_record(staging: str, files: Mapping[str, dict], key: bytes) -> None:
@@ -140,15 +166,8 @@ def read_record(staging: str, key: bytes) -> dict:
     path = io.join(staging, RECORD)
     if not FileSystems.exists(path):  # another launch cleaned staging up?
         raise FileNotFoundError(2, "no digest record", path)
-    try:
-        with FileSystems.open(path) as f:
-            record = json.loads(f.read().decode())
-        files, tag = record["files"], record["hmac_sha256"]
-        ok = (isinstance(files, dict) and isinstance(tag, str)
-              and hmac.compare_digest(tag, _tag(key, staging, files)))
-    except (OSError, ValueError, KeyError, TypeError):
-        ok = False
-    if not ok:
+    files = tagged_payload(path, "files", key, ("staging", staging))
+    if files is None:
         raise ForgedRecord(
             f"{path}: the writers' record of the staged files' digests is "
             "missing or was not written by this run's workers (its tag does "

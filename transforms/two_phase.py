@@ -25,7 +25,6 @@ names, same keyed noise: the same release for a ``SeededNoise``).
 
 from __future__ import annotations
 
-import hmac
 import json
 from typing import Any, Sequence
 
@@ -40,6 +39,7 @@ from dpsynth.dp_ops.ledger import PrivacyLedger
 from dpsynth.dp_ops.noise import NoiseSource
 from dpsynth.transforms.aggregate import (Blocks, GlobalSum, OnePass, PerClassSum,
                                   SecondMoment, pass_blocks, sum_present)
+from dpsynth.transforms import digests
 from dpsynth.transforms.centre import CentreFromTotal, block_centre_sum
 from dpsynth.transforms.pipelinedp import (ClassAggregation, ClassSums,
                                    LedgerAccountant, class_count_family,
@@ -109,9 +109,7 @@ class ForgedPhase1(RuntimeError):
 
 
 def _phase1_tag(key: bytes, path: str, doc: dict) -> str:
-    body = json.dumps({"path": path, "doc": doc}, sort_keys=True,
-                      separators=(",", ":")).encode()
-    return hmac.new(key, body, "sha256").hexdigest()
+    return digests.hmac_tag(key, {"path": path, "doc": doc})
 
 
 # noise: a NoiseSource (Any: Beam's type check cannot test a Protocol, and
@@ -135,17 +133,12 @@ def read_phase1(path: str, key: bytes) -> tuple[np.ndarray, np.ndarray]:
     --output could replace the file between its write and this read, and
     their counts and centre would steer phase 2 and be published as DP
     outputs. ``ForgedPhase1`` otherwise."""
-    from apache_beam.io.filesystems import FileSystems
+    doc = digests.tagged_payload(path, "doc", key, ("path", path))
     try:
-        with FileSystems.open(path) as f:
-            record = json.loads(f.read().decode())
-        doc, tag = record["doc"], record["hmac_sha256"]
-        ok = (isinstance(doc, dict) and isinstance(tag, str)
-              and hmac.compare_digest(tag, _phase1_tag(key, path, doc)))
-        if ok:
+        if doc is not None:
             return (np.array(doc["centre"], np.float64),
                     np.array(doc["noisy_counts"], np.float64))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         pass
     raise ForgedPhase1(f"{path}: phase 1's counts and centre are missing or "
                        "were not written by this run's phase 1 (their tag "
